@@ -1,0 +1,178 @@
+//! `UringDevice` throughput, comparable with fio (`benches/device-vs-fio.sh`).
+//!
+//! ```text
+//! cargo bench --bench device -- --file /data/pfs-bench.img \
+//!     [--workload randread|randwrite|read|write|all] [--qd 32] [--runtime 10]
+//! ```
+//!
+//! One thread keeps `qd` requests in flight on registered buffers for `runtime` seconds
+//! (4 KiB random read and write, 1 MiB sequential read and write, like fio's
+//! `--rw=randread --bs=4k` etc.) and prints one line per workload:
+//! `workload=randread bs=4096 qd=32 seconds=10.00 ios=... iops=... mib_s=...`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pfs_store::device::{Device, IoCompletion, IoKind, IoRequest, UringDevice, UringOptions};
+
+#[derive(Clone, Copy, Debug)]
+struct Workload {
+    name: &'static str,
+    kind: IoKind,
+    random: bool,
+    block_bytes: usize,
+}
+
+const WORKLOADS: [Workload; 4] = [
+    Workload { name: "randread", kind: IoKind::Read, random: true, block_bytes: 4096 },
+    Workload { name: "randwrite", kind: IoKind::Write, random: true, block_bytes: 4096 },
+    Workload { name: "read", kind: IoKind::Read, random: false, block_bytes: 1 << 20 },
+    Workload { name: "write", kind: IoKind::Write, random: false, block_bytes: 1 << 20 },
+];
+
+#[derive(Debug)]
+struct Args {
+    file: PathBuf,
+    workloads: Vec<Workload>,
+    queue_depth: usize,
+    runtime: Duration,
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    eprintln!(
+        "usage: device --file PATH [--workload randread|randwrite|read|write|all] \
+         [--qd N] [--runtime SECONDS]"
+    );
+    std::process::exit(2)
+}
+
+fn parse_args() -> Args {
+    let mut file = None;
+    let mut workload = "all".to_string();
+    let mut queue_depth = 32;
+    let mut runtime_s = 10.0;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().unwrap_or_else(|| usage(&format!("{arg} needs a value")));
+        match arg.as_str() {
+            "--file" => file = Some(PathBuf::from(value())),
+            "--workload" => workload = value(),
+            "--qd" => queue_depth = value().parse().unwrap_or_else(|_| usage("bad --qd")),
+            "--runtime" => runtime_s = value().parse().unwrap_or_else(|_| usage("bad --runtime")),
+            // `cargo bench` passes `--bench`; filters are not used.
+            "--bench" => {}
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    let file = file.unwrap_or_else(|| usage("--file is required"));
+    let workloads = if workload == "all" {
+        WORKLOADS.to_vec()
+    } else {
+        let w = WORKLOADS.iter().find(|w| w.name == workload);
+        vec![*w.unwrap_or_else(|| usage(&format!("unknown workload {workload}")))]
+    };
+    Args { file, workloads, queue_depth, runtime: Duration::from_secs_f64(runtime_s) }
+}
+
+/// xorshift64*: cheap offsets, like fio's default random generator.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+struct Report {
+    ios: u64,
+    elapsed: Duration,
+}
+
+fn run(args: &Args, w: Workload) -> Report {
+    let opts = UringOptions {
+        queue_depth: args.queue_depth,
+        registered_buffers: args.queue_depth,
+        registered_buffer_size: w.block_bytes,
+        size_bytes: None,
+    };
+    let mut dev = UringDevice::open(&args.file, opts).unwrap_or_else(|e| {
+        eprintln!("error: {e}");
+        std::process::exit(1)
+    });
+    let blocks = dev.size_bytes() / w.block_bytes as u64;
+    assert!(blocks > 0, "file smaller than one block");
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut next_block = 0u64;
+    let mut next_offset = || {
+        let block = if w.random {
+            rng.next() % blocks
+        } else {
+            let b = next_block;
+            next_block = (next_block + 1) % blocks;
+            b
+        };
+        block * w.block_bytes as u64
+    };
+
+    for tag in 0..args.queue_depth as u64 {
+        let mut buf = dev.alloc_buf(w.block_bytes);
+        assert!(buf.fixed_index().is_some(), "registered buffer");
+        for (i, b) in buf.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(tag as u8);
+        }
+        let req = IoRequest { tag, kind: w.kind, offset: next_offset(), buf };
+        dev.submit(req).expect("queue has room");
+    }
+
+    let mut done: Vec<IoCompletion> = Vec::with_capacity(args.queue_depth);
+    let mut ios = 0u64;
+    let start = Instant::now();
+    let deadline = start + args.runtime;
+    loop {
+        done.clear();
+        dev.wait(&mut done, 1);
+        let now = Instant::now();
+        for c in done.drain(..) {
+            if let Err(e) = c.result {
+                eprintln!("error: {} on {}: {e}", w.name, args.file.display());
+                std::process::exit(1);
+            }
+            ios += 1;
+            if now < deadline {
+                let req = IoRequest { tag: c.tag, kind: w.kind, offset: next_offset(), buf: c.buf };
+                dev.submit(req).expect("a slot was just freed");
+            } else {
+                dev.free_buf(c.buf);
+            }
+        }
+        if now >= deadline {
+            let elapsed = now - start;
+            // Drain what is still in flight; not counted.
+            while dev.in_flight() > 0 {
+                dev.wait(&mut done, 1);
+                for c in done.drain(..) {
+                    dev.free_buf(c.buf);
+                }
+            }
+            return Report { ios, elapsed };
+        }
+    }
+}
+
+fn main() {
+    let args = parse_args();
+    for &w in &args.workloads {
+        let r = run(&args, w);
+        let seconds = r.elapsed.as_secs_f64();
+        let iops = r.ios as f64 / seconds;
+        let mib_s = iops * w.block_bytes as f64 / (1024.0 * 1024.0);
+        println!(
+            "workload={} bs={} qd={} seconds={seconds:.2} ios={} iops={iops:.0} mib_s={mib_s:.1}",
+            w.name, w.block_bytes, args.queue_depth, r.ios
+        );
+    }
+}

@@ -1,0 +1,100 @@
+//! The error every layer reports to a client, and its errno.
+
+use serde::{Deserialize, Serialize};
+
+/// A file system error as seen by a client. Each variant maps to one errno.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum FsError {
+    /// No such file or directory.
+    #[error("no such file or directory")]
+    NotFound,
+    /// The name already exists.
+    #[error("file exists")]
+    Exists,
+    /// A directory was expected.
+    #[error("not a directory")]
+    NotDir,
+    /// A non-directory was expected.
+    #[error("is a directory")]
+    IsDir,
+    /// The directory still has entries.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// A name component is longer than `NAME_MAX` bytes.
+    #[error("file name too long")]
+    NameTooLong,
+    /// An argument is invalid; the text says which.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// The operation is not permitted (hard links, for instance).
+    #[error("operation not permitted")]
+    NotPermitted,
+    /// Permission denied.
+    #[error("permission denied")]
+    Access,
+    /// The zone is out of data pages or inode slots.
+    #[error("no space left on device")]
+    NoSpace,
+    /// The extended attribute does not exist.
+    #[error("no such attribute")]
+    NoAttr,
+    /// A value does not fit the caller's buffer or a limit.
+    #[error("result too large")]
+    Range,
+    /// The file is too large for the layout.
+    #[error("file too large")]
+    FileTooLarge,
+    /// The operation is not supported (for instance a rename flag).
+    #[error("operation not supported: {0}")]
+    NotSupported(String),
+    /// A queue or table is full; retry later.
+    #[error("resource temporarily unavailable")]
+    TryAgain,
+    /// The request timed out.
+    #[error("timed out")]
+    TimedOut,
+    /// A device, network or corruption error; the text says what.
+    #[error("I/O error: {0}")]
+    Io(String),
+}
+
+impl FsError {
+    /// The errno a POSIX caller expects for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NotPermitted => libc::EPERM,
+            FsError::Access => libc::EACCES,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::NoAttr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::FileTooLarge => libc::EFBIG,
+            FsError::NotSupported(_) => libc::EOPNOTSUPP,
+            FsError::TryAgain => libc::EAGAIN,
+            FsError::TimedOut => libc::ETIMEDOUT,
+            FsError::Io(_) => libc::EIO,
+        }
+    }
+}
+
+/// Result type of file system operations.
+pub type FsResult<T> = Result<T, FsError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_mapping_is_posix() {
+        assert_eq!(FsError::NotFound.errno(), libc::ENOENT);
+        assert_eq!(FsError::NotEmpty.errno(), libc::ENOTEMPTY);
+        assert_eq!(FsError::Invalid("x".into()).errno(), libc::EINVAL);
+        assert_eq!(FsError::Io("disk".into()).errno(), libc::EIO);
+    }
+}

@@ -1,0 +1,206 @@
+//! cART: the compact dentry index of PeakFS (§III-C2), `(parent ino, name) -> u64`.
+//!
+//! A hash table maps each directory's inode to the root of its own adaptive radix tree
+//! keyed by the file name bytes. The trees use:
+//! - three node sizes, Node16 / Node64 / Node256, whose key arrays are as large as the
+//!   node (Node16 searched with one SSE2 compare), growing 16 -> 64 -> 256 on insert and
+//!   shrinking back on remove ([`node`]);
+//! - prefix compression, with the prefix stored end-aligned in the free tail of the slot
+//!   array (node consolidation: a split only shortens the old node's prefix length);
+//!   prefixes too long for that room are chained through single-child Node16s ([`tree`]);
+//! - leaf compression: values live in the parent's slot array, told apart from child
+//!   pointers by the top bit, so values must be below 2^63 ([`MAX_VALUE`]);
+//! - merging on remove: emptied nodes are freed and single-child nodes fold back into
+//!   their child's prefix.
+//!
+//! Nodes live in chunked pools indexed by `u32` with free lists ([`arena`]); there is
+//! no `unsafe` except the SSE2 intrinsics.
+
+mod arena;
+mod iter;
+mod node;
+mod tree;
+
+#[cfg(test)]
+mod tests;
+
+pub use node::MAX_VALUE;
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use pfs_core::InodeId;
+
+use arena::Arena;
+use node::{NodeRef, Slot};
+
+/// Longest file name, in bytes.
+pub const NAME_LEN_MAX: usize = 255;
+
+/// The dentry index of one shard: for each directory, its entries by name.
+pub struct Cart {
+    roots: HashMap<u64, Root, BuildHasherDefault<InoHasher>>,
+    arena: Arena,
+    entry_count: usize,
+}
+
+/// One directory's tree and its entry count (kept so `child_count` is O(1)).
+#[derive(Clone, Copy, Debug)]
+struct Root {
+    node: NodeRef,
+    entry_count: u32,
+}
+
+impl Cart {
+    /// An empty index; allocates nothing.
+    pub fn new() -> Cart {
+        Cart { roots: HashMap::default(), arena: Arena::new(), entry_count: 0 }
+    }
+
+    /// Sets `parent/name` to `value` (`value <= MAX_VALUE`); returns the old value.
+    pub fn insert(&mut self, parent: InodeId, name: &[u8], value: u64) -> Option<u64> {
+        check_name(name);
+        assert!(value <= MAX_VALUE, "cART value {value:#x} uses the reserved top bit");
+        let Some(root) = self.roots.get_mut(&parent.0) else {
+            let top = self.arena.new_path(name, value);
+            let Slot::Node(node) = Slot::decode(top) else { unreachable!("names are non-empty") };
+            self.roots.insert(parent.0, Root { node, entry_count: 1 });
+            self.entry_count += 1;
+            return None;
+        };
+        let mut old = None;
+        let top = self.arena.insert_at(root.node, name, value, &mut old);
+        let Slot::Node(node) = Slot::decode(top) else { unreachable!("a root is a node") };
+        root.node = node;
+        if old.is_none() {
+            root.entry_count += 1;
+            self.entry_count += 1;
+        }
+        old
+    }
+
+    /// Value of `parent/name`.
+    pub fn get(&self, parent: InodeId, name: &[u8]) -> Option<u64> {
+        check_name(name);
+        let root = self.roots.get(&parent.0)?;
+        self.arena.lookup(root.node, name)
+    }
+
+    /// Removes `parent/name`; returns its value.
+    pub fn remove(&mut self, parent: InodeId, name: &[u8]) -> Option<u64> {
+        check_name(name);
+        let root = self.roots.get_mut(&parent.0)?;
+        let (old, top) = self.arena.remove_at(root.node, name, true)?;
+        self.entry_count -= 1;
+        match top {
+            None => {
+                assert!(root.entry_count == 1);
+                self.roots.remove(&parent.0);
+            }
+            Some(top) => {
+                let Slot::Node(node) = Slot::decode(top) else { unreachable!("a root is a node") };
+                root.node = node;
+                root.entry_count -= 1;
+            }
+        }
+        Some(old)
+    }
+
+    /// Number of entries in directory `parent`, in O(1).
+    pub fn child_count(&self, parent: InodeId) -> usize {
+        self.roots.get(&parent.0).map_or(0, |r| r.entry_count as usize)
+    }
+
+    /// Visits entries of `parent` with name > `after` (all if None) in ascending byte order until `f` returns false.
+    pub fn for_each_from(
+        &self,
+        parent: InodeId,
+        after: Option<&[u8]>,
+        mut f: impl FnMut(&[u8], u64) -> bool,
+    ) {
+        let Some(root) = self.roots.get(&parent.0) else { return };
+        let after = after.map(|a| &a[..a.len().min(NAME_LEN_MAX)]);
+        let mut buf = [0u8; 256];
+        self.arena.visit(root.node, &mut buf, 0, after, &mut f);
+    }
+
+    /// Total number of entries.
+    pub fn len(&self) -> usize {
+        self.entry_count
+    }
+
+    /// True if there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.entry_count == 0
+    }
+
+    /// Directories that have entries, in no particular order.
+    pub fn parents(&self) -> impl Iterator<Item = InodeId> + '_ {
+        self.roots.keys().map(|&ino| InodeId(ino))
+    }
+
+    /// Bytes allocated by the index (node pools, free lists, root table).
+    pub fn heap_bytes(&self) -> usize {
+        // hashbrown: one slot and one control byte per bucket, plus a group of control bytes.
+        let buckets = if self.roots.capacity() == 0 {
+            0
+        } else {
+            (self.roots.capacity() * 8 / 7).next_power_of_two()
+        };
+        let table = buckets * (size_of::<(u64, Root)>() + 1) + if buckets > 0 { 16 } else { 0 };
+        table + self.arena.heap_bytes()
+    }
+
+    /// Live nodes per kind (Node16, Node64, Node256), for tests and statistics.
+    pub fn node_counts(&self) -> [usize; 3] {
+        self.arena.live()
+    }
+}
+
+impl Default for Cart {
+    fn default() -> Self {
+        Cart::new()
+    }
+}
+
+impl std::fmt::Debug for Cart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cart")
+            .field("len", &self.entry_count)
+            .field("directories", &self.roots.len())
+            .field("nodes", &self.arena.live())
+            .field("heap_bytes", &self.heap_bytes())
+            .finish()
+    }
+}
+
+/// Names come from the metadata layer, which validated them; a bad one here is a bug.
+fn check_name(name: &[u8]) {
+    assert!(
+        !name.is_empty() && name.len() <= NAME_LEN_MAX,
+        "file name of {} bytes (must be 1..={NAME_LEN_MAX})",
+        name.len()
+    );
+    assert!(!name.contains(&0), "file name contains NUL");
+}
+
+/// Hasher for inode numbers: a 128-bit folded multiply, good in low and high bits.
+#[derive(Default, Clone, Copy, Debug)]
+struct InoHasher(u64);
+
+impl Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15_u128;
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
+    }
+}

@@ -1,0 +1,383 @@
+//! The Icache (PeakFS Fig. 8): a fixed number of cache blocks, each holding the K
+//! inode slots of one metadata page, driven through the states
+//! free -> reading -> ready -> dirty -> writing -> ready, with LRU eviction and a
+//! dirty-ratio cap that starts write-back.
+//!
+//! Write-ahead rule: a dirty block is written back only once every WAL record that
+//! changed it is durable (`dirty_lsn <= durable_lsn`), so a crash never leaves a
+//! slot newer than the log.
+
+use std::collections::HashMap;
+
+use crate::device::{AlignedBuf, Device, IoKind, IoRequest, SECTOR_SIZE};
+use crate::error::StoreError;
+use crate::inode::INODE_SLOT_SIZE;
+use crate::io::DevIo;
+
+/// Inode slots per cache block (one 4 KiB metadata page).
+pub const INODES_PER_BLOCK: u64 = (SECTOR_SIZE / INODE_SLOT_SIZE) as u64;
+
+const NIL: u32 = u32::MAX;
+
+/// The state of one cache block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockState {
+    /// Holds nothing.
+    Free,
+    /// Being filled from the device.
+    Reading,
+    /// Holds the page as on the device.
+    Ready,
+    /// Holds changes not yet written back.
+    Dirty,
+    /// Being written back.
+    Writing,
+}
+
+#[derive(Debug)]
+struct CacheBlock {
+    state: BlockState,
+    /// Metadata page cached here.
+    page: u64,
+    /// The page; `None` while the device holds it (reading or writing).
+    data: Option<AlignedBuf>,
+    /// Highest WAL sequence number that changed this block since it was clean.
+    dirty_lsn: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// Hit, miss and write-back counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IcacheStats {
+    /// Lookups served from memory.
+    pub hits: u64,
+    /// Lookups that read a page.
+    pub misses: u64,
+    /// Blocks written back.
+    pub writebacks: u64,
+    /// Ready blocks dropped to make room.
+    pub evictions: u64,
+}
+
+/// A fixed set of cache blocks over the metadata area of a zone.
+#[derive(Debug)]
+pub struct Icache {
+    blocks: Vec<CacheBlock>,
+    /// Metadata page -> block.
+    index: HashMap<u64, u32>,
+    free: Vec<u32>,
+    /// Least recently used at `lru_head`, most recent at `lru_tail` (non-free blocks).
+    lru_head: u32,
+    lru_tail: u32,
+    dirty_count: usize,
+    dirty_max: usize,
+    /// Device byte offset of metadata page 0.
+    area_offset: u64,
+    area_pages: u64,
+    durable_lsn: u64,
+    stats: IcacheStats,
+}
+
+impl Icache {
+    /// `block_count` blocks over `area_pages` metadata pages at byte `area_offset`;
+    /// write-back starts when more than `dirty_ratio` of the blocks are dirty.
+    pub fn new(block_count: usize, dirty_ratio: f64, area_offset: u64, area_pages: u64) -> Icache {
+        assert!(block_count >= 2, "an Icache needs at least 2 blocks");
+        assert!((0.0..=1.0).contains(&dirty_ratio), "dirty ratio {dirty_ratio} outside 0..=1");
+        let blocks = (0..block_count)
+            .map(|_| CacheBlock {
+                state: BlockState::Free,
+                page: 0,
+                data: None,
+                dirty_lsn: 0,
+                prev: NIL,
+                next: NIL,
+            })
+            .collect();
+        Icache {
+            blocks,
+            index: HashMap::with_capacity(block_count),
+            free: (0..block_count as u32).rev().collect(),
+            lru_head: NIL,
+            lru_tail: NIL,
+            dirty_count: 0,
+            dirty_max: ((block_count as f64 * dirty_ratio) as usize).max(1),
+            area_offset,
+            area_pages,
+            durable_lsn: 0,
+            stats: IcacheStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> IcacheStats {
+        self.stats
+    }
+
+    /// Blocks currently dirty.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty_count
+    }
+
+    /// The state of the block caching metadata `page`, or `None` if not cached.
+    pub fn page_state(&self, page: u64) -> Option<BlockState> {
+        self.index.get(&page).map(|&b| self.blocks[b as usize].state)
+    }
+
+    /// Records that every WAL record up to `lsn` is durable.
+    pub fn set_durable_lsn(&mut self, lsn: u64) {
+        assert!(
+            lsn >= self.durable_lsn,
+            "durable lsn went back from {} to {lsn}",
+            self.durable_lsn
+        );
+        self.durable_lsn = lsn;
+    }
+
+    /// The slot image of inode slot `slot`.
+    pub fn read_slot<D: Device>(
+        &mut self,
+        io: &mut DevIo<D>,
+        slot: u64,
+    ) -> Result<[u8; INODE_SLOT_SIZE], StoreError> {
+        let b = self.load(io, slot / INODES_PER_BLOCK)?;
+        let at = (slot % INODES_PER_BLOCK) as usize * INODE_SLOT_SIZE;
+        let data = self.blocks[b as usize].data.as_ref().expect("loaded block has data");
+        Ok(data[at..at + INODE_SLOT_SIZE].try_into().expect("slot size"))
+    }
+
+    /// Replaces slot `slot` with `image`, changed by WAL record `lsn`.
+    pub fn write_slot<D: Device>(
+        &mut self,
+        io: &mut DevIo<D>,
+        slot: u64,
+        image: &[u8; INODE_SLOT_SIZE],
+        lsn: u64,
+    ) -> Result<(), StoreError> {
+        let b = self.load(io, slot / INODES_PER_BLOCK)?;
+        let block = &mut self.blocks[b as usize];
+        let at = (slot % INODES_PER_BLOCK) as usize * INODE_SLOT_SIZE;
+        block.data.as_mut().expect("loaded block has data")[at..at + INODE_SLOT_SIZE]
+            .copy_from_slice(image);
+        block.dirty_lsn = block.dirty_lsn.max(lsn);
+        if block.state == BlockState::Ready {
+            block.state = BlockState::Dirty;
+            self.dirty_count += 1;
+        }
+        assert_eq!(block.state, BlockState::Dirty);
+        Ok(())
+    }
+
+    /// Starts write-back of least recently used dirty blocks while over the dirty
+    /// cap, and collects finished write-backs. Never blocks on the device.
+    pub fn write_back_over_cap<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
+        self.reap(io, io_take_async)?;
+        let mut b = self.lru_head;
+        while self.dirty_count > self.dirty_max && b != NIL {
+            let next = self.blocks[b as usize].next;
+            if self.blocks[b as usize].state == BlockState::Dirty
+                && self.blocks[b as usize].dirty_lsn <= self.durable_lsn
+            {
+                self.start_write(io, b);
+            }
+            b = next;
+        }
+        Ok(())
+    }
+
+    /// Writes back every dirty block and waits (checkpoint). All its records must
+    /// be durable first.
+    pub fn flush_all<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
+        for b in 0..self.blocks.len() as u32 {
+            if self.blocks[b as usize].state == BlockState::Dirty {
+                assert!(
+                    self.blocks[b as usize].dirty_lsn <= self.durable_lsn,
+                    "flush of a block whose WAL records are not durable"
+                );
+                self.start_write(io, b);
+            }
+        }
+        self.reap(io, io_wait_async)
+    }
+
+    /// Drops every cached page (after a failed write-back, or in tests).
+    pub fn clear(&mut self) {
+        for b in 0..self.blocks.len() as u32 {
+            if self.blocks[b as usize].state != BlockState::Free {
+                self.release(b);
+            }
+        }
+        self.dirty_count = 0;
+    }
+
+    /// Makes metadata `page` resident and most recently used; returns its block.
+    fn load<D: Device>(&mut self, io: &mut DevIo<D>, page: u64) -> Result<u32, StoreError> {
+        assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
+        if let Some(&b) = self.index.get(&page) {
+            if self.blocks[b as usize].state == BlockState::Writing {
+                // The device holds the buffer: wait for the write-back to land.
+                self.reap(io, io_wait_async)?;
+            }
+            if let Some(&b) = self.index.get(&page) {
+                self.stats.hits += 1;
+                self.touch(b);
+                return Ok(b);
+            }
+        }
+        self.stats.misses += 1;
+        let b = self.take_block(io)?;
+        let block = &mut self.blocks[b as usize];
+        block.state = BlockState::Reading;
+        block.page = page;
+        block.dirty_lsn = 0;
+        let buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Read,
+            offset: self.area_offset + page * SECTOR_SIZE as u64,
+            buf,
+        };
+        let done = io.run(vec![req]).pop().expect("one completion");
+        let block = &mut self.blocks[b as usize];
+        block.data = Some(done.buf);
+        if let Err(e) = done.result {
+            block.state = BlockState::Free;
+            self.free.push(b);
+            return Err(e.into());
+        }
+        block.state = BlockState::Ready;
+        self.index.insert(page, b);
+        self.push_lru(b);
+        Ok(b)
+    }
+
+    /// A free block, evicting the least recently used ready block if needed.
+    fn take_block<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<u32, StoreError> {
+        for _attempt in 0..self.blocks.len() + 2 {
+            if let Some(b) = self.free.pop() {
+                return Ok(b);
+            }
+            let mut b = self.lru_head;
+            while b != NIL && self.blocks[b as usize].state != BlockState::Ready {
+                b = self.blocks[b as usize].next;
+            }
+            if b != NIL {
+                self.stats.evictions += 1;
+                self.release(b);
+                continue;
+            }
+            // Every block is dirty or writing: write back the oldest durable dirty
+            // one before reuse, and wait for it.
+            let mut d = self.lru_head;
+            while d != NIL
+                && !(self.blocks[d as usize].state == BlockState::Dirty
+                    && self.blocks[d as usize].dirty_lsn <= self.durable_lsn)
+            {
+                d = self.blocks[d as usize].next;
+            }
+            if d != NIL {
+                self.start_write(io, d);
+            }
+            assert!(
+                d != NIL || self.blocks.iter().any(|x| x.state == BlockState::Writing),
+                "Icache full of dirty blocks whose WAL records are not durable: commit first"
+            );
+            self.reap(io, io_wait_async)?;
+        }
+        unreachable!("Icache eviction made no progress")
+    }
+
+    fn start_write<D: Device>(&mut self, io: &mut DevIo<D>, b: u32) {
+        let block = &mut self.blocks[b as usize];
+        assert_eq!(block.state, BlockState::Dirty);
+        block.state = BlockState::Writing;
+        self.dirty_count -= 1;
+        let buf = block.data.take().expect("dirty block has data");
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Write,
+            offset: self.area_offset + block.page * SECTOR_SIZE as u64,
+            buf,
+        };
+        io.submit_async(req, b as u64);
+        self.stats.writebacks += 1;
+    }
+
+    /// Applies finished write-backs collected by `collect`.
+    fn reap<D: Device>(
+        &mut self,
+        io: &mut DevIo<D>,
+        collect: fn(&mut DevIo<D>) -> Vec<crate::device::IoCompletion>,
+    ) -> Result<(), StoreError> {
+        let mut first_err = None;
+        for c in collect(io) {
+            let b = c.tag as u32;
+            let block = &mut self.blocks[b as usize];
+            assert_eq!(block.state, BlockState::Writing, "write-back completion for idle block");
+            block.data = Some(c.buf);
+            match c.result {
+                Ok(()) => block.state = BlockState::Ready,
+                Err(e) => {
+                    // Keep the changes: the block stays dirty and is retried later;
+                    // the WAL still holds every change.
+                    block.state = BlockState::Dirty;
+                    self.dirty_count += 1;
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    fn release(&mut self, b: u32) {
+        self.unlink_lru(b);
+        let block = &mut self.blocks[b as usize];
+        if block.state == BlockState::Dirty {
+            self.dirty_count -= 1;
+        }
+        block.state = BlockState::Free;
+        self.index.remove(&block.page);
+        self.free.push(b);
+    }
+
+    fn touch(&mut self, b: u32) {
+        self.unlink_lru(b);
+        self.push_lru(b);
+    }
+
+    fn push_lru(&mut self, b: u32) {
+        self.blocks[b as usize].prev = self.lru_tail;
+        self.blocks[b as usize].next = NIL;
+        if self.lru_tail != NIL {
+            self.blocks[self.lru_tail as usize].next = b;
+        } else {
+            self.lru_head = b;
+        }
+        self.lru_tail = b;
+    }
+
+    fn unlink_lru(&mut self, b: u32) {
+        let (prev, next) = (self.blocks[b as usize].prev, self.blocks[b as usize].next);
+        if prev != NIL {
+            self.blocks[prev as usize].next = next;
+        } else if self.lru_head == b {
+            self.lru_head = next;
+        }
+        if next != NIL {
+            self.blocks[next as usize].prev = prev;
+        } else if self.lru_tail == b {
+            self.lru_tail = prev;
+        }
+        self.blocks[b as usize].prev = NIL;
+        self.blocks[b as usize].next = NIL;
+    }
+}
+
+fn io_take_async<D: Device>(io: &mut DevIo<D>) -> Vec<crate::device::IoCompletion> {
+    io.take_async()
+}
+
+fn io_wait_async<D: Device>(io: &mut DevIo<D>) -> Vec<crate::device::IoCompletion> {
+    io.wait_async_all()
+}

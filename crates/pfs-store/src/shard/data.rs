@@ -1,0 +1,391 @@
+//! File data on a shard.
+//!
+//! `block` and `file` layouts: file block `b` maps to a run of pages, in the inode
+//! for block 0, in the block table otherwise. A write never overwrites pages a
+//! durable map points to: it writes a new run (merging the old block when the
+//! write covers it only partly) and frees the old run once the change is durable,
+//! so a crash leaves every block either old or new, never torn.
+//!
+//! `io` layout: every write gets its own run and an extent keyed by file offset;
+//! nothing is read back and merged. Overlapped parts of older extents are trimmed.
+
+use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId};
+
+use super::{Shard, PAGE_SIZE};
+use crate::device::{Device, IoKind, IoRequest};
+use crate::inode::{Inode, Run};
+use crate::wal::record::Extent;
+use crate::wal::Change;
+
+/// Largest file size a shard accepts.
+pub const MAX_FILE_SIZE: u64 = 1 << 50;
+/// Largest single write or read.
+pub const MAX_IO_BYTES: usize = 16 << 20;
+
+impl<D: Device> Shard<D> {
+    /// Writes `data` at `offset` of file `ino`; returns the bytes written. The data
+    /// is durable after the next `commit` (fsync / close).
+    pub fn write(&mut self, ino: InodeId, offset: u64, data: &[u8]) -> FsResult<usize> {
+        let mut inode = self.inode(ino)?;
+        match inode.kind {
+            FileType::Regular => {}
+            FileType::Directory => return Err(FsError::IsDir),
+            _ => return Err(FsError::Invalid(format!("write to a {:?}", inode.kind))),
+        }
+        self.begin()?;
+        self.write_in_op(&mut inode, offset, data)?;
+        self.finish()?;
+        Ok(data.len())
+    }
+
+    /// Makes file `ino` durable (commits the shard's pending group).
+    pub fn fsync(&mut self, ino: InodeId) -> FsResult<()> {
+        self.inode(ino)?;
+        self.commit()
+    }
+
+    /// Reads up to `len` bytes at `offset` of file `ino` (short at end of file).
+    pub fn read(&mut self, ino: InodeId, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+        if len > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
+        }
+        let inode = self.inode(ino)?;
+        if inode.kind == FileType::Directory {
+            return Err(FsError::IsDir);
+        }
+        if offset >= inode.size {
+            return Ok(Vec::new());
+        }
+        let len = len.min((inode.size - offset) as usize);
+        let mut out = vec![0u8; len];
+        // (run, first page in run, pages, where in `out`, skip bytes in first page, bytes)
+        let mut pieces: Vec<(Run, u64, u64, usize, usize, usize)> = Vec::new();
+        if inode.file_layout == FileLayout::Io {
+            self.io_pieces(&inode, offset, len, &mut pieces);
+        } else {
+            let bs = self.geo.block_size as u64;
+            let end = offset + len as u64;
+            for b in offset / bs..end.div_ceil(bs) {
+                let Some(run) = self.block_run(&inode, BlockIndex(b)) else { continue };
+                let block_start = b * bs;
+                let from = offset.max(block_start) - block_start;
+                let to = (end.min(block_start + bs) - block_start).min(run.valid as u64);
+                if from >= to {
+                    continue;
+                }
+                let first = from / PAGE_SIZE;
+                let pages = to.div_ceil(PAGE_SIZE) - first;
+                let at = (block_start + from - offset) as usize;
+                pieces.push((
+                    run,
+                    first,
+                    pages,
+                    at,
+                    (from % PAGE_SIZE) as usize,
+                    (to - from) as usize,
+                ));
+            }
+        }
+        let reqs = pieces
+            .iter()
+            .map(|(run, first, pages, ..)| IoRequest {
+                tag: 0,
+                kind: IoKind::Read,
+                offset: self.geo.data_offset(run.page + first),
+                buf: self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize),
+            })
+            .collect();
+        let mut err = None;
+        for (c, (_, _, _, at, skip, n)) in self.io.run(reqs).into_iter().zip(&pieces) {
+            match c.result {
+                Ok(()) => out[*at..*at + *n].copy_from_slice(&c.buf[*skip..*skip + *n]),
+                Err(e) => err = Some(e),
+            }
+            self.io.device_mut().free_buf(c.buf);
+        }
+        match err {
+            Some(e) => Err(e.into()),
+            None => Ok(out),
+        }
+    }
+
+    fn io_pieces(
+        &self,
+        inode: &Inode,
+        offset: u64,
+        len: usize,
+        pieces: &mut Vec<(Run, u64, u64, usize, usize, usize)>,
+    ) {
+        let end = offset + len as u64;
+        let before = self
+            .extents
+            .range(..(inode.ino, offset))
+            .next_back()
+            .filter(|((i, _), _)| *i == inode.ino);
+        let inside = self.extents.range((inode.ino, offset)..(inode.ino, end));
+        for (&(_, ext_off), e) in before.into_iter().chain(inside) {
+            let ext_end = ext_off + e.len as u64;
+            let (from, to) = (offset.max(ext_off), end.min(ext_end));
+            if from >= to {
+                continue;
+            }
+            let in_run = e.skip as u64 + (from - ext_off);
+            let first = in_run / PAGE_SIZE;
+            let pages = (in_run + (to - from)).div_ceil(PAGE_SIZE) - first;
+            pieces.push((
+                e.run,
+                first,
+                pages,
+                (from - offset) as usize,
+                (in_run % PAGE_SIZE) as usize,
+                (to - from) as usize,
+            ));
+        }
+    }
+
+    fn block_run(&self, inode: &Inode, b: BlockIndex) -> Option<Run> {
+        if b.0 == 0 {
+            inode.first_block
+        } else {
+            self.blocks.get(&(inode.ino, b)).copied()
+        }
+    }
+
+    /// The write itself, inside an operation; updates and logs `inode`.
+    pub(super) fn write_in_op(
+        &mut self,
+        inode: &mut Inode,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<()> {
+        if data.len() > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!(
+                "write of {} bytes: at most {MAX_IO_BYTES}",
+                data.len()
+            )));
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= MAX_FILE_SIZE)
+            .ok_or(FsError::FileTooLarge)?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        if inode.file_layout == FileLayout::Io {
+            self.write_io(inode, offset, data)?;
+        } else {
+            self.write_blocks(inode, offset, data)?;
+        }
+        inode.size = inode.size.max(end);
+        inode.mtime_ns = self.now();
+        inode.ctime_ns = inode.mtime_ns;
+        self.put_inode(inode)
+    }
+
+    fn write_blocks(&mut self, inode: &mut Inode, offset: u64, data: &[u8]) -> FsResult<()> {
+        let bs = self.geo.block_size as u64;
+        let end = offset + data.len() as u64;
+        // Read the old blocks a partial write must merge.
+        let mut plans: Vec<(BlockIndex, Option<Run>, u64, u64, u32)> = Vec::new();
+        let mut merge_reads = Vec::new();
+        for b in offset / bs..end.div_ceil(bs) {
+            let block = BlockIndex(b);
+            let old = self.block_run(inode, block);
+            let start = b * bs;
+            let (from, to) = (offset.max(start) - start, end.min(start + bs) - start);
+            let old_valid = old.map_or(0, |r| r.valid as u64);
+            // Bytes past the end of file read as zeros even if a run still holds them.
+            let old_valid = old_valid.min(inode.size.saturating_sub(start));
+            let new_valid = old_valid.max(to) as u32;
+            if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
+                let pages = old_valid.div_ceil(PAGE_SIZE);
+                merge_reads.push((
+                    plans.len(),
+                    IoRequest {
+                        tag: 0,
+                        kind: IoKind::Read,
+                        offset: self.geo.data_offset(run.page),
+                        buf: self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize),
+                    },
+                ));
+            }
+            plans.push((block, old, from, to, new_valid));
+        }
+        let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = merge_reads.into_iter().unzip();
+        let mut old_data: Vec<Option<crate::device::AlignedBuf>> =
+            (0..plans.len()).map(|_| None).collect();
+        for (i, c) in idx.into_iter().zip(self.io.run(reqs)) {
+            c.result?;
+            old_data[i] = Some(c.buf);
+        }
+        // Allocate and write the new runs.
+        let mut new_runs: Vec<Run> = Vec::with_capacity(plans.len());
+        let mut writes = Vec::with_capacity(plans.len());
+        for (i, &(block, _, from, to, new_valid)) in plans.iter().enumerate() {
+            let pages = (new_valid as u64).div_ceil(PAGE_SIZE);
+            let Some(page) = self.page_bitmap.alloc_run(pages) else {
+                for r in &new_runs {
+                    self.page_bitmap.clear_run(r.page, r.pages as u64);
+                }
+                return Err(FsError::NoSpace);
+            };
+            let run = Run { page, pages: pages as u32, valid: new_valid };
+            let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+            buf[..].fill(0);
+            if let Some(old) = &old_data[i] {
+                let keep = (plans[i].1.expect("merge has an old run").valid as u64)
+                    .min(inode.size.saturating_sub(block.0 * bs))
+                    .min(new_valid as u64) as usize;
+                buf[..keep].copy_from_slice(&old[..keep]);
+            }
+            let src = (block.0 * bs + from - offset) as usize;
+            buf[from as usize..to as usize].copy_from_slice(&data[src..src + (to - from) as usize]);
+            writes.push(IoRequest {
+                tag: 0,
+                kind: IoKind::Write,
+                offset: self.geo.data_offset(page),
+                buf,
+            });
+            new_runs.push(run);
+        }
+        for buf in old_data.into_iter().flatten() {
+            self.io.device_mut().free_buf(buf);
+        }
+        let mut failed = None;
+        for c in self.io.run(writes) {
+            if let Err(e) = c.result {
+                failed = Some(e);
+            }
+            self.io.device_mut().free_buf(c.buf);
+        }
+        if let Some(e) = failed {
+            for r in &new_runs {
+                self.page_bitmap.clear_run(r.page, r.pages as u64);
+            }
+            return Err(e.into());
+        }
+        self.data_unsynced = true;
+        // Map the new runs; the old ones are freed once this is durable.
+        for (&(block, old, ..), run) in plans.iter().zip(new_runs) {
+            if let Some(old) = old {
+                self.pending_free.push(old);
+                inode.pages -= old.pages as u64;
+            }
+            inode.pages += run.pages as u64;
+            if block.0 == 0 {
+                inode.first_block = Some(run);
+            } else {
+                self.log(Change::BlockPut { ino: inode.ino, block, run })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_io(&mut self, inode: &mut Inode, offset: u64, data: &[u8]) -> FsResult<()> {
+        let pages = (data.len() as u64).div_ceil(PAGE_SIZE);
+        self.reserve_table_bytes(super::tables::EXTENT_BYTES * 2)?;
+        let page = self.page_bitmap.alloc_run(pages).ok_or(FsError::NoSpace)?;
+        let run = Run { page, pages: pages as u32, valid: data.len() as u32 };
+        let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+        buf[..data.len()].copy_from_slice(data);
+        buf[data.len()..].fill(0);
+        let req =
+            IoRequest { tag: 0, kind: IoKind::Write, offset: self.geo.data_offset(page), buf };
+        let c = self.io.run(vec![req]).pop().expect("one completion");
+        self.io.device_mut().free_buf(c.buf);
+        if let Err(e) = c.result {
+            self.page_bitmap.clear_run(page, pages);
+            return Err(e.into());
+        }
+        self.data_unsynced = true;
+        self.trim_extents(inode, offset, offset + data.len() as u64)?;
+        let extent = Extent { len: data.len() as u32, skip: 0, run };
+        inode.pages += pages;
+        self.log(Change::ExtentPut { ino: inode.ino, offset, extent })
+    }
+
+    /// Removes the bytes `from..to` from the extents of `inode`.
+    fn trim_extents(&mut self, inode: &mut Inode, from: u64, to: u64) -> FsResult<()> {
+        let ino = inode.ino;
+        let before = self.extents.range(..(ino, from)).next_back().filter(|((i, _), _)| *i == ino);
+        let overlapping: Vec<(u64, Extent)> = before
+            .into_iter()
+            .chain(self.extents.range((ino, from)..(ino, to)))
+            .map(|(&(_, off), e)| (off, *e))
+            .filter(|(off, e)| off + e.len as u64 > from)
+            .collect();
+        for (off, e) in overlapping {
+            let end = off + e.len as u64;
+            self.log(Change::ExtentDel { ino, offset: off })?;
+            if off < from {
+                let left = Extent { len: (from - off) as u32, ..e };
+                self.log(Change::ExtentPut { ino, offset: off, extent: left })?;
+            }
+            if end > to {
+                let right =
+                    Extent { len: (end - to) as u32, skip: e.skip + (to - off) as u32, run: e.run };
+                self.log(Change::ExtentPut { ino, offset: to, extent: right })?;
+            }
+            self.release_extent_run(inode, e.run);
+        }
+        Ok(())
+    }
+
+    /// Frees an extent's run once no extent of the file refers to it.
+    fn release_extent_run(&mut self, inode: &mut Inode, run: Run) {
+        let ino = inode.ino;
+        let shared =
+            self.extents.range((ino, 0)..=(ino, u64::MAX)).any(|(_, e)| e.run.page == run.page);
+        if !shared {
+            self.pending_free.push(run);
+            inode.pages -= run.pages as u64;
+        }
+    }
+
+    /// Truncates or extends `inode` to `size` inside an operation (caller logs it).
+    pub(super) fn truncate_in_op(&mut self, inode: &mut Inode, size: u64) -> FsResult<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(FsError::FileTooLarge);
+        }
+        if size < inode.size {
+            self.free_data_from(inode, size)?;
+        }
+        inode.size = size;
+        Ok(())
+    }
+
+    /// Unmaps everything at or past byte `size` (the inode is updated in memory;
+    /// the caller logs it, or drops the inode).
+    pub(super) fn free_data_from(&mut self, inode: &mut Inode, size: u64) -> FsResult<()> {
+        if inode.file_layout == FileLayout::Io {
+            self.trim_extents(inode, size, u64::MAX)?;
+        } else {
+            let bs = self.geo.block_size as u64;
+            let first_gone = size.div_ceil(bs);
+            // Keep a partial last block but cut its valid bytes.
+            if size % bs != 0 {
+                let b = BlockIndex(size / bs);
+                if let Some(mut run) = self.block_run(inode, b) {
+                    run.valid = run.valid.min((size % bs) as u32);
+                    if b.0 == 0 {
+                        inode.first_block = Some(run);
+                    } else {
+                        self.log(Change::BlockPut { ino: inode.ino, block: b, run })?;
+                    }
+                }
+            }
+            for b in first_gone..inode.size.div_ceil(bs) {
+                let block = BlockIndex(b);
+                let Some(run) = self.block_run(inode, block) else { continue };
+                self.pending_free.push(run);
+                inode.pages -= run.pages as u64;
+                if b == 0 {
+                    inode.first_block = None;
+                } else {
+                    self.log(Change::BlockDel { ino: inode.ino, block })?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

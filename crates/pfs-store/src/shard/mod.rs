@@ -1,0 +1,643 @@
+//! One shard (PStore): a single-threaded value that owns one zone of a device.
+//!
+//! - [`geometry`]: zone layout, superblock, checkpoint headers.
+//! - [`tables`]: encoding of the in-memory tables into a checkpoint.
+//! - [`meta`]: namespace operations (create, lookup, rename, readdir, xattrs, ...).
+//! - [`data`]: file data (block / file / io layouts), truncate.
+//! - this file: state, format, open (recovery), the operation frame
+//!   (`begin` / `log` / `finish`), commit and checkpoint.
+//!
+//! Every operation validates and reads first, then applies its changes through
+//! [`Shard::log`], which both changes memory and appends to the operation's WAL
+//! record, so live operation and replay share one code path.
+
+pub mod data;
+pub mod geometry;
+pub mod meta;
+mod tables;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use pfs_core::{BlockIndex, FsError, FsResult, InodeId, ShardId, TimeNs};
+
+use crate::bitmap::Bitmap;
+use crate::cart::Cart;
+use crate::device::{AlignedBuf, Device, IoKind, IoRequest};
+use crate::error::StoreError;
+use crate::icache::{Icache, IcacheStats};
+use crate::inode::{Inode, Run, INODE_SLOT_SIZE};
+use crate::io::DevIo;
+use crate::wal::record::Extent;
+use crate::wal::{Change, Wal};
+
+pub use geometry::{FormatOptions, Geometry, PAGE_SIZE};
+pub use meta::{CreateArgs, DirEntry, RenameFlags, XattrFlags};
+
+/// Largest WAL record an operation may produce (a 1 MiB write maps 16+ blocks;
+/// xattr values are at most 64 KiB).
+const MAX_RECORD_BYTES: u64 = 128 << 10;
+
+/// Run-time choices of an open shard.
+#[derive(Clone, Debug)]
+pub struct ShardOptions {
+    /// Icache blocks (each holds 16 inodes).
+    pub icache_blocks: usize,
+    /// Dirty share of the Icache that starts write-back.
+    pub dirty_ratio: f64,
+    /// Bytes of WAL records that may wait for one commit.
+    pub wal_group_bytes: usize,
+}
+
+impl Default for ShardOptions {
+    fn default() -> Self {
+        ShardOptions { icache_blocks: 4096, dirty_ratio: 0.05, wal_group_bytes: 4 << 20 }
+    }
+}
+
+/// Counters an operator or a benchmark reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    /// Icache counters.
+    pub icache: IcacheStats,
+    /// Commits that wrote the WAL.
+    pub commits: u64,
+    /// Checkpoints taken.
+    pub checkpoints: u64,
+    /// WAL records replayed at open.
+    pub replayed: u64,
+}
+
+/// One shard over its zone of device `D`.
+#[derive(Debug)]
+pub struct Shard<D: Device> {
+    io: DevIo<D>,
+    geo: Geometry,
+    opts: ShardOptions,
+    dentries: Cart,
+    inode_slots: HashMap<InodeId, u64>,
+    slot_bitmap: Bitmap,
+    icache: Icache,
+    page_bitmap: Bitmap,
+    blocks: HashMap<(InodeId, BlockIndex), Run>,
+    extents: BTreeMap<(InodeId, u64), Extent>,
+    xattrs: HashMap<InodeId, BTreeMap<Vec<u8>, Vec<u8>>>,
+    wal: Wal,
+    next_ino_seq: u64,
+    /// Bytes the tables take in a checkpoint; bounded by the checkpoint region.
+    table_bytes: u64,
+    /// Pages freed since the last commit: reusable only once the change is durable.
+    pending_free: Vec<Run>,
+    /// Data pages written since the last sync.
+    data_unsynced: bool,
+    /// Changes of the operation in progress.
+    changes: Vec<Change>,
+    record: Vec<u8>,
+    /// Set when memory and log may disagree (a device error inside an apply).
+    failed: Option<String>,
+    now_ns: TimeNs,
+    stats: ShardStats,
+}
+
+impl<D: Device> Shard<D> {
+    /// Formats a zone on `dev` (mkfs) and opens it.
+    pub fn format(
+        dev: D,
+        fopts: &FormatOptions,
+        opts: ShardOptions,
+    ) -> Result<Shard<D>, StoreError> {
+        let geo = Geometry::compute(fopts)?;
+        if geo.zone_offset + geo.zone_bytes > dev.size_bytes() {
+            return Err(StoreError::Geometry(format!(
+                "zone {}..{} does not fit the device of {} bytes",
+                geo.zone_offset,
+                geo.zone_offset + geo.zone_bytes,
+                dev.size_bytes()
+            )));
+        }
+        let mut io = DevIo::new(dev);
+        // Zero the headers and the metadata area (slots must read as empty), and the
+        // start of the WAL.
+        let mut reqs = vec![write_req(geo.offset(0), &geo.encode_superblock())];
+        reqs.push(write_req(geo.offset(1), &[0u8; 64]));
+        reqs.push(write_req(geo.offset(2), &[0u8; 64]));
+        let zero_chunk_pages = 256u64;
+        for (first, count) in [(geo.meta_page, geo.meta_pages), (geo.wal_page, 1)] {
+            let mut p = first;
+            while p < first + count {
+                let n = zero_chunk_pages.min(first + count - p);
+                reqs.push(IoRequest {
+                    tag: 0,
+                    kind: IoKind::Write,
+                    offset: geo.offset(p),
+                    buf: AlignedBuf::zeroed((n * PAGE_SIZE) as usize),
+                });
+                p += n;
+            }
+        }
+        for c in io.run(reqs) {
+            c.result?;
+        }
+        let mut shard = Shard::empty(io, geo, opts, 0, 1, 1);
+        if fopts.create_root {
+            shard.create_root()?;
+        }
+        shard.checkpoint()?;
+        Ok(shard)
+    }
+
+    /// Opens a formatted zone at byte `zone_offset`: loads the newest valid
+    /// checkpoint, replays the WAL after it, and checkpoints.
+    pub fn open(dev: D, zone_offset: u64, opts: ShardOptions) -> Result<Shard<D>, StoreError> {
+        let mut io = DevIo::new(dev);
+        let sb = read_pages(&mut io, zone_offset, 3)?;
+        let geo = Geometry::decode_superblock(&sb[..PAGE_SIZE as usize])?;
+        if geo.zone_offset != zone_offset {
+            return Err(StoreError::Corruption(format!(
+                "superblock says the zone starts at {}, opened at {zone_offset}",
+                geo.zone_offset
+            )));
+        }
+        let headers = [1usize, 2].map(|p| {
+            geometry::CheckpointHeader::decode(
+                &sb[p * PAGE_SIZE as usize..(p + 1) * PAGE_SIZE as usize],
+            )
+        });
+        let header = headers
+            .iter()
+            .flatten()
+            .max_by_key(|h| h.gen)
+            .copied()
+            .ok_or_else(|| StoreError::Corruption("no valid checkpoint header".into()))?;
+        if header.tables_len > geo.ckpt_pages * PAGE_SIZE || header.region > 1 {
+            return Err(StoreError::Corruption(format!(
+                "checkpoint header out of bounds: {header:?}"
+            )));
+        }
+        let pages = header.tables_len.div_ceil(PAGE_SIZE);
+        let raw = read_pages(&mut io, geo.offset(geo.ckpt_page[header.region as usize]), pages)?;
+        let tables = &raw[..header.tables_len as usize];
+        if crc32c::crc32c(tables) != header.tables_crc {
+            return Err(StoreError::Corruption(format!(
+                "checkpoint {} tables checksum mismatch",
+                header.gen
+            )));
+        }
+        let mut shard =
+            Shard::empty(io, geo, opts, header.gen, header.first_lsn, header.next_ino_seq);
+        shard.load_tables(tables)?;
+        let scanned = Wal::scan(
+            &mut shard.io,
+            geo.offset(geo.wal_page),
+            geo.wal_pages * PAGE_SIZE,
+            header.gen,
+            header.first_lsn,
+        )?;
+        // Replayed records are durable: their Icache blocks may be written back.
+        let last_lsn = header.first_lsn + scanned.records.len() as u64;
+        shard.icache.set_durable_lsn(last_lsn);
+        for (lsn, payload) in &scanned.records {
+            for change in Change::decode_all(payload)? {
+                shard.apply(&change, *lsn)?;
+            }
+            shard.stats.replayed += 1;
+        }
+        shard.wal = Wal::new(
+            geo.offset(geo.wal_page),
+            geo.wal_pages * PAGE_SIZE,
+            header.gen,
+            last_lsn,
+            opts_group(&shard.opts),
+        );
+        shard.rebuild_bitmaps()?;
+        // A fresh generation: records beyond the cut can never be mistaken for new ones.
+        shard.checkpoint()?;
+        Ok(shard)
+    }
+
+    fn empty(
+        io: DevIo<D>,
+        geo: Geometry,
+        opts: ShardOptions,
+        gen: u64,
+        first_lsn: u64,
+        next_ino_seq: u64,
+    ) -> Shard<D> {
+        let icache_blocks = opts.icache_blocks.max(8);
+        Shard {
+            icache: Icache::new(
+                icache_blocks,
+                opts.dirty_ratio,
+                geo.offset(geo.meta_page),
+                geo.meta_pages,
+            ),
+            wal: Wal::new(
+                geo.offset(geo.wal_page),
+                geo.wal_pages * PAGE_SIZE,
+                gen,
+                first_lsn,
+                opts_group(&opts),
+            ),
+            io,
+            dentries: Cart::new(),
+            inode_slots: HashMap::new(),
+            slot_bitmap: Bitmap::new(geo.inode_slots),
+            page_bitmap: Bitmap::new(geo.data_pages),
+            blocks: HashMap::new(),
+            extents: BTreeMap::new(),
+            xattrs: HashMap::new(),
+            next_ino_seq,
+            table_bytes: 0,
+            pending_free: Vec::new(),
+            data_unsynced: false,
+            changes: Vec::new(),
+            record: Vec::with_capacity(MAX_RECORD_BYTES as usize),
+            failed: None,
+            now_ns: wall_clock_ns(),
+            stats: ShardStats::default(),
+            geo,
+            opts,
+        }
+    }
+
+    /// The zone geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geo
+    }
+
+    /// The shard id.
+    pub fn id(&self) -> ShardId {
+        self.geo.shard
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ShardStats {
+        ShardStats { icache: self.icache.stats(), ..self.stats }
+    }
+
+    /// Sets the clock used for timestamps (the worker sets it once per tick).
+    pub fn set_now(&mut self, now_ns: TimeNs) {
+        self.now_ns = now_ns;
+    }
+
+    /// Whether `ino` lives on this shard.
+    pub fn has_inode(&self, ino: InodeId) -> bool {
+        self.inode_slots.contains_key(&ino)
+    }
+
+    /// Number of inodes on this shard.
+    pub fn inode_count(&self) -> usize {
+        self.inode_slots.len()
+    }
+
+    /// Makes every finished operation durable: syncs data written since the last
+    /// commit, then writes and syncs the pending WAL records (group commit).
+    pub fn commit(&mut self) -> FsResult<()> {
+        self.check_failed()?;
+        if self.data_unsynced {
+            let sync =
+                IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) };
+            self.io.run(vec![sync]).pop().expect("one completion").result?;
+            self.data_unsynced = false;
+        }
+        if self.wal.has_pending() {
+            let lsn = self.wal.commit(&mut self.io)?;
+            self.icache.set_durable_lsn(lsn);
+            self.stats.commits += 1;
+        }
+        for run in self.pending_free.drain(..) {
+            self.page_bitmap.clear_run(run.page, run.pages as u64);
+        }
+        self.icache.write_back_over_cap(&mut self.io)?;
+        Ok(())
+    }
+
+    /// Writes every table to the inactive checkpoint region, switches the header to
+    /// it and truncates the WAL.
+    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
+        if let Some(f) = &self.failed {
+            return Err(StoreError::Corruption(f.clone()));
+        }
+        self.commit().map_err(|e| StoreError::Corruption(e.to_string()))?;
+        self.icache.flush_all(&mut self.io)?;
+        let tables = self.encode_tables();
+        assert!(
+            tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
+            "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
+            tables.len()
+        );
+        let gen = self.wal.gen() + 1;
+        let region = (gen % 2) as u32;
+        let header = geometry::CheckpointHeader {
+            gen,
+            region,
+            tables_len: tables.len() as u64,
+            tables_crc: crc32c::crc32c(&tables),
+            next_ino_seq: self.next_ino_seq,
+            first_lsn: self.wal.next_lsn(),
+        };
+        let mut reqs = Vec::new();
+        for (i, chunk) in tables.chunks(1 << 20).enumerate() {
+            reqs.push(write_req(
+                self.geo.offset(self.geo.ckpt_page[region as usize]) + (i as u64) * (1 << 20),
+                chunk,
+            ));
+        }
+        reqs.push(sync_req());
+        for c in self.io.run(reqs) {
+            c.result?;
+        }
+        let reqs =
+            vec![write_req(self.geo.offset(1 + region as u64), &header.encode()), sync_req()];
+        for c in self.io.run(reqs) {
+            c.result?;
+        }
+        self.wal = Wal::new(
+            self.geo.offset(self.geo.wal_page),
+            self.geo.wal_pages * PAGE_SIZE,
+            gen,
+            header.first_lsn,
+            opts_group(&self.opts),
+        );
+        self.stats.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Gives the device back (after a clean `checkpoint`, or to simulate a crash).
+    pub fn into_device(self) -> D {
+        self.io.into_device()
+    }
+
+    // ---- the operation frame ----
+
+    /// Starts a mutating operation: room in the WAL and the checkpoint for its
+    /// record, and a bounded commit group.
+    fn begin(&mut self) -> FsResult<()> {
+        self.check_failed()?;
+        assert!(self.changes.is_empty(), "operation started inside another");
+        if self.wal.free_bytes() < MAX_RECORD_BYTES {
+            self.checkpoint()?;
+        } else if self.wal.group_full() {
+            self.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Applies one change and adds it to the operation's record.
+    fn log(&mut self, change: Change) -> FsResult<()> {
+        let lsn = self.wal.next_lsn();
+        if let Err(e) = self.apply(&change, lsn) {
+            let msg = format!("device error while applying a change, shard must be reopened: {e}");
+            self.failed = Some(msg.clone());
+            return Err(FsError::Io(msg));
+        }
+        self.changes.push(change);
+        Ok(())
+    }
+
+    /// Ends a mutating operation: appends its one WAL record.
+    fn finish(&mut self) -> FsResult<()> {
+        if self.changes.is_empty() {
+            return Ok(());
+        }
+        self.record.clear();
+        for c in self.changes.drain(..) {
+            c.encode(&mut self.record);
+        }
+        assert!(
+            self.record.len() as u64 <= MAX_RECORD_BYTES,
+            "record of {} bytes",
+            self.record.len()
+        );
+        self.wal.append(&self.record);
+        self.icache.write_back_over_cap(&mut self.io)?;
+        Ok(())
+    }
+
+    fn check_failed(&self) -> FsResult<()> {
+        match &self.failed {
+            Some(m) => Err(FsError::Io(m.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks that the tables can grow by `bytes` and still fit a checkpoint.
+    fn reserve_table_bytes(&self, bytes: u64) -> FsResult<()> {
+        if self.table_bytes + bytes > self.geo.ckpt_pages * PAGE_SIZE - 4096 {
+            return Err(FsError::NoSpace);
+        }
+        Ok(())
+    }
+
+    // ---- applying changes (live and replay) ----
+
+    fn apply(&mut self, change: &Change, lsn: u64) -> Result<(), StoreError> {
+        match change {
+            Change::DentryPut { parent, name, value } => {
+                if self.dentries.insert(*parent, name, *value).is_none() {
+                    self.table_bytes += tables::dentry_bytes(name);
+                }
+            }
+            Change::DentryDel { parent, name } => {
+                if self.dentries.remove(*parent, name).is_some() {
+                    self.table_bytes -= tables::dentry_bytes(name);
+                }
+            }
+            Change::InodePut { slot, image } => {
+                let inode = Inode::decode(&image[..])?.ok_or_else(|| {
+                    StoreError::Corruption(format!("empty inode image for slot {slot}"))
+                })?;
+                if *slot >= self.geo.inode_slots {
+                    return Err(StoreError::Corruption(format!("inode slot {slot} out of range")));
+                }
+                if self.inode_slots.insert(inode.ino, *slot).is_none() {
+                    self.table_bytes += tables::INODE_BYTES;
+                }
+                self.next_ino_seq = self.next_ino_seq.max(inode.ino.seq() + 1);
+                self.icache.write_slot(&mut self.io, *slot, image, lsn)?;
+            }
+            Change::InodeDel { ino, slot } => {
+                if self.inode_slots.remove(ino).is_some() {
+                    self.table_bytes -= tables::INODE_BYTES;
+                }
+                self.icache.write_slot(&mut self.io, *slot, &[0u8; INODE_SLOT_SIZE], lsn)?;
+            }
+            Change::BlockPut { ino, block, run } => {
+                if self.blocks.insert((*ino, *block), *run).is_none() {
+                    self.table_bytes += tables::BLOCK_BYTES;
+                }
+            }
+            Change::BlockDel { ino, block } => {
+                if self.blocks.remove(&(*ino, *block)).is_some() {
+                    self.table_bytes -= tables::BLOCK_BYTES;
+                }
+            }
+            Change::ExtentPut { ino, offset, extent } => {
+                if self.extents.insert((*ino, *offset), *extent).is_none() {
+                    self.table_bytes += tables::EXTENT_BYTES;
+                }
+            }
+            Change::ExtentDel { ino, offset } => {
+                if self.extents.remove(&(*ino, *offset)).is_some() {
+                    self.table_bytes -= tables::EXTENT_BYTES;
+                }
+            }
+            Change::XattrPut { ino, name, value } => {
+                let map = self.xattrs.entry(*ino).or_default();
+                if let Some(old) = map.insert(name.clone(), value.clone()) {
+                    self.table_bytes -= tables::xattr_bytes(name, &old);
+                }
+                self.table_bytes += tables::xattr_bytes(name, value);
+            }
+            Change::XattrDel { ino, name } => {
+                if let Some(map) = self.xattrs.get_mut(ino) {
+                    if let Some(old) = map.remove(name) {
+                        self.table_bytes -= tables::xattr_bytes(name, &old);
+                    }
+                    if map.is_empty() {
+                        self.xattrs.remove(ino);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rebuilds both allocation bitmaps from the tables (after recovery).
+    fn rebuild_bitmaps(&mut self) -> Result<(), StoreError> {
+        self.slot_bitmap = Bitmap::new(self.geo.inode_slots);
+        self.page_bitmap = Bitmap::new(self.geo.data_pages);
+        let slots: Vec<(InodeId, u64)> = self.inode_slots.iter().map(|(i, s)| (*i, *s)).collect();
+        let mut runs: Vec<Run> = self.blocks.values().copied().collect();
+        let mut seen = HashSet::new();
+        for e in self.extents.values() {
+            if seen.insert(e.run.page) {
+                runs.push(e.run);
+            }
+        }
+        for (ino, slot) in slots {
+            if slot >= self.geo.inode_slots || self.slot_bitmap.get(slot) {
+                return Err(StoreError::Corruption(format!(
+                    "inode {ino}: slot {slot} invalid or shared"
+                )));
+            }
+            self.slot_bitmap.set_run(slot, 1);
+            let inode = self.load_inode_at(slot, ino)?;
+            runs.extend(inode.first_block);
+        }
+        for run in runs {
+            let end = run.page + run.pages as u64;
+            if end > self.geo.data_pages || (run.page..end).any(|p| self.page_bitmap.get(p)) {
+                return Err(StoreError::Corruption(format!("data run {run:?} invalid or shared")));
+            }
+            self.page_bitmap.set_run(run.page, run.pages as u64);
+        }
+        Ok(())
+    }
+
+    // ---- inodes ----
+
+    fn load_inode_at(&mut self, slot: u64, ino: InodeId) -> Result<Inode, StoreError> {
+        let image = self.icache.read_slot(&mut self.io, slot)?;
+        match Inode::decode(&image)? {
+            Some(inode) if inode.ino == ino => Ok(inode),
+            other => Err(StoreError::Corruption(format!(
+                "slot {slot} should hold inode {ino}, holds {:?}",
+                other.map(|i| i.ino)
+            ))),
+        }
+    }
+
+    /// The inode `ino`, or `NotFound` if it does not live here.
+    pub(crate) fn inode(&mut self, ino: InodeId) -> FsResult<Inode> {
+        let slot = *self.inode_slots.get(&ino).ok_or(FsError::NotFound)?;
+        Ok(self.load_inode_at(slot, ino)?)
+    }
+
+    /// Logs a new image of an existing inode.
+    fn put_inode(&mut self, inode: &Inode) -> FsResult<()> {
+        let slot = *self.inode_slots.get(&inode.ino).expect("put_inode of an unknown inode");
+        let mut image = Box::new([0u8; INODE_SLOT_SIZE]);
+        inode.encode(&mut image);
+        self.log(Change::InodePut { slot, image })
+    }
+
+    /// Allocates a slot and an inode number, and logs the new inode.
+    fn new_inode(&mut self, mut inode: Inode) -> FsResult<Inode> {
+        self.reserve_table_bytes(tables::INODE_BYTES)?;
+        let slot = self.slot_bitmap.alloc().ok_or(FsError::NoSpace)?;
+        // Read first: a device error here fails only this operation.
+        if let Err(e) = self.icache.read_slot(&mut self.io, slot) {
+            self.slot_bitmap.clear_run(slot, 1);
+            return Err(e.into());
+        }
+        inode.ino = InodeId::compose(self.geo.shard, self.next_ino_seq);
+        let mut image = Box::new([0u8; INODE_SLOT_SIZE]);
+        inode.encode(&mut image);
+        self.log(Change::InodePut { slot, image })?;
+        Ok(inode)
+    }
+
+    /// Logs the removal of inode `ino` and frees its slot, data and xattrs.
+    fn drop_inode(&mut self, inode: &Inode) -> FsResult<()> {
+        self.free_data_from(&mut inode.clone(), 0)?;
+        let names: Vec<Vec<u8>> =
+            self.xattrs.get(&inode.ino).map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        for name in names {
+            self.log(Change::XattrDel { ino: inode.ino, name })?;
+        }
+        let slot = *self.inode_slots.get(&inode.ino).expect("drop of an unknown inode");
+        self.log(Change::InodeDel { ino: inode.ino, slot })?;
+        self.slot_bitmap.clear_run(slot, 1);
+        Ok(())
+    }
+
+    fn now(&self) -> TimeNs {
+        self.now_ns
+    }
+}
+
+fn opts_group(opts: &ShardOptions) -> usize {
+    opts.wal_group_bytes.clamp(64 << 10, 64 << 20)
+}
+
+fn write_req(offset: u64, data: &[u8]) -> IoRequest {
+    IoRequest { tag: 0, kind: IoKind::Write, offset, buf: AlignedBuf::from_slice(data) }
+}
+
+fn sync_req() -> IoRequest {
+    IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) }
+}
+
+fn read_pages<D: Device>(
+    io: &mut DevIo<D>,
+    offset: u64,
+    pages: u64,
+) -> Result<Vec<u8>, StoreError> {
+    let mut out = Vec::with_capacity((pages * PAGE_SIZE) as usize);
+    let chunk = 256;
+    let mut p = 0;
+    while p < pages {
+        let n = chunk.min(pages - p);
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Read,
+            offset: offset + p * PAGE_SIZE,
+            buf: AlignedBuf::zeroed((n * PAGE_SIZE) as usize),
+        };
+        let c = io.run(vec![req]).pop().expect("one completion");
+        c.result?;
+        out.extend_from_slice(&c.buf);
+        p += n;
+    }
+    Ok(out)
+}
+
+fn wall_clock_ns() -> TimeNs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as TimeNs)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,301 @@
+//! Unit tests of the shard API on `MemDevice`.
+
+use pfs_core::{FileLayout, FileType, FsError, InodeId, SetAttr, ShardId};
+
+use super::*;
+use crate::device::MemDevice;
+
+const ZONE: u64 = 64 << 20;
+const ROOT: InodeId = InodeId::ROOT;
+
+fn small_opts() -> ShardOptions {
+    ShardOptions { icache_blocks: 16, dirty_ratio: 0.25, wal_group_bytes: 64 << 10 }
+}
+
+fn fresh() -> (Shard<MemDevice>, MemDevice) {
+    let dev = MemDevice::new(ZONE, 64);
+    let handle = dev.handle();
+    let shard = Shard::format(dev, &FormatOptions::new(ShardId(0), ZONE), small_opts()).unwrap();
+    (shard, handle)
+}
+
+fn reopen(mut shard: Shard<MemDevice>) -> Shard<MemDevice> {
+    shard.commit().unwrap();
+    Shard::open(shard.into_device(), 0, small_opts()).unwrap()
+}
+
+#[test]
+fn create_lookup_getattr_unlink() {
+    let (mut s, _) = fresh();
+    let a = s.create(ROOT, b"a.txt", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(a.kind, FileType::Regular);
+    assert_eq!(s.lookup(ROOT, b"a.txt").unwrap().ino, a.ino);
+    assert_eq!(s.getattr(a.ino).unwrap().perm, 0o644);
+    assert_eq!(s.create(ROOT, b"a.txt", CreateArgs::file(0o644)).unwrap_err(), FsError::Exists);
+    s.unlink(ROOT, b"a.txt").unwrap();
+    assert_eq!(s.lookup(ROOT, b"a.txt").unwrap_err(), FsError::NotFound);
+    assert_eq!(s.getattr(a.ino).unwrap_err(), FsError::NotFound);
+}
+
+#[test]
+fn posix_errors() {
+    let (mut s, _) = fresh();
+    let d = s.create(ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+    let f = s.create(d.ino, b"f", CreateArgs::file(0o600)).unwrap();
+    assert_eq!(s.getattr(ROOT).unwrap().nlink, 3);
+    assert_eq!(s.rmdir(ROOT, b"d").unwrap_err(), FsError::NotEmpty);
+    assert_eq!(s.unlink(ROOT, b"d").unwrap_err(), FsError::IsDir);
+    assert_eq!(s.rmdir(d.ino, b"f").unwrap_err(), FsError::NotDir);
+    assert_eq!(s.create(f.ino, b"x", CreateArgs::file(0o600)).unwrap_err(), FsError::NotDir);
+    assert_eq!(s.lookup(ROOT, &[b'n'; 256]).unwrap_err(), FsError::NameTooLong);
+    assert!(matches!(s.create(ROOT, b"a/b", CreateArgs::file(0)), Err(FsError::Invalid(_))));
+    assert!(matches!(
+        s.rename(ROOT, b"d", d.ino, b"inside", RenameFlags::default()),
+        Err(FsError::Invalid(_))
+    ));
+    assert_eq!(s.write(d.ino, 0, b"x").unwrap_err(), FsError::IsDir);
+    s.unlink(d.ino, b"f").unwrap();
+    s.rmdir(ROOT, b"d").unwrap();
+    assert_eq!(s.getattr(ROOT).unwrap().nlink, 2);
+}
+
+#[test]
+fn rename_rules_and_flags() {
+    let (mut s, _) = fresh();
+    let a = s.create(ROOT, b"a", CreateArgs::file(0o644)).unwrap();
+    let b = s.create(ROOT, b"b", CreateArgs::file(0o644)).unwrap();
+    let d = s.create(ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+    let noreplace = RenameFlags { noreplace: true, exchange: false };
+    let exchange = RenameFlags { noreplace: false, exchange: true };
+    assert_eq!(s.rename(ROOT, b"a", ROOT, b"b", noreplace).unwrap_err(), FsError::Exists);
+    assert_eq!(
+        s.rename(ROOT, b"a", ROOT, b"d", RenameFlags::default()).unwrap_err(),
+        FsError::IsDir
+    );
+    assert_eq!(
+        s.rename(ROOT, b"d", ROOT, b"a", RenameFlags::default()).unwrap_err(),
+        FsError::NotDir
+    );
+    s.rename(ROOT, b"a", ROOT, b"b", exchange).unwrap();
+    assert_eq!(s.lookup(ROOT, b"a").unwrap().ino, b.ino);
+    assert_eq!(s.lookup(ROOT, b"b").unwrap().ino, a.ino);
+    s.rename(ROOT, b"a", ROOT, b"b", RenameFlags::default()).unwrap();
+    assert_eq!(s.lookup(ROOT, b"b").unwrap().ino, b.ino);
+    assert_eq!(s.getattr(a.ino).unwrap_err(), FsError::NotFound, "replaced file is gone");
+    s.rename(ROOT, b"b", d.ino, b"moved", RenameFlags::default()).unwrap();
+    assert_eq!(s.lookup(d.ino, b"moved").unwrap().ino, b.ino);
+    assert_eq!(s.rename(ROOT, b"zz", ROOT, b"y", exchange).unwrap_err(), FsError::NotFound);
+}
+
+#[test]
+fn readdir_resumes_in_name_order() {
+    let (mut s, _) = fresh();
+    for i in 0..300 {
+        s.create(ROOT, format!("f{i:04}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+    }
+    let mut names = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = s.readdir(ROOT, after.as_deref(), 64).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().name.clone());
+        names.extend(page.into_iter().map(|e| e.name));
+    }
+    let want: Vec<Vec<u8>> = (0..300).map(|i| format!("f{i:04}").into_bytes()).collect();
+    assert_eq!(names, want);
+}
+
+#[test]
+fn data_block_layout_holes_overwrite_truncate() {
+    let (mut s, _) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    let bs = s.geometry().block_size as u64;
+    let pattern: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    s.write(f.ino, 10, &pattern).unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().size, 200_010);
+    let back = s.read(f.ino, 0, 300_000).unwrap();
+    assert_eq!(back.len(), 200_010);
+    assert!(back[..10].iter().all(|&b| b == 0), "hole reads as zeros");
+    assert_eq!(&back[10..], &pattern[..]);
+    // Partial overwrite inside a block merges with the old data.
+    s.write(f.ino, bs + 5, b"HELLO").unwrap();
+    let back = s.read(f.ino, bs, 20).unwrap();
+    assert_eq!(&back[5..10], b"HELLO");
+    assert_eq!(back[0], pattern[(bs - 10) as usize]);
+    // A far write leaves a hole of zeros.
+    s.write(f.ino, 10 * bs, b"end").unwrap();
+    assert!(s.read(f.ino, 5 * bs, 100).unwrap().iter().all(|&b| b == 0));
+    let free_before = s.statfs().blocks_free;
+    s.setattr(f.ino, SetAttr { size: Some(100), ..Default::default() }).unwrap();
+    s.commit().unwrap();
+    assert!(s.statfs().blocks_free > free_before, "truncate frees pages");
+    // Extending again must show zeros, not the old bytes.
+    s.setattr(f.ino, SetAttr { size: Some(5000), ..Default::default() }).unwrap();
+    let back = s.read(f.ino, 0, 5000).unwrap();
+    assert_eq!(&back[10..100], &pattern[..90]);
+    assert!(back[100..].iter().all(|&b| b == 0), "bytes past a truncate read as zeros");
+}
+
+#[test]
+fn data_io_layout_overlaps_and_trims() {
+    let (mut s, _) = fresh();
+    s.setxattr(ROOT, b"user.pfs.file_layout", b"io", XattrFlags::default()).unwrap();
+    let f = s.create(ROOT, b"shared", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.layouts(f.ino).unwrap().1, FileLayout::Io);
+    let chunk = 47008usize;
+    for i in (0..8u64).rev() {
+        s.write(f.ino, i * chunk as u64, &vec![i as u8 + 1; chunk]).unwrap();
+    }
+    let all = s.read(f.ino, 0, 8 * chunk).unwrap();
+    for i in 0..8 {
+        assert!(all[i * chunk..(i + 1) * chunk].iter().all(|&b| b == i as u8 + 1));
+    }
+    // An overlapping write in the middle of an extent splits it.
+    s.write(f.ino, 100, b"zz").unwrap();
+    let head = s.read(f.ino, 98, 6).unwrap();
+    assert_eq!(head, vec![1, 1, b'z', b'z', 1, 1]);
+    assert!(s.lookup(ROOT, b"shared").is_ok(), "before reopen");
+    let mut s = reopen(s);
+    assert!(s.lookup(ROOT, b"shared").is_ok(), "after reopen");
+    let all2 = s.read(f.ino, 0, 8 * chunk).unwrap();
+    assert_eq!(&all2[100..102], b"zz");
+    assert_eq!(all2[chunk * 7], 8);
+    s.unlink(ROOT, b"shared").unwrap();
+    s.commit().unwrap();
+    assert_eq!(s.statfs().blocks_free, s.statfs().blocks, "unlink frees every page of the file");
+}
+
+#[test]
+fn symlink_and_xattrs() {
+    let (mut s, _) = fresh();
+    let l = s.symlink(ROOT, b"ln", b"/some/target", 0, 0).unwrap();
+    assert_eq!(l.kind, FileType::Symlink);
+    assert_eq!(s.readlink(l.ino).unwrap(), b"/some/target");
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    s.setxattr(f.ino, b"user.a", b"1", XattrFlags::default()).unwrap();
+    assert_eq!(
+        s.setxattr(f.ino, b"user.a", b"2", XattrFlags { create: true, replace: false })
+            .unwrap_err(),
+        FsError::Exists
+    );
+    assert_eq!(
+        s.setxattr(f.ino, b"user.b", b"2", XattrFlags { create: false, replace: true })
+            .unwrap_err(),
+        FsError::NoAttr
+    );
+    assert_eq!(s.getxattr(f.ino, b"user.a").unwrap(), b"1");
+    assert_eq!(s.listxattr(f.ino).unwrap(), vec![b"user.a".to_vec()]);
+    s.removexattr(f.ino, b"user.a").unwrap();
+    assert_eq!(s.getxattr(f.ino, b"user.a").unwrap_err(), FsError::NoAttr);
+    assert_eq!(s.getxattr(ROOT, b"user.pfs.dir_layout").unwrap(), b"bigdir");
+    assert!(matches!(
+        s.setxattr(ROOT, b"user.pfs.dir_layout", b"huge", XattrFlags::default()),
+        Err(FsError::Invalid(_))
+    ));
+}
+
+#[test]
+fn everything_survives_clean_reopen_and_wal_replay() {
+    let (mut s, handle) = fresh();
+    let d = s.create(ROOT, b"dir", CreateArgs::dir(0o755)).unwrap();
+    let f = s.create(d.ino, b"file", CreateArgs::file(0o640)).unwrap();
+    s.write(f.ino, 0, b"persistent bytes").unwrap();
+    s.setxattr(f.ino, b"user.k", b"v", XattrFlags::default()).unwrap();
+    s.checkpoint().unwrap();
+    // More work after the checkpoint: only in the WAL.
+    let g = s.create(d.ino, b"later", CreateArgs::file(0o600)).unwrap();
+    s.write(g.ino, 70_000, b"tail").unwrap();
+    s.commit().unwrap();
+    drop(s);
+    // Crash: anything unsynced may be lost, but all above was committed.
+    let mut s = Shard::open(handle.crash(7), 0, small_opts()).unwrap();
+    assert!(s.stats().replayed > 0, "the records after the checkpoint were replayed");
+    assert_eq!(s.lookup(d.ino, b"file").unwrap().ino, f.ino);
+    assert_eq!(s.read(f.ino, 0, 100).unwrap(), b"persistent bytes");
+    assert_eq!(s.getxattr(f.ino, b"user.k").unwrap(), b"v");
+    assert_eq!(s.getattr(g.ino).unwrap().size, 70_004);
+    assert_eq!(s.read(g.ino, 70_000, 10).unwrap(), b"tail");
+    // New inode numbers never reuse old ones.
+    let h = s.create(ROOT, b"new", CreateArgs::file(0o600)).unwrap();
+    assert!(h.ino > g.ino);
+}
+
+#[test]
+fn uncommitted_work_may_vanish_but_never_tears() {
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    s.write(f.ino, 0, &[1u8; 100_000]).unwrap();
+    s.commit().unwrap();
+    s.write(f.ino, 0, &[2u8; 100_000]).unwrap(); // not committed
+    drop(s);
+    for seed in 0..20 {
+        let mut s = Shard::open(handle.crash(seed), 0, small_opts()).unwrap();
+        let data = s.read(f.ino, 0, 100_000).unwrap();
+        assert!(
+            data.iter().all(|&b| b == 1) || data.iter().all(|&b| b == 2),
+            "seed {seed}: torn write"
+        );
+    }
+}
+
+#[test]
+fn device_error_fails_only_that_operation() {
+    use crate::device::{mem::Fault, IoKind};
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    s.write(f.ino, 0, b"good").unwrap();
+    s.commit().unwrap();
+    handle.inject(Fault::next(IoKind::Write, 1));
+    assert!(matches!(s.write(f.ino, 0, &[9u8; 8192]), Err(FsError::Io(_))));
+    assert_eq!(s.read(f.ino, 0, 4).unwrap(), b"good");
+    s.write(f.ino, 4, b"more").unwrap();
+    s.commit().unwrap();
+    assert_eq!(s.read(f.ino, 0, 8).unwrap(), b"goodmore");
+}
+
+#[test]
+fn full_zone_is_enospc_not_panic() {
+    let dev = MemDevice::new(8 << 20, 64);
+    let mut fo = FormatOptions::new(ShardId(0), 8 << 20);
+    fo.inode_slots = Some(64);
+    fo.wal_bytes = Some(1 << 20);
+    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let mut created = 0;
+    let err = loop {
+        match s.create(ROOT, format!("f{created}").as_bytes(), CreateArgs::file(0o644)) {
+            Ok(_) => created += 1,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, FsError::NoSpace);
+    assert_eq!(created, 63, "64 slots minus the root");
+    let f = s.lookup(ROOT, b"f0").unwrap().ino;
+    let big = vec![7u8; 1 << 20];
+    let mut off = 0;
+    let err = loop {
+        match s.write(f, off, &big) {
+            Ok(_) => off += big.len() as u64,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, FsError::NoSpace);
+    assert!(off > 0);
+}
+
+#[test]
+fn icache_counts_hits_and_writes_back() {
+    let (mut s, _) = fresh();
+    for i in 0..2000 {
+        s.create(ROOT, format!("n{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+        if i % 100 == 0 {
+            s.commit().unwrap();
+        }
+    }
+    s.commit().unwrap();
+    let st = s.stats().icache;
+    assert!(st.hits > st.misses, "{st:?}");
+    assert!(st.writebacks > 0, "dirty cap forced write-back: {st:?}");
+    assert!(st.evictions > 0, "2000 inodes over 16 blocks of 16 evict: {st:?}");
+}

@@ -1,0 +1,214 @@
+//! Write-ahead log: every change to a shard table is appended as part of one record
+//! per operation (atomic), records are group-committed with one write and one sync,
+//! and recovery replays them from the last checkpoint, cutting a torn tail.
+//!
+//! - [`record`]: the `Change` entries and their encoding.
+//! - this file: the log area, append, commit, scan.
+//!
+//! Record framing (see `docs/format.md`): `len u32 | crc32c u32 | gen u64 | lsn u64 |
+//! payload[len]`, crc over gen, lsn and payload. `gen` is the checkpoint generation
+//! the log belongs to, so records left from before the last truncation never replay.
+
+pub mod record;
+
+pub use record::Change;
+
+use crate::device::{AlignedBuf, Device, IoKind, IoRequest, SECTOR_SIZE};
+use crate::error::StoreError;
+use crate::io::DevIo;
+
+/// Bytes of a record header.
+pub const RECORD_HEADER: usize = 24;
+
+/// The log of one zone.
+#[derive(Debug)]
+pub struct Wal {
+    area_offset: u64,
+    area_bytes: u64,
+    gen: u64,
+    next_lsn: u64,
+    /// Byte position where the next record goes.
+    tail: u64,
+    /// Everything before this position is durable.
+    durable_tail: u64,
+    /// Bytes from `pending_start` (a sector boundary) up to `tail`.
+    pending: Vec<u8>,
+    pending_start: u64,
+    /// Most bytes that may wait for a commit (bounded group).
+    pending_max: usize,
+    durable_lsn_value: u64,
+}
+
+/// What a scan of the log found.
+#[derive(Debug)]
+pub struct Scanned {
+    /// Payloads of the valid records, in order, with their lsn.
+    pub records: Vec<(u64, Vec<u8>)>,
+    /// Where the valid log ends.
+    pub tail: u64,
+}
+
+impl Wal {
+    /// An empty log of generation `gen` over `area_bytes` at `area_offset`.
+    pub fn new(
+        area_offset: u64,
+        area_bytes: u64,
+        gen: u64,
+        first_lsn: u64,
+        pending_max: usize,
+    ) -> Wal {
+        assert!(area_bytes % SECTOR_SIZE as u64 == 0 && area_bytes > 0);
+        Wal {
+            area_offset,
+            area_bytes,
+            gen,
+            next_lsn: first_lsn,
+            tail: 0,
+            durable_tail: 0,
+            pending: Vec::with_capacity(pending_max + SECTOR_SIZE),
+            pending_start: 0,
+            pending_max,
+            durable_lsn_value: first_lsn.saturating_sub(1),
+        }
+    }
+
+    /// Reads the whole area and returns the valid records of generation `gen`
+    /// starting at `first_lsn`; stops at the first record that fails a check.
+    pub fn scan<D: Device>(
+        io: &mut DevIo<D>,
+        area_offset: u64,
+        area_bytes: u64,
+        gen: u64,
+        first_lsn: u64,
+    ) -> Result<Scanned, StoreError> {
+        const CHUNK: u64 = 1 << 20;
+        let mut bytes = Vec::with_capacity(area_bytes as usize);
+        let mut at = 0;
+        while at < area_bytes {
+            let len = CHUNK.min(area_bytes - at);
+            let req = IoRequest {
+                tag: 0,
+                kind: IoKind::Read,
+                offset: area_offset + at,
+                buf: io.device_mut().alloc_buf(len as usize),
+            };
+            let c = io.run(vec![req]).pop().expect("one completion");
+            c.result?;
+            bytes.extend_from_slice(&c.buf[..len as usize]);
+            io.device_mut().free_buf(c.buf);
+            at += len;
+        }
+        let mut records = Vec::new();
+        let mut pos = 0usize;
+        let mut lsn = first_lsn;
+        while let Some((payload, next)) = parse_record(&bytes, pos, gen, lsn) {
+            records.push((lsn, payload.to_vec()));
+            pos = next;
+            lsn += 1;
+        }
+        Ok(Scanned { records, tail: pos as u64 })
+    }
+
+    /// Continues a scanned log: appends go after `tail`, the partial sector before it
+    /// is kept so rewriting it preserves the records it holds.
+    pub fn resume(&mut self, tail: u64, next_lsn: u64, partial: &[u8]) {
+        assert_eq!(partial.len() as u64, tail % SECTOR_SIZE as u64);
+        self.tail = tail;
+        self.durable_tail = tail;
+        self.next_lsn = next_lsn;
+        self.durable_lsn_value = next_lsn.saturating_sub(1);
+        self.pending_start = tail - tail % SECTOR_SIZE as u64;
+        self.pending.clear();
+        self.pending.extend_from_slice(partial);
+    }
+
+    /// The sequence number the next record will get.
+    pub fn next_lsn(&self) -> u64 {
+        self.next_lsn
+    }
+
+    /// The highest durable sequence number (0 if none).
+    pub fn durable_lsn(&self) -> u64 {
+        self.durable_lsn_value
+    }
+
+    /// Bytes left in the area.
+    pub fn free_bytes(&self) -> u64 {
+        self.area_bytes - self.tail
+    }
+
+    /// True if records wait for a commit.
+    pub fn has_pending(&self) -> bool {
+        self.tail > self.durable_tail
+    }
+
+    /// True if the pending group reached its bound and must be committed.
+    pub fn group_full(&self) -> bool {
+        self.pending.len() >= self.pending_max
+    }
+
+    /// The generation of this log.
+    pub fn gen(&self) -> u64 {
+        self.gen
+    }
+
+    /// Appends one record; returns its lsn. The caller checked `free_bytes`.
+    pub fn append(&mut self, payload: &[u8]) -> u64 {
+        let total = RECORD_HEADER + payload.len();
+        assert!(total as u64 <= self.free_bytes(), "WAL overflow: caller must checkpoint first");
+        let lsn = self.next_lsn;
+        let mut header = [0u8; RECORD_HEADER];
+        header[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        header[8..16].copy_from_slice(&self.gen.to_le_bytes());
+        header[16..24].copy_from_slice(&lsn.to_le_bytes());
+        let mut crc = crc32c::crc32c(&header[8..24]);
+        crc = crc32c::crc32c_append(crc, payload);
+        header[4..8].copy_from_slice(&crc.to_le_bytes());
+        self.pending.extend_from_slice(&header);
+        self.pending.extend_from_slice(payload);
+        self.tail += total as u64;
+        self.next_lsn += 1;
+        lsn
+    }
+
+    /// Writes the pending records (one write) and syncs. Returns the durable lsn.
+    pub fn commit<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<u64, StoreError> {
+        if !self.has_pending() {
+            return Ok(self.durable_lsn_value);
+        }
+        let buf = AlignedBuf::from_slice(&self.pending);
+        let write = IoRequest {
+            tag: 0,
+            kind: IoKind::Write,
+            offset: self.area_offset + self.pending_start,
+            buf,
+        };
+        let sync = IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) };
+        let mut done = io.run(vec![write]);
+        done.pop().expect("one completion").result?;
+        io.run(vec![sync]).pop().expect("one completion").result?;
+        self.durable_tail = self.tail;
+        self.durable_lsn_value = self.next_lsn - 1;
+        // Keep only the partial last sector: it is rewritten by the next commit.
+        let keep_from = (self.tail - self.tail % SECTOR_SIZE as u64 - self.pending_start) as usize;
+        self.pending.drain(..keep_from);
+        self.pending_start = self.tail - self.tail % SECTOR_SIZE as u64;
+        Ok(self.durable_lsn_value)
+    }
+}
+
+/// The payload of the record at `pos` if it is valid and of `gen`/`lsn`, and the
+/// position after it.
+fn parse_record(bytes: &[u8], pos: usize, gen: u64, lsn: u64) -> Option<(&[u8], usize)> {
+    let header = bytes.get(pos..pos + RECORD_HEADER)?;
+    let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
+    let rec_gen = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    let rec_lsn = u64::from_le_bytes(header[16..24].try_into().ok()?);
+    if rec_gen != gen || rec_lsn != lsn {
+        return None;
+    }
+    let payload = bytes.get(pos + RECORD_HEADER..(pos + RECORD_HEADER).checked_add(len)?)?;
+    let want = crc32c::crc32c_append(crc32c::crc32c(&header[8..24]), payload);
+    (want == crc).then_some((payload, pos + RECORD_HEADER + len))
+}
