@@ -81,6 +81,40 @@ impl FsError {
             FsError::Io(_) => libc::EIO,
         }
     }
+
+    /// The text a variant carries (`Invalid`, `NotSupported`, `Io`), or `""`.
+    pub fn detail(&self) -> &str {
+        match self {
+            FsError::Invalid(s) | FsError::NotSupported(s) | FsError::Io(s) => s,
+            _ => "",
+        }
+    }
+
+    /// The error for `errno`, with `detail` for the variants that carry text; the
+    /// inverse of [`errno`](Self::errno) and [`detail`](Self::detail). An errno no
+    /// variant maps to becomes `Io`, keeping the number in the text.
+    pub fn from_errno(errno: i32, detail: &str) -> FsError {
+        match errno {
+            libc::ENOENT => FsError::NotFound,
+            libc::EEXIST => FsError::Exists,
+            libc::ENOTDIR => FsError::NotDir,
+            libc::EISDIR => FsError::IsDir,
+            libc::ENOTEMPTY => FsError::NotEmpty,
+            libc::ENAMETOOLONG => FsError::NameTooLong,
+            libc::EINVAL => FsError::Invalid(detail.to_owned()),
+            libc::EPERM => FsError::NotPermitted,
+            libc::EACCES => FsError::Access,
+            libc::ENOSPC => FsError::NoSpace,
+            libc::ENODATA => FsError::NoAttr,
+            libc::ERANGE => FsError::Range,
+            libc::EFBIG => FsError::FileTooLarge,
+            libc::EOPNOTSUPP => FsError::NotSupported(detail.to_owned()),
+            libc::EAGAIN => FsError::TryAgain,
+            libc::ETIMEDOUT => FsError::TimedOut,
+            libc::EIO => FsError::Io(detail.to_owned()),
+            other => FsError::Io(format!("errno {other}: {detail}")),
+        }
+    }
 }
 
 /// Result type of file system operations.
@@ -96,5 +130,32 @@ mod tests {
         assert_eq!(FsError::NotEmpty.errno(), libc::ENOTEMPTY);
         assert_eq!(FsError::Invalid("x".into()).errno(), libc::EINVAL);
         assert_eq!(FsError::Io("disk".into()).errno(), libc::EIO);
+    }
+
+    #[test]
+    fn from_errno_inverts_errno() {
+        let all = [
+            FsError::NotFound,
+            FsError::Exists,
+            FsError::NotDir,
+            FsError::IsDir,
+            FsError::NotEmpty,
+            FsError::NameTooLong,
+            FsError::Invalid("bad offset".into()),
+            FsError::NotPermitted,
+            FsError::Access,
+            FsError::NoSpace,
+            FsError::NoAttr,
+            FsError::Range,
+            FsError::FileTooLarge,
+            FsError::NotSupported("rename flag".into()),
+            FsError::TryAgain,
+            FsError::TimedOut,
+            FsError::Io("disk".into()),
+        ];
+        for e in all {
+            assert_eq!(FsError::from_errno(e.errno(), e.detail()), e);
+        }
+        assert_eq!(FsError::from_errno(9999, "x"), FsError::Io("errno 9999: x".into()));
     }
 }

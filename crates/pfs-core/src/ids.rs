@@ -50,6 +50,18 @@ id_type!(
     /// Index of a file block (file offset / block size).
     BlockIndex(u64)
 );
+id_type!(
+    /// A worker thread (and its shard) within one server, `0..workers`.
+    WorkerId(u32)
+);
+id_type!(
+    /// An open file as the server knows it, returned by open and create.
+    FileHandle(u64)
+);
+id_type!(
+    /// Matches a reply to its request on one connection.
+    RequestId(u64)
+);
 
 impl InodeId {
     /// The root directory of the namespace.
@@ -78,6 +90,14 @@ impl InodeId {
     /// The per-shard sequence part.
     pub fn seq(self) -> u64 {
         self.0 & ((1 << Self::SEQ_BITS) - 1)
+    }
+}
+
+impl BlockIndex {
+    /// The block that holds byte `offset` of a file with `block_size_bytes` blocks.
+    pub fn of_offset(offset: u64, block_size_bytes: u64) -> BlockIndex {
+        assert!(block_size_bytes > 0, "block size must be positive");
+        BlockIndex(offset / block_size_bytes)
     }
 }
 

@@ -1,16 +1,25 @@
 //! Types shared by every pfs crate.
 //!
-//! - [`ids`]: newtype identifiers (`InodeId`, `ShardId`, ...).
+//! - [`ids`]: newtype identifiers (`InodeId`, `ShardId`, `WorkerId`, ...).
 //! - [`attr`]: `FileType`, `FileAttr`, `SetAttr`, `StatFs`.
 //! - [`error`]: `FsError`, the one error a client sees, and its errno.
 //! - [`layout`]: `DirLayout` and `FileLayout`.
+//! - [`routing`]: the characteristic value `Lambda` of a request and its `Route`.
+//! - [`wire`]: frames, requests and replies, and their byte encoding.
+//! - [`config`]: server, master and client configuration (TOML), with validation.
 
 pub mod attr;
+pub mod config;
 pub mod error;
 pub mod ids;
 pub mod layout;
+pub mod routing;
+pub mod wire;
 
 pub use attr::{FileAttr, FileType, SetAttr, StatFs, TimeNs, NAME_MAX};
+pub use config::{ClientConfig, ConfigError, ConfigFile, MasterConfig, PfsConfig, ServerConfig};
 pub use error::{FsError, FsResult};
-pub use ids::{BlockIndex, ClientId, InodeId, ServerId, ShardId};
+pub use ids::{BlockIndex, ClientId, FileHandle, InodeId, RequestId, ServerId, ShardId, WorkerId};
 pub use layout::{DirLayout, FileLayout};
+pub use routing::{Lambda, Route, RouteKey};
+pub use wire::{Body, Frame, Opcode, Reply, Request, WireError};

@@ -6,8 +6,8 @@ pub struct Bitmap {
     words: Vec<u64>,
     len: u64,
     used: u64,
-    /// Where the next search starts, so allocation walks forward instead of
-    /// rescanning the full prefix each time.
+    /// Where the next search starts: the lowest bit freed since, or past the last
+    /// allocation, so allocation neither rescans a full prefix nor skips holes.
     cursor: u64,
 }
 
@@ -63,6 +63,8 @@ impl Bitmap {
             self.words[w] &= !(1 << b);
         }
         self.used -= count;
+        // Reuse holes before fresh space: keeps a zone compact.
+        self.cursor = self.cursor.min(start);
     }
 
     /// Allocates one bit; `None` when full.

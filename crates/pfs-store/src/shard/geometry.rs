@@ -112,7 +112,7 @@ impl Geometry {
             return bad(format!("wal_bytes = {wal_bytes} is out of range: at least 256 KiB"));
         }
         // A checkpoint holds every table; budget per inode slot and per data page.
-        let ckpt_bytes = slots * 320 + pages * 32 + (1 << 20);
+        let ckpt_bytes = slots * 320 + pages * 32 + (64 << 10);
         let ckpt_pages = ckpt_bytes.div_ceil(PAGE_SIZE);
         let meta_page = 3;
         let ckpt_page = [meta_page + meta_pages, meta_page + meta_pages + ckpt_pages];

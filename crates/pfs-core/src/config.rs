@@ -1,0 +1,592 @@
+//! Configuration of the server, the master and the client, read from TOML.
+//!
+//! Every field has a default, so an empty file is a working single-node setup;
+//! unknown fields are refused (a typo must not silently fall back to a default).
+//! [`ConfigFile::validate`] checks ranges and names the field and the allowed values:
+//! `workers = 0 is out of range: allowed 1..=256`.
+
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::{DirLayout, FileLayout};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// A configuration that is wrong; the text names the field (and the file).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not TOML, or does not fit the types (unknown field, wrong type).
+    #[error("invalid TOML: {0}")]
+    Toml(String),
+    /// A numeric field outside its range.
+    #[error("{field} = {value} is out of range: allowed {allowed}")]
+    OutOfRange {
+        /// The field, with its section when there is one (`server.workers`).
+        field: String,
+        /// The value found.
+        value: String,
+        /// The allowed range.
+        allowed: String,
+    },
+    /// A field whose value is malformed or contradicts another field.
+    #[error("{field} = {value} is invalid: {reason}")]
+    Invalid {
+        /// The field, with its section when there is one.
+        field: String,
+        /// The value found.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file was read but is wrong.
+    #[error("config file {}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: Box<ConfigError>,
+    },
+}
+
+impl ConfigError {
+    /// The same error with `section.` in front of the field name.
+    fn in_section(self, section: &str) -> ConfigError {
+        match self {
+            ConfigError::OutOfRange { field, value, allowed } => {
+                ConfigError::OutOfRange { field: format!("{section}.{field}"), value, allowed }
+            }
+            ConfigError::Invalid { field, value, reason } => {
+                ConfigError::Invalid { field: format!("{section}.{field}"), value, reason }
+            }
+            other => other,
+        }
+    }
+}
+
+/// Parsing, loading and validation shared by every configuration type.
+pub trait ConfigFile: DeserializeOwned + Default {
+    /// Checks every field's range and the relations between fields.
+    fn validate(&self) -> Result<(), ConfigError>;
+
+    /// Parses and validates TOML text.
+    fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        let config: Self = toml::from_str(text).map_err(|e| ConfigError::Toml(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates the file at `path`; errors name the file.
+    fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_toml_str(&text)
+            .map_err(|e| ConfigError::InFile { path: path.to_owned(), source: Box::new(e) })
+    }
+}
+
+/// Fails unless `min <= value <= max`.
+fn check_range<T: PartialOrd + Display>(
+    field: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), ConfigError> {
+    if value < min || value > max {
+        return Err(ConfigError::OutOfRange {
+            field: field.to_owned(),
+            value: value.to_string(),
+            allowed: format!("{min}..={max}"),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `addr` looks like `host:port` with a port in 1..=65535.
+fn check_addr(field: &str, addr: &str) -> Result<(), ConfigError> {
+    let invalid = |reason: &str| ConfigError::Invalid {
+        field: field.to_owned(),
+        value: format!("{addr:?}"),
+        reason: reason.to_owned(),
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| invalid("expected host:port"))?;
+    if host.is_empty() {
+        return Err(invalid("expected host:port, the host is empty"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(invalid("expected host:port with a port in 1..=65535")),
+    }
+}
+
+/// Fails if `path` is empty.
+fn check_path(field: &str, path: &Path) -> Result<(), ConfigError> {
+    if path.as_os_str().is_empty() {
+        return Err(ConfigError::Invalid {
+            field: field.to_owned(),
+            value: "\"\"".to_owned(),
+            reason: "a path is required".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// How a worker waits when it has nothing to do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// Spin forever: lowest latency, one core per worker always busy.
+    Busy,
+    /// Spin for `idle_spin_us`, then sleep on an eventfd until work arrives.
+    #[default]
+    Adaptive,
+}
+
+/// The storage server (`pfs-server serve`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Address clients and peers connect to, `host:port`.
+    pub listen: String,
+    /// Block device or file holding the shards' zones.
+    pub data_path: PathBuf,
+    /// Bytes of `data_path` to use, split evenly into one zone per worker; 0 uses the
+    /// whole device (or the existing file's size).
+    pub device_size_bytes: u64,
+    /// Worker threads, each owning one shard.
+    pub workers: u32,
+    /// How idle workers wait.
+    pub poll_mode: PollMode,
+    /// How long an idle worker spins before it sleeps (`adaptive` only).
+    pub idle_spin_us: u64,
+    /// Threads copying large buffers off the workers; 0 copies on the worker.
+    pub memcpy_threads: u32,
+    /// Copies at least this large go to the memcpy threads.
+    pub memcpy_threshold_bytes: u64,
+    /// Inode cache blocks per worker.
+    pub icache_blocks: u32,
+    /// Largest share of inode cache blocks that may be dirty before write-back.
+    pub dirty_ratio: f64,
+    /// Write-ahead log bytes per worker.
+    pub wal_size_bytes: u64,
+    /// Slots in each worker-to-worker ring.
+    pub ring_depth: u32,
+    /// io_uring submission queue entries per worker.
+    pub io_queue_depth: u32,
+    /// Slots in the memcpy work queue.
+    pub memcpy_queue_depth: u32,
+    /// Requests a connection may have outstanding.
+    pub connection_queue_depth: u32,
+    /// File holding the cluster's shared secret.
+    pub key_file: PathBuf,
+    /// The master, `host:port`.
+    pub master: String,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "0.0.0.0:7070".into(),
+            data_path: "/var/lib/pfs/data".into(),
+            device_size_bytes: 0,
+            workers: 4,
+            poll_mode: PollMode::Adaptive,
+            idle_spin_us: 100,
+            memcpy_threads: 2,
+            memcpy_threshold_bytes: 4 * KIB,
+            icache_blocks: 4096,
+            dirty_ratio: 0.05,
+            wal_size_bytes: 256 * MIB,
+            ring_depth: 1024,
+            io_queue_depth: 256,
+            memcpy_queue_depth: 1024,
+            connection_queue_depth: 128,
+            key_file: "/etc/pfs/cluster.key".into(),
+            master: "127.0.0.1:7000".into(),
+        }
+    }
+}
+
+/// Smallest zone a worker can run with: metadata, data and its log.
+const ZONE_MIN_BYTES: u64 = 64 * MIB;
+
+impl ConfigFile for ServerConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_addr("listen", &self.listen)?;
+        check_path("data_path", &self.data_path)?;
+        check_range("workers", self.workers, 1, 256)?;
+        if self.device_size_bytes != 0 {
+            let min = ZONE_MIN_BYTES * u64::from(self.workers);
+            check_range("device_size_bytes", self.device_size_bytes, min, 1 << 60)
+                .map_err(|e| explain_zero(e, "0 (the whole device)"))?;
+        }
+        check_range("idle_spin_us", self.idle_spin_us, 0, 1_000_000)?;
+        check_range("memcpy_threads", self.memcpy_threads, 0, 64)?;
+        check_range("memcpy_threshold_bytes", self.memcpy_threshold_bytes, 0, 64 * MIB)?;
+        check_range("icache_blocks", self.icache_blocks, 1, 1 << 24)?;
+        if !(self.dirty_ratio > 0.0 && self.dirty_ratio <= 1.0) {
+            return Err(ConfigError::OutOfRange {
+                field: "dirty_ratio".into(),
+                value: self.dirty_ratio.to_string(),
+                allowed: "greater than 0, at most 1".into(),
+            });
+        }
+        check_range("wal_size_bytes", self.wal_size_bytes, MIB, 64 * GIB)?;
+        check_range("ring_depth", self.ring_depth, 2, 1 << 20)?;
+        check_range("io_queue_depth", self.io_queue_depth, 1, 32768)?;
+        check_range("memcpy_queue_depth", self.memcpy_queue_depth, 1, 1 << 20)?;
+        check_range("connection_queue_depth", self.connection_queue_depth, 1, 65536)?;
+        check_path("key_file", &self.key_file)?;
+        check_addr("master", &self.master)?;
+        Ok(())
+    }
+}
+
+/// Adds the one value outside the range that is allowed too.
+fn explain_zero(e: ConfigError, also: &str) -> ConfigError {
+    match e {
+        ConfigError::OutOfRange { field, value, allowed } => {
+            ConfigError::OutOfRange { field, value, allowed: format!("{also} or {allowed}") }
+        }
+        other => other,
+    }
+}
+
+/// The cluster master (`pfs-server master`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MasterConfig {
+    /// Address servers and clients connect to, `host:port`.
+    pub listen: String,
+    /// File holding the cluster's shared secret.
+    pub key_file: PathBuf,
+    /// How often servers report to the master.
+    pub heartbeat_interval_ms: u64,
+    /// A server silent this long is marked down.
+    pub down_after_ms: u64,
+}
+
+impl Default for MasterConfig {
+    fn default() -> Self {
+        MasterConfig {
+            listen: "0.0.0.0:7000".into(),
+            key_file: "/etc/pfs/cluster.key".into(),
+            heartbeat_interval_ms: 1000,
+            down_after_ms: 10_000,
+        }
+    }
+}
+
+impl ConfigFile for MasterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_addr("listen", &self.listen)?;
+        check_path("key_file", &self.key_file)?;
+        check_range("heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 60_000)?;
+        // Fewer than two missed heartbeats must never mark a server down.
+        let min_down = 2 * self.heartbeat_interval_ms;
+        check_range("down_after_ms", self.down_after_ms, min_down, 3_600_000).map_err(
+            |e| match e {
+                ConfigError::OutOfRange { field, value, allowed } => ConfigError::OutOfRange {
+                    field,
+                    value,
+                    allowed: format!("{allowed} (at least 2 x heartbeat_interval_ms)"),
+                },
+                other => other,
+            },
+        )?;
+        Ok(())
+    }
+}
+
+/// The client: FUSE mount or native API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientConfig {
+    /// The master, `host:port`.
+    pub master: String,
+    /// File holding the cluster's shared secret.
+    pub key_file: PathBuf,
+    /// Time to connect to a server or the master.
+    pub connect_timeout_ms: u64,
+    /// Time a request may take before it fails with `TimedOut`.
+    pub request_timeout_ms: u64,
+    /// Writes sent but not yet acknowledged, per open file; more waits.
+    pub max_unfinished_writes: u32,
+    /// Make every write synchronous (`-o strict`).
+    pub strict: bool,
+    /// How long a cached dentry (under a read token) stays valid.
+    pub dentry_ttl_ms: u64,
+    /// Most dentries cached; 0 disables the cache.
+    pub dentry_cache_entries: u32,
+    /// Layout of directories created without an inherited one.
+    pub dir_layout: DirLayout,
+    /// Layout of files created without an inherited one.
+    pub file_layout: FileLayout,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            master: "127.0.0.1:7000".into(),
+            key_file: "/etc/pfs/cluster.key".into(),
+            connect_timeout_ms: 5_000,
+            request_timeout_ms: 30_000,
+            max_unfinished_writes: 64,
+            strict: false,
+            dentry_ttl_ms: 1_000,
+            dentry_cache_entries: 65_536,
+            dir_layout: DirLayout::BigDir,
+            file_layout: FileLayout::Block,
+        }
+    }
+}
+
+impl ConfigFile for ClientConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        check_addr("master", &self.master)?;
+        check_path("key_file", &self.key_file)?;
+        check_range("connect_timeout_ms", self.connect_timeout_ms, 1, 600_000)?;
+        check_range("request_timeout_ms", self.request_timeout_ms, 1, 3_600_000)?;
+        check_range("max_unfinished_writes", self.max_unfinished_writes, 1, 65536)?;
+        check_range("dentry_ttl_ms", self.dentry_ttl_ms, 0, 3_600_000)?;
+        check_range("dentry_cache_entries", self.dentry_cache_entries, 0, 1 << 24)?;
+        Ok(())
+    }
+}
+
+/// One file with a section per role, `[server]`, `[master]`, `[client]`, for the
+/// all-in-one `pfs up`; each section may be left out.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PfsConfig {
+    /// The storage server.
+    pub server: ServerConfig,
+    /// The master.
+    pub master: MasterConfig,
+    /// The client.
+    pub client: ClientConfig,
+}
+
+impl ConfigFile for PfsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.server.validate().map_err(|e| e.in_section("server"))?;
+        self.master.validate().map_err(|e| e.in_section("master"))?;
+        self.client.validate().map_err(|e| e.in_section("client"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_err(toml: &str) -> String {
+        ServerConfig::from_toml_str(toml).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        ServerConfig::default().validate().unwrap();
+        MasterConfig::default().validate().unwrap();
+        ClientConfig::default().validate().unwrap();
+        PfsConfig::default().validate().unwrap();
+        assert_eq!(ServerConfig::from_toml_str("").unwrap(), ServerConfig::default());
+        assert_eq!(ServerConfig::default().dirty_ratio, 0.05);
+        assert_eq!(ClientConfig::default().dir_layout, DirLayout::BigDir);
+    }
+
+    #[test]
+    fn fields_parse() {
+        let server = ServerConfig::from_toml_str(
+            r#"
+            listen = "node7:7070"
+            data_path = "/dev/nvme0n1"
+            device_size_bytes = 1099511627776
+            workers = 16
+            poll_mode = "busy"
+            dirty_ratio = 0.1
+            "#,
+        )
+        .unwrap();
+        assert_eq!(server.workers, 16);
+        assert_eq!(server.poll_mode, PollMode::Busy);
+        assert_eq!(server.data_path, PathBuf::from("/dev/nvme0n1"));
+        assert_eq!(server.icache_blocks, ServerConfig::default().icache_blocks);
+
+        let client = ClientConfig::from_toml_str(
+            "strict = true\ndir_layout = \"regular\"\nfile_layout = \"io\"\n",
+        )
+        .unwrap();
+        assert!(client.strict);
+        assert_eq!((client.dir_layout, client.file_layout), (DirLayout::Regular, FileLayout::Io));
+
+        let all =
+            PfsConfig::from_toml_str("[server]\nworkers = 2\n[master]\ndown_after_ms = 5000\n")
+                .unwrap();
+        assert_eq!((all.server.workers, all.master.down_after_ms), (2, 5000));
+    }
+
+    #[test]
+    fn unknown_fields_and_wrong_types_are_refused() {
+        let err = server_err("wokers = 4");
+        assert!(err.contains("unknown field `wokers`"), "{err}");
+        let err = server_err("poll_mode = \"sometimes\"");
+        assert!(err.contains("sometimes"), "{err}");
+        let err = server_err("workers = \"four\"");
+        assert!(err.starts_with("invalid TOML") && err.contains("workers"), "{err}");
+        let err = PfsConfig::from_toml_str("[sever]\n").unwrap_err().to_string();
+        assert!(err.contains("unknown field `sever`"), "{err}");
+    }
+
+    #[test]
+    fn server_ranges_name_the_field() {
+        let cases = [
+            ("workers = 0", "workers = 0 is out of range: allowed 1..=256"),
+            ("workers = 257", "workers = 257 is out of range: allowed 1..=256"),
+            (
+                "workers = 2\ndevice_size_bytes = 1000",
+                "device_size_bytes = 1000 is out of range: allowed 0 (the whole device) or \
+                 134217728..=1152921504606846976",
+            ),
+            (
+                "idle_spin_us = 2000000",
+                "idle_spin_us = 2000000 is out of range: allowed 0..=1000000",
+            ),
+            ("memcpy_threads = 65", "memcpy_threads = 65 is out of range: allowed 0..=64"),
+            (
+                "memcpy_threshold_bytes = 68719476736",
+                "memcpy_threshold_bytes = 68719476736 is out of range: allowed 0..=67108864",
+            ),
+            ("icache_blocks = 0", "icache_blocks = 0 is out of range: allowed 1..=16777216"),
+            (
+                "dirty_ratio = 0.0",
+                "dirty_ratio = 0 is out of range: allowed greater than 0, at most 1",
+            ),
+            (
+                "dirty_ratio = 1.5",
+                "dirty_ratio = 1.5 is out of range: allowed greater than 0, at most 1",
+            ),
+            (
+                "dirty_ratio = nan",
+                "dirty_ratio = NaN is out of range: allowed greater than 0, at most 1",
+            ),
+            (
+                "wal_size_bytes = 1",
+                "wal_size_bytes = 1 is out of range: allowed 1048576..=68719476736",
+            ),
+            ("ring_depth = 1", "ring_depth = 1 is out of range: allowed 2..=1048576"),
+            ("io_queue_depth = 0", "io_queue_depth = 0 is out of range: allowed 1..=32768"),
+            (
+                "memcpy_queue_depth = 0",
+                "memcpy_queue_depth = 0 is out of range: allowed 1..=1048576",
+            ),
+            (
+                "connection_queue_depth = 0",
+                "connection_queue_depth = 0 is out of range: allowed 1..=65536",
+            ),
+            ("listen = \"nohost\"", "listen = \"nohost\" is invalid: expected host:port"),
+            (
+                "listen = \":7070\"",
+                "listen = \":7070\" is invalid: expected host:port, the host is empty",
+            ),
+            (
+                "master = \"m:0\"",
+                "master = \"m:0\" is invalid: expected host:port with a port in 1..=65535",
+            ),
+            ("data_path = \"\"", "data_path = \"\" is invalid: a path is required"),
+            ("key_file = \"\"", "key_file = \"\" is invalid: a path is required"),
+        ];
+        for (toml, want) in cases {
+            assert_eq!(server_err(toml), want, "for {toml:?}");
+        }
+        ServerConfig::from_toml_str("device_size_bytes = 0").unwrap();
+    }
+
+    #[test]
+    fn master_and_client_ranges_name_the_field() {
+        let master = |t: &str| MasterConfig::from_toml_str(t).unwrap_err().to_string();
+        assert_eq!(
+            master("heartbeat_interval_ms = 5"),
+            "heartbeat_interval_ms = 5 is out of range: allowed 10..=60000"
+        );
+        assert_eq!(
+            master("heartbeat_interval_ms = 1000\ndown_after_ms = 1500"),
+            "down_after_ms = 1500 is out of range: allowed 2000..=3600000 \
+             (at least 2 x heartbeat_interval_ms)"
+        );
+        assert_eq!(master("listen = \"x\""), "listen = \"x\" is invalid: expected host:port");
+        assert_eq!(master("key_file = \"\""), "key_file = \"\" is invalid: a path is required");
+
+        let client = |t: &str| ClientConfig::from_toml_str(t).unwrap_err().to_string();
+        let cases = [
+            (
+                "connect_timeout_ms = 0",
+                "connect_timeout_ms = 0 is out of range: allowed 1..=600000",
+            ),
+            (
+                "request_timeout_ms = 0",
+                "request_timeout_ms = 0 is out of range: allowed 1..=3600000",
+            ),
+            (
+                "max_unfinished_writes = 0",
+                "max_unfinished_writes = 0 is out of range: allowed 1..=65536",
+            ),
+            (
+                "dentry_ttl_ms = 3600001",
+                "dentry_ttl_ms = 3600001 is out of range: allowed 0..=3600000",
+            ),
+            (
+                "dentry_cache_entries = 16777217",
+                "dentry_cache_entries = 16777217 is out of range: allowed 0..=16777216",
+            ),
+            (
+                "master = \"m:x\"",
+                "master = \"m:x\" is invalid: expected host:port with a port in 1..=65535",
+            ),
+            ("key_file = \"\"", "key_file = \"\" is invalid: a path is required"),
+        ];
+        for (toml, want) in cases {
+            assert_eq!(client(toml), want, "for {toml:?}");
+        }
+
+        let err = PfsConfig::from_toml_str("[client]\nmax_unfinished_writes = 0\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "client.max_unfinished_writes = 0 is out of range: allowed 1..=65536"
+        );
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("pfs-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("server.toml");
+        std::fs::write(&path, "workers = 0\n").unwrap();
+        let err = ServerConfig::load(&path).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("config file {}: workers = 0 is out of range: allowed 1..=256", path.display())
+        );
+        std::fs::write(&path, "workers = 8\n").unwrap();
+        assert_eq!(ServerConfig::load(&path).unwrap().workers, 8);
+        let missing = dir.join("missing.toml");
+        let err = ServerConfig::load(&missing).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("cannot read config file {}:", missing.display())),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

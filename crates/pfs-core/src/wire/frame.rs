@@ -1,0 +1,199 @@
+//! The frame: a fixed 32-byte header, then the payload of one message.
+
+use super::cursor::{Reader, Writer};
+use super::types::Codec;
+use super::{Opcode, Reply, Request, WireError, HEADER_LEN, MAGIC, MAX_FRAME_PAYLOAD, VERSION};
+use crate::{ClientId, FsError, RequestId};
+
+/// Header flag: the frame answers a request (clear: it is a request).
+pub const FLAG_REPLY: u16 = 1 << 0;
+/// Header flag: the reply is an error; needs [`FLAG_REPLY`].
+pub const FLAG_ERROR: u16 = 1 << 1;
+
+/// Offset of the checksum in the header; the checksum covers the bytes before it.
+const CHECKSUM_OFFSET: usize = 28;
+
+/// A frame header whose magic, version, flags and length have been checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The opcode, not yet checked against the known ones.
+    pub opcode: u16,
+    /// [`FLAG_REPLY`] and [`FLAG_ERROR`].
+    pub flags: u16,
+    /// The sending client (for replies, the client being answered).
+    pub client: ClientId,
+    /// The request this frame is or answers.
+    pub request_id: RequestId,
+    /// Payload bytes after the header, at most [`MAX_FRAME_PAYLOAD`].
+    pub payload_len: u32,
+    /// crc32c of the header's first 28 bytes and the payload.
+    pub checksum: u32,
+}
+
+impl FrameHeader {
+    /// Checks the first [`HEADER_LEN`] bytes of `bytes`, so a stream reader knows how
+    /// many more bytes the frame needs before it reads them.
+    pub fn decode(bytes: &[u8]) -> Result<FrameHeader, WireError> {
+        let mut r = Reader::new(bytes);
+        let magic = r.u32("frame header")?;
+        if magic != MAGIC {
+            return Err(WireError::BadMagic { found: magic, expected: MAGIC });
+        }
+        let version = r.u16("frame header")?;
+        if version != VERSION {
+            return Err(WireError::Version { found: version, expected: VERSION });
+        }
+        let opcode = r.u16("frame header")?;
+        let flags = r.u16("frame header")?;
+        if flags & !(FLAG_REPLY | FLAG_ERROR) != 0 || flags == FLAG_ERROR {
+            return Err(WireError::BadValue { what: "frame flags", value: flags.into() });
+        }
+        let reserved = r.u16("frame header")?;
+        if reserved != 0 {
+            return Err(WireError::BadValue {
+                what: "reserved header field",
+                value: reserved.into(),
+            });
+        }
+        let client = ClientId(r.u32("frame header")?);
+        let request_id = RequestId(r.u64("frame header")?);
+        let payload_len = r.u32("frame header")?;
+        if payload_len as usize > MAX_FRAME_PAYLOAD {
+            return Err(WireError::TooLong {
+                what: "frame payload",
+                len: payload_len.into(),
+                max: MAX_FRAME_PAYLOAD as u64,
+            });
+        }
+        let checksum = r.u32("frame header")?;
+        Ok(FrameHeader { opcode, flags, client, request_id, payload_len, checksum })
+    }
+
+    /// Header and payload bytes together.
+    pub fn frame_len(&self) -> usize {
+        HEADER_LEN + self.payload_len as usize
+    }
+}
+
+/// What a frame carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Body {
+    /// A request.
+    Request(Request),
+    /// A successful reply.
+    Reply(Reply),
+    /// A failed request: its opcode and the error.
+    Error {
+        /// The opcode of the request that failed.
+        op: Opcode,
+        /// Why it failed.
+        error: FsError,
+    },
+}
+
+/// One message with its addressing: the unit a transport sends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    /// The request this frame is or answers.
+    pub request_id: RequestId,
+    /// The client that sent the request.
+    pub client: ClientId,
+    /// The message.
+    pub body: Body,
+}
+
+impl Frame {
+    /// The opcode in this frame's header.
+    pub fn opcode(&self) -> Opcode {
+        match &self.body {
+            Body::Request(req) => req.opcode(),
+            Body::Reply(reply) => reply.opcode(),
+            Body::Error { op, .. } => *op,
+        }
+    }
+
+    fn flags(&self) -> u16 {
+        match self.body {
+            Body::Request(_) => 0,
+            Body::Reply(_) => FLAG_REPLY,
+            Body::Error { .. } => FLAG_REPLY | FLAG_ERROR,
+        }
+    }
+
+    /// Appends the encoded frame to `out`. On `Err` (a value over a protocol limit)
+    /// `out` is left as it was.
+    pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let start = out.len();
+        let result = self.encode_unchecked(out, start);
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
+    }
+
+    fn encode_unchecked(&self, out: &mut Vec<u8>, start: usize) -> Result<(), WireError> {
+        let mut w = Writer::new(out);
+        w.u32(MAGIC);
+        w.u16(VERSION);
+        w.u16(self.opcode() as u16);
+        w.u16(self.flags());
+        w.u16(0);
+        w.u32(self.client.0);
+        w.u64(self.request_id.0);
+        w.u32(0); // payload length, patched below
+        w.u32(0); // checksum, patched below
+        match &self.body {
+            Body::Request(req) => req.put(&mut w)?,
+            Body::Reply(reply) => reply.put(&mut w)?,
+            Body::Error { error, .. } => error.put(&mut w)?,
+        }
+        let payload_len = out.len() - start - HEADER_LEN;
+        super::cursor::check_len("frame payload", payload_len, MAX_FRAME_PAYLOAD)?;
+        let frame = &mut out[start..];
+        frame[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        let crc = checksum(&frame[..CHECKSUM_OFFSET], &frame[HEADER_LEN..]);
+        frame[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The encoded frame in a new buffer.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, WireError> {
+        let mut out = Vec::new();
+        self.encode(&mut out)?;
+        Ok(out)
+    }
+
+    /// Decodes exactly one frame from untrusted bytes. Never panics; allocates at
+    /// most the payload's size, itself at most [`MAX_FRAME_PAYLOAD`].
+    pub fn decode(bytes: &[u8]) -> Result<Frame, WireError> {
+        let header = FrameHeader::decode(bytes)?;
+        let need = header.frame_len();
+        if bytes.len() < need {
+            return Err(WireError::Truncated { what: "frame", need, have: bytes.len() });
+        }
+        if bytes.len() > need {
+            return Err(WireError::TrailingBytes { what: "frame", count: bytes.len() - need });
+        }
+        let payload = &bytes[HEADER_LEN..];
+        let computed = checksum(&bytes[..CHECKSUM_OFFSET], payload);
+        if computed != header.checksum {
+            return Err(WireError::Checksum { stored: header.checksum, computed });
+        }
+        let op = Opcode::from_u16(header.opcode).ok_or(WireError::UnknownOpcode(header.opcode))?;
+        let mut r = Reader::new(payload);
+        let body = if header.flags & FLAG_ERROR != 0 {
+            Body::Error { op, error: FsError::get(&mut r)? }
+        } else if header.flags & FLAG_REPLY != 0 {
+            Body::Reply(Reply::get(op, &mut r)?)
+        } else {
+            Body::Request(Request::get(op, &mut r)?)
+        };
+        r.finish("payload")?;
+        Ok(Frame { request_id: header.request_id, client: header.client, body })
+    }
+}
+
+/// The frame checksum: crc32c of the header before the checksum, then the payload.
+fn checksum(header_head: &[u8], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(header_head), payload)
+}

@@ -1,0 +1,118 @@
+//! Operation codes: one per request kind; its reply carries the same code.
+
+/// The operation a frame carries. Numbers are protocol: never reuse one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u16)]
+pub enum Opcode {
+    /// Resolve a name in a directory.
+    Lookup = 1,
+    /// Read an inode's attributes.
+    GetAttr = 2,
+    /// Change an inode's attributes (chmod, chown, truncate, utimes).
+    SetAttr = 3,
+    /// Create and open a regular file.
+    Create = 4,
+    /// Create a directory.
+    Mkdir = 5,
+    /// Create a device node, fifo or socket.
+    Mknod = 6,
+    /// Create a symbolic link.
+    Symlink = 7,
+    /// Read a symbolic link's target.
+    ReadLink = 8,
+    /// Remove a non-directory name.
+    Unlink = 9,
+    /// Remove an empty directory.
+    Rmdir = 10,
+    /// Rename or exchange names.
+    Rename = 11,
+    /// List a directory from a cookie.
+    ReadDir = 12,
+    /// Open a file.
+    Open = 13,
+    /// Close an open file.
+    Release = 14,
+    /// Read file data.
+    Read = 15,
+    /// Write file data.
+    Write = 16,
+    /// Make a file's data durable.
+    Fsync = 17,
+    /// File system usage.
+    StatFs = 18,
+    /// Read an extended attribute.
+    GetXattr = 19,
+    /// Set an extended attribute.
+    SetXattr = 20,
+    /// List extended attribute names.
+    ListXattr = 21,
+    /// Remove an extended attribute.
+    RemoveXattr = 22,
+    /// Read an inode's layouts.
+    LayoutGet = 23,
+    /// Change an inode's layouts.
+    LayoutSet = 24,
+    /// Acquire a dentry-cache token on a directory.
+    TokenAcquire = 25,
+    /// Give a token back.
+    TokenRelease = 26,
+    /// Server to client: drop cached dentries of a directory and its token.
+    TokenInvalidate = 27,
+}
+
+impl Opcode {
+    /// Every opcode, in number order.
+    pub const ALL: [Opcode; 27] = [
+        Opcode::Lookup,
+        Opcode::GetAttr,
+        Opcode::SetAttr,
+        Opcode::Create,
+        Opcode::Mkdir,
+        Opcode::Mknod,
+        Opcode::Symlink,
+        Opcode::ReadLink,
+        Opcode::Unlink,
+        Opcode::Rmdir,
+        Opcode::Rename,
+        Opcode::ReadDir,
+        Opcode::Open,
+        Opcode::Release,
+        Opcode::Read,
+        Opcode::Write,
+        Opcode::Fsync,
+        Opcode::StatFs,
+        Opcode::GetXattr,
+        Opcode::SetXattr,
+        Opcode::ListXattr,
+        Opcode::RemoveXattr,
+        Opcode::LayoutGet,
+        Opcode::LayoutSet,
+        Opcode::TokenAcquire,
+        Opcode::TokenRelease,
+        Opcode::TokenInvalidate,
+    ];
+
+    /// The opcode numbered `v`, if any.
+    pub fn from_u16(v: u16) -> Option<Opcode> {
+        // Numbers are dense from 1, so the table index is the number minus one.
+        let op = *Self::ALL.get(usize::from(v).checked_sub(1)?)?;
+        assert_eq!(op as u16, v, "opcode table out of order");
+        Some(op)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_dense_and_stable() {
+        for (i, op) in Opcode::ALL.iter().enumerate() {
+            assert_eq!(*op as u16, i as u16 + 1);
+            assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
+        }
+        assert_eq!(Opcode::from_u16(0), None);
+        assert_eq!(Opcode::from_u16(28), None);
+        assert_eq!(Opcode::Write as u16, 16);
+    }
+}

@@ -1,0 +1,241 @@
+//! Successful replies; a failed request gets an error frame instead.
+
+use super::cursor::{check_len, Reader, Writer};
+use super::types::{read_name, write_name, Codec, DirEntry, Entry, InodeLayout, TokenGrant};
+use super::{
+    Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES,
+    MAX_XATTR_VALUE_BYTES,
+};
+use crate::{FileAttr, FileHandle, StatFs};
+
+/// The reply to a request; each variant answers the request of the same name and
+/// travels under its opcode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The name's inode.
+    Lookup(Entry),
+    /// The attributes.
+    GetAttr(FileAttr),
+    /// The attributes after the change.
+    SetAttr(FileAttr),
+    /// The new file, already open.
+    Create {
+        /// The new file.
+        entry: Entry,
+        /// Its handle.
+        fh: FileHandle,
+    },
+    /// The new directory.
+    Mkdir(Entry),
+    /// The new node.
+    Mknod(Entry),
+    /// The new link.
+    Symlink(Entry),
+    /// The link's target.
+    ReadLink(Vec<u8>),
+    /// The name is gone.
+    Unlink,
+    /// The directory is gone.
+    Rmdir,
+    /// The rename is done.
+    Rename,
+    /// Entries after the request's cookie.
+    ReadDir {
+        /// The entries, in cookie order.
+        entries: Vec<DirEntry>,
+        /// No entries follow the last one.
+        eof: bool,
+    },
+    /// The file is open.
+    Open {
+        /// Its handle.
+        fh: FileHandle,
+    },
+    /// The handle is closed.
+    Release,
+    /// The bytes read; shorter than asked at end of file.
+    Read(Vec<u8>),
+    /// Bytes written.
+    Write {
+        /// How many.
+        written: u32,
+    },
+    /// The data is durable.
+    Fsync,
+    /// The shard's usage.
+    StatFs(StatFs),
+    /// The attribute's value.
+    GetXattr(Vec<u8>),
+    /// The attribute is set.
+    SetXattr,
+    /// The attribute names.
+    ListXattr(Vec<Vec<u8>>),
+    /// The attribute is gone.
+    RemoveXattr,
+    /// The inode's layouts.
+    LayoutGet(InodeLayout),
+    /// The layouts are changed.
+    LayoutSet,
+    /// The token granted.
+    TokenAcquire(TokenGrant),
+    /// The token is released.
+    TokenRelease,
+    /// The client dropped its cache.
+    TokenInvalidate,
+}
+
+/// Bytes an xattr name takes in a Linux `listxattr` buffer: the name and a NUL.
+fn listed_len(name: &[u8]) -> usize {
+    name.len() + 1
+}
+
+impl Reply {
+    /// The opcode this reply travels under.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Reply::Lookup(_) => Opcode::Lookup,
+            Reply::GetAttr(_) => Opcode::GetAttr,
+            Reply::SetAttr(_) => Opcode::SetAttr,
+            Reply::Create { .. } => Opcode::Create,
+            Reply::Mkdir(_) => Opcode::Mkdir,
+            Reply::Mknod(_) => Opcode::Mknod,
+            Reply::Symlink(_) => Opcode::Symlink,
+            Reply::ReadLink(_) => Opcode::ReadLink,
+            Reply::Unlink => Opcode::Unlink,
+            Reply::Rmdir => Opcode::Rmdir,
+            Reply::Rename => Opcode::Rename,
+            Reply::ReadDir { .. } => Opcode::ReadDir,
+            Reply::Open { .. } => Opcode::Open,
+            Reply::Release => Opcode::Release,
+            Reply::Read(_) => Opcode::Read,
+            Reply::Write { .. } => Opcode::Write,
+            Reply::Fsync => Opcode::Fsync,
+            Reply::StatFs(_) => Opcode::StatFs,
+            Reply::GetXattr(_) => Opcode::GetXattr,
+            Reply::SetXattr => Opcode::SetXattr,
+            Reply::ListXattr(_) => Opcode::ListXattr,
+            Reply::RemoveXattr => Opcode::RemoveXattr,
+            Reply::LayoutGet(_) => Opcode::LayoutGet,
+            Reply::LayoutSet => Opcode::LayoutSet,
+            Reply::TokenAcquire(_) => Opcode::TokenAcquire,
+            Reply::TokenRelease => Opcode::TokenRelease,
+            Reply::TokenInvalidate => Opcode::TokenInvalidate,
+        }
+    }
+
+    /// Appends the payload (no header).
+    pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        match self {
+            Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => e.put(w),
+            Reply::GetAttr(a) | Reply::SetAttr(a) => a.put(w),
+            Reply::Create { entry, fh } => {
+                entry.put(w)?;
+                w.u64(fh.0);
+                Ok(())
+            }
+            Reply::ReadLink(target) => w.bytes16("symlink target", target, MAX_SYMLINK_BYTES),
+            Reply::Unlink
+            | Reply::Rmdir
+            | Reply::Rename
+            | Reply::Release
+            | Reply::Fsync
+            | Reply::SetXattr
+            | Reply::RemoveXattr
+            | Reply::LayoutSet
+            | Reply::TokenRelease
+            | Reply::TokenInvalidate => Ok(()),
+            Reply::ReadDir { entries, eof } => {
+                w.count("readdir entries", entries.len())?;
+                let start = w.len();
+                for entry in entries {
+                    entry.put(w)?;
+                    // Refuse early rather than build a frame the peer must reject.
+                    check_len("readdir reply", w.len() - start, MAX_FRAME_PAYLOAD)?;
+                }
+                w.bool(*eof);
+                Ok(())
+            }
+            Reply::Open { fh } => {
+                w.u64(fh.0);
+                Ok(())
+            }
+            Reply::Read(data) => w.bytes32("read data", data, MAX_IO_BYTES),
+            Reply::Write { written } => {
+                w.u32(*written);
+                Ok(())
+            }
+            Reply::StatFs(s) => s.put(w),
+            Reply::GetXattr(value) => w.bytes32("xattr value", value, MAX_XATTR_VALUE_BYTES),
+            Reply::ListXattr(names) => {
+                let listed: usize = names.iter().map(|n| listed_len(n)).sum();
+                check_len("xattr list", listed, MAX_XATTR_LIST_BYTES)?;
+                w.count("xattr names", names.len())?;
+                for name in names {
+                    write_name(w, "xattr name", name)?;
+                }
+                Ok(())
+            }
+            Reply::LayoutGet(layout) => layout.put(w),
+            Reply::TokenAcquire(grant) => grant.put(w),
+        }
+    }
+
+    /// Reads the payload of a reply with opcode `op`; the caller checks that every
+    /// byte was used.
+    pub(crate) fn get(op: Opcode, r: &mut Reader<'_>) -> Result<Reply, WireError> {
+        Ok(match op {
+            Opcode::Lookup => Reply::Lookup(Entry::get(r)?),
+            Opcode::Mkdir => Reply::Mkdir(Entry::get(r)?),
+            Opcode::Mknod => Reply::Mknod(Entry::get(r)?),
+            Opcode::Symlink => Reply::Symlink(Entry::get(r)?),
+            Opcode::GetAttr => Reply::GetAttr(FileAttr::get(r)?),
+            Opcode::SetAttr => Reply::SetAttr(FileAttr::get(r)?),
+            Opcode::Create => {
+                Reply::Create { entry: Entry::get(r)?, fh: FileHandle(r.u64("file handle")?) }
+            }
+            Opcode::ReadLink => {
+                Reply::ReadLink(r.bytes16("symlink target", MAX_SYMLINK_BYTES)?.to_vec())
+            }
+            Opcode::Unlink => Reply::Unlink,
+            Opcode::Rmdir => Reply::Rmdir,
+            Opcode::Rename => Reply::Rename,
+            Opcode::Release => Reply::Release,
+            Opcode::Fsync => Reply::Fsync,
+            Opcode::SetXattr => Reply::SetXattr,
+            Opcode::RemoveXattr => Reply::RemoveXattr,
+            Opcode::LayoutSet => Reply::LayoutSet,
+            Opcode::TokenRelease => Reply::TokenRelease,
+            Opcode::TokenInvalidate => Reply::TokenInvalidate,
+            Opcode::ReadDir => {
+                let count = r.count("readdir entries", DirEntry::MIN_WIRE_BYTES)?;
+                let mut entries = Vec::with_capacity(count);
+                for _ in 0..count {
+                    entries.push(DirEntry::get(r)?);
+                }
+                Reply::ReadDir { entries, eof: r.bool("readdir eof")? }
+            }
+            Opcode::Open => Reply::Open { fh: FileHandle(r.u64("file handle")?) },
+            Opcode::Read => Reply::Read(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
+            Opcode::Write => Reply::Write { written: r.u32("bytes written")? },
+            Opcode::StatFs => Reply::StatFs(StatFs::get(r)?),
+            Opcode::GetXattr => {
+                Reply::GetXattr(r.bytes32("xattr value", MAX_XATTR_VALUE_BYTES)?.to_vec())
+            }
+            Opcode::ListXattr => {
+                // An empty name still takes its 2-byte length prefix.
+                let count = r.count("xattr names", 2)?;
+                let mut names = Vec::with_capacity(count);
+                let mut listed = 0usize;
+                for _ in 0..count {
+                    let name = read_name(r, "xattr name")?;
+                    listed += listed_len(&name);
+                    check_len("xattr list", listed, MAX_XATTR_LIST_BYTES)?;
+                    names.push(name);
+                }
+                Reply::ListXattr(names)
+            }
+            Opcode::LayoutGet => Reply::LayoutGet(InodeLayout::get(r)?),
+            Opcode::TokenAcquire => Reply::TokenAcquire(TokenGrant::get(r)?),
+        })
+    }
+}

@@ -1,0 +1,525 @@
+//! Requests, client to server (and `TokenInvalidate`, server to client).
+
+use super::cursor::{Reader, Writer};
+use super::types::{
+    read_kind, read_name, read_perm, write_name, write_perm, Codec, InodeLayout, RenameFlags,
+    TokenMode, XattrSetMode,
+};
+use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
+use crate::{FileHandle, FileLayout, FileType, InodeId, SetAttr};
+
+/// A request; each variant is one [`Opcode`].
+///
+/// Names are raw bytes (POSIX names need not be UTF-8) of at most `NAME_MAX`; whether
+/// a name is acceptable (no `/`, not empty) is for the server to judge, not the wire.
+/// Owner ids on creating requests are the caller's: permission checks are the
+/// kernel's (`default_permissions`), so no other request carries credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Resolve `name` in `parent`.
+    Lookup {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Read attributes.
+    GetAttr {
+        /// The inode.
+        ino: InodeId,
+    },
+    /// Change the attributes that are `Some` in `set`.
+    SetAttr {
+        /// The inode.
+        ino: InodeId,
+        /// The changes.
+        set: SetAttr,
+    },
+    /// Create a regular file `name` in `parent` and open it.
+    Create {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// Permission bits, umask applied.
+        perm: u16,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+        /// `open(2)` flags.
+        flags: u32,
+        /// The new file's data layout (the client knows the parent's default).
+        layout: FileLayout,
+    },
+    /// Create directory `name` in `parent`.
+    Mkdir {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// Permission bits, umask applied.
+        perm: u16,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+        /// The new directory's layouts.
+        layout: InodeLayout,
+    },
+    /// Create a device node, fifo, socket (or empty regular file) `name` in `parent`.
+    Mknod {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// The node's type.
+        kind: FileType,
+        /// Permission bits, umask applied.
+        perm: u16,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+        /// Device number, for device nodes.
+        rdev: u32,
+    },
+    /// Create symbolic link `name` in `parent` pointing at `target`.
+    Symlink {
+        /// The directory.
+        parent: InodeId,
+        /// The new name.
+        name: Vec<u8>,
+        /// The link's target, at most [`MAX_SYMLINK_BYTES`].
+        target: Vec<u8>,
+        /// Owner.
+        uid: u32,
+        /// Group.
+        gid: u32,
+    },
+    /// Read a symbolic link's target.
+    ReadLink {
+        /// The link.
+        ino: InodeId,
+    },
+    /// Remove the non-directory `name` from `parent`.
+    Unlink {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Remove the empty directory `name` from `parent`.
+    Rmdir {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Move `parent/name` to `new_parent/new_name`.
+    Rename {
+        /// The source directory.
+        parent: InodeId,
+        /// The source name.
+        name: Vec<u8>,
+        /// The target directory.
+        new_parent: InodeId,
+        /// The target name.
+        new_name: Vec<u8>,
+        /// `NOREPLACE`, `EXCHANGE`, or neither.
+        flags: RenameFlags,
+    },
+    /// List directory `ino` from `cookie` (0 = the start).
+    ReadDir {
+        /// The directory.
+        ino: InodeId,
+        /// Where to resume: the cookie of the last entry already seen.
+        cookie: u64,
+        /// Most entries to return.
+        max_entries: u32,
+        /// Most reply payload bytes to use; the server caps it at the frame limit.
+        max_bytes: u32,
+        /// Also return attributes (readdirplus).
+        plus: bool,
+    },
+    /// Open a file.
+    Open {
+        /// The file.
+        ino: InodeId,
+        /// `open(2)` flags.
+        flags: u32,
+    },
+    /// Close an open file.
+    Release {
+        /// The file.
+        ino: InodeId,
+        /// The handle from open or create.
+        fh: FileHandle,
+        /// The flags it was opened with.
+        flags: u32,
+    },
+    /// Read up to `size` bytes at `offset`.
+    Read {
+        /// The file.
+        ino: InodeId,
+        /// The handle.
+        fh: FileHandle,
+        /// Byte offset.
+        offset: u64,
+        /// Bytes wanted, at most [`MAX_IO_BYTES`].
+        size: u32,
+    },
+    /// Write `data` at `offset`.
+    Write {
+        /// The file.
+        ino: InodeId,
+        /// The handle.
+        fh: FileHandle,
+        /// Byte offset.
+        offset: u64,
+        /// The bytes, at most [`MAX_IO_BYTES`].
+        data: Vec<u8>,
+    },
+    /// Make the file's data (and, unless `datasync`, its attributes) durable.
+    Fsync {
+        /// The file.
+        ino: InodeId,
+        /// The handle.
+        fh: FileHandle,
+        /// `fdatasync` rather than `fsync`.
+        datasync: bool,
+    },
+    /// Usage of the shard that receives it.
+    StatFs,
+    /// Read extended attribute `name`.
+    GetXattr {
+        /// The inode.
+        ino: InodeId,
+        /// The attribute name.
+        name: Vec<u8>,
+    },
+    /// Set extended attribute `name` to `value`.
+    SetXattr {
+        /// The inode.
+        ino: InodeId,
+        /// The attribute name.
+        name: Vec<u8>,
+        /// The value, at most [`MAX_XATTR_VALUE_BYTES`].
+        value: Vec<u8>,
+        /// Create-only, replace-only, or either.
+        mode: XattrSetMode,
+    },
+    /// List extended attribute names.
+    ListXattr {
+        /// The inode.
+        ino: InodeId,
+    },
+    /// Remove extended attribute `name`.
+    RemoveXattr {
+        /// The inode.
+        ino: InodeId,
+        /// The attribute name.
+        name: Vec<u8>,
+    },
+    /// Read the layouts of an inode.
+    LayoutGet {
+        /// The inode.
+        ino: InodeId,
+    },
+    /// Change the layouts of an inode (new children inherit a directory's).
+    LayoutSet {
+        /// The inode.
+        ino: InodeId,
+        /// The new layouts.
+        layout: InodeLayout,
+    },
+    /// Acquire a token on directory `dir`.
+    TokenAcquire {
+        /// The directory.
+        dir: InodeId,
+        /// Shared or exclusive.
+        mode: TokenMode,
+    },
+    /// Give back a token on `dir`.
+    TokenRelease {
+        /// The directory.
+        dir: InodeId,
+        /// The mode held.
+        mode: TokenMode,
+    },
+    /// Server to client: drop the dentries cached under `dir` and the read token.
+    TokenInvalidate {
+        /// The directory.
+        dir: InodeId,
+    },
+}
+
+impl Request {
+    /// This request's opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self {
+            Request::Lookup { .. } => Opcode::Lookup,
+            Request::GetAttr { .. } => Opcode::GetAttr,
+            Request::SetAttr { .. } => Opcode::SetAttr,
+            Request::Create { .. } => Opcode::Create,
+            Request::Mkdir { .. } => Opcode::Mkdir,
+            Request::Mknod { .. } => Opcode::Mknod,
+            Request::Symlink { .. } => Opcode::Symlink,
+            Request::ReadLink { .. } => Opcode::ReadLink,
+            Request::Unlink { .. } => Opcode::Unlink,
+            Request::Rmdir { .. } => Opcode::Rmdir,
+            Request::Rename { .. } => Opcode::Rename,
+            Request::ReadDir { .. } => Opcode::ReadDir,
+            Request::Open { .. } => Opcode::Open,
+            Request::Release { .. } => Opcode::Release,
+            Request::Read { .. } => Opcode::Read,
+            Request::Write { .. } => Opcode::Write,
+            Request::Fsync { .. } => Opcode::Fsync,
+            Request::StatFs => Opcode::StatFs,
+            Request::GetXattr { .. } => Opcode::GetXattr,
+            Request::SetXattr { .. } => Opcode::SetXattr,
+            Request::ListXattr { .. } => Opcode::ListXattr,
+            Request::RemoveXattr { .. } => Opcode::RemoveXattr,
+            Request::LayoutGet { .. } => Opcode::LayoutGet,
+            Request::LayoutSet { .. } => Opcode::LayoutSet,
+            Request::TokenAcquire { .. } => Opcode::TokenAcquire,
+            Request::TokenRelease { .. } => Opcode::TokenRelease,
+            Request::TokenInvalidate { .. } => Opcode::TokenInvalidate,
+        }
+    }
+
+    /// Appends the payload (no header).
+    pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        match self {
+            Request::Lookup { parent, name }
+            | Request::Unlink { parent, name }
+            | Request::Rmdir { parent, name } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)
+            }
+            Request::GetAttr { ino }
+            | Request::ReadLink { ino }
+            | Request::ListXattr { ino }
+            | Request::LayoutGet { ino }
+            | Request::TokenInvalidate { dir: ino } => {
+                w.u64(ino.0);
+                Ok(())
+            }
+            Request::SetAttr { ino, set } => {
+                w.u64(ino.0);
+                set.put(w)
+            }
+            Request::Create { parent, name, perm, uid, gid, flags, layout } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                write_perm(w, *perm)?;
+                w.u32(*uid);
+                w.u32(*gid);
+                w.u32(*flags);
+                w.u8(*layout as u8);
+                Ok(())
+            }
+            Request::Mkdir { parent, name, perm, uid, gid, layout } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                write_perm(w, *perm)?;
+                w.u32(*uid);
+                w.u32(*gid);
+                layout.put(w)
+            }
+            Request::Mknod { parent, name, kind, perm, uid, gid, rdev } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                w.u8(*kind as u8);
+                write_perm(w, *perm)?;
+                w.u32(*uid);
+                w.u32(*gid);
+                w.u32(*rdev);
+                Ok(())
+            }
+            Request::Symlink { parent, name, target, uid, gid } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                w.bytes16("symlink target", target, MAX_SYMLINK_BYTES)?;
+                w.u32(*uid);
+                w.u32(*gid);
+                Ok(())
+            }
+            Request::Rename { parent, name, new_parent, new_name, flags } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                w.u64(new_parent.0);
+                write_name(w, "new name", new_name)?;
+                flags.put(w)
+            }
+            Request::ReadDir { ino, cookie, max_entries, max_bytes, plus } => {
+                w.u64(ino.0);
+                w.u64(*cookie);
+                w.u32(*max_entries);
+                w.u32(*max_bytes);
+                w.bool(*plus);
+                Ok(())
+            }
+            Request::Open { ino, flags } => {
+                w.u64(ino.0);
+                w.u32(*flags);
+                Ok(())
+            }
+            Request::Release { ino, fh, flags } => {
+                w.u64(ino.0);
+                w.u64(fh.0);
+                w.u32(*flags);
+                Ok(())
+            }
+            Request::Read { ino, fh, offset, size } => {
+                super::cursor::check_len("read size", *size as usize, MAX_IO_BYTES)?;
+                w.u64(ino.0);
+                w.u64(fh.0);
+                w.u64(*offset);
+                w.u32(*size);
+                Ok(())
+            }
+            Request::Write { ino, fh, offset, data } => {
+                w.u64(ino.0);
+                w.u64(fh.0);
+                w.u64(*offset);
+                w.bytes32("write data", data, MAX_IO_BYTES)
+            }
+            Request::Fsync { ino, fh, datasync } => {
+                w.u64(ino.0);
+                w.u64(fh.0);
+                w.bool(*datasync);
+                Ok(())
+            }
+            Request::StatFs => Ok(()),
+            Request::GetXattr { ino, name } | Request::RemoveXattr { ino, name } => {
+                w.u64(ino.0);
+                write_name(w, "xattr name", name)
+            }
+            Request::SetXattr { ino, name, value, mode } => {
+                w.u64(ino.0);
+                write_name(w, "xattr name", name)?;
+                w.bytes32("xattr value", value, MAX_XATTR_VALUE_BYTES)?;
+                mode.put(w)
+            }
+            Request::LayoutSet { ino, layout } => {
+                w.u64(ino.0);
+                layout.put(w)
+            }
+            Request::TokenAcquire { dir, mode } | Request::TokenRelease { dir, mode } => {
+                w.u64(dir.0);
+                mode.put(w)
+            }
+        }
+    }
+
+    /// Reads the payload of a request with opcode `op`; the caller checks that every
+    /// byte was used.
+    pub(crate) fn get(op: Opcode, r: &mut Reader<'_>) -> Result<Request, WireError> {
+        let ino = |r: &mut Reader<'_>| -> Result<InodeId, WireError> { Ok(InodeId(r.u64("ino")?)) };
+        let fh = |r: &mut Reader<'_>| -> Result<FileHandle, WireError> {
+            Ok(FileHandle(r.u64("file handle")?))
+        };
+        Ok(match op {
+            Opcode::Lookup => Request::Lookup { parent: ino(r)?, name: read_name(r, "name")? },
+            Opcode::Unlink => Request::Unlink { parent: ino(r)?, name: read_name(r, "name")? },
+            Opcode::Rmdir => Request::Rmdir { parent: ino(r)?, name: read_name(r, "name")? },
+            Opcode::GetAttr => Request::GetAttr { ino: ino(r)? },
+            Opcode::ReadLink => Request::ReadLink { ino: ino(r)? },
+            Opcode::ListXattr => Request::ListXattr { ino: ino(r)? },
+            Opcode::LayoutGet => Request::LayoutGet { ino: ino(r)? },
+            Opcode::TokenInvalidate => Request::TokenInvalidate { dir: ino(r)? },
+            Opcode::SetAttr => Request::SetAttr { ino: ino(r)?, set: SetAttr::get(r)? },
+            Opcode::Create => Request::Create {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                perm: read_perm(r)?,
+                uid: r.u32("uid")?,
+                gid: r.u32("gid")?,
+                flags: r.u32("open flags")?,
+                layout: {
+                    let v = r.u8("file layout")?;
+                    FileLayout::from_u8(v)
+                        .ok_or(WireError::BadValue { what: "file layout", value: v.into() })?
+                },
+            },
+            Opcode::Mkdir => Request::Mkdir {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                perm: read_perm(r)?,
+                uid: r.u32("uid")?,
+                gid: r.u32("gid")?,
+                layout: InodeLayout::get(r)?,
+            },
+            Opcode::Mknod => Request::Mknod {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                kind: read_kind(r)?,
+                perm: read_perm(r)?,
+                uid: r.u32("uid")?,
+                gid: r.u32("gid")?,
+                rdev: r.u32("rdev")?,
+            },
+            Opcode::Symlink => Request::Symlink {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                target: r.bytes16("symlink target", MAX_SYMLINK_BYTES)?.to_vec(),
+                uid: r.u32("uid")?,
+                gid: r.u32("gid")?,
+            },
+            Opcode::Rename => Request::Rename {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                new_parent: ino(r)?,
+                new_name: read_name(r, "new name")?,
+                flags: RenameFlags::get(r)?,
+            },
+            Opcode::ReadDir => Request::ReadDir {
+                ino: ino(r)?,
+                cookie: r.u64("readdir cookie")?,
+                max_entries: r.u32("readdir max entries")?,
+                max_bytes: r.u32("readdir max bytes")?,
+                plus: r.bool("readdir plus")?,
+            },
+            Opcode::Open => Request::Open { ino: ino(r)?, flags: r.u32("open flags")? },
+            Opcode::Release => {
+                Request::Release { ino: ino(r)?, fh: fh(r)?, flags: r.u32("open flags")? }
+            }
+            Opcode::Read => {
+                let (ino, fh, offset) = (ino(r)?, fh(r)?, r.u64("read offset")?);
+                let size = r.u32("read size")?;
+                super::cursor::check_len("read size", size as usize, MAX_IO_BYTES)?;
+                Request::Read { ino, fh, offset, size }
+            }
+            Opcode::Write => Request::Write {
+                ino: ino(r)?,
+                fh: fh(r)?,
+                offset: r.u64("write offset")?,
+                data: r.bytes32("write data", MAX_IO_BYTES)?.to_vec(),
+            },
+            Opcode::Fsync => {
+                Request::Fsync { ino: ino(r)?, fh: fh(r)?, datasync: r.bool("fsync datasync")? }
+            }
+            Opcode::StatFs => Request::StatFs,
+            Opcode::GetXattr => {
+                Request::GetXattr { ino: ino(r)?, name: read_name(r, "xattr name")? }
+            }
+            Opcode::RemoveXattr => {
+                Request::RemoveXattr { ino: ino(r)?, name: read_name(r, "xattr name")? }
+            }
+            Opcode::SetXattr => Request::SetXattr {
+                ino: ino(r)?,
+                name: read_name(r, "xattr name")?,
+                value: r.bytes32("xattr value", MAX_XATTR_VALUE_BYTES)?.to_vec(),
+                mode: XattrSetMode::get(r)?,
+            },
+            Opcode::LayoutSet => Request::LayoutSet { ino: ino(r)?, layout: InodeLayout::get(r)? },
+            Opcode::TokenAcquire => {
+                Request::TokenAcquire { dir: ino(r)?, mode: TokenMode::get(r)? }
+            }
+            Opcode::TokenRelease => {
+                Request::TokenRelease { dir: ino(r)?, mode: TokenMode::get(r)? }
+            }
+        })
+    }
+}
