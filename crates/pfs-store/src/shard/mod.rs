@@ -294,9 +294,7 @@ impl<D: Device> Shard<D> {
     pub fn commit(&mut self) -> FsResult<()> {
         self.check_failed()?;
         if self.data_unsynced {
-            let sync =
-                IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) };
-            self.io.run(vec![sync]).pop().expect("one completion").result?;
+            self.sync()?;
             self.data_unsynced = false;
         }
         if self.wal.has_pending() {
@@ -342,15 +340,16 @@ impl<D: Device> Shard<D> {
                 chunk,
             ));
         }
-        reqs.push(sync_req());
+        // A sync covers only writes that completed before it: never batch them.
         for c in self.io.run(reqs) {
             c.result?;
         }
-        let reqs =
-            vec![write_req(self.geo.offset(1 + region as u64), &header.encode()), sync_req()];
-        for c in self.io.run(reqs) {
+        self.sync()?;
+        for c in self.io.run(vec![write_req(self.geo.offset(1 + region as u64), &header.encode())])
+        {
             c.result?;
         }
+        self.sync()?;
         self.wal = Wal::new(
             self.geo.offset(self.geo.wal_page),
             self.geo.wal_pages * PAGE_SIZE,
@@ -360,6 +359,11 @@ impl<D: Device> Shard<D> {
         );
         self.stats.checkpoints += 1;
         Ok(())
+    }
+
+    /// Makes every write that completed so far durable.
+    fn sync(&mut self) -> Result<(), StoreError> {
+        Ok(self.io.run(vec![sync_req()]).pop().expect("one completion").result?)
     }
 
     /// Gives the device back (after a clean `checkpoint`, or to simulate a crash).
