@@ -381,3 +381,99 @@ fn io_take_async<D: Device>(io: &mut DevIo<D>) -> Vec<crate::device::IoCompletio
 fn io_wait_async<D: Device>(io: &mut DevIo<D>) -> Vec<crate::device::IoCompletion> {
     io.wait_async_all()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+
+    const PAGES: u64 = 64;
+
+    fn setup(blocks: usize, ratio: f64) -> (Icache, DevIo<MemDevice>, MemDevice) {
+        let dev = MemDevice::new(PAGES * SECTOR_SIZE as u64, 16);
+        let handle = dev.handle();
+        (Icache::new(blocks, ratio, 0, PAGES), DevIo::new(dev), handle)
+    }
+
+    fn image(byte: u8) -> [u8; INODE_SLOT_SIZE] {
+        [byte; INODE_SLOT_SIZE]
+    }
+
+    #[test]
+    fn free_reading_ready_dirty_writing_ready() {
+        let (mut c, mut io, dev) = setup(4, 0.25);
+        assert_eq!(c.page_state(0), None, "free: not cached");
+        c.read_slot(&mut io, 3).unwrap();
+        assert_eq!(c.page_state(0), Some(BlockState::Ready), "reading -> ready after the read");
+        assert_eq!(c.stats().misses, 1);
+        c.read_slot(&mut io, 5).unwrap();
+        assert_eq!(c.stats().hits, 1, "same page: a hit");
+        c.write_slot(&mut io, 3, &image(7), 1).unwrap();
+        assert_eq!(c.page_state(0), Some(BlockState::Dirty));
+        // Over the cap (1 of 4 blocks allowed) but not durable yet: stays dirty.
+        c.write_slot(&mut io, INODES_PER_BLOCK, &image(8), 2).unwrap();
+        c.write_back_over_cap(&mut io).unwrap();
+        assert_eq!(c.page_state(0), Some(BlockState::Dirty), "WAL not durable: no write-back");
+        c.set_durable_lsn(2);
+        c.write_back_over_cap(&mut io).unwrap();
+        assert_eq!(
+            c.page_state(0),
+            Some(BlockState::Writing),
+            "oldest dirty block goes to writing"
+        );
+        assert_eq!(c.page_state(1), Some(BlockState::Dirty), "one dirty block is within the cap");
+        assert_eq!(c.dirty_count(), 1);
+        // Touching a writing block waits for the write to land: back to ready.
+        assert_eq!(c.read_slot(&mut io, 3).unwrap(), image(7));
+        assert_eq!(c.page_state(0), Some(BlockState::Ready));
+        assert_eq!(&dev.peek(3 * INODE_SLOT_SIZE as u64, INODE_SLOT_SIZE)[..], &image(7)[..]);
+    }
+
+    #[test]
+    fn eviction_under_pressure_is_lru() {
+        let (mut c, mut io, _) = setup(3, 0.5);
+        for page in 0..3 {
+            c.read_slot(&mut io, page * INODES_PER_BLOCK).unwrap();
+        }
+        c.read_slot(&mut io, 0).unwrap(); // page 0 becomes most recent
+        c.read_slot(&mut io, 3 * INODES_PER_BLOCK).unwrap();
+        assert_eq!(c.page_state(1), None, "least recently used page evicted");
+        assert_eq!(c.page_state(0), Some(BlockState::Ready));
+        assert_eq!(c.stats().evictions, 1);
+    }
+
+    #[test]
+    fn dirty_block_is_written_back_before_reuse() {
+        let (mut c, mut io, dev) = setup(2, 1.0);
+        c.write_slot(&mut io, 0, &image(1), 1).unwrap();
+        c.write_slot(&mut io, INODES_PER_BLOCK, &image(2), 2).unwrap();
+        c.set_durable_lsn(2);
+        assert_eq!(c.stats().writebacks, 0);
+        // Both blocks dirty, none ready: loading a third page must write one back.
+        c.read_slot(&mut io, 2 * INODES_PER_BLOCK).unwrap();
+        assert_eq!(c.stats().writebacks, 1);
+        assert_eq!(
+            &dev.peek(0, INODE_SLOT_SIZE)[..],
+            &image(1)[..],
+            "the evicted dirty block reached the device"
+        );
+        // Its contents come back from the device after eviction.
+        assert_eq!(c.read_slot(&mut io, 0).unwrap(), image(1));
+    }
+
+    #[test]
+    fn failed_write_back_keeps_the_block_dirty() {
+        use crate::device::{Fault, IoKind};
+        let (mut c, mut io, dev) = setup(4, 0.25);
+        c.write_slot(&mut io, 0, &image(1), 1).unwrap();
+        c.write_slot(&mut io, INODES_PER_BLOCK, &image(2), 1).unwrap();
+        c.set_durable_lsn(1);
+        dev.inject(Fault::next(IoKind::Write, 1));
+        c.write_back_over_cap(&mut io).unwrap();
+        assert!(c.flush_all(&mut io).is_err(), "the injected error is reported");
+        assert_eq!(c.page_state(0), Some(BlockState::Dirty), "changes kept for a retry");
+        c.flush_all(&mut io).unwrap();
+        assert_eq!(c.dirty_count(), 0);
+        assert_eq!(&dev.peek(0, INODE_SLOT_SIZE)[..], &image(1)[..]);
+    }
+}
