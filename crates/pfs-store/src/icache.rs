@@ -71,11 +71,14 @@ pub struct Icache {
     lru_head: u32,
     lru_tail: u32,
     dirty_count: usize,
+    writing_count: usize,
     dirty_max: usize,
     /// Device byte offset of metadata page 0.
     area_offset: u64,
     area_pages: u64,
     durable_lsn: u64,
+    /// `durable_lsn` at the last write-back walk.
+    last_write_back_lsn: u64,
     stats: IcacheStats,
 }
 
@@ -102,10 +105,12 @@ impl Icache {
             lru_head: NIL,
             lru_tail: NIL,
             dirty_count: 0,
+            writing_count: 0,
             dirty_max: ((block_count as f64 * dirty_ratio) as usize).max(1),
             area_offset,
             area_pages,
             durable_lsn: 0,
+            last_write_back_lsn: 0,
             stats: IcacheStats::default(),
         }
     }
@@ -118,6 +123,11 @@ impl Icache {
     /// Blocks currently dirty.
     pub fn dirty_count(&self) -> usize {
         self.dirty_count
+    }
+
+    /// Blocks that are neither dirty nor being written (free or ready).
+    pub fn clean_blocks(&self) -> usize {
+        self.blocks.len() - self.dirty_count - self.writing_count
     }
 
     /// The state of the block caching metadata `page`, or `None` if not cached.
@@ -173,6 +183,10 @@ impl Icache {
     /// cap, and collects finished write-backs. Never blocks on the device.
     pub fn write_back_over_cap<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
         self.reap(io, io_take_async)?;
+        if self.dirty_count <= self.dirty_max || self.durable_lsn == self.last_write_back_lsn {
+            return Ok(()); // Nothing new became eligible since the last walk.
+        }
+        self.last_write_back_lsn = self.durable_lsn;
         let mut b = self.lru_head;
         while self.dirty_count > self.dirty_max && b != NIL {
             let next = self.blocks[b as usize].next;
@@ -199,16 +213,6 @@ impl Icache {
             }
         }
         self.reap(io, io_wait_async)
-    }
-
-    /// Drops every cached page (after a failed write-back, or in tests).
-    pub fn clear(&mut self) {
-        for b in 0..self.blocks.len() as u32 {
-            if self.blocks[b as usize].state != BlockState::Free {
-                self.release(b);
-            }
-        }
-        self.dirty_count = 0;
     }
 
     /// Makes metadata `page` resident and most recently used; returns its block.
@@ -293,6 +297,7 @@ impl Icache {
         assert_eq!(block.state, BlockState::Dirty);
         block.state = BlockState::Writing;
         self.dirty_count -= 1;
+        self.writing_count += 1;
         let buf = block.data.take().expect("dirty block has data");
         let req = IoRequest {
             tag: 0,
@@ -316,6 +321,7 @@ impl Icache {
             let block = &mut self.blocks[b as usize];
             assert_eq!(block.state, BlockState::Writing, "write-back completion for idle block");
             block.data = Some(c.buf);
+            self.writing_count -= 1;
             match c.result {
                 Ok(()) => block.state = BlockState::Ready,
                 Err(e) => {

@@ -6,6 +6,10 @@ use crate::error::StoreError;
 
 /// Bytes per inode slot; a 4 KiB page holds 16.
 pub const INODE_SLOT_SIZE: usize = 256;
+/// Bytes of a slot that hold data (body and checksum); the rest is zero, so the
+/// WAL logs only these.
+pub const INODE_ENCODED_LEN: usize = 112;
+const CRC_AT: usize = INODE_ENCODED_LEN - 4;
 
 const SLOT_MAGIC: u16 = 0x4e49; // "IN"
 
@@ -101,9 +105,18 @@ impl Inode {
         w.u32(run.pages);
         w.u32(run.valid);
         w.u64(self.pages);
-        let body_end = w.at;
-        let crc = crc32c::crc32c(&out[..body_end]);
-        out[INODE_SLOT_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+        assert!(w.at <= CRC_AT, "inode body of {} bytes overflows its slot layout", w.at);
+        let crc = crc32c::crc32c(&out[..CRC_AT]);
+        out[CRC_AT..INODE_ENCODED_LEN].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The inode number of a slot image written by [`Inode::encode`], without a
+    /// full decode (WAL records carry their own checksum).
+    pub fn peek_ino(buf: &[u8; INODE_SLOT_SIZE]) -> Result<InodeId, StoreError> {
+        if u16::from_le_bytes([buf[0], buf[1]]) != SLOT_MAGIC {
+            return Err(StoreError::Corruption("inode image without slot magic".into()));
+        }
+        Ok(InodeId(u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"))))
     }
 
     /// Decodes a slot image; `Ok(None)` for an all-zero (never written) slot.
@@ -134,9 +147,9 @@ impl Inode {
         let ctime_ns = r.u64() as i64;
         let run = Run { page: r.u64(), pages: r.u32(), valid: r.u32() };
         let pages = r.u64();
-        let body_end = r.at;
-        let crc = u32::from_le_bytes(buf[INODE_SLOT_SIZE - 4..].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&buf[..body_end]) != crc {
+        let crc = u32::from_le_bytes(buf[CRC_AT..INODE_ENCODED_LEN].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&buf[..CRC_AT]) != crc || buf[INODE_ENCODED_LEN..].iter().any(|&b| b != 0)
+        {
             return Err(StoreError::Corruption(format!("inode {ino}: slot checksum mismatch")));
         }
         let bad = |what: &str| StoreError::Corruption(format!("inode {ino}: bad {what}"));

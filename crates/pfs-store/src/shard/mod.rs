@@ -37,6 +37,9 @@ pub use meta::{CreateArgs, DirEntry, RenameFlags, XattrFlags};
 /// xattr values are at most 64 KiB).
 const MAX_RECORD_BYTES: u64 = 128 << 10;
 
+/// Icache blocks one operation may touch (rename: two parents, source, target).
+const OP_ICACHE_BLOCKS: usize = 8;
+
 /// Run-time choices of an open shard.
 #[derive(Clone, Debug)]
 pub struct ShardOptions {
@@ -222,7 +225,7 @@ impl<D: Device> Shard<D> {
         first_lsn: u64,
         next_ino_seq: u64,
     ) -> Shard<D> {
-        let icache_blocks = opts.icache_blocks.max(8);
+        let icache_blocks = opts.icache_blocks.max(4 * OP_ICACHE_BLOCKS);
         Shard {
             icache: Icache::new(
                 icache_blocks,
@@ -380,7 +383,9 @@ impl<D: Device> Shard<D> {
         assert!(self.changes.is_empty(), "operation started inside another");
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.checkpoint()?;
-        } else if self.wal.group_full() {
+        } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
+            // Dirty blocks can be written back (and so evicted) only once their
+            // records are durable: commit before the Icache runs out of clean ones.
             self.commit()?;
         }
         Ok(())
@@ -413,7 +418,6 @@ impl<D: Device> Shard<D> {
             self.record.len()
         );
         self.wal.append(&self.record);
-        self.icache.write_back_over_cap(&mut self.io)?;
         Ok(())
     }
 
@@ -447,16 +451,14 @@ impl<D: Device> Shard<D> {
                 }
             }
             Change::InodePut { slot, image } => {
-                let inode = Inode::decode(&image[..])?.ok_or_else(|| {
-                    StoreError::Corruption(format!("empty inode image for slot {slot}"))
-                })?;
+                let ino = Inode::peek_ino(image)?;
                 if *slot >= self.geo.inode_slots {
                     return Err(StoreError::Corruption(format!("inode slot {slot} out of range")));
                 }
-                if self.inode_slots.insert(inode.ino, *slot).is_none() {
+                if self.inode_slots.insert(ino, *slot).is_none() {
                     self.table_bytes += tables::INODE_BYTES;
                 }
-                self.next_ino_seq = self.next_ino_seq.max(inode.ino.seq() + 1);
+                self.next_ino_seq = self.next_ino_seq.max(ino.seq() + 1);
                 self.icache.write_slot(&mut self.io, *slot, image, lsn)?;
             }
             Change::InodeDel { ino, slot } => {

@@ -4,7 +4,7 @@
 use pfs_core::{BlockIndex, InodeId};
 
 use crate::error::StoreError;
-use crate::inode::{Run, INODE_SLOT_SIZE};
+use crate::inode::{Run, INODE_ENCODED_LEN, INODE_SLOT_SIZE};
 
 /// A data extent of the `io` layout: `len` bytes of the file at the key offset,
 /// stored from byte `skip` of `run`.
@@ -61,7 +61,8 @@ impl Change {
             Change::InodePut { slot, image } => {
                 out.push(3);
                 put_u64(out, *slot);
-                out.extend_from_slice(&image[..]);
+                // The rest of a slot is zero by construction (Inode::encode).
+                out.extend_from_slice(&image[..INODE_ENCODED_LEN]);
             }
             Change::InodeDel { ino, slot } => {
                 out.push(4);
@@ -127,9 +128,9 @@ impl Change {
             2 => Change::DentryDel { parent: InodeId(take_u64(buf)?), name: take_bytes8(buf)? },
             3 => {
                 let slot = take_u64(buf)?;
-                let image: [u8; INODE_SLOT_SIZE] =
-                    take(buf, INODE_SLOT_SIZE)?.try_into().expect("slot");
-                Change::InodePut { slot, image: Box::new(image) }
+                let mut image = Box::new([0u8; INODE_SLOT_SIZE]);
+                image[..INODE_ENCODED_LEN].copy_from_slice(take(buf, INODE_ENCODED_LEN)?);
+                Change::InodePut { slot, image }
             }
             4 => Change::InodeDel { ino: InodeId(take_u64(buf)?), slot: take_u64(buf)? },
             5 => Change::BlockPut {
@@ -216,13 +217,19 @@ pub(crate) fn take_run(buf: &mut &[u8]) -> Result<Run, StoreError> {
 mod tests {
     use super::*;
 
+    fn slot_image() -> [u8; INODE_SLOT_SIZE] {
+        let mut img = [0u8; INODE_SLOT_SIZE];
+        img[..INODE_ENCODED_LEN].fill(7);
+        img
+    }
+
     #[test]
     fn every_change_round_trips() {
         let run = Run { page: 3, pages: 2, valid: 5000 };
         let changes = vec![
             Change::DentryPut { parent: InodeId(1), name: b"a.txt".to_vec(), value: 9 },
             Change::DentryDel { parent: InodeId(1), name: vec![b'x'; 255] },
-            Change::InodePut { slot: 4, image: Box::new([7u8; INODE_SLOT_SIZE]) },
+            Change::InodePut { slot: 4, image: Box::new(slot_image()) },
             Change::InodeDel { ino: InodeId(9), slot: 4 },
             Change::BlockPut { ino: InodeId(9), block: BlockIndex(3), run },
             Change::BlockDel { ino: InodeId(9), block: BlockIndex(3) },

@@ -1,0 +1,95 @@
+//! Shard operations in memory (Icache hits): create, stat (lookup + getattr) and
+//! unlink of empty files in one directory, on one core, over `MemDevice`.
+//!
+//! `cargo bench --bench shard`. `PFS_BENCH_FILES` sets files per run (default 200000).
+
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pfs_core::{InodeId, ShardId};
+use pfs_store::device::MemDevice;
+use pfs_store::{CreateArgs, FormatOptions, Shard, ShardOptions};
+
+fn files() -> u64 {
+    std::env::var("PFS_BENCH_FILES").ok().and_then(|v| v.parse().ok()).unwrap_or(200_000)
+}
+
+fn names(n: u64) -> Vec<Vec<u8>> {
+    // mdtest-style names: a fixed prefix and a growing serial number.
+    (0..n).map(|i| format!("file.mdtest.0.{i}").into_bytes()).collect()
+}
+
+/// A shard in steady state: its memory device was written over once (a cold
+/// `MemDevice` would charge first-touch page faults to the operations).
+fn shard(n: u64) -> Shard<MemDevice> {
+    let zone = n * 2048 + (128 << 20);
+    let mut fo = FormatOptions::new(ShardId(0), zone);
+    fo.inode_slots = Some(n + 1024);
+    let opts =
+        ShardOptions { icache_blocks: (n as usize / 16 + 64).max(1024), ..Default::default() };
+    let mut s = Shard::format(MemDevice::new(zone, 256), &fo, opts).expect("format");
+    let names = names(n);
+    for name in &names {
+        s.create(InodeId::ROOT, name, CreateArgs::file(0o644)).expect("warm-up create");
+    }
+    for name in &names {
+        s.unlink(InodeId::ROOT, name).expect("warm-up unlink");
+    }
+    s.checkpoint().expect("checkpoint");
+    s
+}
+
+fn bench(c: &mut Criterion) {
+    let n = files();
+    let names = names(n);
+    let mut g = c.benchmark_group("shard");
+    g.sample_size(10).measurement_time(Duration::from_secs(10)).throughput(Throughput::Elements(n));
+    g.bench_function("create", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let mut s = shard(n);
+                let t = Instant::now();
+                for name in &names {
+                    s.create(InodeId::ROOT, name, CreateArgs::file(0o644)).expect("create");
+                }
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    let mut s = shard(n);
+    for name in &names {
+        s.create(InodeId::ROOT, name, CreateArgs::file(0o644)).expect("create");
+    }
+    s.commit().expect("commit");
+    g.bench_function("stat", |b| {
+        b.iter(|| {
+            for name in &names {
+                let e = s.lookup(InodeId::ROOT, name).expect("lookup");
+                std::hint::black_box(s.getattr(e.ino).expect("getattr"));
+            }
+        })
+    });
+    g.bench_function("unlink", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let mut s = shard(n);
+                for name in &names {
+                    s.create(InodeId::ROOT, name, CreateArgs::file(0o644)).expect("create");
+                }
+                let t = Instant::now();
+                for name in &names {
+                    s.unlink(InodeId::ROOT, name).expect("unlink");
+                }
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
