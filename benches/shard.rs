@@ -88,6 +88,35 @@ fn bench(c: &mut Criterion) {
             total
         })
     });
+    // Baseline in the same run: a bare HashMap doing the same inserts, lookups and
+    // removes of name -> 112-byte inode, with no log, no cache, no durability.
+    type Baseline = std::collections::HashMap<(u64, Vec<u8>), [u8; 112]>;
+    g.bench_function("baseline_hashmap_insert", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let mut m = Baseline::with_capacity(n as usize);
+                let t = Instant::now();
+                for (i, name) in names.iter().enumerate() {
+                    m.insert((1, name.clone()), [i as u8; 112]);
+                }
+                total += t.elapsed();
+                std::hint::black_box(&m);
+            }
+            total
+        })
+    });
+    let mut m = Baseline::with_capacity(n as usize);
+    for (i, name) in names.iter().enumerate() {
+        m.insert((1, name.clone()), [i as u8; 112]);
+    }
+    g.bench_function("baseline_hashmap_get", |b| {
+        b.iter(|| {
+            for name in &names {
+                std::hint::black_box(m.get(&(1, name.clone())));
+            }
+        })
+    });
     g.finish();
 }
 
