@@ -14,7 +14,7 @@
 //! its prefix length.
 
 use super::arena::Arena;
-use super::node::{Inner, Kind, NodeRef, Slot};
+use super::node::{Kind, NodeRef, Slot};
 
 /// A Node256 shrinks to a Node64 at this many children.
 const N256_SHRINK_AT: usize = 40;
