@@ -1,0 +1,142 @@
+//! The native file API: every operation a POSIX client needs, by inode.
+//!
+//! Semantics are those of the Linux VFS calls of the same names, with the errors
+//! of [`FsError`]. Consistency is commit consistency: data written through one
+//! client is visible to others after its `flush` (close) or `fsync`.
+
+use pfs_core::wire::{RenameFlags, XattrSetMode};
+use pfs_core::{FileAttr, FileHandle, FileType, FsResult, InodeId, SetAttr, StatFs};
+
+/// One entry of a directory listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirListing {
+    /// The name.
+    pub name: Vec<u8>,
+    /// The child's inode.
+    pub ino: InodeId,
+    /// The child's type.
+    pub kind: FileType,
+}
+
+/// Something another client changed that a kernel cache must drop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invalidation {
+    /// The dentry `name` in `parent` changed or went away.
+    Entry {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// The attributes or data of `ino` changed.
+    Inode {
+        /// The inode.
+        ino: InodeId,
+    },
+}
+
+/// Called by a client when a cache entry held by the kernel must be dropped.
+pub type Invalidator = Box<dyn Fn(Invalidation) + Send + Sync>;
+
+/// Every file operation, by inode. Implementations are shared by many threads.
+pub trait FileSystem: Send + Sync + 'static {
+    /// Resolves `name` in directory `parent`.
+    fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr>;
+    /// Attributes of `ino`.
+    fn getattr(&self, ino: InodeId) -> FsResult<FileAttr>;
+    /// Changes the attributes that are `Some` (a size truncates or extends).
+    fn setattr(&self, ino: InodeId, set: &SetAttr) -> FsResult<FileAttr>;
+    /// Creates and opens regular file `name` in `parent`.
+    fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        flags: u32,
+    ) -> FsResult<(FileAttr, FileHandle)>;
+    /// Creates a node of any non-directory, non-symlink type.
+    #[allow(clippy::too_many_arguments)]
+    fn mknod(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileType,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+    ) -> FsResult<FileAttr>;
+    /// Creates directory `name` in `parent`.
+    fn mkdir(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<FileAttr>;
+    /// Creates symbolic link `name` in `parent` pointing at `target`.
+    fn symlink(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<FileAttr>;
+    /// The target of symbolic link `ino`.
+    fn readlink(&self, ino: InodeId) -> FsResult<Vec<u8>>;
+    /// Removes non-directory `name` from `parent`.
+    fn unlink(&self, parent: InodeId, name: &[u8]) -> FsResult<()>;
+    /// Removes empty directory `name` from `parent`.
+    fn rmdir(&self, parent: InodeId, name: &[u8]) -> FsResult<()>;
+    /// Renames, with `RENAME_NOREPLACE` / `RENAME_EXCHANGE` flags.
+    fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()>;
+    /// Up to `max` entries of `dir` after name `after` (from the start if `None`),
+    /// in a stable order; an empty result means the end.
+    fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>>;
+    /// Opens `ino` with `open(2)` flags.
+    fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle>;
+    /// Reads up to `size` bytes at `offset` (short at end of file).
+    fn read(&self, ino: InodeId, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>>;
+    /// Writes `data` at `offset`; may return before the data is durable.
+    fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32>;
+    /// Waits until every write through `fh` finished (called on each close).
+    fn flush(&self, ino: InodeId, fh: FileHandle) -> FsResult<()>;
+    /// Makes `ino`'s data (and metadata unless `datasync`) durable.
+    fn fsync(&self, ino: InodeId, fh: FileHandle, datasync: bool) -> FsResult<()>;
+    /// Closes `fh` (after the last close of a file descriptor).
+    fn release(&self, ino: InodeId, fh: FileHandle) -> FsResult<()>;
+    /// Usage of the whole file system.
+    fn statfs(&self) -> FsResult<StatFs>;
+    /// Value of extended attribute `name`.
+    fn getxattr(&self, ino: InodeId, name: &[u8]) -> FsResult<Vec<u8>>;
+    /// Sets extended attribute `name`.
+    fn setxattr(&self, ino: InodeId, name: &[u8], value: &[u8], mode: XattrSetMode)
+        -> FsResult<()>;
+    /// Names of the extended attributes of `ino`.
+    fn listxattr(&self, ino: InodeId) -> FsResult<Vec<Vec<u8>>>;
+    /// Removes extended attribute `name`.
+    fn removexattr(&self, ino: InodeId, name: &[u8]) -> FsResult<()>;
+    /// Allocates (extends the size of) `offset..offset + len` unless `keep_size`.
+    fn fallocate(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> FsResult<()>;
+    /// Registers the callback that drops kernel caches when another client
+    /// changes something this one may have cached.
+    fn set_invalidator(&self, invalidator: Invalidator);
+}
