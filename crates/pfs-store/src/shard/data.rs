@@ -38,6 +38,94 @@ impl<D: Device> Shard<D> {
         Ok(data.len())
     }
 
+    /// Writes `data` at `offset` of file `ino` whose inode lives on another shard
+    /// (a block-layout block `b > 0`, an io-layout block). Size and times are the
+    /// inode owner's business; this shard keeps the data only.
+    pub fn write_data(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<usize> {
+        if self.has_inode(ino) {
+            return self.write(ino, offset, data);
+        }
+        self.begin()?;
+        let mut inode = Self::homed_elsewhere(ino, layout, u64::MAX);
+        let result = if layout == FileLayout::Io {
+            self.write_io(&mut inode, offset, data)
+        } else {
+            self.write_blocks(&mut inode, offset, data)
+        };
+        result?;
+        self.finish()?;
+        Ok(data.len())
+    }
+
+    /// Reads `len` bytes at `offset` of a file whose inode lives elsewhere; holes
+    /// read as zeros, and the caller clamps to the file size it knows.
+    pub fn read_data(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        offset: u64,
+        len: usize,
+    ) -> FsResult<Vec<u8>> {
+        if self.has_inode(ino) {
+            let mut data = self.read(ino, offset, len)?;
+            data.resize(len, 0);
+            return Ok(data);
+        }
+        let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
+        self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)
+    }
+
+    /// Frees the data at or past `size` of a file whose inode lives elsewhere (its
+    /// truncate or unlink); `old_size` is the size before, which bounds the blocks
+    /// to look at.
+    pub fn truncate_data(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: u64,
+        old_size: u64,
+    ) -> FsResult<()> {
+        if self.has_inode(ino) {
+            return Err(FsError::Invalid(format!("inode {ino} lives here: use setattr")));
+        }
+        if old_size > MAX_FILE_SIZE {
+            return Err(FsError::FileTooLarge);
+        }
+        self.begin()?;
+        let mut inode = Self::homed_elsewhere(ino, layout, old_size);
+        self.free_data_from(&mut inode, size)?;
+        self.finish()
+    }
+
+    /// A stand-in inode for data whose inode lives on another shard.
+    fn homed_elsewhere(ino: InodeId, file_layout: FileLayout, size: u64) -> Inode {
+        Inode {
+            ino,
+            parent: InodeId(0),
+            kind: FileType::Regular,
+            perm: 0,
+            uid: 0,
+            gid: 0,
+            size,
+            nlink: 1,
+            rdev: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            dir_layout: pfs_core::DirLayout::default(),
+            file_layout,
+            first_block: None,
+            // Never stored: only keeps the page accounting of real inodes strict.
+            pages: u64::MAX / 2,
+        }
+    }
+
     /// Makes file `ino` durable (commits the shard's pending group).
     pub fn fsync(&mut self, ino: InodeId) -> FsResult<()> {
         self.inode(ino)?;
@@ -57,16 +145,24 @@ impl<D: Device> Shard<D> {
             return Ok(Vec::new());
         }
         let len = len.min((inode.size - offset) as usize);
+        self.read_inode_data(&inode, offset, len)
+    }
+
+    /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are zeros).
+    fn read_inode_data(&mut self, inode: &Inode, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+        if len > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
+        }
         let mut out = vec![0u8; len];
         // (run, first page in run, pages, where in `out`, skip bytes in first page, bytes)
         let mut pieces: Vec<(Run, u64, u64, usize, usize, usize)> = Vec::new();
         if inode.file_layout == FileLayout::Io {
-            self.io_pieces(&inode, offset, len, &mut pieces);
+            self.io_pieces(inode, offset, len, &mut pieces);
         } else {
             let bs = self.geo.block_size as u64;
             let end = offset + len as u64;
             for b in offset / bs..end.div_ceil(bs) {
-                let Some(run) = self.block_run(&inode, BlockIndex(b)) else { continue };
+                let Some(run) = self.block_run(inode, BlockIndex(b)) else { continue };
                 let block_start = b * bs;
                 let from = offset.max(block_start) - block_start;
                 let to = (end.min(block_start + bs) - block_start).min(run.valid as u64);
@@ -143,8 +239,14 @@ impl<D: Device> Shard<D> {
         }
     }
 
+    /// Block 0 of a file lives in its inode when the inode is on this shard, in
+    /// the block table otherwise (a block-layout file homed elsewhere).
+    fn block_in_inode(&self, inode: &Inode, b: BlockIndex) -> bool {
+        b.0 == 0 && self.inode_slots.contains_key(&inode.ino)
+    }
+
     fn block_run(&self, inode: &Inode, b: BlockIndex) -> Option<Run> {
-        if b.0 == 0 {
+        if self.block_in_inode(inode, b) {
             inode.first_block
         } else {
             self.blocks.get(&(inode.ino, b)).copied()
@@ -272,7 +374,7 @@ impl<D: Device> Shard<D> {
                 inode.pages -= old.pages as u64;
             }
             inode.pages += run.pages as u64;
-            if block.0 == 0 {
+            if self.block_in_inode(inode, block) {
                 inode.first_block = Some(run);
             } else {
                 self.log(Change::BlockPut { ino: inode.ino, block, run })?;
@@ -367,7 +469,7 @@ impl<D: Device> Shard<D> {
                 let b = BlockIndex(size / bs);
                 if let Some(mut run) = self.block_run(inode, b) {
                     run.valid = run.valid.min((size % bs) as u32);
-                    if b.0 == 0 {
+                    if self.block_in_inode(inode, b) {
                         inode.first_block = Some(run);
                     } else {
                         self.log(Change::BlockPut { ino: inode.ino, block: b, run })?;
@@ -379,7 +481,7 @@ impl<D: Device> Shard<D> {
                 let Some(run) = self.block_run(inode, block) else { continue };
                 self.pending_free.push(run);
                 inode.pages -= run.pages as u64;
-                if b == 0 {
+                if self.block_in_inode(inode, block) {
                     inode.first_block = None;
                 } else {
                     self.log(Change::BlockDel { ino: inode.ino, block })?;

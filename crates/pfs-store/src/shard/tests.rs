@@ -321,3 +321,31 @@ fn metadata_read_error_fails_only_that_lookup() {
     s.create(ROOT, b"after", CreateArgs::file(0o644)).unwrap();
     s.commit().unwrap();
 }
+
+#[test]
+fn data_of_a_file_homed_on_another_shard() {
+    let (mut s, _) = fresh();
+    let ino = InodeId::compose(ShardId(9), 42); // not on this shard
+    let bs = s.geometry().block_size as u64;
+    s.write_data(ino, FileLayout::Block, 0, b"block zero").unwrap();
+    s.write_data(ino, FileLayout::Block, 3 * bs + 10, b"block three").unwrap();
+    assert_eq!(s.read_data(ino, FileLayout::Block, 0, 10).unwrap(), b"block zero");
+    let hole = s.read_data(ino, FileLayout::Block, bs, 100).unwrap();
+    assert_eq!(hole, vec![0u8; 100], "a hole reads as zeros");
+    assert_eq!(&s.read_data(ino, FileLayout::Block, 3 * bs + 10, 11).unwrap(), b"block three");
+    s.write_data(ino, FileLayout::Io, 5 * bs, &[7u8; 5000]).unwrap();
+    assert_eq!(s.read_data(ino, FileLayout::Io, 5 * bs, 5000).unwrap(), vec![7u8; 5000]);
+    s.commit().unwrap();
+    let used = s.statfs().blocks - s.statfs().blocks_free;
+    assert!(used > 0);
+    s.truncate_data(ino, FileLayout::Block, 0, 4 * bs).unwrap();
+    s.truncate_data(ino, FileLayout::Io, 0, 6 * bs).unwrap();
+    s.commit().unwrap();
+    assert_eq!(s.statfs().blocks_free, s.statfs().blocks, "every page freed");
+    assert_eq!(s.read_data(ino, FileLayout::Block, 0, 10).unwrap(), vec![0u8; 10]);
+    let local = s.create(ROOT, b"here", CreateArgs::file(0o644)).unwrap();
+    assert!(matches!(
+        s.truncate_data(local.ino, FileLayout::Block, 0, 0),
+        Err(FsError::Invalid(_))
+    ));
+}
