@@ -100,23 +100,42 @@ impl RouteKey<'_> {
         RouteKey::Data { ino, layout, block: BlockIndex::of_offset(offset, block_size_bytes) }
     }
 
-    /// The characteristic value of this key.
-    pub fn lambda(&self) -> Lambda {
+    /// The characteristic value of this key in a cluster of `servers` x `workers`.
+    /// Keys that live with an inode (inode operations, names in a regular
+    /// directory, block 0 of a `block` file, all of a `file` file) target the shard
+    /// that inode number names (docs/cluster.md); the others are hashed.
+    pub fn lambda(&self, servers: u32, workers: u32) -> Lambda {
+        let home = |ino: InodeId| {
+            let (server, worker) = home_of(ino, servers, workers);
+            Lambda::targeting(server, worker, servers)
+        };
         match *self {
             RouteKey::Dentry { parent, layout: DirLayout::BigDir, name } => {
                 Lambda::of_name(parent, name)
             }
-            RouteKey::Dentry { parent, layout: DirLayout::Regular, .. } => Lambda::of_inode(parent),
-            RouteKey::Inode(ino) => Lambda::of_inode(ino),
-            RouteKey::Data { ino, layout: FileLayout::Block, block } if block.0 == 0 => {
-                Lambda::of_inode(ino)
-            }
+            RouteKey::Dentry { parent, layout: DirLayout::Regular, .. } => home(parent),
+            RouteKey::Inode(ino) => home(ino),
+            RouteKey::Data { ino, layout: FileLayout::Block, block } if block.0 == 0 => home(ino),
             RouteKey::Data { ino, layout: FileLayout::Block | FileLayout::Io, block } => {
                 Lambda::of_block(ino, block)
             }
-            RouteKey::Data { ino, layout: FileLayout::File, .. } => Lambda::of_inode(ino),
+            RouteKey::Data { ino, layout: FileLayout::File, .. } => home(ino),
         }
     }
+}
+
+/// The server and worker owning inode `ino`: its number names the global shard
+/// `g = server * workers + worker` that allocated it (the root lives on shard 0).
+pub fn home_of(ino: InodeId, servers: u32, workers: u32) -> (ServerId, WorkerId) {
+    assert!(servers > 0 && workers > 0, "a cluster has at least one server and worker");
+    let shards = u64::from(servers) * u64::from(workers);
+    let g = ino.shard().map_or(0, |s| u64::from(s.0)) % shards;
+    (ServerId((g / u64::from(workers)) as u32), WorkerId((g % u64::from(workers)) as u32))
+}
+
+/// The global shard id of `worker` on `server`.
+pub fn shard_of(server: ServerId, worker: WorkerId, workers: u32) -> crate::ShardId {
+    crate::ShardId(server.0 * workers + worker.0)
 }
 
 /// Where one request goes: a server, the worker holding the client's connection there,
@@ -175,14 +194,14 @@ mod tests {
     #[test]
     fn dentry_lambda_follows_directory_layout() {
         let big = |name: &'static [u8]| {
-            RouteKey::Dentry { parent: INO, layout: DirLayout::BigDir, name }.lambda()
+            RouteKey::Dentry { parent: INO, layout: DirLayout::BigDir, name }.lambda(3, 4)
         };
         let regular = |name: &'static [u8]| {
-            RouteKey::Dentry { parent: INO, layout: DirLayout::Regular, name }.lambda()
+            RouteKey::Dentry { parent: INO, layout: DirLayout::Regular, name }.lambda(3, 4)
         };
         assert_ne!(big(b"a"), big(b"b"));
         assert_eq!(regular(b"a"), regular(b"b"));
-        assert_eq!(regular(b"a"), RouteKey::Inode(INO).lambda());
+        assert_eq!(regular(b"a"), RouteKey::Inode(INO).lambda(3, 4));
         let longest = [b'x'; NAME_MAX];
         assert_eq!(Lambda::of_name(INO, &longest), Lambda::of_name(INO, &longest));
     }
@@ -190,15 +209,39 @@ mod tests {
     #[test]
     fn data_lambda_follows_file_layout() {
         let data = |layout, block| RouteKey::Data { ino: INO, layout, block: BlockIndex(block) };
-        let inode = RouteKey::Inode(INO).lambda();
-        assert_eq!(data(FileLayout::Block, 0).lambda(), inode);
-        assert_eq!(data(FileLayout::Block, 1).lambda(), Lambda::of_block(INO, BlockIndex(1)));
-        assert_ne!(data(FileLayout::Block, 1).lambda(), data(FileLayout::Block, 2).lambda());
-        assert_eq!(data(FileLayout::File, 0).lambda(), inode);
-        assert_eq!(data(FileLayout::File, 9).lambda(), inode);
-        assert_eq!(data(FileLayout::Io, 0).lambda(), Lambda::of_block(INO, BlockIndex(0)));
+        let inode = RouteKey::Inode(INO).lambda(3, 4);
+        assert_eq!(data(FileLayout::Block, 0).lambda(3, 4), inode);
+        assert_eq!(data(FileLayout::Block, 1).lambda(3, 4), Lambda::of_block(INO, BlockIndex(1)));
+        assert_ne!(
+            data(FileLayout::Block, 1).lambda(3, 4),
+            data(FileLayout::Block, 2).lambda(3, 4)
+        );
+        assert_eq!(data(FileLayout::File, 0).lambda(3, 4), inode);
+        assert_eq!(data(FileLayout::File, 9).lambda(3, 4), inode);
+        assert_eq!(data(FileLayout::Io, 0).lambda(3, 4), Lambda::of_block(INO, BlockIndex(0)));
         let at = RouteKey::data_at(INO, FileLayout::Io, 3 * 65536 + 5, 65536);
         assert_eq!(at, data(FileLayout::Io, 3));
+    }
+
+    #[test]
+    fn inode_keys_go_to_the_shard_named_by_the_inode_number() {
+        let (servers, workers) = (3, 4);
+        for g in 0..servers * workers {
+            let ino = InodeId::compose(crate::ShardId(g), 77);
+            let route = Route::new(
+                RouteKey::Inode(ino).lambda(servers, workers),
+                ClientId(5),
+                servers,
+                workers,
+            );
+            assert_eq!(shard_of(route.server, route.proc_worker, workers), crate::ShardId(g));
+            let regular = RouteKey::Dentry { parent: ino, layout: DirLayout::Regular, name: b"x" };
+            assert_eq!(
+                regular.lambda(servers, workers),
+                RouteKey::Inode(ino).lambda(servers, workers)
+            );
+        }
+        assert_eq!(home_of(InodeId::ROOT, servers, workers), (ServerId(0), WorkerId(0)));
     }
 
     #[test]
