@@ -1,7 +1,7 @@
 //! The shard's one path to its device: blocking batches for the operation at hand,
 //! plus asynchronous write-backs (Icache) whose completions are collected later.
 
-use crate::device::{Device, IoCompletion, IoRequest};
+use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
 /// Tags with this bit set belong to asynchronous requests.
 const ASYNC_TAG: u64 = 1 << 63;
@@ -36,39 +36,34 @@ impl<D: Device> DevIo<D> {
         self.dev
     }
 
-    /// Runs `reqs` to completion; returns their completions in order.
+    /// Runs `reqs` to completion; returns their completions in order. Asynchronous
+    /// completions that arrive meanwhile are kept for `take_async`.
     pub fn run(&mut self, reqs: Vec<IoRequest>) -> Vec<IoCompletion> {
-        let total = reqs.len();
-        let mut done: Vec<Option<IoCompletion>> = (0..total).map(|_| None).collect();
-        let mut pending: std::collections::VecDeque<IoRequest> = reqs.into();
-        for (i, req) in pending.iter_mut().enumerate() {
-            req.tag = i as u64;
+        let (async_done, in_flight) = (&mut self.async_done, &mut self.async_in_flight);
+        run_batch(&mut self.dev, reqs, |mut c| {
+            c.tag &= !ASYNC_TAG;
+            *in_flight -= 1;
+            async_done.push(c);
+        })
+    }
+
+    /// Reads `len` bytes (a multiple of the sector size) at byte `offset`, in
+    /// chunks of at most 1 MiB.
+    pub fn read_bytes(&mut self, offset: u64, len: u64) -> Result<Vec<u8>, DeviceError> {
+        const CHUNK: u64 = 1 << 20;
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = 0;
+        while at < len {
+            let n = CHUNK.min(len - at);
+            let buf = self.dev.alloc_buf(n as usize);
+            let req = IoRequest { tag: 0, kind: IoKind::Read, offset: offset + at, buf };
+            let c = self.run(vec![req]).pop().expect("one completion");
+            c.result?;
+            out.extend_from_slice(&c.buf[..n as usize]);
+            self.dev.free_buf(c.buf);
+            at += n;
         }
-        let mut out = Vec::new();
-        let mut finished = 0;
-        while finished < total {
-            while let Some(req) = pending.pop_front() {
-                if let Err(back) = self.dev.submit(req) {
-                    pending.push_front(back);
-                    break;
-                }
-            }
-            out.clear();
-            self.dev.wait(&mut out, 1);
-            for mut c in out.drain(..) {
-                if c.tag & ASYNC_TAG != 0 {
-                    c.tag &= !ASYNC_TAG;
-                    self.async_in_flight -= 1;
-                    self.async_done.push(c);
-                    continue;
-                }
-                let i = c.tag as usize;
-                assert!(done[i].is_none(), "completion for request {i} seen twice");
-                done[i] = Some(c);
-                finished += 1;
-            }
-        }
-        done.into_iter().map(|c| c.expect("every request completes")).collect()
+        Ok(out)
     }
 
     /// Submits an asynchronous request tagged `tag` (< 2^63); waits for room if full.

@@ -121,6 +121,17 @@ pub trait Device {
 /// other requests would be mistaken for ours.
 pub fn run_all<D: Device + ?Sized>(dev: &mut D, reqs: Vec<IoRequest>) -> Vec<IoCompletion> {
     assert_eq!(dev.in_flight(), 0, "run_all needs a device with nothing in flight");
+    run_batch(dev, reqs, |c| panic!("completion {} of a request run_all did not submit", c.tag))
+}
+
+/// Runs `reqs` to completion, blocking, and returns their completions in order.
+/// Completions of other requests in flight (tags with bit 63 set) go to `foreign`;
+/// batch requests are tagged with their index, below 2^63.
+pub fn run_batch<D: Device + ?Sized>(
+    dev: &mut D,
+    reqs: Vec<IoRequest>,
+    mut foreign: impl FnMut(IoCompletion),
+) -> Vec<IoCompletion> {
     let total = reqs.len();
     let mut done: Vec<Option<IoCompletion>> = (0..total).map(|_| None).collect();
     let mut pending: std::collections::VecDeque<IoRequest> = reqs.into();
@@ -140,6 +151,10 @@ pub fn run_all<D: Device + ?Sized>(dev: &mut D, reqs: Vec<IoRequest>) -> Vec<IoC
         out.clear();
         dev.wait(&mut out, 1);
         for c in out.drain(..) {
+            if c.tag >= 1 << 63 {
+                foreign(c);
+                continue;
+            }
             let i = c.tag as usize;
             assert!(done[i].is_none(), "completion for request {i} seen twice");
             done[i] = Some(c);

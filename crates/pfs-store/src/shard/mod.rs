@@ -619,23 +619,7 @@ fn read_pages<D: Device>(
     offset: u64,
     pages: u64,
 ) -> Result<Vec<u8>, StoreError> {
-    let mut out = Vec::with_capacity((pages * PAGE_SIZE) as usize);
-    let chunk = 256;
-    let mut p = 0;
-    while p < pages {
-        let n = chunk.min(pages - p);
-        let req = IoRequest {
-            tag: 0,
-            kind: IoKind::Read,
-            offset: offset + p * PAGE_SIZE,
-            buf: AlignedBuf::zeroed((n * PAGE_SIZE) as usize),
-        };
-        let c = io.run(vec![req]).pop().expect("one completion");
-        c.result?;
-        out.extend_from_slice(&c.buf);
-        p += n;
-    }
-    Ok(out)
+    Ok(io.read_bytes(offset, pages * PAGE_SIZE)?)
 }
 
 fn wall_clock_ns() -> TimeNs {

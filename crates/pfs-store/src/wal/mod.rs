@@ -81,23 +81,7 @@ impl Wal {
         gen: u64,
         first_lsn: u64,
     ) -> Result<Scanned, StoreError> {
-        const CHUNK: u64 = 1 << 20;
-        let mut bytes = Vec::with_capacity(area_bytes as usize);
-        let mut at = 0;
-        while at < area_bytes {
-            let len = CHUNK.min(area_bytes - at);
-            let req = IoRequest {
-                tag: 0,
-                kind: IoKind::Read,
-                offset: area_offset + at,
-                buf: io.device_mut().alloc_buf(len as usize),
-            };
-            let c = io.run(vec![req]).pop().expect("one completion");
-            c.result?;
-            bytes.extend_from_slice(&c.buf[..len as usize]);
-            io.device_mut().free_buf(c.buf);
-            at += len;
-        }
+        let bytes = io.read_bytes(area_offset, area_bytes)?;
         let mut records = Vec::new();
         let mut pos = 0usize;
         let mut lsn = first_lsn;
