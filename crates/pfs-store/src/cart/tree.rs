@@ -118,6 +118,10 @@ impl Arena {
                 let new = self.insert_at(child, &rest[1..], value, old);
                 if new != slot {
                     self.set(r, b, new);
+                    // A child that grew may now have room for this chain node's prefix.
+                    if let Some(folded) = self.fold_single_child(r) {
+                        return folded;
+                    }
                 }
             }
         }
@@ -131,8 +135,9 @@ impl Arena {
         let plen = self.copy_prefix(r, &mut buf);
         assert!(m < plen);
         self.drop_prefix_front(r, m + 1);
+        let below = self.collapse_lone_terminator(r);
         let p = self.alloc(Kind::N16);
-        self.add(p, buf[m], r.encode());
+        self.add(p, buf[m], below);
         if m == key.len() {
             self.add(p, 0, value);
         } else {
@@ -141,6 +146,41 @@ impl Arena {
             self.add(p, key[m], child);
         }
         self.set_prefix_fit(p, &buf[..m])
+    }
+
+    /// Path compression: a node with one child node folds into that child (its
+    /// prefix, key byte and the child's prefix become the child's prefix) when the
+    /// child has room. Returns the child's slot if it folded.
+    fn fold_single_child(&mut self, r: NodeRef) -> Option<u64> {
+        if self.count(r) != 1 {
+            return None;
+        }
+        let (_, b, slot) = self.node(r).next(0).expect("one child");
+        let Slot::Node(child) = Slot::decode(slot) else { return None };
+        let total = self.plen(r) + 1 + self.plen(child);
+        if total > self.room_for(child, self.count(child)) {
+            return None;
+        }
+        let mut buf: KeyBuf = [0; 256];
+        let n = self.copy_prefix(r, &mut buf);
+        buf[n] = b;
+        self.copy_prefix(child, &mut buf[n + 1..]);
+        self.write_prefix(child, &buf[..total]);
+        self.free(r);
+        Some(child.encode())
+    }
+
+    /// A non-root node left with no prefix and only a terminator leaf stands for
+    /// nothing but that leaf: free it and return the leaf for the parent's slot.
+    fn collapse_lone_terminator(&mut self, r: NodeRef) -> u64 {
+        if self.count(r) == 1 && self.plen(r) == 0 {
+            let (_, b, slot) = self.node(r).next(0).expect("one child");
+            if let (0, Slot::Leaf(v)) = (b, Slot::decode(slot)) {
+                self.free(r);
+                return v;
+            }
+        }
+        r.encode()
     }
 
     /// Adds key byte `b` to `r`, growing it or moving its prefix front out when there is
@@ -215,25 +255,15 @@ impl Arena {
             return None;
         }
         if count == 1 {
+            if let Some(folded) = self.fold_single_child(r) {
+                return Some(folded);
+            }
             let (_, b, slot) = self.node(r).next(0).expect("one child");
-            match Slot::decode(slot) {
-                Slot::Node(child) => {
-                    let total = self.plen(r) + 1 + self.plen(child);
-                    if total <= self.room_for(child, self.count(child)) {
-                        let mut buf: KeyBuf = [0; 256];
-                        let n = self.copy_prefix(r, &mut buf);
-                        buf[n] = b;
-                        self.copy_prefix(child, &mut buf[n + 1..]);
-                        self.write_prefix(child, &buf[..total]);
-                        self.free(r);
-                        return Some(child.encode());
-                    }
-                }
-                Slot::Leaf(v) if b == 0 && self.plen(r) == 0 && !is_root => {
+            if let Slot::Leaf(v) = Slot::decode(slot) {
+                if b == 0 && self.plen(r) == 0 && !is_root {
                     self.free(r);
                     return Some(v);
                 }
-                Slot::Leaf(_) => {}
             }
         }
         let target = match r.kind {

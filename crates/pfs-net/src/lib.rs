@@ -1,0 +1,42 @@
+//! pfs-net: the verbs-shaped transport under pfs. No async runtime: queue pairs are
+//! polled by their owner and park on a descriptor when idle.
+//!
+//! - [`transport`]: the [`QueuePair`] trait, work ids, regions, completions.
+//! - [`qp`]: [`Qp`], the queue pair of the tcp and shm backends; one-sided
+//!   write/read emulated with messages the peer's poll applies.
+//! - `msg`: what travels on a link (pfs-core frames and transport messages) and the
+//!   bounded receive buffer that cuts a byte stream into them.
+//! - [`shm`]: shared-memory rings with eventfd wake-ups, fds passed by `SCM_RIGHTS`.
+//! - [`auth`]: the cluster key and the HMAC-SHA256 handshake.
+//! - [`listener`]: non-blocking accept, handshakes, connection limit.
+//! - [`connect`](mod@connect): client set-up, shm for a same-host server, else tcp.
+//! - [`rpc`]: [`RpcClient`], request ids, credits, timeouts, reconnect with back-off.
+//! - [`serve`]: [`FrameServer`], a simple request loop for tests and tools.
+//! - [`rdma`]: RDMA device discovery (feature `rdma`); RDMA queue pairs are not
+//!   implemented yet and connections fall back to tcp.
+//! - `poller`: epoll and eventfd wrappers.
+//!
+//! Byte layouts: `docs/format.md`, "Transport and handshake".
+
+pub mod auth;
+pub mod connect;
+mod error;
+pub mod listener;
+pub mod msg;
+mod poller;
+pub mod qp;
+pub mod rdma;
+pub mod rpc;
+pub mod serve;
+pub mod shm;
+pub mod transport;
+
+pub use auth::ClusterKey;
+pub use connect::{connect, ConnectOptions, TransportKind};
+pub use error::NetError;
+pub use listener::{Listener, ListenerConfig};
+pub use poller::wait_readable;
+pub use qp::{Qp, QpLimits, POLL_BATCH};
+pub use rpc::{RpcClient, RpcOptions};
+pub use serve::FrameServer;
+pub use transport::{Backend, Completion, QueuePair, RegionId, RegionRange, Rejected, WorkId};

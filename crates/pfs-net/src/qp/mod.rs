@@ -1,0 +1,523 @@
+//! [`Qp`]: the queue pair of the tcp and shm backends (one-sided operations in
+//! `onesided`).
+//!
+//! Both carry one byte stream of messages (`msg`); only the pipe under it differs.
+//! One-sided writes and reads are emulated: a `Write` message carries the bytes and
+//! is applied into the peer's region by the peer's `poll_cq`, which acknowledges it;
+//! a `ReadReq` is answered with a `ReadResp`. All queues are sized by [`QpLimits`].
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pfs_core::wire::FrameHeader;
+
+use crate::msg::{Incoming, NetHeader, RxBuf, MAX_MSG_BYTES, MSG_HEADER_LEN};
+use crate::poller::{Epoll, READ, WRITE};
+use crate::shm::ShmPipe;
+use crate::transport::{Backend, Completion, QueuePair, RegionId, RegionRange, Rejected, WorkId};
+use crate::NetError;
+
+mod onesided;
+use onesided::PendingOp;
+
+/// Most completions one [`QueuePair::poll_cq`] call returns.
+pub const POLL_BATCH: usize = 64;
+/// Most slices gathered into one write.
+const GATHER_MAX: usize = 16;
+/// Most pipe reads in one poll.
+const READS_PER_POLL: usize = 4;
+
+/// Sizes of a queue pair's queues and tables, fixed when it is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpLimits {
+    /// Sends posted whose completions have not been polled.
+    pub send_depth: usize,
+    /// Receive buffers posted.
+    pub recv_depth: usize,
+    /// One-sided operations in flight, each way.
+    pub op_depth: usize,
+    /// Regions registered.
+    pub max_regions: usize,
+    /// Bytes in one region.
+    pub max_region_bytes: usize,
+}
+
+impl Default for QpLimits {
+    fn default() -> Self {
+        QpLimits {
+            send_depth: 256,
+            recv_depth: 256,
+            op_depth: 64,
+            max_regions: 64,
+            max_region_bytes: 1 << 30,
+        }
+    }
+}
+
+/// The byte pipe under a queue pair.
+#[derive(Debug)]
+pub(crate) enum Pipe {
+    /// A non-blocking TCP socket.
+    Tcp(TcpStream),
+    /// Shared-memory rings.
+    Shm(ShmPipe),
+}
+
+/// Counts a live connection for the listener's limit while it exists.
+#[derive(Debug)]
+pub(crate) struct ConnGuard(pub(crate) Arc<AtomicUsize>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[derive(Debug)]
+enum TxItem {
+    App { wr: WorkId, buf: Vec<u8> },
+    Internal(Vec<u8>),
+}
+
+impl TxItem {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            TxItem::App { buf, .. } | TxItem::Internal(buf) => buf,
+        }
+    }
+}
+
+/// A connected queue pair over TCP or shared memory.
+#[derive(Debug)]
+pub struct Qp {
+    peer: String,
+    pipe: Pipe,
+    epoll: Epoll,
+    interest: u32,
+    limits: QpLimits,
+    rx: RxBuf,
+    recv_posted: VecDeque<Vec<u8>>,
+    tx: VecDeque<TxItem>,
+    tx_written: usize,
+    app_sends: usize,
+    internal_sends: usize,
+    spare_bufs: Vec<Vec<u8>>,
+    regions: Vec<Vec<u8>>,
+    ops: Vec<Option<PendingOp>>,
+    free_ops: Vec<u32>,
+    done: VecDeque<Completion>,
+    dead: Option<String>,
+    credits: u32,
+    _guard: Option<ConnGuard>,
+}
+
+impl Qp {
+    /// A queue pair over an established, authenticated pipe.
+    pub(crate) fn new(
+        peer: String,
+        pipe: Pipe,
+        limits: QpLimits,
+        credits: u32,
+        guard: Option<ConnGuard>,
+    ) -> Result<Qp, NetError> {
+        assert!(limits.send_depth > 0 && limits.recv_depth > 0 && limits.op_depth > 0);
+        let epoll = Epoll::new().map_err(|e| NetError::io("create epoll for", &peer, e))?;
+        let interest = READ;
+        let watch = match &pipe {
+            Pipe::Tcp(s) => {
+                s.set_nonblocking(true).map_err(|e| NetError::io("configure", &peer, e))?;
+                s.set_nodelay(true).map_err(|e| NetError::io("configure", &peer, e))?;
+                epoll.add(s.as_raw_fd(), interest, 0)
+            }
+            Pipe::Shm(p) => p.fds().iter().try_for_each(|&fd| epoll.add(fd, READ, 0)),
+        };
+        watch.map_err(|e| NetError::io("watch", &peer, e))?;
+        Ok(Qp {
+            rx: RxBuf::new(MAX_MSG_BYTES),
+            recv_posted: VecDeque::with_capacity(limits.recv_depth),
+            tx: VecDeque::with_capacity(limits.send_depth + limits.op_depth * 2),
+            tx_written: 0,
+            app_sends: 0,
+            internal_sends: 0,
+            spare_bufs: Vec::with_capacity(limits.op_depth),
+            regions: Vec::new(),
+            ops: vec![None; limits.op_depth],
+            free_ops: (0..limits.op_depth as u32).rev().collect(),
+            done: VecDeque::with_capacity(limits.send_depth + limits.op_depth),
+            dead: None,
+            peer,
+            pipe,
+            epoll,
+            interest,
+            limits,
+            credits,
+            _guard: guard,
+        })
+    }
+
+    /// Requests the server lets this client have in flight (from its Accept);
+    /// on the server side, the credits it granted.
+    pub fn credits(&self) -> u32 {
+        self.credits
+    }
+
+    /// The limits this queue pair was made with.
+    pub fn limits(&self) -> QpLimits {
+        self.limits
+    }
+
+    /// Whether the connection is still up.
+    pub fn is_up(&self) -> bool {
+        self.dead.is_none()
+    }
+
+    /// Closes the connection because of what the caller found wrong with the peer's
+    /// data (a frame body that does not decode, for example); logs `reason`.
+    pub fn close(&mut self, reason: &str) {
+        if self.dead.is_none() {
+            log::warn!("closing connection to {}: {reason}", self.peer);
+            self.dead = Some(reason.to_owned());
+            if let Pipe::Tcp(s) = &self.pipe {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+
+    fn down(&self) -> Option<NetError> {
+        self.dead.as_ref().map(|r| NetError::Down { peer: self.peer.clone(), reason: r.clone() })
+    }
+
+    fn fail(&mut self, e: NetError) -> NetError {
+        match &e {
+            NetError::Closed { .. } => log::info!("{e}"),
+            _ => log::warn!("closing connection to {}: {e}", self.peer),
+        }
+        self.dead = Some(e.to_string());
+        if let Pipe::Tcp(s) = &self.pipe {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        e
+    }
+
+    fn internal(&mut self, h: NetHeader, payload: &[u8]) {
+        let mut buf = self.spare_bufs.pop().unwrap_or_default();
+        buf.clear();
+        h.encode(payload, &mut buf);
+        self.internal_sends += 1;
+        self.tx.push_back(TxItem::Internal(buf));
+    }
+
+    /// The peer holds us back until we post receives or drain our answers to it.
+    fn rx_blocked(&self) -> bool {
+        (self.rx.front_is_frame() && self.recv_posted.is_empty())
+            || self.internal_sends >= self.limits.op_depth
+    }
+
+    fn write_pipe(&mut self) -> io::Result<usize> {
+        let mut slices = [IoSlice::new(&[]); GATHER_MAX];
+        let mut count = 0;
+        for (i, item) in self.tx.iter().take(GATHER_MAX).enumerate() {
+            let b = item.bytes();
+            slices[i] = IoSlice::new(if i == 0 { &b[self.tx_written..] } else { b });
+            count += 1;
+        }
+        match &mut self.pipe {
+            Pipe::Tcp(s) => match s.write_vectored(&slices[..count]) {
+                Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+                other => other,
+            },
+            Pipe::Shm(p) => {
+                let mut plain: [&[u8]; GATHER_MAX] = [&[]; GATHER_MAX];
+                for (d, s) in plain.iter_mut().zip(&slices[..count]) {
+                    *d = s;
+                }
+                match p.write(&plain[..count])? {
+                    0 => Err(io::ErrorKind::WouldBlock.into()),
+                    n => Ok(n),
+                }
+            }
+        }
+    }
+
+    /// Writes queued messages until the pipe is full or the queue is empty.
+    fn flush(&mut self) -> Result<(), NetError> {
+        for _ in 0..self.tx.len() {
+            if self.tx.is_empty() {
+                break;
+            }
+            let mut n = match self.write_pipe() {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if is_disconnect(&e) => {
+                    return Err(NetError::Closed { peer: self.peer.clone() })
+                }
+                Err(e) => return Err(NetError::io("write to", &self.peer, e)),
+            };
+            while n > 0 {
+                let front_left =
+                    self.tx.front().expect("wrote bytes of a queued item").bytes().len()
+                        - self.tx_written;
+                if n < front_left {
+                    self.tx_written += n;
+                    break;
+                }
+                n -= front_left;
+                self.tx_written = 0;
+                match self.tx.pop_front().expect("front exists") {
+                    TxItem::App { wr, buf } => {
+                        // The slot frees when the completion is polled, as in verbs.
+                        self.done.push_back(Completion::Send { wr, buf });
+                    }
+                    TxItem::Internal(buf) => {
+                        self.internal_sends -= 1;
+                        if self.spare_bufs.len() < self.limits.op_depth
+                            && buf.capacity() <= 64 << 10
+                        {
+                            self.spare_bufs.push(buf);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Tells epoll what this queue pair waits for (tcp); a syscall only on change.
+    fn update_interest(&mut self) -> Result<(), NetError> {
+        let Pipe::Tcp(s) = &self.pipe else { return Ok(()) };
+        let want =
+            if self.rx_blocked() { 0 } else { READ } | if self.tx.is_empty() { 0 } else { WRITE };
+        if want != self.interest {
+            self.epoll
+                .modify(s.as_raw_fd(), want, 0)
+                .map_err(|e| NetError::io("watch", &self.peer, e))?;
+            self.interest = want;
+        }
+        Ok(())
+    }
+
+    /// Handles the buffered messages, up to `room` completions.
+    fn parse(&mut self, out: &mut Vec<Completion>, room: usize) -> Result<usize, NetError> {
+        let mut n = 0;
+        while n < room && !self.rx_blocked() {
+            let msg = self.rx.next_message().map_err(|r| NetError::protocol(&self.peer, r))?;
+            match msg {
+                None => break,
+                Some(Incoming::Frame { start, end }) => {
+                    let mut buf =
+                        self.recv_posted.pop_front().expect("not blocked: a receive is posted");
+                    buf.clear();
+                    buf.extend_from_slice(self.rx.bytes(start, end));
+                    out.push(Completion::Recv { buf });
+                    n += 1;
+                }
+                Some(Incoming::Net { header, start, end }) => {
+                    if let Some(c) = self.on_net(header, start, end)? {
+                        out.push(c);
+                        n += 1;
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn read_pipe(&mut self) -> io::Result<usize> {
+        let spare = self.rx.spare();
+        if spare.is_empty() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        match &mut self.pipe {
+            Pipe::Tcp(s) => s.read(spare),
+            Pipe::Shm(p) => p.read(spare),
+        }
+    }
+
+    fn progress(&mut self, out: &mut Vec<Completion>) -> Result<usize, NetError> {
+        self.flush()?;
+        let mut n = 0;
+        for _ in 0..READS_PER_POLL {
+            n += self.parse(out, POLL_BATCH - n)?;
+            if n >= POLL_BATCH || self.rx_blocked() {
+                break;
+            }
+            match self.read_pipe() {
+                Ok(0) if self.rx.buffered() > 0 => {
+                    return Err(NetError::protocol(
+                        &self.peer,
+                        format!(
+                            "truncated message: the connection ended {} bytes into it",
+                            self.rx.buffered()
+                        ),
+                    ))
+                }
+                Ok(0) => return Err(NetError::Closed { peer: self.peer.clone() }),
+                Ok(k) => self.rx.filled(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if is_disconnect(&e) => {
+                    return Err(NetError::Closed { peer: self.peer.clone() })
+                }
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    return Err(NetError::protocol(&self.peer, e.to_string()))
+                }
+                Err(e) => return Err(NetError::io("read from", &self.peer, e)),
+            }
+        }
+        n += self.parse(out, POLL_BATCH - n)?;
+        self.flush()?;
+        while n < POLL_BATCH {
+            let Some(c) = self.done.pop_front() else { break };
+            if matches!(c, Completion::Send { .. }) {
+                self.app_sends -= 1;
+            }
+            out.push(c);
+            n += 1;
+        }
+        self.update_interest()?;
+        Ok(n)
+    }
+
+    fn check_post(&self) -> Result<(), NetError> {
+        match self.down() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::WriteZero
+            | io::ErrorKind::UnexpectedEof
+    )
+}
+
+impl QueuePair for Qp {
+    fn post_send(&mut self, wr: WorkId, frame: Vec<u8>) -> Result<(), Rejected> {
+        if let Err(error) = self.check_post() {
+            return Err(Rejected { buf: frame, error });
+        }
+        if self.app_sends >= self.limits.send_depth {
+            let error = NetError::Full { what: "send queue", depth: self.limits.send_depth };
+            return Err(Rejected { buf: frame, error });
+        }
+        let valid = frame.len() >= MSG_HEADER_LEN
+            && FrameHeader::decode(&frame).is_ok_and(|h| h.frame_len() == frame.len());
+        if !valid {
+            let error = NetError::Invalid(format!(
+                "post_send of {} bytes that are not one encoded frame",
+                frame.len()
+            ));
+            return Err(Rejected { buf: frame, error });
+        }
+        let was_empty = self.tx.is_empty();
+        self.app_sends += 1;
+        self.tx.push_back(TxItem::App { wr, buf: frame });
+        if was_empty {
+            // Send at once: most sends go out without waiting for the next poll.
+            if let Err(e) = self.flush() {
+                self.fail(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn post_recv(&mut self, buf: Vec<u8>) -> Result<(), Rejected> {
+        if self.recv_posted.len() >= self.limits.recv_depth {
+            let error = NetError::Full { what: "receive queue", depth: self.limits.recv_depth };
+            return Err(Rejected { buf, error });
+        }
+        self.recv_posted.push_back(buf);
+        Ok(())
+    }
+
+    fn register_region(&mut self, len: usize) -> Result<RegionId, NetError> {
+        if self.regions.len() >= self.limits.max_regions {
+            return Err(NetError::Full { what: "region table", depth: self.limits.max_regions });
+        }
+        if len > self.limits.max_region_bytes {
+            return Err(NetError::Invalid(format!(
+                "region of {len} bytes is over the limit {}",
+                self.limits.max_region_bytes
+            )));
+        }
+        self.regions.push(vec![0; len]);
+        Ok(RegionId(self.regions.len() as u32 - 1))
+    }
+
+    fn region(&self, id: RegionId) -> &[u8] {
+        &self.regions[id.0 as usize]
+    }
+
+    fn region_mut(&mut self, id: RegionId) -> &mut [u8] {
+        &mut self.regions[id.0 as usize]
+    }
+
+    fn post_write(
+        &mut self,
+        wr: WorkId,
+        local: RegionRange,
+        remote: RegionId,
+        remote_offset: u64,
+    ) -> Result<(), NetError> {
+        self.start_write(wr, local, remote, remote_offset)
+    }
+
+    fn post_read(
+        &mut self,
+        wr: WorkId,
+        local: RegionRange,
+        remote: RegionId,
+        remote_offset: u64,
+    ) -> Result<(), NetError> {
+        self.start_read(wr, local, remote, remote_offset)
+    }
+
+    fn poll_cq(&mut self, out: &mut Vec<Completion>) -> Result<usize, NetError> {
+        if let Some(e) = self.down() {
+            return Err(e);
+        }
+        self.progress(out).map_err(|e| self.fail(e))
+    }
+
+    fn prepare_wait(&mut self) -> bool {
+        if self.dead.is_some() || !self.done.is_empty() {
+            return false;
+        }
+        if self.rx.buffered() >= MSG_HEADER_LEN && !self.rx_blocked() {
+            return false;
+        }
+        if self.update_interest().is_err() {
+            return false;
+        }
+        match &mut self.pipe {
+            Pipe::Tcp(_) => true,
+            Pipe::Shm(p) => p.prepare_wait(),
+        }
+    }
+
+    fn wait_fd(&self) -> RawFd {
+        self.epoll.raw()
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn backend(&self) -> Backend {
+        match self.pipe {
+            Pipe::Tcp(_) => Backend::Tcp,
+            Pipe::Shm(_) => Backend::Shm,
+        }
+    }
+}
