@@ -7,6 +7,9 @@
 use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileAttr, FileHandle, FileType, FsResult, InodeId, SetAttr, StatFs};
 
+/// Entries a client asks one shard for in one readdir request.
+pub const READDIR_BATCH: usize = 1024;
+
 /// One entry of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirListing {

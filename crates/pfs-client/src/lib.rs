@@ -5,9 +5,15 @@
 //!   call it directly.
 //! - [`pipeline`]: the write window of an open file (bounded unfinished writes).
 //! - [`dcache`]: the bounded, expiring cache of directory dentries.
+//! - [`cluster`]: [`Cluster`], the client of a running cluster: view, routing,
+//!   data split by block, pipelined writes.
+//! - [`conn`]: one shared connection to one server.
 
 pub mod api;
+pub mod cluster;
+pub mod conn;
 pub mod dcache;
 pub mod pipeline;
 
 pub use api::{DirListing, FileSystem, Invalidation, Invalidator};
+pub use cluster::{Cluster, ClusterOptions};

@@ -116,6 +116,15 @@ fn check_range<T: PartialOrd + Display>(
 
 /// Fails unless `addr` looks like `host:port` with a port in 1..=65535.
 fn check_addr(field: &str, addr: &str) -> Result<(), ConfigError> {
+    check_addr_port(field, addr, 1)
+}
+
+/// As [`check_addr`] for a listening address, where port 0 asks for a free one.
+fn check_listen(field: &str, addr: &str) -> Result<(), ConfigError> {
+    check_addr_port(field, addr, 0)
+}
+
+fn check_addr_port(field: &str, addr: &str, min_port: u16) -> Result<(), ConfigError> {
     let invalid = |reason: &str| ConfigError::Invalid {
         field: field.to_owned(),
         value: format!("{addr:?}"),
@@ -126,8 +135,8 @@ fn check_addr(field: &str, addr: &str) -> Result<(), ConfigError> {
         return Err(invalid("expected host:port, the host is empty"));
     }
     match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(invalid("expected host:port with a port in 1..=65535")),
+        Ok(p) if p >= min_port => Ok(()),
+        _ => Err(invalid(&format!("expected host:port with a port in {min_port}..=65535"))),
     }
 }
 
@@ -158,8 +167,11 @@ pub enum PollMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// Address clients and peers connect to, `host:port`.
+    /// Address to listen on, `host:port` (port 0 picks a free one).
     pub listen: String,
+    /// Address clients are told to connect to, `host:port`; empty: `listen`, which
+    /// must then be a concrete address (not 0.0.0.0).
+    pub advertise: String,
     /// Block device or file holding the shards' zones.
     pub data_path: PathBuf,
     /// Bytes of `data_path` to use, split evenly into one zone per worker; 0 uses the
@@ -199,6 +211,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: "0.0.0.0:7070".into(),
+            advertise: String::new(),
             data_path: "/var/lib/pfs/data".into(),
             device_size_bytes: 0,
             workers: 4,
@@ -224,7 +237,10 @@ const ZONE_MIN_BYTES: u64 = 64 * MIB;
 
 impl ConfigFile for ServerConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        check_addr("listen", &self.listen)?;
+        check_listen("listen", &self.listen)?;
+        if !self.advertise.is_empty() {
+            check_addr("advertise", &self.advertise)?;
+        }
         check_path("data_path", &self.data_path)?;
         check_range("workers", self.workers, 1, 256)?;
         if self.device_size_bytes != 0 {
@@ -276,6 +292,12 @@ pub struct MasterConfig {
     pub heartbeat_interval_ms: u64,
     /// A server silent this long is marked down.
     pub down_after_ms: u64,
+    /// Storage servers in the cluster: routing spreads over exactly this many, so
+    /// clients wait until all of them registered.
+    pub servers: u32,
+    /// File where the master keeps the view (server ids and addresses) across
+    /// restarts.
+    pub state_path: PathBuf,
 }
 
 impl Default for MasterConfig {
@@ -285,15 +307,19 @@ impl Default for MasterConfig {
             key_file: "/etc/pfs/cluster.key".into(),
             heartbeat_interval_ms: 1000,
             down_after_ms: 10_000,
+            servers: 1,
+            state_path: "/var/lib/pfs/master.state".into(),
         }
     }
 }
 
 impl ConfigFile for MasterConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        check_addr("listen", &self.listen)?;
+        check_listen("listen", &self.listen)?;
         check_path("key_file", &self.key_file)?;
         check_range("heartbeat_interval_ms", self.heartbeat_interval_ms, 10, 60_000)?;
+        check_range("servers", self.servers, 1, crate::wire::cluster::MAX_SERVERS as u32)?;
+        check_path("state_path", &self.state_path)?;
         // Fewer than two missed heartbeats must never mark a server down.
         let min_down = 2 * self.heartbeat_interval_ms;
         check_range("down_after_ms", self.down_after_ms, min_down, 3_600_000).map_err(

@@ -8,19 +8,19 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 /// Readable (or a peer hang-up).
-pub(crate) const READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+pub const READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
 /// Writable.
-pub(crate) const WRITE: u32 = libc::EPOLLOUT as u32;
+pub const WRITE: u32 = libc::EPOLLOUT as u32;
 
 /// One epoll instance; its fd is itself pollable, so instances nest.
 #[derive(Debug)]
-pub(crate) struct Epoll {
+pub struct Epoll {
     fd: OwnedFd,
 }
 
 impl Epoll {
     /// A new epoll instance.
-    pub(crate) fn new() -> io::Result<Epoll> {
+    pub fn new() -> io::Result<Epoll> {
         // SAFETY: plain syscall; the returned fd is owned below.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -41,22 +41,22 @@ impl Epoll {
     }
 
     /// Watches `fd` for `events`, reported with `token`.
-    pub(crate) fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, token)
     }
 
     /// Changes the events watched on `fd`.
-    pub(crate) fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+    pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_MOD, fd, events, token)
     }
 
     /// Stops watching `fd`.
-    pub(crate) fn delete(&self, fd: RawFd) -> io::Result<()> {
+    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
         self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
     }
 
     /// Ready tokens, without blocking, into `out` (cleared first, at most its capacity).
-    pub(crate) fn ready(&self, out: &mut Vec<libc::epoll_event>) -> io::Result<()> {
+    pub fn ready(&self, out: &mut Vec<libc::epoll_event>) -> io::Result<()> {
         out.clear();
         let cap = out.capacity().min(i32::MAX as usize);
         assert!(cap > 0, "event buffer needs capacity");
@@ -72,20 +72,20 @@ impl Epoll {
     }
 
     /// The pollable fd.
-    pub(crate) fn raw(&self) -> RawFd {
+    pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 }
 
 /// An eventfd: a counter one side bumps to wake the other.
 #[derive(Debug)]
-pub(crate) struct EventFd {
+pub struct EventFd {
     fd: OwnedFd,
 }
 
 impl EventFd {
     /// A new non-blocking eventfd.
-    pub(crate) fn new() -> io::Result<EventFd> {
+    pub fn new() -> io::Result<EventFd> {
         // SAFETY: plain syscall.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -101,7 +101,7 @@ impl EventFd {
     }
 
     /// Wakes whoever waits on it.
-    pub(crate) fn notify(&self) {
+    pub fn notify(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64. A full counter (EAGAIN) is still a
         // pending wake-up, so the result does not matter.
@@ -109,14 +109,14 @@ impl EventFd {
     }
 
     /// Clears pending wake-ups without blocking.
-    pub(crate) fn drain(&self) {
+    pub fn drain(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64; EAGAIN means nothing pending.
         unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
     }
 
     /// The descriptor.
-    pub(crate) fn raw(&self) -> RawFd {
+    pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 

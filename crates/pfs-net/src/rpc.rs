@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{FrameHeader, FLAG_REPLY};
+use pfs_core::wire::{stamp, FrameHeader, FLAG_REPLY};
 use pfs_core::{ClientId, Frame, RequestId};
 
 use crate::auth::ClusterKey;
@@ -194,6 +194,17 @@ impl RpcClient {
     /// when every credit is in use (poll replies first) and `Disconnected` while the
     /// client waits to reconnect.
     pub fn send_by(&mut self, frame: &Frame, deadline: Instant) -> Result<RequestId, NetError> {
+        self.send_to(frame, 0, deadline)
+    }
+
+    /// Sends `frame` as a request for processing worker `worker` of the server
+    /// (the routing result, written into the header), timing out at `deadline`.
+    pub fn send_to(
+        &mut self,
+        frame: &Frame,
+        worker: u16,
+        deadline: Instant,
+    ) -> Result<RequestId, NetError> {
         if self.qp.is_none() {
             self.reconnect().map_err(|e| match e {
                 e @ NetError::Disconnected { .. } => e,
@@ -220,7 +231,7 @@ impl RpcClient {
             self.bufs.push(buf);
             return Err(NetError::Wire { peer: self.peer.clone(), source });
         }
-        stamp(&mut buf, self.opts.client, RequestId(id));
+        stamp(&mut buf, self.opts.client, RequestId(id), worker);
         let qp = self.qp.as_mut().expect("connected above");
         if let Err(r) = qp.post_send(WorkId(id), buf) {
             self.free.push(slot);
@@ -278,9 +289,19 @@ impl RpcClient {
     /// Sends `frame` and waits (parking, not spinning) for its reply, reconnecting
     /// within `timeout` if needed.
     pub fn call(&mut self, frame: &Frame, timeout: Duration) -> Result<Frame, NetError> {
+        self.call_to(frame, 0, timeout)
+    }
+
+    /// [`call`](Self::call) for processing worker `worker` of the server.
+    pub fn call_to(
+        &mut self,
+        frame: &Frame,
+        worker: u16,
+        timeout: Duration,
+    ) -> Result<Frame, NetError> {
         let deadline = Instant::now() + timeout;
         let id = loop {
-            match self.send_by(frame, deadline) {
+            match self.send_to(frame, worker, deadline) {
                 Ok(id) => break id,
                 Err(NetError::Disconnected { .. } | NetError::NoCredit { .. })
                     if Instant::now() < deadline =>
@@ -398,12 +419,4 @@ impl RpcClient {
         self.last_error = reason;
         self.next_attempt = Instant::now();
     }
-}
-
-/// Writes the client id and request id into an encoded frame and re-seals it.
-fn stamp(frame: &mut [u8], client: ClientId, id: RequestId) {
-    frame[12..16].copy_from_slice(&client.0.to_le_bytes());
-    frame[16..24].copy_from_slice(&id.0.to_le_bytes());
-    let crc = crate::msg::checksum(&frame[..28], &frame[32..]);
-    frame[28..32].copy_from_slice(&crc.to_le_bytes());
 }

@@ -20,6 +20,9 @@ pub struct FrameHeader {
     pub opcode: u16,
     /// [`FLAG_REPLY`] and [`FLAG_ERROR`].
     pub flags: u16,
+    /// Requests: the worker on the receiving server that owns the shard the request
+    /// is for (the client's routing result); replies: 0.
+    pub worker: u16,
     /// The sending client (for replies, the client being answered).
     pub client: ClientId,
     /// The request this frame is or answers.
@@ -48,13 +51,7 @@ impl FrameHeader {
         if flags & !(FLAG_REPLY | FLAG_ERROR) != 0 || flags == FLAG_ERROR {
             return Err(WireError::BadValue { what: "frame flags", value: flags.into() });
         }
-        let reserved = r.u16("frame header")?;
-        if reserved != 0 {
-            return Err(WireError::BadValue {
-                what: "reserved header field",
-                value: reserved.into(),
-            });
-        }
+        let worker = r.u16("frame header")?;
         let client = ClientId(r.u32("frame header")?);
         let request_id = RequestId(r.u64("frame header")?);
         let payload_len = r.u32("frame header")?;
@@ -66,7 +63,7 @@ impl FrameHeader {
             });
         }
         let checksum = r.u32("frame header")?;
-        Ok(FrameHeader { opcode, flags, client, request_id, payload_len, checksum })
+        Ok(FrameHeader { opcode, flags, worker, client, request_id, payload_len, checksum })
     }
 
     /// Header and payload bytes together.
@@ -137,7 +134,7 @@ impl Frame {
         w.u16(VERSION);
         w.u16(self.opcode() as u16);
         w.u16(self.flags());
-        w.u16(0);
+        w.u16(0); // worker: set with `stamp` by the sender that routes the request
         w.u32(self.client.0);
         w.u64(self.request_id.0);
         w.u32(0); // payload length, patched below
@@ -191,6 +188,18 @@ impl Frame {
         r.finish("payload")?;
         Ok(Frame { request_id: header.request_id, client: header.client, body })
     }
+}
+
+/// Writes the addressing of an encoded request (client, request id, target worker)
+/// into its header and re-seals the checksum, so a frame is encoded once and
+/// addressed by whoever sends it.
+pub fn stamp(frame: &mut [u8], client: ClientId, request_id: RequestId, worker: u16) {
+    assert!(frame.len() >= HEADER_LEN, "stamp needs a whole header");
+    frame[10..12].copy_from_slice(&worker.to_le_bytes());
+    frame[12..16].copy_from_slice(&client.0.to_le_bytes());
+    frame[16..24].copy_from_slice(&request_id.0.to_le_bytes());
+    let crc = checksum(&frame[..CHECKSUM_OFFSET], &frame[HEADER_LEN..]);
+    frame[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The frame checksum: crc32c of the header before the checksum, then the payload.

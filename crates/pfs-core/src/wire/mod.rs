@@ -5,12 +5,14 @@
 //! - [`opcode`]: one [`Opcode`] per operation.
 //! - [`request`] / [`reply`]: the payload of every message.
 //! - [`types`]: values several messages share (entries, layouts, tokens).
+//! - [`cluster`]: values of the master messages (usage, server info, the view).
 //! - `cursor`: the bounds-checked reader and the writer under all of them.
 //!
 //! Decoding takes untrusted bytes: it never panics, checks every length against its
 //! limit and the bytes left before copying, and so never allocates more than the
 //! frame's payload. The byte layout is written down in `docs/format.md`.
 
+pub mod cluster;
 mod cursor;
 mod error;
 pub mod frame;
@@ -22,8 +24,9 @@ pub mod types;
 #[cfg(test)]
 mod tests;
 
+pub use cluster::{ServerInfo, Usage, View};
 pub use error::WireError;
-pub use frame::{Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY};
+pub use frame::{stamp, Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY};
 pub use opcode::Opcode;
 pub use reply::Reply;
 pub use request::Request;

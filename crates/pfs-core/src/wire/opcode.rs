@@ -26,7 +26,7 @@ pub enum Opcode {
     Rmdir = 10,
     /// Rename or exchange names.
     Rename = 11,
-    /// List a directory from a cookie.
+    /// List a directory after a name.
     ReadDir = 12,
     /// Open a file.
     Open = 13,
@@ -58,11 +58,25 @@ pub enum Opcode {
     TokenRelease = 26,
     /// Server to client: drop cached dentries of a directory and its token.
     TokenInvalidate = 27,
+    /// Write data of a file whose inode lives on another shard.
+    WriteData = 28,
+    /// Read data of a file whose inode lives on another shard.
+    ReadData = 29,
+    /// Free data past a size on a shard that is not the inode's home.
+    TruncateData = 30,
+    /// Grow a file's size to at least a value (after writes to other shards).
+    ExtendSize = 31,
+    /// Server to master: register at start.
+    Register = 32,
+    /// Server to master: periodic usage report.
+    Heartbeat = 33,
+    /// Client to master: fetch the cluster view.
+    GetView = 34,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 27] = [
+    pub const ALL: [Opcode; 34] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -90,6 +104,13 @@ impl Opcode {
         Opcode::TokenAcquire,
         Opcode::TokenRelease,
         Opcode::TokenInvalidate,
+        Opcode::WriteData,
+        Opcode::ReadData,
+        Opcode::TruncateData,
+        Opcode::ExtendSize,
+        Opcode::Register,
+        Opcode::Heartbeat,
+        Opcode::GetView,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -112,7 +133,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(28), None);
+        assert_eq!(Opcode::from_u16(35), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

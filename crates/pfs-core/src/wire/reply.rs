@@ -1,12 +1,13 @@
 //! Successful replies; a failed request gets an error frame instead.
 
+use super::cluster::View;
 use super::cursor::{check_len, Reader, Writer};
 use super::types::{read_name, write_name, Codec, DirEntry, Entry, InodeLayout, TokenGrant};
 use super::{
     Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES,
     MAX_XATTR_VALUE_BYTES,
 };
-use crate::{FileAttr, FileHandle, StatFs};
+use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs};
 
 /// The reply to a request; each variant answers the request of the same name and
 /// travels under its opcode.
@@ -34,7 +35,15 @@ pub enum Reply {
     /// The link's target.
     ReadLink(Vec<u8>),
     /// The name is gone.
-    Unlink,
+    Unlink {
+        /// The removed inode.
+        ino: InodeId,
+        /// Size of the removed file when it was a regular file, else 0: its data
+        /// on other shards (past the first block) is for the client to free.
+        size: u64,
+        /// Its data layout.
+        layout: FileLayout,
+    },
     /// The directory is gone.
     Rmdir,
     /// The rename is done.
@@ -82,6 +91,31 @@ pub enum Reply {
     TokenRelease,
     /// The client dropped its cache.
     TokenInvalidate,
+    /// Bytes written on the data shard.
+    WriteData {
+        /// How many.
+        written: u32,
+    },
+    /// The bytes read from the data shard, as many as asked (holes are zeros).
+    ReadData(Vec<u8>),
+    /// The data past the size is freed.
+    TruncateData,
+    /// The attributes after the size grew.
+    ExtendSize(FileAttr),
+    /// The master accepted the server.
+    Register {
+        /// The server's id in the view.
+        server: ServerId,
+        /// The view's epoch after the registration.
+        epoch: u64,
+    },
+    /// The master noted the report.
+    Heartbeat {
+        /// The view's epoch.
+        epoch: u64,
+    },
+    /// The cluster view.
+    GetView(View),
 }
 
 /// Bytes an xattr name takes in a Linux `listxattr` buffer: the name and a NUL.
@@ -101,7 +135,7 @@ impl Reply {
             Reply::Mknod(_) => Opcode::Mknod,
             Reply::Symlink(_) => Opcode::Symlink,
             Reply::ReadLink(_) => Opcode::ReadLink,
-            Reply::Unlink => Opcode::Unlink,
+            Reply::Unlink { .. } => Opcode::Unlink,
             Reply::Rmdir => Opcode::Rmdir,
             Reply::Rename => Opcode::Rename,
             Reply::ReadDir { .. } => Opcode::ReadDir,
@@ -120,6 +154,13 @@ impl Reply {
             Reply::TokenAcquire(_) => Opcode::TokenAcquire,
             Reply::TokenRelease => Opcode::TokenRelease,
             Reply::TokenInvalidate => Opcode::TokenInvalidate,
+            Reply::WriteData { .. } => Opcode::WriteData,
+            Reply::ReadData(_) => Opcode::ReadData,
+            Reply::TruncateData => Opcode::TruncateData,
+            Reply::ExtendSize(_) => Opcode::ExtendSize,
+            Reply::Register { .. } => Opcode::Register,
+            Reply::Heartbeat { .. } => Opcode::Heartbeat,
+            Reply::GetView(_) => Opcode::GetView,
         }
     }
 
@@ -127,15 +168,20 @@ impl Reply {
     pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         match self {
             Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => e.put(w),
-            Reply::GetAttr(a) | Reply::SetAttr(a) => a.put(w),
+            Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::ExtendSize(a) => a.put(w),
             Reply::Create { entry, fh } => {
                 entry.put(w)?;
                 w.u64(fh.0);
                 Ok(())
             }
             Reply::ReadLink(target) => w.bytes16("symlink target", target, MAX_SYMLINK_BYTES),
-            Reply::Unlink
-            | Reply::Rmdir
+            Reply::Unlink { ino, size, layout } => {
+                w.u64(ino.0);
+                w.u64(*size);
+                w.u8(*layout as u8);
+                Ok(())
+            }
+            Reply::Rmdir
             | Reply::Rename
             | Reply::Release
             | Reply::Fsync
@@ -143,7 +189,8 @@ impl Reply {
             | Reply::RemoveXattr
             | Reply::LayoutSet
             | Reply::TokenRelease
-            | Reply::TokenInvalidate => Ok(()),
+            | Reply::TokenInvalidate
+            | Reply::TruncateData => Ok(()),
             Reply::ReadDir { entries, eof } => {
                 w.count("readdir entries", entries.len())?;
                 let start = w.len();
@@ -159,8 +206,8 @@ impl Reply {
                 w.u64(fh.0);
                 Ok(())
             }
-            Reply::Read(data) => w.bytes32("read data", data, MAX_IO_BYTES),
-            Reply::Write { written } => {
+            Reply::Read(data) | Reply::ReadData(data) => w.bytes32("read data", data, MAX_IO_BYTES),
+            Reply::Write { written } | Reply::WriteData { written } => {
                 w.u32(*written);
                 Ok(())
             }
@@ -177,6 +224,16 @@ impl Reply {
             }
             Reply::LayoutGet(layout) => layout.put(w),
             Reply::TokenAcquire(grant) => grant.put(w),
+            Reply::Register { server, epoch } => {
+                w.u32(server.0);
+                w.u64(*epoch);
+                Ok(())
+            }
+            Reply::Heartbeat { epoch } => {
+                w.u64(*epoch);
+                Ok(())
+            }
+            Reply::GetView(view) => view.put(w),
         }
     }
 
@@ -196,7 +253,15 @@ impl Reply {
             Opcode::ReadLink => {
                 Reply::ReadLink(r.bytes16("symlink target", MAX_SYMLINK_BYTES)?.to_vec())
             }
-            Opcode::Unlink => Reply::Unlink,
+            Opcode::Unlink => Reply::Unlink {
+                ino: InodeId(r.u64("unlinked inode")?),
+                size: r.u64("unlinked size")?,
+                layout: {
+                    let v = r.u8("file layout")?;
+                    FileLayout::from_u8(v)
+                        .ok_or(WireError::BadValue { what: "file layout", value: v.into() })?
+                },
+            },
             Opcode::Rmdir => Reply::Rmdir,
             Opcode::Rename => Reply::Rename,
             Opcode::Release => Reply::Release,
@@ -236,6 +301,15 @@ impl Reply {
             }
             Opcode::LayoutGet => Reply::LayoutGet(InodeLayout::get(r)?),
             Opcode::TokenAcquire => Reply::TokenAcquire(TokenGrant::get(r)?),
+            Opcode::WriteData => Reply::WriteData { written: r.u32("bytes written")? },
+            Opcode::ReadData => Reply::ReadData(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
+            Opcode::TruncateData => Reply::TruncateData,
+            Opcode::ExtendSize => Reply::ExtendSize(FileAttr::get(r)?),
+            Opcode::Register => {
+                Reply::Register { server: ServerId(r.u32("server id")?), epoch: r.u64("epoch")? }
+            }
+            Opcode::Heartbeat => Reply::Heartbeat { epoch: r.u64("epoch")? },
+            Opcode::GetView => Reply::GetView(View::get(r)?),
         })
     }
 }

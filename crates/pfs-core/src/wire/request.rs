@@ -1,12 +1,21 @@
 //! Requests, client to server (and `TokenInvalidate`, server to client).
 
+use super::cluster::{read_addr, write_addr, Usage};
 use super::cursor::{Reader, Writer};
 use super::types::{
     read_kind, read_name, read_perm, write_name, write_perm, Codec, InodeLayout, RenameFlags,
     TokenMode, XattrSetMode,
 };
 use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
-use crate::{FileHandle, FileLayout, FileType, InodeId, SetAttr};
+use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr};
+
+/// The server id a `Register` of a new server carries.
+const NO_SERVER: u32 = u32::MAX;
+
+fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
+    let v = r.u8("file layout")?;
+    FileLayout::from_u8(v).ok_or(WireError::BadValue { what: "file layout", value: v.into() })
+}
 
 /// A request; each variant is one [`Opcode`].
 ///
@@ -129,12 +138,12 @@ pub enum Request {
         /// `NOREPLACE`, `EXCHANGE`, or neither.
         flags: RenameFlags,
     },
-    /// List directory `ino` from `cookie` (0 = the start).
+    /// List directory `ino` (the entries one shard holds) in name order after `after`.
     ReadDir {
         /// The directory.
         ino: InodeId,
-        /// Where to resume: the cookie of the last entry already seen.
-        cookie: u64,
+        /// Where to resume: the last name already seen (empty: from the start).
+        after: Vec<u8>,
         /// Most entries to return.
         max_entries: u32,
         /// Most reply payload bytes to use; the server caps it at the frame limit.
@@ -252,6 +261,69 @@ pub enum Request {
         /// The directory.
         dir: InodeId,
     },
+    /// Write `data` at `offset` of file `ino` on a shard that holds some of its
+    /// data but not its inode (a `block` block past the first, an `io` block).
+    WriteData {
+        /// The file.
+        ino: InodeId,
+        /// The file's data layout.
+        layout: FileLayout,
+        /// Byte offset in the file.
+        offset: u64,
+        /// The bytes, at most [`MAX_IO_BYTES`], within one file block.
+        data: Vec<u8>,
+    },
+    /// Read `size` bytes at `offset` of file `ino` from a data-only shard; holes
+    /// read as zeros and the client clamps to the file size.
+    ReadData {
+        /// The file.
+        ino: InodeId,
+        /// The file's data layout.
+        layout: FileLayout,
+        /// Byte offset in the file.
+        offset: u64,
+        /// Bytes wanted, at most [`MAX_IO_BYTES`].
+        size: u32,
+    },
+    /// Free the data at or past `size` that a data-only shard holds for `ino`.
+    TruncateData {
+        /// The file.
+        ino: InodeId,
+        /// The file's data layout.
+        layout: FileLayout,
+        /// The new size.
+        size: u64,
+        /// The size before (bounds the blocks to look at).
+        old_size: u64,
+    },
+    /// Grow file `ino` to at least `size` bytes (never shrinks) and set its mtime:
+    /// sent to the inode's home after writes that went to other shards.
+    ExtendSize {
+        /// The file.
+        ino: InodeId,
+        /// The size the file must at least have.
+        size: u64,
+    },
+    /// Server to master, at start: join the cluster (or rejoin as `server`).
+    Register {
+        /// The id this server had (read from its zones), or `None` for a new one.
+        server: Option<ServerId>,
+        /// Where clients reach it, `host:port`.
+        addr: String,
+        /// Its worker count.
+        workers: u32,
+        /// Its usage now.
+        usage: Usage,
+    },
+    /// Server to master: still alive, with its usage.
+    Heartbeat {
+        /// The reporting server.
+        server: ServerId,
+        /// Its usage now.
+        usage: Usage,
+    },
+    /// Client to master: the cluster view.
+    GetView,
 }
 
 impl Request {
@@ -285,6 +357,13 @@ impl Request {
             Request::TokenAcquire { .. } => Opcode::TokenAcquire,
             Request::TokenRelease { .. } => Opcode::TokenRelease,
             Request::TokenInvalidate { .. } => Opcode::TokenInvalidate,
+            Request::WriteData { .. } => Opcode::WriteData,
+            Request::ReadData { .. } => Opcode::ReadData,
+            Request::TruncateData { .. } => Opcode::TruncateData,
+            Request::ExtendSize { .. } => Opcode::ExtendSize,
+            Request::Register { .. } => Opcode::Register,
+            Request::Heartbeat { .. } => Opcode::Heartbeat,
+            Request::GetView => Opcode::GetView,
         }
     }
 
@@ -352,9 +431,9 @@ impl Request {
                 write_name(w, "new name", new_name)?;
                 flags.put(w)
             }
-            Request::ReadDir { ino, cookie, max_entries, max_bytes, plus } => {
+            Request::ReadDir { ino, after, max_entries, max_bytes, plus } => {
                 w.u64(ino.0);
-                w.u64(*cookie);
+                write_name(w, "readdir resume name", after)?;
                 w.u32(*max_entries);
                 w.u32(*max_bytes);
                 w.bool(*plus);
@@ -410,6 +489,43 @@ impl Request {
                 w.u64(dir.0);
                 mode.put(w)
             }
+            Request::WriteData { ino, layout, offset, data } => {
+                w.u64(ino.0);
+                w.u8(*layout as u8);
+                w.u64(*offset);
+                w.bytes32("write data", data, MAX_IO_BYTES)
+            }
+            Request::ReadData { ino, layout, offset, size } => {
+                super::cursor::check_len("read size", *size as usize, MAX_IO_BYTES)?;
+                w.u64(ino.0);
+                w.u8(*layout as u8);
+                w.u64(*offset);
+                w.u32(*size);
+                Ok(())
+            }
+            Request::TruncateData { ino, layout, size, old_size } => {
+                w.u64(ino.0);
+                w.u8(*layout as u8);
+                w.u64(*size);
+                w.u64(*old_size);
+                Ok(())
+            }
+            Request::ExtendSize { ino, size } => {
+                w.u64(ino.0);
+                w.u64(*size);
+                Ok(())
+            }
+            Request::Register { server, addr, workers, usage } => {
+                w.u32(server.map_or(NO_SERVER, |s| s.0));
+                write_addr(w, addr)?;
+                w.u32(*workers);
+                usage.put(w)
+            }
+            Request::Heartbeat { server, usage } => {
+                w.u32(server.0);
+                usage.put(w)
+            }
+            Request::GetView => Ok(()),
         }
     }
 
@@ -437,11 +553,7 @@ impl Request {
                 uid: r.u32("uid")?,
                 gid: r.u32("gid")?,
                 flags: r.u32("open flags")?,
-                layout: {
-                    let v = r.u8("file layout")?;
-                    FileLayout::from_u8(v)
-                        .ok_or(WireError::BadValue { what: "file layout", value: v.into() })?
-                },
+                layout: read_file_layout(r)?,
             },
             Opcode::Mkdir => Request::Mkdir {
                 parent: ino(r)?,
@@ -476,7 +588,7 @@ impl Request {
             },
             Opcode::ReadDir => Request::ReadDir {
                 ino: ino(r)?,
-                cookie: r.u64("readdir cookie")?,
+                after: read_name(r, "readdir resume name")?,
                 max_entries: r.u32("readdir max entries")?,
                 max_bytes: r.u32("readdir max bytes")?,
                 plus: r.bool("readdir plus")?,
@@ -520,6 +632,38 @@ impl Request {
             Opcode::TokenRelease => {
                 Request::TokenRelease { dir: ino(r)?, mode: TokenMode::get(r)? }
             }
+            Opcode::WriteData => Request::WriteData {
+                ino: ino(r)?,
+                layout: read_file_layout(r)?,
+                offset: r.u64("write offset")?,
+                data: r.bytes32("write data", MAX_IO_BYTES)?.to_vec(),
+            },
+            Opcode::ReadData => {
+                let (ino, layout, offset) = (ino(r)?, read_file_layout(r)?, r.u64("read offset")?);
+                let size = r.u32("read size")?;
+                super::cursor::check_len("read size", size as usize, MAX_IO_BYTES)?;
+                Request::ReadData { ino, layout, offset, size }
+            }
+            Opcode::TruncateData => Request::TruncateData {
+                ino: ino(r)?,
+                layout: read_file_layout(r)?,
+                size: r.u64("truncate size")?,
+                old_size: r.u64("truncate old size")?,
+            },
+            Opcode::ExtendSize => Request::ExtendSize { ino: ino(r)?, size: r.u64("size")? },
+            Opcode::Register => Request::Register {
+                server: match r.u32("server id")? {
+                    NO_SERVER => None,
+                    id => Some(ServerId(id)),
+                },
+                addr: read_addr(r)?,
+                workers: r.u32("server workers")?,
+                usage: Usage::get(r)?,
+            },
+            Opcode::Heartbeat => {
+                Request::Heartbeat { server: ServerId(r.u32("server id")?), usage: Usage::get(r)? }
+            }
+            Opcode::GetView => Request::GetView,
         })
     }
 }

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, InodeId, RequestId,
-    SetAttr, StatFs,
+    ServerId, SetAttr, StatFs,
 };
 
 fn ino() -> impl Strategy<Value = InodeId> {
@@ -154,10 +154,10 @@ fn request() -> impl Strategy<Value = Request> {
                 flags
             }
         ),
-        (ino(), any::<u64>(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
-            |(ino, cookie, max_entries, max_bytes, plus)| Request::ReadDir {
+        (ino(), name(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
+            |(ino, after, max_entries, max_bytes, plus)| Request::ReadDir {
                 ino,
-                cookie,
+                after,
                 max_entries,
                 max_bytes,
                 plus
@@ -189,7 +189,57 @@ fn request() -> impl Strategy<Value = Request> {
         (ino(), token_mode()).prop_map(|(dir, mode)| Request::TokenAcquire { dir, mode }),
         (ino(), token_mode()).prop_map(|(dir, mode)| Request::TokenRelease { dir, mode }),
         ino().prop_map(|dir| Request::TokenInvalidate { dir }),
+        (ino(), file_layout(), any::<u64>(), bytes(4096)).prop_map(
+            |(ino, layout, offset, data)| Request::WriteData { ino, layout, offset, data }
+        ),
+        (ino(), file_layout(), any::<u64>(), 0..=MAX_IO_BYTES as u32).prop_map(
+            |(ino, layout, offset, size)| Request::ReadData { ino, layout, offset, size }
+        ),
+        (ino(), file_layout(), any::<u64>(), any::<u64>()).prop_map(
+            |(ino, layout, size, old_size)| Request::TruncateData { ino, layout, size, old_size }
+        ),
+        (ino(), any::<u64>()).prop_map(|(ino, size)| Request::ExtendSize { ino, size }),
+        (proptest::option::of(0u32..u32::MAX), addr(), any::<u32>(), usage()).prop_map(
+            |(server, addr, workers, usage)| Request::Register {
+                server: server.map(ServerId),
+                addr,
+                workers,
+                usage
+            }
+        ),
+        (any::<u32>(), usage())
+            .prop_map(|(s, usage)| Request::Heartbeat { server: ServerId(s), usage }),
+        Just(Request::GetView),
     ]
+}
+
+fn addr() -> impl Strategy<Value = String> {
+    prop_oneof!["[a-z0-9.:]{0,40}", "[a-z]{255}"]
+}
+
+fn usage() -> impl Strategy<Value = Usage> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+        |(total_bytes, used_bytes, inodes_total, inodes_used)| Usage {
+            total_bytes,
+            used_bytes,
+            inodes_total,
+            inodes_used,
+        },
+    )
+}
+
+fn view() -> impl Strategy<Value = View> {
+    let server = (any::<u32>(), addr(), any::<u32>(), any::<bool>(), any::<u64>(), usage())
+        .prop_map(|(id, addr, workers, up, last_report_ms, usage)| ServerInfo {
+            id: ServerId(id),
+            addr,
+            workers,
+            up,
+            last_report_ms,
+            usage,
+        });
+    (any::<u64>(), any::<u32>(), vec(server, 0..6))
+        .prop_map(|(epoch, servers_expected, servers)| View { epoch, servers_expected, servers })
 }
 
 fn dir_entry() -> impl Strategy<Value = DirEntry> {
@@ -220,7 +270,11 @@ fn reply() -> impl Strategy<Value = Reply> {
         entry().prop_map(Reply::Mknod),
         entry().prop_map(Reply::Symlink),
         bytes(MAX_SYMLINK_BYTES).prop_map(Reply::ReadLink),
-        Just(Reply::Unlink),
+        (ino(), any::<u64>(), file_layout()).prop_map(|(ino, size, layout)| Reply::Unlink {
+            ino,
+            size,
+            layout
+        }),
         Just(Reply::Rmdir),
         Just(Reply::Rename),
         (vec(dir_entry(), 0..8), any::<bool>())
@@ -241,6 +295,14 @@ fn reply() -> impl Strategy<Value = Reply> {
             .prop_map(|(mode, lease_ms)| Reply::TokenAcquire(TokenGrant { mode, lease_ms })),
         Just(Reply::TokenRelease),
         Just(Reply::TokenInvalidate),
+        any::<u32>().prop_map(|written| Reply::WriteData { written }),
+        bytes(4096).prop_map(Reply::ReadData),
+        Just(Reply::TruncateData),
+        attr().prop_map(Reply::ExtendSize),
+        (any::<u32>(), any::<u64>())
+            .prop_map(|(s, epoch)| Reply::Register { server: ServerId(s), epoch }),
+        any::<u64>().prop_map(|epoch| Reply::Heartbeat { epoch }),
+        view().prop_map(Reply::GetView),
     ]
 }
 
@@ -395,7 +457,16 @@ fn header_faults_are_named() {
         "unknown opcode 999"
     );
     assert_eq!(reason(&|b| b[8] = 0x80), "invalid frame flags: 0x80");
-    assert_eq!(reason(&|b| b[10] = 1), "invalid reserved header field: 0x1");
+    // Bytes 10..12 name the target worker: any value is a valid header, and
+    // `stamp` sets it without breaking the checksum.
+    let mut stamped = sample_frame().to_bytes().unwrap();
+    stamp(&mut stamped, ClientId(9), RequestId(77), 513);
+    let header = FrameHeader::decode(&stamped).unwrap();
+    assert_eq!(
+        (header.worker, header.client, header.request_id),
+        (513, ClientId(9), RequestId(77))
+    );
+    assert_eq!(Frame::decode(&stamped).unwrap().request_id, RequestId(77));
     assert_eq!(
         reason(&|b| {
             b[24..28].copy_from_slice(&14u32.to_le_bytes());

@@ -48,17 +48,20 @@ pub struct CreateArgs {
     pub gid: u32,
     /// Device number (device nodes).
     pub rdev: u32,
+    /// Layouts for the new inode; `None` inherits the parent's when the parent
+    /// lives on this shard (the client sends them when it does not).
+    pub layout: Option<(DirLayout, FileLayout)>,
 }
 
 impl CreateArgs {
     /// A regular file owned by root.
     pub fn file(perm: u16) -> CreateArgs {
-        CreateArgs { kind: FileType::Regular, perm, uid: 0, gid: 0, rdev: 0 }
+        CreateArgs { kind: FileType::Regular, perm, uid: 0, gid: 0, rdev: 0, layout: None }
     }
 
     /// A directory owned by root.
     pub fn dir(perm: u16) -> CreateArgs {
-        CreateArgs { kind: FileType::Directory, perm, uid: 0, gid: 0, rdev: 0 }
+        CreateArgs { kind: FileType::Directory, perm, uid: 0, gid: 0, rdev: 0, layout: None }
     }
 }
 
@@ -180,7 +183,8 @@ impl<D: Device> Shard<D> {
                 target.len()
             )));
         }
-        let args = CreateArgs { kind: FileType::Symlink, perm: 0o777, uid, gid, rdev: 0 };
+        let args =
+            CreateArgs { kind: FileType::Symlink, perm: 0o777, uid, gid, rdev: 0, layout: None };
         let attr = self.create_inner(parent, name, args)?;
         let mut inode = self.inode(attr.ino)?;
         self.write_in_op(&mut inode, 0, target)?;
@@ -217,7 +221,7 @@ impl<D: Device> Shard<D> {
             Err(e) => return Err(e),
         };
         let (dir_layout, file_layout) =
-            parent_inode.map(|p| (p.dir_layout, p.file_layout)).unwrap_or_default();
+            args.layout.or(parent_inode.map(|p| (p.dir_layout, p.file_layout))).unwrap_or_default();
         let child = Inode {
             ino: InodeId(0),
             parent,

@@ -148,6 +148,20 @@ impl<D: Device> Shard<D> {
         Ok(shard)
     }
 
+    /// Reads the superblock of the zone at `zone_offset` and returns its device
+    /// with the shard it belongs to, or `None` when the zone was never formatted
+    /// (its superblock is all zeros). A damaged superblock is an error.
+    pub fn probe(dev: D, zone_offset: u64) -> Result<(D, Option<ShardId>), StoreError> {
+        let mut io = DevIo::new(dev);
+        let sb = read_pages(&mut io, zone_offset, 1)?;
+        let dev = io.into_device();
+        if sb.iter().all(|&b| b == 0) {
+            return Ok((dev, None));
+        }
+        let geo = Geometry::decode_superblock(&sb)?;
+        Ok((dev, Some(geo.shard)))
+    }
+
     /// Opens a formatted zone at byte `zone_offset`: loads the newest valid
     /// checkpoint, replays the WAL after it, and checkpoints.
     pub fn open(dev: D, zone_offset: u64, opts: ShardOptions) -> Result<Shard<D>, StoreError> {

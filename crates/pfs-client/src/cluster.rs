@@ -1,0 +1,872 @@
+//! [`Cluster`]: the native client of a pfs cluster. It fetches the view from the
+//! master, holds one connection per server, computes the characteristic value of
+//! every request (docs/cluster.md) and sends it to the worker that owns it.
+//!
+//! Data: a read or write is cut at file-block boundaries; the pieces a shard
+//! holds go in one request each, to the inode's home (`Read`/`Write`) or to a
+//! data-only shard (`ReadData`/`WriteData`). Writes are pipelined: a write
+//! returns once sent, at most `max_unfinished_writes` per open file are in
+//! flight, and `flush`, `fsync` and `release` wait for all of them, then grow the
+//! file's size at its home if data went elsewhere (commit consistency).
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pfs_core::routing::home_of;
+use pfs_core::wire::{InodeLayout, RenameFlags, Reply, Request, View, XattrSetMode};
+use pfs_core::{
+    BlockIndex, ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, FsResult,
+    InodeId, Route, RouteKey, ServerId, SetAttr, StatFs, WorkerId,
+};
+use pfs_net::ClusterKey;
+
+use crate::api::{DirListing, FileSystem, Invalidator};
+use crate::conn::{rpc_options, Conn, Sent};
+
+/// File block size of every shard (`FormatOptions::block_size`).
+pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
+/// Most layouts remembered; past it the table is cleared and refilled on demand.
+const LAYOUT_CACHE_MAX: usize = 1 << 16;
+/// Most files one client keeps open.
+pub const OPEN_FILES_MAX: usize = 1 << 16;
+
+/// How a [`Cluster`] client connects and behaves.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// The master.
+    pub master: SocketAddr,
+    /// The cluster key.
+    pub key: ClusterKey,
+    /// Time to connect, and to wait for a complete view.
+    pub connect_timeout: Duration,
+    /// Time a request may take before it fails (then with `EIO`).
+    pub request_timeout: Duration,
+    /// Writes in flight per open file.
+    pub max_unfinished_writes: usize,
+    /// Every write waits for its reply.
+    pub strict: bool,
+}
+
+impl ClusterOptions {
+    /// Defaults for `master` and `key`.
+    pub fn new(master: SocketAddr, key: ClusterKey) -> ClusterOptions {
+        ClusterOptions {
+            master,
+            key,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            max_unfinished_writes: 64,
+            strict: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    server: usize,
+    sent: Sent,
+}
+
+#[derive(Debug)]
+struct OpenState {
+    pending: VecDeque<Pending>,
+    first_error: Option<FsError>,
+    /// Shards (server, worker) written through this handle, to commit at fsync/close.
+    touched: BTreeSet<(u32, u32)>,
+    /// End of the furthest write that went to a data-only shard.
+    extend_to: u64,
+    /// The size last learned from the home (for clamping reads of other shards).
+    size: Option<u64>,
+}
+
+#[derive(Debug)]
+struct OpenFile {
+    ino: InodeId,
+    layout: FileLayout,
+    state: Mutex<OpenState>,
+}
+
+/// A client of one pfs cluster.
+pub struct Cluster {
+    opts: ClusterOptions,
+    client: ClientId,
+    view: View,
+    servers: u32,
+    workers: u32,
+    conns: Vec<Conn>,
+    layouts: Mutex<HashMap<InodeId, InodeLayout>>,
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    invalidator: Mutex<Option<Invalidator>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("client", &self.client)
+            .field("servers", &self.servers)
+            .field("workers", &self.workers)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Fetches the view from the master once.
+pub fn fetch_view(master: SocketAddr, key: &ClusterKey, timeout: Duration) -> FsResult<View> {
+    let conn = Conn::connect(master, key.clone(), rpc_options(ClientId(0), timeout, timeout))
+        .map_err(|e| FsError::Io(format!("cannot reach the master at {master}: {e}")))?;
+    match conn.call(Request::GetView, 0, timeout)? {
+        Reply::GetView(v) => Ok(v),
+        other => Err(FsError::Io(format!("master {master} answered {:?}", other.opcode()))),
+    }
+}
+
+fn unexpected(reply: Reply) -> FsError {
+    FsError::Io(format!("unexpected reply {:?}", reply.opcode()))
+}
+
+fn client_id() -> ClientId {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    ClientId(std::process::id().wrapping_mul(2_654_435_761) ^ t)
+}
+
+impl Cluster {
+    /// Connects: fetches the view (waiting up to `connect_timeout` until every
+    /// expected server registered) and connects to every server.
+    pub fn connect(opts: ClusterOptions) -> FsResult<Cluster> {
+        let deadline = Instant::now() + opts.connect_timeout;
+        let view = loop {
+            let v = fetch_view(opts.master, &opts.key, opts.connect_timeout)?;
+            if v.is_complete() {
+                break v;
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Io(format!(
+                    "the cluster is not complete: {} of {} servers registered with the master at {}",
+                    v.servers.len(),
+                    v.servers_expected,
+                    opts.master
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let workers = view.servers[0].workers;
+        let client = client_id();
+        let mut conns = Vec::with_capacity(view.servers.len());
+        for s in &view.servers {
+            let addr: SocketAddr = s.addr.parse().map_err(|_| {
+                FsError::Io(format!("server {} has address {:?}, not ip:port", s.id, s.addr))
+            })?;
+            let ro = rpc_options(client, opts.connect_timeout, opts.request_timeout);
+            let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
+                FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
+            })?;
+            conns.push(conn);
+        }
+        let c = Cluster {
+            servers: view.servers.len() as u32,
+            workers,
+            client,
+            view,
+            conns,
+            layouts: Mutex::new(HashMap::new()),
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            invalidator: Mutex::new(None),
+            opts,
+        };
+        c.layout_of(InodeId::ROOT)?;
+        Ok(c)
+    }
+
+    /// The view this client routes by.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    fn route(&self, key: RouteKey<'_>) -> Route {
+        Route::new(key.lambda(self.servers, self.workers), self.client, self.servers, self.workers)
+    }
+
+    fn send_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<(usize, Sent)> {
+        let s = server.0 as usize;
+        let sent = self.conns[s].send(req, worker.0 as u16, self.opts.request_timeout)?;
+        Ok((s, sent))
+    }
+
+    fn call_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<Reply> {
+        let (s, sent) = self.send_to(server, worker, req)?;
+        self.conns[s].wait(sent)
+    }
+
+    fn call(&self, key: RouteKey<'_>, req: Request) -> FsResult<Reply> {
+        let r = self.route(key);
+        self.call_to(r.server, r.proc_worker, req)
+    }
+
+    fn call_home(&self, ino: InodeId, req: Request) -> FsResult<Reply> {
+        self.call(RouteKey::Inode(ino), req)
+    }
+
+    fn remember(&self, ino: InodeId, layout: InodeLayout) {
+        let mut m = self.layouts.lock().expect("layout cache lock");
+        if m.len() >= LAYOUT_CACHE_MAX {
+            m.clear();
+        }
+        m.insert(ino, layout);
+    }
+
+    /// The layouts of `ino`, from the cache or its home.
+    fn layout_of(&self, ino: InodeId) -> FsResult<InodeLayout> {
+        if let Some(l) = self.layouts.lock().expect("layout cache lock").get(&ino) {
+            return Ok(*l);
+        }
+        match self.call_home(ino, Request::LayoutGet { ino })? {
+            Reply::LayoutGet(l) => {
+                self.remember(ino, l);
+                Ok(l)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn dentry_key<'a>(&self, parent: InodeId, name: &'a [u8]) -> FsResult<RouteKey<'a>> {
+        if name.len() > pfs_core::NAME_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let layout = self.layout_of(parent)?.dir;
+        Ok(RouteKey::Dentry { parent, layout, name })
+    }
+
+    fn entry_attr(&self, reply: Reply) -> FsResult<FileAttr> {
+        match reply {
+            Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => {
+                self.remember(e.attr.ino, e.layout);
+                Ok(e.attr)
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The (server, worker) of every shard, in shard order.
+    fn all_shards(&self) -> impl Iterator<Item = (ServerId, WorkerId)> + '_ {
+        (0..self.servers)
+            .flat_map(move |s| (0..self.workers).map(move |w| (ServerId(s), WorkerId(w))))
+    }
+
+    fn open_file(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
+        self.files
+            .lock()
+            .expect("open files lock")
+            .get(&fh.0)
+            .cloned()
+            .ok_or_else(|| FsError::Invalid(format!("file handle {} is not open", fh.0)))
+    }
+
+    fn new_handle(
+        &self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: Option<u64>,
+    ) -> FsResult<FileHandle> {
+        let mut files = self.files.lock().expect("open files lock");
+        if files.len() >= OPEN_FILES_MAX {
+            return Err(FsError::TryAgain);
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let state = OpenState {
+            pending: VecDeque::new(),
+            first_error: None,
+            touched: BTreeSet::new(),
+            extend_to: 0,
+            size,
+        };
+        files.insert(fh, Arc::new(OpenFile { ino, layout, state: Mutex::new(state) }));
+        Ok(FileHandle(fh))
+    }
+
+    /// Whether `route` is the home shard of `ino`.
+    fn is_home(&self, ino: InodeId, route: &Route) -> bool {
+        let (s, w) = home_of(ino, self.servers, self.workers);
+        route.server == s && route.proc_worker == w
+    }
+
+    /// Splits `offset..offset+len` of a file into runs that one shard holds:
+    /// `(route, offset, len)`, consecutive blocks on one shard merged.
+    fn pieces(
+        &self,
+        ino: InodeId,
+        layout: FileLayout,
+        offset: u64,
+        len: u64,
+    ) -> Vec<(Route, u64, u64)> {
+        let mut out: Vec<(Route, u64, u64)> = Vec::new();
+        let end = offset + len;
+        let mut at = offset;
+        while at < end {
+            let block_end = (at / BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES;
+            let n = block_end.min(end) - at;
+            let route = self.route(RouteKey::data_at(ino, layout, at, BLOCK_SIZE_BYTES));
+            match out.last_mut() {
+                // `io` keeps one request per block: each write owns its block's extent.
+                Some((r, o, l)) if *r == route && *o + *l == at && layout != FileLayout::Io => {
+                    *l += n
+                }
+                _ => out.push((route, at, n)),
+            }
+            at += n;
+        }
+        out
+    }
+
+    /// Completes the oldest pending write of `state`.
+    fn complete_one(&self, state: &mut OpenState) {
+        if let Some(p) = state.pending.pop_front() {
+            if let Err(e) = self.conns[p.server].wait(p.sent) {
+                state.first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Waits for every write of `file`, grows its size at home if needed, and
+    /// returns (and clears) the first error.
+    fn drain(&self, file: &OpenFile) -> FsResult<()> {
+        let mut st = file.state.lock().expect("open file lock");
+        while !st.pending.is_empty() {
+            self.complete_one(&mut st);
+        }
+        if let Some(e) = st.first_error.take() {
+            return Err(e);
+        }
+        if st.extend_to > 0 {
+            let size = st.extend_to;
+            match self.call_home(file.ino, Request::ExtendSize { ino: file.ino, size })? {
+                Reply::ExtendSize(a) => st.size = Some(a.size),
+                other => return Err(unexpected(other)),
+            }
+            st.extend_to = 0;
+        }
+        Ok(())
+    }
+
+    /// Commits every shard `file` touched, and its home.
+    fn commit_file(&self, file: &OpenFile, touched: &BTreeSet<(u32, u32)>) -> FsResult<()> {
+        let fh = FileHandle(0);
+        let (hs, hw) = home_of(file.ino, self.servers, self.workers);
+        let mut sent = Vec::new();
+        for &(s, w) in touched.iter().filter(|&&(s, w)| (ServerId(s), WorkerId(w)) != (hs, hw)) {
+            let req = Request::Fsync { ino: file.ino, fh, datasync: true };
+            sent.push(self.send_to(ServerId(s), WorkerId(w), req)?);
+        }
+        let home = self.send_to(hs, hw, Request::Fsync { ino: file.ino, fh, datasync: false })?;
+        let mut result = self.conns[home.0].wait(home.1).map(drop);
+        for (s, x) in sent {
+            if let Err(e) = self.conns[s].wait(x) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// The current size of `ino` at its home.
+    fn size_at_home(&self, ino: InodeId) -> FsResult<u64> {
+        match self.call_home(ino, Request::GetAttr { ino })? {
+            Reply::GetAttr(a) => Ok(a.size),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Frees `ino`'s data past `size` on every data-only shard that may hold some.
+    fn truncate_elsewhere(
+        &self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: u64,
+        old_size: u64,
+    ) -> FsResult<()> {
+        if layout == FileLayout::File || old_size <= size.max(BLOCK_SIZE_BYTES) {
+            return Ok(());
+        }
+        let mut shards = BTreeSet::new();
+        let first = size / BLOCK_SIZE_BYTES;
+        let last = old_size.div_ceil(BLOCK_SIZE_BYTES);
+        let all = (self.servers * self.workers) as usize;
+        for b in first..last {
+            let route = self.route(RouteKey::Data { ino, layout, block: BlockIndex(b) });
+            if !self.is_home(ino, &route) {
+                shards.insert((route.server.0, route.proc_worker.0));
+            }
+            if shards.len() == all {
+                break;
+            }
+        }
+        let mut sent = Vec::new();
+        for (s, w) in shards {
+            let req = Request::TruncateData { ino, layout, size, old_size };
+            sent.push(self.send_to(ServerId(s), WorkerId(w), req)?);
+        }
+        let mut result = Ok(());
+        for (s, x) in sent {
+            if let Err(e) = self.conns[s].wait(x) {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// Whether directory `dir` (of layout `layout`) has no entry on any shard.
+    fn is_empty_dir(&self, dir: InodeId, layout: DirLayout) -> FsResult<bool> {
+        let list = |s: ServerId, w: WorkerId| -> FsResult<bool> {
+            let req = Request::ReadDir {
+                ino: dir,
+                after: Vec::new(),
+                max_entries: 1,
+                max_bytes: 4096,
+                plus: false,
+            };
+            match self.call_to(s, w, req)? {
+                Reply::ReadDir { entries, .. } => Ok(entries.is_empty()),
+                other => Err(unexpected(other)),
+            }
+        };
+        if layout == DirLayout::Regular {
+            let (s, w) = home_of(dir, self.servers, self.workers);
+            return list(s, w);
+        }
+        for (s, w) in self.all_shards() {
+            if !list(s, w)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl FileSystem for Cluster {
+    fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
+        let key = self.dentry_key(parent, name)?;
+        let reply = self.call(key, Request::Lookup { parent, name: name.to_vec() })?;
+        self.entry_attr(reply)
+    }
+
+    fn getattr(&self, ino: InodeId) -> FsResult<FileAttr> {
+        match self.call_home(ino, Request::GetAttr { ino })? {
+            Reply::GetAttr(a) => Ok(a),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn setattr(&self, ino: InodeId, set: &SetAttr) -> FsResult<FileAttr> {
+        let before = match set.size {
+            Some(_) => Some((self.getattr(ino)?, self.layout_of(ino)?.file)),
+            None => None,
+        };
+        let attr = match self.call_home(ino, Request::SetAttr { ino, set: *set })? {
+            Reply::SetAttr(a) => a,
+            other => return Err(unexpected(other)),
+        };
+        if let (Some(size), Some((old, layout))) = (set.size, before) {
+            if old.kind == FileType::Regular && size < old.size {
+                self.truncate_elsewhere(ino, layout, size, old.size)?;
+            }
+        }
+        Ok(attr)
+    }
+
+    fn create(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        flags: u32,
+    ) -> FsResult<(FileAttr, FileHandle)> {
+        let key = self.dentry_key(parent, name)?;
+        let layout = self.layout_of(parent)?.file;
+        let req = Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
+        match self.call(key, req)? {
+            Reply::Create { entry, .. } => {
+                self.remember(entry.attr.ino, entry.layout);
+                let fh = self.new_handle(entry.attr.ino, entry.layout.file, Some(0))?;
+                Ok((entry.attr, fh))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        kind: FileType,
+        perm: u16,
+        uid: u32,
+        gid: u32,
+        rdev: u32,
+    ) -> FsResult<FileAttr> {
+        let key = self.dentry_key(parent, name)?;
+        let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
+        let reply = self.call(key, req)?;
+        self.entry_attr(reply)
+    }
+
+    fn mkdir(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        perm: u16,
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<FileAttr> {
+        let key = self.dentry_key(parent, name)?;
+        let layout = self.layout_of(parent)?;
+        let req = Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout };
+        let reply = self.call(key, req)?;
+        self.entry_attr(reply)
+    }
+
+    fn symlink(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        target: &[u8],
+        uid: u32,
+        gid: u32,
+    ) -> FsResult<FileAttr> {
+        let key = self.dentry_key(parent, name)?;
+        let req =
+            Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
+        let reply = self.call(key, req)?;
+        self.entry_attr(reply)
+    }
+
+    fn readlink(&self, ino: InodeId) -> FsResult<Vec<u8>> {
+        match self.call_home(ino, Request::ReadLink { ino })? {
+            Reply::ReadLink(t) => Ok(t),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn unlink(&self, parent: InodeId, name: &[u8]) -> FsResult<()> {
+        let key = self.dentry_key(parent, name)?;
+        let route = self.route(key);
+        match self.call_to(
+            route.server,
+            route.proc_worker,
+            Request::Unlink { parent, name: name.to_vec() },
+        )? {
+            // The home freed what it held; blocks on other shards go now.
+            Reply::Unlink { ino, size, layout } => self.truncate_elsewhere(ino, layout, 0, size),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn rmdir(&self, parent: InodeId, name: &[u8]) -> FsResult<()> {
+        let child = self.lookup(parent, name)?;
+        if child.kind != FileType::Directory {
+            return Err(FsError::NotDir);
+        }
+        let layout = self.layout_of(child.ino)?.dir;
+        if layout == DirLayout::BigDir && !self.is_empty_dir(child.ino, layout)? {
+            return Err(FsError::NotEmpty);
+        }
+        let key = self.dentry_key(parent, name)?;
+        match self.call(key, Request::Rmdir { parent, name: name.to_vec() })? {
+            Reply::Rmdir => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn rename(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let from = self.route(self.dentry_key(parent, name)?);
+        let to = self.route(self.dentry_key(new_parent, new_name)?);
+        if (from.server, from.proc_worker) != (to.server, to.proc_worker) {
+            return Err(FsError::NotSupported(
+                "rename between names held by different shards is not implemented yet".into(),
+            ));
+        }
+        let req = Request::Rename {
+            parent,
+            name: name.to_vec(),
+            new_parent,
+            new_name: new_name.to_vec(),
+            flags,
+        };
+        match self.call_to(from.server, from.proc_worker, req)? {
+            Reply::Rename => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {
+        let layout = self.layout_of(dir)?.dir;
+        let shards: Vec<(ServerId, WorkerId)> = match layout {
+            DirLayout::Regular => {
+                let (s, w) = home_of(dir, self.servers, self.workers);
+                vec![(s, w)]
+            }
+            DirLayout::BigDir => self.all_shards().collect(),
+        };
+        // Resume on the shard that holds `after` (a name's shard follows from the
+        // name), then go on in shard order.
+        let (mut i, mut resume) = match after {
+            None => (0, Vec::new()),
+            Some(name) => {
+                let r = self.route(RouteKey::Dentry { parent: dir, layout, name });
+                let i = shards.iter().position(|&s| s == (r.server, r.proc_worker)).unwrap_or(0);
+                (i, name.to_vec())
+            }
+        };
+        let mut out = Vec::new();
+        let max = max.max(1);
+        while i < shards.len() && out.len() < max {
+            let (s, w) = shards[i];
+            let want = (max - out.len()).min(crate::api::READDIR_BATCH);
+            let req = Request::ReadDir {
+                ino: dir,
+                after: std::mem::take(&mut resume),
+                max_entries: want as u32,
+                max_bytes: 1 << 20,
+                plus: false,
+            };
+            match self.call_to(s, w, req)? {
+                Reply::ReadDir { entries, eof } => {
+                    let last = entries.last().map(|e| e.name.clone());
+                    out.extend(entries.into_iter().map(|e| DirListing {
+                        name: e.name,
+                        ino: e.ino,
+                        kind: e.kind,
+                    }));
+                    match (eof, last) {
+                        (false, Some(name)) => resume = name,
+                        _ => i += 1,
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(out)
+    }
+
+    fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle> {
+        match self.call_home(ino, Request::Open { ino, flags })? {
+            Reply::Open { .. } => {}
+            other => return Err(unexpected(other)),
+        }
+        let layout = self.layout_of(ino)?.file;
+        self.new_handle(ino, layout, None)
+    }
+
+    fn read(&self, ino: InodeId, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        if size as usize > pfs_core::wire::MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("read of {size} bytes: at most 1 MiB")));
+        }
+        let file = self.open_file(fh)?;
+        let layout = file.layout;
+        let pieces = self.pieces(ino, layout, offset, u64::from(size));
+        let all_home = pieces.iter().all(|(r, _, _)| self.is_home(ino, r));
+        if all_home && pieces.len() == 1 {
+            let (r, o, n) = pieces[0];
+            return match self.call_to(
+                r.server,
+                r.proc_worker,
+                Request::Read { ino, fh, offset: o, size: n as u32 },
+            )? {
+                Reply::Read(d) => Ok(d),
+                other => Err(unexpected(other)),
+            };
+        }
+        // Data on other shards reads as zeros past the end: clamp to the size.
+        let file_size = {
+            let mut st = file.state.lock().expect("open file lock");
+            match st.size {
+                Some(s) if s >= offset + u64::from(size) => s,
+                _ => {
+                    let s = self.size_at_home(ino)?.max(st.extend_to);
+                    st.size = Some(s);
+                    s
+                }
+            }
+        };
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = (u64::from(size)).min(file_size - offset);
+        let mut sent = Vec::new();
+        for (r, o, n) in self.pieces(ino, layout, offset, len) {
+            let req = if self.is_home(ino, &r) {
+                Request::Read { ino, fh, offset: o, size: n as u32 }
+            } else {
+                Request::ReadData { ino, layout, offset: o, size: n as u32 }
+            };
+            sent.push((o, n, self.send_to(r.server, r.proc_worker, req)?));
+        }
+        let mut out = vec![0u8; len as usize];
+        for (o, n, (s, x)) in sent {
+            let data = match self.conns[s].wait(x)? {
+                Reply::Read(d) | Reply::ReadData(d) => d,
+                other => return Err(unexpected(other)),
+            };
+            let at = (o - offset) as usize;
+            let n = (n as usize).min(data.len());
+            out[at..at + n].copy_from_slice(&data[..n]);
+        }
+        Ok(out)
+    }
+
+    fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
+        if data.len() > pfs_core::wire::MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("write of {} bytes: at most 1 MiB", data.len())));
+        }
+        let file = self.open_file(fh)?;
+        let layout = file.layout;
+        let mut st = file.state.lock().expect("open file lock");
+        if let Some(e) = st.first_error.take() {
+            return Err(e);
+        }
+        for (r, o, n) in self.pieces(ino, layout, offset, data.len() as u64) {
+            let bytes = data[(o - offset) as usize..(o - offset + n) as usize].to_vec();
+            let home = self.is_home(ino, &r);
+            let req = if home {
+                Request::Write { ino, fh, offset: o, data: bytes }
+            } else {
+                st.extend_to = st.extend_to.max(o + n);
+                Request::WriteData { ino, layout, offset: o, data: bytes }
+            };
+            while st.pending.len() >= self.opts.max_unfinished_writes.max(1) {
+                self.complete_one(&mut st);
+            }
+            let (s, sent) = self.send_to(r.server, r.proc_worker, req)?;
+            st.touched.insert((r.server.0, r.proc_worker.0));
+            st.pending.push_back(Pending { server: s, sent });
+            if self.opts.strict {
+                self.complete_one(&mut st);
+            }
+        }
+        if let Some(size) = st.size.as_mut() {
+            *size = (*size).max(offset + data.len() as u64);
+        }
+        if let Some(e) = st.first_error.take() {
+            return Err(e);
+        }
+        Ok(data.len() as u32)
+    }
+
+    fn flush(&self, _ino: InodeId, fh: FileHandle) -> FsResult<()> {
+        let file = self.open_file(fh)?;
+        self.drain(&file)
+    }
+
+    fn fsync(&self, _ino: InodeId, fh: FileHandle, _datasync: bool) -> FsResult<()> {
+        let file = self.open_file(fh)?;
+        self.drain(&file)?;
+        let touched = file.state.lock().expect("open file lock").touched.clone();
+        self.commit_file(&file, &touched)
+    }
+
+    fn release(&self, _ino: InodeId, fh: FileHandle) -> FsResult<()> {
+        let file = self.files.lock().expect("open files lock").remove(&fh.0);
+        let Some(file) = file else {
+            return Err(FsError::Invalid(format!("file handle {} is not open", fh.0)));
+        };
+        let drained = self.drain(&file);
+        let touched = std::mem::take(&mut file.state.lock().expect("open file lock").touched);
+        if touched.is_empty() {
+            return drained;
+        }
+        drained.and(self.commit_file(&file, &touched))
+    }
+
+    fn statfs(&self) -> FsResult<StatFs> {
+        let mut sent = Vec::new();
+        for (s, w) in self.all_shards() {
+            sent.push(self.send_to(s, w, Request::StatFs)?);
+        }
+        let mut total: Option<StatFs> = None;
+        for (s, x) in sent {
+            match self.conns[s].wait(x)? {
+                Reply::StatFs(st) => match total.as_mut() {
+                    Some(t) => t.merge(&st),
+                    None => total = Some(st),
+                },
+                other => return Err(unexpected(other)),
+            }
+        }
+        total.ok_or_else(|| FsError::Io("the cluster has no shards".into()))
+    }
+
+    fn getxattr(&self, ino: InodeId, name: &[u8]) -> FsResult<Vec<u8>> {
+        match self.call_home(ino, Request::GetXattr { ino, name: name.to_vec() })? {
+            Reply::GetXattr(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        ino: InodeId,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrSetMode,
+    ) -> FsResult<()> {
+        let req = Request::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode };
+        match self.call_home(ino, req)? {
+            Reply::SetXattr => {
+                if name.starts_with(b"user.pfs.") {
+                    self.layouts.lock().expect("layout cache lock").remove(&ino);
+                }
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn listxattr(&self, ino: InodeId) -> FsResult<Vec<Vec<u8>>> {
+        match self.call_home(ino, Request::ListXattr { ino })? {
+            Reply::ListXattr(v) => Ok(v),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn removexattr(&self, ino: InodeId, name: &[u8]) -> FsResult<()> {
+        match self.call_home(ino, Request::RemoveXattr { ino, name: name.to_vec() })? {
+            Reply::RemoveXattr => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        ino: InodeId,
+        _fh: FileHandle,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> FsResult<()> {
+        if keep_size {
+            return Ok(());
+        }
+        let size = offset.checked_add(len).ok_or(FsError::FileTooLarge)?;
+        match self.call_home(ino, Request::ExtendSize { ino, size })? {
+            Reply::ExtendSize(_) => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn set_invalidator(&self, invalidator: Invalidator) {
+        *self.invalidator.lock().expect("invalidator lock") = Some(invalidator);
+    }
+}

@@ -1,0 +1,116 @@
+//! One connection to one server, shared by the client's threads: sends are
+//! serialised by a lock, and each caller waits for its own reply by request id
+//! without holding the lock while it sleeps.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::{Body, Frame, Reply, Request};
+use pfs_core::{ClientId, FsError, FsResult, RequestId};
+use pfs_net::{ClusterKey, NetError, QueuePair, RpcClient, RpcOptions};
+
+/// Longest sleep between two looks at the connection while waiting for a reply.
+const WAIT_SLICE: Duration = Duration::from_millis(2);
+
+/// A server connection.
+#[derive(Debug)]
+pub struct Conn {
+    addr: SocketAddr,
+    rpc: Mutex<RpcClient>,
+}
+
+/// A request sent and not yet answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// Its id on the connection.
+    pub id: RequestId,
+    /// When the caller stops waiting.
+    pub deadline: Instant,
+}
+
+fn net_error(e: NetError) -> FsError {
+    FsError::Io(e.to_string())
+}
+
+impl Conn {
+    /// Connects to the server at `addr`.
+    pub fn connect(addr: SocketAddr, key: ClusterKey, opts: RpcOptions) -> FsResult<Conn> {
+        let rpc = RpcClient::connect(addr, key, opts).map_err(net_error)?;
+        Ok(Conn { addr, rpc: Mutex::new(rpc) })
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sends `req` for processing worker `worker`; waits (up to `timeout`) for a
+    /// credit or a reconnection.
+    pub fn send(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Sent> {
+        let deadline = Instant::now() + timeout;
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        loop {
+            let mut rpc = self.rpc.lock().expect("connection lock");
+            match rpc.send_to(&frame, worker, deadline) {
+                Ok(id) => return Ok(Sent { id, deadline }),
+                Err(NetError::NoCredit { .. } | NetError::Disconnected { .. })
+                    if Instant::now() < deadline =>
+                {
+                    drop(rpc);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(e) => return Err(net_error(e)),
+            }
+        }
+    }
+
+    /// Waits for the reply to `sent`; an error reply becomes `Err`.
+    pub fn wait(&self, sent: Sent) -> FsResult<Reply> {
+        loop {
+            let mut rpc = self.rpc.lock().expect("connection lock");
+            match rpc.poll(sent.id) {
+                Ok(Some(frame)) => {
+                    return match frame.body {
+                        Body::Reply(r) => Ok(r),
+                        Body::Error { error, .. } => Err(error),
+                        Body::Request(r) => Err(FsError::Io(format!(
+                            "{} answered with a request ({:?})",
+                            self.addr,
+                            r.opcode()
+                        ))),
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return Err(net_error(e)),
+            }
+            let fd = rpc.qp().map(|qp| qp.wait_fd());
+            drop(rpc);
+            let left = sent.deadline.saturating_duration_since(Instant::now());
+            match fd {
+                Some(fd) => {
+                    let _ = pfs_net::wait_readable(fd, Some(left.min(WAIT_SLICE)));
+                }
+                None => std::thread::sleep(left.min(WAIT_SLICE)),
+            }
+        }
+    }
+
+    /// Sends `req` and waits for its reply.
+    pub fn call(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Reply> {
+        let sent = self.send(req, worker, timeout)?;
+        self.wait(sent)
+    }
+}
+
+/// Connection options of a client with id `client`.
+pub fn rpc_options(
+    client: ClientId,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+) -> RpcOptions {
+    let mut o = RpcOptions { client, timeout: request_timeout, ..RpcOptions::default() };
+    o.connect.timeout = connect_timeout;
+    o
+}

@@ -1,0 +1,379 @@
+//! Runs one request on the shard that owns it: the only place wire requests turn
+//! into shard calls. Pure and single-threaded, so it is tested without a network.
+
+use pfs_core::wire::{DirEntry, Entry, InodeLayout, Reply, Request, XattrSetMode};
+use pfs_core::{DirLayout, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr};
+use pfs_store::device::Device;
+use pfs_store::shard::meta::{
+    dir_layout_name, file_layout_name, XATTR_DIR_LAYOUT, XATTR_FILE_LAYOUT,
+};
+use pfs_store::{CreateArgs, RenameFlags, Shard, XattrFlags};
+
+/// Bytes one readdir entry takes in a reply besides its name (with attributes).
+const DIRENT_OVERHEAD_BYTES: usize = 2 + 8 + 1 + 8 + 1 + 96;
+/// Most entries one readdir reply carries.
+pub const READDIR_MAX_ENTRIES: usize = 4096;
+
+/// What a request did, as far as the worker cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// The reply may go out now.
+    Now,
+    /// The reply may go out only after the shard committed (fsync, close).
+    AfterCommit,
+}
+
+/// Whether a request changes the shard (so the worker schedules a commit).
+pub fn is_mutation(req: &Request) -> bool {
+    !matches!(
+        req,
+        Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::ReadLink { .. }
+            | Request::ReadDir { .. }
+            | Request::Open { .. }
+            | Request::Read { .. }
+            | Request::ReadData { .. }
+            | Request::StatFs
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::LayoutGet { .. }
+    )
+}
+
+/// The entry (attributes and layouts) of an inode this shard holds.
+fn entry<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<Entry> {
+    let attr = shard.getattr(ino)?;
+    let (dir, file) = shard.layouts(ino)?;
+    Ok(Entry { attr, layout: InodeLayout { dir, file } })
+}
+
+/// Runs `req` on `shard`; the error becomes an error reply.
+pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply>, Durability) {
+    let durability = match req {
+        Request::Fsync { .. } | Request::Release { .. } => Durability::AfterCommit,
+        _ => Durability::Now,
+    };
+    (run(shard, req), durability)
+}
+
+fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
+    Ok(match req {
+        Request::Lookup { parent, name } => {
+            let found = shard.lookup(parent, &name)?;
+            if !shard.has_inode(found.ino) {
+                // Inodes stay with the dentry that created them; one elsewhere means
+                // a cross-shard rename, which pfs does not do yet.
+                return Err(FsError::Io(format!(
+                    "inode {} of {:?} is not on the shard of its name",
+                    found.ino,
+                    String::from_utf8_lossy(&name)
+                )));
+            }
+            Reply::Lookup(entry(shard, found.ino)?)
+        }
+        Request::GetAttr { ino } => Reply::GetAttr(shard.getattr(ino)?),
+        Request::SetAttr { ino, set } => Reply::SetAttr(shard.setattr(ino, set)?),
+        Request::Create { parent, name, perm, uid, gid, flags: _, layout } => {
+            let args = CreateArgs {
+                kind: FileType::Regular,
+                perm,
+                uid,
+                gid,
+                rdev: 0,
+                layout: Some((DirLayout::default(), layout)),
+            };
+            let attr = shard.create(parent, &name, args)?;
+            Reply::Create { entry: entry(shard, attr.ino)?, fh: FileHandle(0) }
+        }
+        Request::Mkdir { parent, name, perm, uid, gid, layout } => {
+            let args = CreateArgs {
+                kind: FileType::Directory,
+                perm,
+                uid,
+                gid,
+                rdev: 0,
+                layout: Some((layout.dir, layout.file)),
+            };
+            let attr = shard.create(parent, &name, args)?;
+            Reply::Mkdir(entry(shard, attr.ino)?)
+        }
+        Request::Mknod { parent, name, kind, perm, uid, gid, rdev } => {
+            if matches!(kind, FileType::Directory | FileType::Symlink) {
+                return Err(FsError::Invalid(format!("mknod of a {kind:?}: use mkdir or symlink")));
+            }
+            let args = CreateArgs { kind, perm, uid, gid, rdev, layout: None };
+            let attr = shard.create(parent, &name, args)?;
+            Reply::Mknod(entry(shard, attr.ino)?)
+        }
+        Request::Symlink { parent, name, target, uid, gid } => {
+            let attr = shard.symlink(parent, &name, &target, uid, gid)?;
+            Reply::Symlink(entry(shard, attr.ino)?)
+        }
+        Request::ReadLink { ino } => Reply::ReadLink(shard.readlink(ino)?),
+        Request::Unlink { parent, name } => {
+            let found = shard.lookup(parent, &name)?;
+            let (size, layout) = match shard.getattr(found.ino) {
+                Ok(a) if a.kind == FileType::Regular => (a.size, shard.layouts(found.ino)?.1),
+                _ => (0, pfs_core::FileLayout::default()),
+            };
+            shard.unlink(parent, &name)?;
+            Reply::Unlink { ino: found.ino, size, layout }
+        }
+        Request::Rmdir { parent, name } => {
+            shard.rmdir(parent, &name)?;
+            Reply::Rmdir
+        }
+        Request::Rename { parent, name, new_parent, new_name, flags } => {
+            let flags = RenameFlags {
+                noreplace: flags.contains(pfs_core::wire::RenameFlags::NOREPLACE),
+                exchange: flags.contains(pfs_core::wire::RenameFlags::EXCHANGE),
+            };
+            shard.rename(parent, &name, new_parent, &new_name, flags)?;
+            Reply::Rename
+        }
+        Request::ReadDir { ino, after, max_entries, max_bytes, plus } => {
+            readdir(shard, ino, &after, max_entries, max_bytes, plus)?
+        }
+        Request::Open { ino, flags: _ } => {
+            shard.getattr(ino)?;
+            Reply::Open { fh: FileHandle(0) }
+        }
+        Request::Release { .. } => {
+            shard.commit()?;
+            Reply::Release
+        }
+        Request::Read { ino, fh: _, offset, size } => {
+            Reply::Read(shard.read(ino, offset, size as usize)?)
+        }
+        Request::Write { ino, fh: _, offset, data } => {
+            let written = shard.write(ino, offset, &data)?;
+            Reply::Write { written: written as u32 }
+        }
+        Request::Fsync { .. } => {
+            shard.commit()?;
+            Reply::Fsync
+        }
+        Request::StatFs => Reply::StatFs(shard.statfs()),
+        Request::GetXattr { ino, name } => Reply::GetXattr(shard.getxattr(ino, &name)?),
+        Request::SetXattr { ino, name, value, mode } => {
+            let flags = XattrFlags {
+                create: mode == XattrSetMode::Create,
+                replace: mode == XattrSetMode::Replace,
+            };
+            shard.setxattr(ino, &name, &value, flags)?;
+            Reply::SetXattr
+        }
+        Request::ListXattr { ino } => Reply::ListXattr(shard.listxattr(ino)?),
+        Request::RemoveXattr { ino, name } => {
+            shard.removexattr(ino, &name)?;
+            Reply::RemoveXattr
+        }
+        Request::LayoutGet { ino } => {
+            let (dir, file) = shard.layouts(ino)?;
+            Reply::LayoutGet(InodeLayout { dir, file })
+        }
+        Request::LayoutSet { ino, layout } => {
+            let any = XattrFlags::default();
+            if shard.getattr(ino)?.kind == FileType::Directory {
+                shard.setxattr(
+                    ino,
+                    XATTR_DIR_LAYOUT,
+                    dir_layout_name(layout.dir).as_bytes(),
+                    any,
+                )?;
+            }
+            let file = file_layout_name(layout.file).as_bytes();
+            shard.setxattr(ino, XATTR_FILE_LAYOUT, file, any)?;
+            Reply::LayoutSet
+        }
+        Request::TokenAcquire { .. }
+        | Request::TokenRelease { .. }
+        | Request::TokenInvalidate { .. } => {
+            return Err(FsError::NotSupported("dentry tokens are not served yet".into()))
+        }
+        Request::WriteData { ino, layout, offset, data } => {
+            let written = shard.write_data(ino, layout, offset, &data)?;
+            Reply::WriteData { written: written as u32 }
+        }
+        Request::ReadData { ino, layout, offset, size } => {
+            Reply::ReadData(shard.read_data(ino, layout, offset, size as usize)?)
+        }
+        Request::TruncateData { ino, layout, size, old_size } => {
+            shard.truncate_data(ino, layout, size, old_size)?;
+            Reply::TruncateData
+        }
+        Request::ExtendSize { ino, size } => {
+            let attr = shard.getattr(ino)?;
+            if attr.kind != FileType::Regular {
+                return Err(FsError::Invalid(format!("extend the size of a {:?}", attr.kind)));
+            }
+            if attr.size >= size {
+                Reply::ExtendSize(attr)
+            } else {
+                let set = SetAttr { size: Some(size), ..SetAttr::default() };
+                Reply::ExtendSize(shard.setattr(ino, set)?)
+            }
+        }
+        Request::Register { .. } | Request::Heartbeat { .. } | Request::GetView => {
+            return Err(FsError::Invalid(
+                "a master request reached a storage server: point it at the master".into(),
+            ))
+        }
+    })
+}
+
+fn readdir<D: Device>(
+    shard: &mut Shard<D>,
+    dir: InodeId,
+    after: &[u8],
+    max_entries: u32,
+    max_bytes: u32,
+    plus: bool,
+) -> FsResult<Reply> {
+    let max = (max_entries as usize).clamp(1, READDIR_MAX_ENTRIES);
+    let budget = (max_bytes as usize).min(pfs_core::wire::MAX_IO_BYTES);
+    let after = (!after.is_empty()).then_some(after);
+    let found = shard.readdir(dir, after, max)?;
+    let full = found.len() == max;
+    let mut entries = Vec::with_capacity(found.len());
+    let mut used = 0usize;
+    for (i, e) in found.into_iter().enumerate() {
+        used += e.name.len() + DIRENT_OVERHEAD_BYTES;
+        if used > budget && !entries.is_empty() {
+            return Ok(Reply::ReadDir { entries, eof: false });
+        }
+        let attr = if plus && shard.has_inode(e.ino) { Some(shard.getattr(e.ino)?) } else { None };
+        entries.push(DirEntry {
+            name: e.name,
+            ino: e.ino,
+            kind: e.kind,
+            cookie: i as u64 + 1,
+            attr,
+        });
+    }
+    Ok(Reply::ReadDir { entries, eof: !full })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::wire::RenameFlags as WireRenameFlags;
+    use pfs_core::{FileLayout, ShardId};
+    use pfs_store::device::MemDevice;
+    use pfs_store::{FormatOptions, ShardOptions};
+
+    fn shard() -> Shard<MemDevice> {
+        let dev = MemDevice::new(64 << 20, 64);
+        Shard::format(dev, &FormatOptions::new(ShardId(0), 64 << 20), ShardOptions::default())
+            .unwrap()
+    }
+
+    fn ok(shard: &mut Shard<MemDevice>, req: Request) -> Reply {
+        execute(shard, req).0.unwrap()
+    }
+
+    fn create(shard: &mut Shard<MemDevice>, name: &str) -> InodeId {
+        let req = Request::Create {
+            parent: InodeId::ROOT,
+            name: name.into(),
+            perm: 0o640,
+            uid: 7,
+            gid: 8,
+            flags: 0,
+            layout: FileLayout::Io,
+        };
+        match ok(shard, req) {
+            Reply::Create { entry, .. } => {
+                assert_eq!((entry.attr.perm, entry.attr.uid, entry.attr.gid), (0o640, 7, 8));
+                assert_eq!(entry.layout.file, FileLayout::Io);
+                entry.attr.ino
+            }
+            other => panic!("create answered {other:?}"),
+        }
+    }
+
+    #[test]
+    fn create_write_read_and_list() {
+        let mut s = shard();
+        let ino = create(&mut s, "a");
+        create(&mut s, "b");
+        let w = Request::Write { ino, fh: FileHandle(0), offset: 3, data: b"xyz".to_vec() };
+        assert_eq!(ok(&mut s, w), Reply::Write { written: 3 });
+        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100 };
+        assert_eq!(ok(&mut s, r), Reply::Read(b"\0\0\0xyz".to_vec()));
+        let list = |after: &[u8]| Request::ReadDir {
+            ino: InodeId::ROOT,
+            after: after.to_vec(),
+            max_entries: 1,
+            max_bytes: 1 << 20,
+            plus: true,
+        };
+        let Reply::ReadDir { entries, eof } = ok(&mut s, list(b"")) else { panic!() };
+        assert_eq!((entries.len(), eof, entries[0].name.as_slice()), (1, false, &b"a"[..]));
+        assert_eq!(entries[0].attr.unwrap().size, 6);
+        let Reply::ReadDir { entries, .. } = ok(&mut s, list(b"a")) else { panic!() };
+        assert_eq!(entries[0].name, b"b");
+        let Reply::ReadDir { entries, eof } = ok(&mut s, list(b"b")) else { panic!() };
+        assert!(entries.is_empty() && eof);
+    }
+
+    #[test]
+    fn errors_carry_the_errno_a_caller_expects() {
+        let mut s = shard();
+        create(&mut s, "a");
+        let again = Request::Create {
+            parent: InodeId::ROOT,
+            name: b"a".to_vec(),
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            flags: 0,
+            layout: FileLayout::Block,
+        };
+        assert_eq!(execute(&mut s, again).0, Err(FsError::Exists));
+        let missing = Request::Lookup { parent: InodeId::ROOT, name: b"zz".to_vec() };
+        assert_eq!(execute(&mut s, missing).0, Err(FsError::NotFound));
+        let noreplace = Request::Rename {
+            parent: InodeId::ROOT,
+            name: b"a".to_vec(),
+            new_parent: InodeId::ROOT,
+            new_name: b"a2".to_vec(),
+            flags: WireRenameFlags::NOREPLACE,
+        };
+        assert_eq!(ok(&mut s, noreplace), Reply::Rename);
+        let master = execute(&mut s, Request::GetView).0.unwrap_err();
+        assert!(master.to_string().contains("master"), "{master}");
+        let (_, d) = execute(
+            &mut s,
+            Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false },
+        );
+        assert_eq!(d, Durability::AfterCommit);
+    }
+
+    #[test]
+    fn extend_size_never_shrinks_and_data_ops_serve_foreign_inodes() {
+        let mut s = shard();
+        let ino = create(&mut s, "f");
+        let grow = |size| Request::ExtendSize { ino, size };
+        let Reply::ExtendSize(a) = ok(&mut s, grow(100_000)) else { panic!() };
+        assert_eq!(a.size, 100_000);
+        let Reply::ExtendSize(a) = ok(&mut s, grow(10)) else { panic!() };
+        assert_eq!(a.size, 100_000);
+        // An inode homed on another shard: only its data lives here.
+        let foreign = InodeId::compose(ShardId(5), 9);
+        let w = Request::WriteData {
+            ino: foreign,
+            layout: FileLayout::Block,
+            offset: 65536 + 10,
+            data: vec![7; 100],
+        };
+        assert_eq!(ok(&mut s, w), Reply::WriteData { written: 100 });
+        let r =
+            Request::ReadData { ino: foreign, layout: FileLayout::Block, offset: 65536, size: 120 };
+        let Reply::ReadData(bytes) = ok(&mut s, r) else { panic!() };
+        assert_eq!(&bytes[..10], &[0; 10]);
+        assert_eq!(&bytes[10..110], &[7; 100][..]);
+        assert_eq!(bytes.len(), 120);
+    }
+}

@@ -1,0 +1,38 @@
+//! pfs-server: the storage daemon (RingSched) and the cluster master.
+//!
+//! - [`exec`]: one wire request run on a shard (the only request-to-shard mapping).
+//! - [`worker`]: a worker thread: its shard, its connections, the SPSC rings to
+//!   the other workers, group commit, adaptive polling.
+//! - [`server`]: start-up (zones, format or recovery, registration), the acceptor
+//!   and the heartbeat; [`ServerHandle`] stops it cleanly.
+//! - [`master`]: the cluster view: registration, heartbeats, down detection.
+//! - [`signals`]: SIGTERM / SIGINT to a stop flag.
+
+pub mod exec;
+pub mod master;
+pub mod server;
+pub mod signals;
+pub mod worker;
+
+pub use master::{start_master, MasterHandle, MasterState};
+pub use server::{start, ServerHandle};
+
+/// Why a server or master could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The configuration is wrong; the text names the field.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The data file or device could not be opened, formatted or recovered.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// A socket could not be set up.
+    #[error("network: {0}")]
+    Net(String),
+    /// The master refused or could not be reached.
+    #[error("master: {0}")]
+    Master(String),
+    /// A worker failed.
+    #[error("worker: {0}")]
+    Worker(String),
+}

@@ -1,0 +1,465 @@
+//! `pfs-server serve`: opens (or formats) one zone per worker on the data file,
+//! registers with the master, and runs the workers, the acceptor and the
+//! heartbeat until stopped.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::{Body, Frame, Reply, Request, Usage};
+use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
+use pfs_net::{ClusterKey, Listener, ListenerConfig, Qp, RpcClient, RpcOptions};
+use pfs_store::device::{UringDevice, UringOptions};
+use pfs_store::{FormatOptions, Shard, ShardOptions};
+
+use crate::worker::{ring_mesh, Doorbell, UsageCell, Worker, WorkerOptions};
+use crate::ServerError;
+
+/// Zones start at multiples of this, so `O_DIRECT` alignment always holds.
+const ZONE_ALIGN_BYTES: u64 = 1 << 20;
+/// How often a server reports to the master.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// New connections waiting for their worker.
+const NEW_CONN_QUEUE: usize = 64;
+
+/// A running storage server.
+#[derive(Debug)]
+pub struct ServerHandle {
+    id: ServerId,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    bells: Arc<Vec<Doorbell>>,
+    workers: Vec<JoinHandle<Result<(), String>>>,
+    helpers: Vec<JoinHandle<()>>,
+}
+
+impl ServerHandle {
+    /// The server's id in the cluster view.
+    pub fn id(&self) -> ServerId {
+        self.id
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A flag that stops the server when set (for signal handlers).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Stops accepting, drains, commits and checkpoints every shard, and waits.
+    pub fn stop(self) -> Result<(), ServerError> {
+        self.stop.store(true, Ordering::Release);
+        self.join()
+    }
+
+    /// Waits until the server stops (its stop flag was set).
+    pub fn join(self) -> Result<(), ServerError> {
+        let mut first_error = None;
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        for b in self.bells.iter() {
+            b.ring_always();
+        }
+        for h in self.helpers {
+            let _ = h.join();
+        }
+        for h in self.workers {
+            match h.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    log::error!("{e}");
+                    first_error.get_or_insert(ServerError::Worker(e));
+                }
+                Err(_) => {
+                    first_error.get_or_insert(ServerError::Worker("a worker panicked".into()));
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Resolves `host:port` to one socket address.
+pub fn resolve(what: &str, addr: &str) -> Result<SocketAddr, ServerError> {
+    addr.to_socket_addrs()
+        .map_err(|e| ServerError::Config(format!("{what} = {addr:?}: {e}")))?
+        .next()
+        .ok_or_else(|| ServerError::Config(format!("{what} = {addr:?} resolves to no address")))
+}
+
+fn uring_options(cfg: &ServerConfig, size_bytes: u64) -> UringOptions {
+    UringOptions {
+        queue_depth: cfg.io_queue_depth as usize,
+        registered_buffers: 16,
+        registered_buffer_size: 1 << 20,
+        size_bytes: Some(size_bytes),
+    }
+}
+
+/// The size of the data file or device: the configured size, else the existing
+/// file's.
+fn device_size(cfg: &ServerConfig) -> Result<u64, ServerError> {
+    if cfg.device_size_bytes != 0 {
+        return Ok(cfg.device_size_bytes);
+    }
+    match std::fs::metadata(&cfg.data_path) {
+        Ok(m) if m.is_file() && m.len() > 0 => Ok(m.len()),
+        Ok(_) => {
+            // A block device: its size comes from the device itself.
+            let dev = UringDevice::open(
+                &cfg.data_path,
+                UringOptions { size_bytes: None, ..uring_options(cfg, 0) },
+            )
+            .map_err(|e| ServerError::Storage(e.to_string()))?;
+            Ok(pfs_store::device::Device::size_bytes(&dev))
+        }
+        Err(_) => Err(ServerError::Config(format!(
+            "data_path {} does not exist: set device_size_bytes to create a file of that size",
+            cfg.data_path.display()
+        ))),
+    }
+}
+
+/// Registers with the master and returns the id it gives; retries until `deadline`.
+fn register(
+    master: SocketAddr,
+    key: &ClusterKey,
+    known: Option<ServerId>,
+    advertise: &str,
+    workers: u32,
+    deadline: Instant,
+) -> Result<ServerId, ServerError> {
+    let req = Request::Register {
+        server: known,
+        addr: advertise.to_owned(),
+        workers,
+        usage: Usage::default(),
+    };
+    let frame = Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        let opts = RpcOptions { credits: 4, ..RpcOptions::default() };
+        match RpcClient::connect(master, key.clone(), opts) {
+            Ok(mut rpc) => {
+                match rpc.call(&frame, Duration::from_secs(5)) {
+                    Ok(Frame { body: Body::Reply(Reply::Register { server, epoch }), .. }) => {
+                        log::info!("registered with master {master} as server {server} (view epoch {epoch})");
+                        return Ok(server);
+                    }
+                    Ok(Frame { body: Body::Error { error, .. }, .. }) => {
+                        return Err(ServerError::Master(format!(
+                            "master {master} refused to register this server: {error}"
+                        )));
+                    }
+                    Ok(other) => last = format!("unexpected reply {:?}", other.opcode()),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(e @ pfs_net::NetError::KeyMismatch { .. })
+            | Err(e @ pfs_net::NetError::Refused { .. }) => {
+                return Err(ServerError::Master(e.to_string()));
+            }
+            Err(e) => last = e.to_string(),
+        }
+        log::warn!("cannot register with master {master} yet: {last}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Err(ServerError::Master(format!("cannot reach master {master}: {last}")))
+}
+
+/// Starts a server as configured; `register_timeout` bounds the wait for the master.
+pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHandle, ServerError> {
+    use pfs_core::config::ConfigFile;
+    cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
+    let key = ClusterKey::load(&cfg.key_file).map_err(|e| ServerError::Config(e.to_string()))?;
+    let workers = cfg.workers as usize;
+    let size = device_size(cfg)?;
+    let zone_bytes = size / workers as u64 / ZONE_ALIGN_BYTES * ZONE_ALIGN_BYTES;
+    if zone_bytes < 64 << 20 {
+        return Err(ServerError::Config(format!(
+            "{} bytes of {} give {workers} workers zones of {zone_bytes} bytes: each needs at least 64 MiB",
+            size,
+            cfg.data_path.display()
+        )));
+    }
+
+    // Probe every zone: all formatted (a restart) or none (a new server).
+    let mut devices = Vec::with_capacity(workers);
+    let mut found = Vec::with_capacity(workers);
+    for w in 0..workers {
+        let dev = UringDevice::open(&cfg.data_path, uring_options(cfg, size))
+            .map_err(|e| ServerError::Storage(e.to_string()))?;
+        let (dev, shard) = Shard::probe(dev, w as u64 * zone_bytes).map_err(|e| {
+            ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
+        })?;
+        devices.push(dev);
+        found.push(shard);
+    }
+    let known = match (found.iter().all(Option::is_some), found.iter().all(Option::is_none)) {
+        (true, _) => {
+            let g0 = found[0].expect("all formatted").0;
+            for (w, s) in found.iter().enumerate() {
+                let s = s.expect("all formatted").0;
+                if s != g0 + w as u32 || g0 % workers as u32 != 0 {
+                    return Err(ServerError::Storage(format!(
+                        "zone {w} of {} belongs to shard {s}: it was formatted for another worker count \
+                         (this config has workers = {workers})",
+                        cfg.data_path.display()
+                    )));
+                }
+            }
+            Some(ServerId(g0 / workers as u32))
+        }
+        (false, true) => None,
+        _ => {
+            return Err(ServerError::Storage(format!(
+                "{} has some zones formatted and others not: was workers changed? zones: {found:?}",
+                cfg.data_path.display()
+            )))
+        }
+    };
+
+    let listen = resolve("listen", &cfg.listen)?;
+    let mut lcfg = ListenerConfig::new(listen, key.clone());
+    lcfg.credits = cfg.connection_queue_depth;
+    let listener = Listener::bind(lcfg).map_err(|e| ServerError::Net(e.to_string()))?;
+    let addr = listener.local_addr();
+    let advertise = if !cfg.advertise.is_empty() {
+        cfg.advertise.clone()
+    } else if addr.ip().is_unspecified() {
+        return Err(ServerError::Config(format!(
+            "listen = {:?} is not an address clients can reach: set advertise = \"host:port\"",
+            cfg.listen
+        )));
+    } else {
+        addr.to_string()
+    };
+    let master = resolve("master", &cfg.master)?;
+    let id =
+        register(master, &key, known, &advertise, cfg.workers, Instant::now() + register_timeout)?;
+    if known.is_some_and(|k| k != id) {
+        return Err(ServerError::Master(format!(
+            "master gave id {id}, but the zones belong to server {}",
+            known.unwrap()
+        )));
+    }
+
+    let sopts = ShardOptions {
+        icache_blocks: cfg.icache_blocks as usize,
+        dirty_ratio: cfg.dirty_ratio,
+        ..ShardOptions::default()
+    };
+    let mut shards = Vec::with_capacity(workers);
+    for (w, dev) in devices.into_iter().enumerate() {
+        let offset = w as u64 * zone_bytes;
+        let shard = if known.is_some() {
+            Shard::open(dev, offset, sopts.clone())
+        } else {
+            let g = ShardId(id.0 * workers as u32 + w as u32);
+            let mut f = FormatOptions::new(g, zone_bytes);
+            f.zone_offset = offset;
+            f.create_root = g.0 == 0;
+            f.wal_bytes = Some(cfg.wal_size_bytes.min(zone_bytes / 8));
+            log::info!("formatting zone {w} ({zone_bytes} bytes at {offset}) as shard {g}");
+            Shard::format(dev, &f, sopts.clone())
+        }
+        .map_err(|e| {
+            ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
+        })?;
+        if known.is_some() {
+            log::info!(
+                "worker {w}: recovered shard {} ({} WAL records replayed)",
+                shard.id(),
+                shard.stats().replayed
+            );
+        }
+        shards.push(shard);
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bells: Vec<Doorbell> = (0..workers)
+        .map(|_| Doorbell::new())
+        .collect::<Result<_, _>>()
+        .map_err(|e| ServerError::Net(e.to_string()))?;
+    let bells = Arc::new(bells);
+    let (mut outs, mut ins) = ring_mesh(workers, cfg.ring_depth as usize);
+    let usage: Vec<Arc<UsageCell>> = (0..workers).map(|_| Arc::new(UsageCell::default())).collect();
+    let wopts = WorkerOptions {
+        poll_mode: cfg.poll_mode,
+        idle_spin: Duration::from_micros(cfg.idle_spin_us),
+        commit_interval: Duration::from_millis(50),
+    };
+    let mut senders = Vec::with_capacity(workers);
+    let mut handles = Vec::with_capacity(workers);
+    for (w, shard) in shards.into_iter().enumerate().rev() {
+        let (tx, rx) = sync_channel::<Qp>(NEW_CONN_QUEUE);
+        senders.push(tx);
+        let worker = Worker::new(
+            w as u16,
+            shard,
+            wopts.clone(),
+            rx,
+            outs.pop().expect("one per worker"),
+            ins.pop().expect("one per worker"),
+            bells.clone(),
+            usage[w].clone(),
+            stop.clone(),
+        )
+        .map_err(|e| ServerError::Net(e.to_string()))?;
+        let h = std::thread::Builder::new()
+            .name(format!("pfs-worker-{w}"))
+            .spawn(move || {
+                pin_to_core(w);
+                worker.run().map(drop)
+            })
+            .map_err(|e| ServerError::Worker(format!("cannot start worker {w}: {e}")))?;
+        handles.push(h);
+    }
+    senders.reverse();
+    handles.reverse();
+
+    let acceptor = {
+        let stop = stop.clone();
+        let bells = bells.clone();
+        std::thread::Builder::new()
+            .name("pfs-acceptor".into())
+            .spawn(move || accept_loop(listener, senders, bells, stop))
+            .map_err(|e| ServerError::Worker(format!("cannot start the acceptor: {e}")))?
+    };
+    let heartbeat = {
+        let stop = stop.clone();
+        let advertise = advertise.clone();
+        let workers = cfg.workers;
+        std::thread::Builder::new()
+            .name("pfs-heartbeat".into())
+            .spawn(move || heartbeat_loop(master, key, id, advertise, workers, usage, stop))
+            .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
+    };
+    log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
+    Ok(ServerHandle { id, addr, stop, bells, workers: handles, helpers: vec![acceptor, heartbeat] })
+}
+
+/// Hands accepted connections to workers in turn (link-reduced: each connection
+/// is served by exactly one worker, whatever shard its requests are for).
+fn accept_loop(
+    mut listener: Listener,
+    senders: Vec<SyncSender<Qp>>,
+    bells: Arc<Vec<Doorbell>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut next = 0usize;
+    let mut accepted = Vec::new();
+    while !stop.load(Ordering::Acquire) {
+        if let Err(e) = listener.accept(&mut accepted) {
+            log::warn!("{e}");
+        }
+        for qp in accepted.drain(..) {
+            let w = next % senders.len();
+            next += 1;
+            // A full queue blocks the acceptor: back-pressure on new connections.
+            if senders[w].send(qp).is_err() {
+                return;
+            }
+            bells[w].ring_always();
+        }
+        let _ = pfs_net::wait_readable(listener.wait_fd(), Some(Duration::from_millis(100)));
+    }
+}
+
+fn heartbeat_loop(
+    master: SocketAddr,
+    key: ClusterKey,
+    id: ServerId,
+    advertise: String,
+    workers: u32,
+    usage: Vec<Arc<UsageCell>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut rpc: Option<RpcClient> = None;
+    let mut next = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        if Instant::now() < next {
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        next = Instant::now() + HEARTBEAT_INTERVAL;
+        let mut total = Usage::default();
+        for u in &usage {
+            total.total_bytes += u.total_bytes.load(Ordering::Relaxed);
+            total.used_bytes += u.used_bytes.load(Ordering::Relaxed);
+            total.inodes_total += u.inodes_total.load(Ordering::Relaxed);
+            total.inodes_used += u.inodes_used.load(Ordering::Relaxed);
+        }
+        if rpc.is_none() {
+            let opts = RpcOptions { credits: 2, ..RpcOptions::default() };
+            match RpcClient::connect(master, key.clone(), opts) {
+                Ok(r) => rpc = Some(r),
+                Err(e) => {
+                    log::warn!("heartbeat: cannot reach master {master}: {e}");
+                    continue;
+                }
+            }
+        }
+        let rpc_ref = rpc.as_mut().expect("connected above");
+        let beat = Request::Heartbeat { server: id, usage: total };
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(beat) };
+        match rpc_ref.call(&frame, Duration::from_secs(2)) {
+            Ok(Frame { body: Body::Reply(Reply::Heartbeat { .. }), .. }) => {}
+            Ok(Frame { body: Body::Error { error, .. }, .. }) => {
+                // A master that lost its state: register again under our id.
+                log::warn!("heartbeat refused by master {master}: {error}; registering again");
+                let req = Request::Register {
+                    server: Some(id),
+                    addr: advertise.clone(),
+                    workers,
+                    usage: total,
+                };
+                let frame = Frame {
+                    request_id: RequestId(0),
+                    client: ClientId(0),
+                    body: Body::Request(req),
+                };
+                if let Err(e) = rpc_ref.call(&frame, Duration::from_secs(2)) {
+                    log::warn!("re-register with master {master} failed: {e}");
+                }
+            }
+            Ok(_) => log::warn!("heartbeat: unexpected reply from master {master}"),
+            Err(e) => {
+                log::warn!("heartbeat to master {master} failed: {e}");
+                rpc = None;
+            }
+        }
+    }
+}
+
+/// Pins the calling thread to core `n` modulo the cores it may use.
+fn pin_to_core(n: usize) {
+    // SAFETY: cpu_set_t is plain data; sched_{get,set}affinity only read/write it.
+    unsafe {
+        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut allowed) != 0 {
+            return;
+        }
+        let cores: Vec<usize> =
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &allowed)).collect();
+        if cores.is_empty() {
+            return;
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cores[n % cores.len()], &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            log::warn!("cannot pin worker {n}: {}", std::io::Error::last_os_error());
+        }
+    }
+}

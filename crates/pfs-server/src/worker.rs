@@ -1,0 +1,546 @@
+//! One RingSched worker: a pinned thread that owns one shard and some client
+//! connections, and exchanges requests with the other workers through SPSC rings.
+//!
+//! A request arrives on the connection of its communicating worker (the one that
+//! accepted the client). The frame header names the processing worker (the
+//! client's routing result); if that is this worker the request runs here at
+//! once, otherwise the raw frame travels through the ring to its owner, which runs
+//! it to completion on its shard, encodes the reply into the same buffer and sends
+//! it back through the ring the other way. The buffer thus returns to the thread
+//! that allocated it.
+//!
+//! Replies to `fsync` and `close` wait for the shard's next commit, which is taken
+//! once per loop round for all of them (group commit); other changes are committed
+//! at least every `commit_interval`.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pfs_core::config::PollMode;
+use pfs_core::wire::{Body, Frame, FrameHeader};
+use pfs_core::{ClientId, FsError, RequestId};
+use pfs_net::poller::READ;
+use pfs_net::{Completion, Epoll, EventFd, Qp, QueuePair, WorkId};
+use pfs_store::device::Device;
+use pfs_store::Shard;
+
+use crate::exec::{execute, is_mutation, Durability};
+
+/// A connection of this worker, as named in ring messages: its slot and the
+/// generation of the slot, so a reply for a connection that closed meanwhile is
+/// recognised and dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnRef {
+    slot: u32,
+    gen: u32,
+}
+
+/// What travels between workers.
+#[derive(Debug)]
+pub enum Task {
+    /// A request frame for the receiving worker's shard, from worker `from`'s
+    /// connection `conn`.
+    Request {
+        /// The communicating worker.
+        from: u16,
+        /// Its connection.
+        conn: ConnRef,
+        /// The request frame (header checked).
+        buf: Vec<u8>,
+    },
+    /// The encoded reply to a request this worker forwarded.
+    Reply {
+        /// The connection to answer on.
+        conn: ConnRef,
+        /// The reply frame.
+        buf: Vec<u8>,
+    },
+}
+
+/// What other threads see of a worker: its wake-up eventfd and whether it sleeps.
+#[derive(Debug)]
+pub struct Doorbell {
+    wake: EventFd,
+    parked: AtomicBool,
+}
+
+impl Doorbell {
+    /// A doorbell for a new worker.
+    pub fn new() -> std::io::Result<Doorbell> {
+        Ok(Doorbell { wake: EventFd::new()?, parked: AtomicBool::new(false) })
+    }
+
+    /// Wakes the worker if it sleeps (after the caller made work visible to it).
+    pub fn ring(&self) {
+        if self.parked.load(Ordering::SeqCst) {
+            self.wake.notify();
+        }
+    }
+
+    /// Wakes the worker whether or not it sleeps.
+    pub fn ring_always(&self) {
+        self.wake.notify();
+    }
+}
+
+/// Usage a worker publishes for the heartbeat (bytes and inode slots).
+#[derive(Debug, Default)]
+pub struct UsageCell {
+    /// Data bytes of the zone.
+    pub total_bytes: AtomicU64,
+    /// Data bytes in use.
+    pub used_bytes: AtomicU64,
+    /// Inode slots.
+    pub inodes_total: AtomicU64,
+    /// Inode slots in use.
+    pub inodes_used: AtomicU64,
+}
+
+/// How a worker behaves.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Spin forever, or park after `idle_spin`.
+    pub poll_mode: PollMode,
+    /// Time an idle worker spins before it parks.
+    pub idle_spin: Duration,
+    /// Longest time a change waits for its commit when nobody asks.
+    pub commit_interval: Duration,
+}
+
+struct ConnState {
+    qp: Qp,
+    gen: u32,
+}
+
+/// One worker; [`run`](Worker::run) is its thread's body.
+pub struct Worker<D: Device> {
+    id: u16,
+    shard: Shard<D>,
+    opts: WorkerOptions,
+    conns: Vec<Option<ConnState>>,
+    next_gen: u32,
+    new_conns: Receiver<Qp>,
+    ring_out: Vec<Option<rtrb::Producer<Task>>>,
+    ring_in: Vec<Option<rtrb::Consumer<Task>>>,
+    backlog: VecDeque<(u16, Task)>,
+    bells: Arc<Vec<Doorbell>>,
+    usage: Arc<UsageCell>,
+    stop: Arc<AtomicBool>,
+    epoll: Epoll,
+    completions: Vec<Completion>,
+    /// Replies held until the next commit: (origin worker, connection, frame).
+    after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
+    dirty_since: Option<Instant>,
+    now: Instant,
+}
+
+impl<D: Device> std::fmt::Debug for Worker<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// Every ring of a `workers`-worker server: `out[i][j]` carries tasks from `i` to
+/// `j`, `inp[j][i]` is its other end; no ring from a worker to itself.
+#[allow(clippy::type_complexity)]
+pub fn ring_mesh(
+    workers: usize,
+    depth: usize,
+) -> (Vec<Vec<Option<rtrb::Producer<Task>>>>, Vec<Vec<Option<rtrb::Consumer<Task>>>>) {
+    let mut out: Vec<Vec<Option<rtrb::Producer<Task>>>> =
+        (0..workers).map(|_| (0..workers).map(|_| None).collect()).collect();
+    let mut inp: Vec<Vec<Option<rtrb::Consumer<Task>>>> =
+        (0..workers).map(|_| (0..workers).map(|_| None).collect()).collect();
+    for i in 0..workers {
+        for j in 0..workers {
+            if i != j {
+                let (p, c) = rtrb::RingBuffer::new(depth);
+                out[i][j] = Some(p);
+                inp[j][i] = Some(c);
+            }
+        }
+    }
+    (out, inp)
+}
+
+/// Token of the worker's own eventfd in its epoll set; connections use slot + 1.
+const TOKEN_BELL: u64 = 0;
+/// Longest park, so the stop flag and the commit timer are seen.
+const PARK_MAX: Duration = Duration::from_millis(100);
+
+impl<D: Device> Worker<D> {
+    /// A worker over `shard` with its ring ends; call [`run`](Self::run) on its thread.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u16,
+        shard: Shard<D>,
+        opts: WorkerOptions,
+        new_conns: Receiver<Qp>,
+        ring_out: Vec<Option<rtrb::Producer<Task>>>,
+        ring_in: Vec<Option<rtrb::Consumer<Task>>>,
+        bells: Arc<Vec<Doorbell>>,
+        usage: Arc<UsageCell>,
+        stop: Arc<AtomicBool>,
+    ) -> std::io::Result<Worker<D>> {
+        let epoll = Epoll::new()?;
+        epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
+        let w = Worker {
+            id,
+            shard,
+            opts,
+            conns: Vec::new(),
+            next_gen: 1,
+            new_conns,
+            ring_out,
+            ring_in,
+            backlog: VecDeque::new(),
+            bells,
+            usage,
+            stop,
+            epoll,
+            completions: Vec::with_capacity(pfs_net::POLL_BATCH),
+            after_commit: Vec::new(),
+            dirty_since: None,
+            now: Instant::now(),
+        };
+        w.publish_usage();
+        Ok(w)
+    }
+
+    /// Serves until the stop flag is set, then commits and checkpoints the shard.
+    pub fn run(mut self) -> Result<Shard<D>, String> {
+        let mut idle_from: Option<Instant> = None;
+        while !self.stop.load(Ordering::Acquire) {
+            self.now = Instant::now();
+            self.shard.set_now(wall_clock_ns());
+            let work = self.round();
+            if work > 0 {
+                idle_from = None;
+                continue;
+            }
+            if self.opts.poll_mode == PollMode::Busy {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_from.get_or_insert(self.now);
+            if self.now.duration_since(since) < self.opts.idle_spin {
+                std::hint::spin_loop();
+                continue;
+            }
+            self.park();
+            idle_from = None;
+        }
+        // Drain: answer what already arrived, then make everything durable.
+        for _ in 0..4 {
+            if self.round() == 0 {
+                break;
+            }
+        }
+        self.commit_and_release();
+        self.shard.checkpoint().map_err(|e| format!("worker {}: checkpoint: {e}", self.id))?;
+        log::info!("worker {}: checkpointed, stopping", self.id);
+        Ok(self.shard)
+    }
+
+    /// One pass over new connections, connections, rings and the commit; returns
+    /// the work done.
+    fn round(&mut self) -> usize {
+        let mut work = self.take_new_conns();
+        for slot in 0..self.conns.len() {
+            work += self.serve_conn(slot);
+        }
+        work += self.serve_rings();
+        work += self.flush_backlog();
+        if !self.after_commit.is_empty() {
+            work += self.after_commit.len();
+            self.commit_and_release();
+        } else if let Some(t) = self.dirty_since {
+            if self.now.duration_since(t) >= self.opts.commit_interval {
+                self.commit_and_release();
+            }
+        }
+        work
+    }
+
+    fn take_new_conns(&mut self) -> usize {
+        let mut n = 0;
+        while let Ok(mut qp) = self.new_conns.try_recv() {
+            n += 1;
+            for _ in 0..qp.credits() {
+                if qp.post_recv(Vec::new()).is_err() {
+                    break;
+                }
+            }
+            let slot = match self.conns.iter().position(Option::is_none) {
+                Some(s) => s,
+                None => {
+                    self.conns.push(None);
+                    self.conns.len() - 1
+                }
+            };
+            if let Err(e) = self.epoll.add(qp.wait_fd(), READ, slot as u64 + 1) {
+                log::warn!("worker {}: cannot watch {}: {e}", self.id, qp.peer());
+                continue;
+            }
+            log::info!("worker {}: serving {} over {:?}", self.id, qp.peer(), qp.backend());
+            let gen = self.next_gen;
+            self.next_gen = self.next_gen.wrapping_add(1).max(1);
+            self.conns[slot] = Some(ConnState { qp, gen });
+        }
+        n
+    }
+
+    fn serve_conn(&mut self, slot: usize) -> usize {
+        let Some(conn) = self.conns[slot].as_mut() else { return 0 };
+        let mut done = std::mem::take(&mut self.completions);
+        done.clear();
+        let polled = conn.qp.poll_cq(&mut done);
+        let gen = conn.gen;
+        let mut work = 0;
+        for c in done.drain(..) {
+            work += 1;
+            match c {
+                Completion::Send { buf, .. } => {
+                    if let Some(conn) = self.conns[slot].as_mut() {
+                        let _ = conn.qp.post_recv(buf);
+                    }
+                }
+                Completion::Recv { buf } => {
+                    self.on_request(ConnRef { slot: slot as u32, gen }, buf);
+                }
+                Completion::Write { .. } | Completion::Read { .. } => {}
+            }
+        }
+        self.completions = done;
+        if let Err(e) = polled {
+            self.drop_conn(slot, &e.to_string());
+        }
+        work
+    }
+
+    fn drop_conn(&mut self, slot: usize, reason: &str) {
+        if let Some(conn) = self.conns[slot].take() {
+            let _ = self.epoll.delete(conn.qp.wait_fd());
+            log::info!("worker {}: connection from {} ended: {reason}", self.id, conn.qp.peer());
+        }
+    }
+
+    /// A request frame arrived on one of this worker's connections.
+    fn on_request(&mut self, conn: ConnRef, buf: Vec<u8>) {
+        let header = match FrameHeader::decode(&buf) {
+            Ok(h) => h,
+            Err(e) => return self.close(conn, &format!("bad request header: {e}")),
+        };
+        let workers = self.ring_out.len();
+        let target = header.worker as usize;
+        if target >= workers {
+            let error = FsError::Invalid(format!(
+                "request for worker {target}, but this server runs {workers} workers: \
+                 the client's cluster view is stale"
+            ));
+            let reply = error_reply(header, error);
+            return self.send_reply(conn, reply);
+        }
+        if target == self.id as usize {
+            if let Some(reply) = self.process_for(self.id, conn, buf) {
+                self.send_reply(conn, reply);
+            }
+            return;
+        }
+        let task = Task::Request { from: self.id, conn, buf };
+        self.push(target as u16, task);
+    }
+
+    /// Runs a request frame that came on `origin`'s connection `conn` on this
+    /// worker's shard; returns the reply frame, or `None` when the reply waits for
+    /// the next commit.
+    fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
+        let frame = match Frame::decode(&buf) {
+            Ok(f) => f,
+            Err(e) => {
+                // The header passed its checks; a body that does not decode is the
+                // client's bug. Answer with the reason rather than guess.
+                let header = FrameHeader::decode(&buf).expect("checked by the receiver");
+                return Some(error_reply(header, FsError::Invalid(format!("bad request: {e}"))));
+            }
+        };
+        let Body::Request(req) = frame.body else {
+            let header = FrameHeader::decode(&buf).expect("checked by the receiver");
+            return Some(error_reply(header, FsError::Invalid("a reply sent as a request".into())));
+        };
+        let op = req.opcode();
+        let mutates = is_mutation(&req);
+        let (result, durability) = execute(&mut self.shard, req);
+        if mutates && result.is_ok() && self.dirty_since.is_none() {
+            self.dirty_since = Some(self.now);
+        }
+        let body = match result {
+            Ok(reply) => Body::Reply(reply),
+            Err(error) => Body::Error { op, error },
+        };
+        let reply = Frame { request_id: frame.request_id, client: frame.client, body };
+        buf.clear();
+        if let Err(e) = reply.encode(&mut buf) {
+            let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
+            let fallback = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Error { op, error },
+            };
+            buf.clear();
+            fallback.encode(&mut buf).expect("an error frame always encodes");
+        }
+        if durability == Durability::AfterCommit {
+            self.after_commit.push((origin, conn, buf));
+            return None;
+        }
+        Some(buf)
+    }
+
+    fn serve_rings(&mut self) -> usize {
+        let mut work = 0;
+        for from in 0..self.ring_in.len() {
+            // A bounded batch per ring keeps one busy peer from starving the rest.
+            for _ in 0..64 {
+                let Some(ring) = self.ring_in[from].as_mut() else { break };
+                let Ok(task) = ring.pop() else { break };
+                work += 1;
+                match task {
+                    Task::Request { from, conn, buf } => {
+                        if let Some(reply) = self.process_for(from, conn, buf) {
+                            self.push(from, Task::Reply { conn, buf: reply });
+                        }
+                    }
+                    Task::Reply { conn, buf } => self.send_reply(conn, buf),
+                }
+            }
+        }
+        work
+    }
+
+    /// Commits the shard and sends every reply that waited for it.
+    fn commit_and_release(&mut self) {
+        let result = self.shard.commit();
+        self.dirty_since = None;
+        self.publish_usage();
+        let held = std::mem::take(&mut self.after_commit);
+        for (origin, conn, mut buf) in held {
+            if let Err(e) = &result {
+                // The change may not be durable: the caller must not be told it is.
+                let header = FrameHeader::decode(&buf).expect("encoded here");
+                let failed = error_reply(header, FsError::Io(format!("commit failed: {e}")));
+                buf = failed;
+            }
+            if origin == self.id {
+                self.send_reply(conn, buf);
+            } else {
+                self.push(origin, Task::Reply { conn, buf });
+            }
+        }
+    }
+
+    fn push(&mut self, target: u16, task: Task) {
+        if !self.backlog.is_empty() {
+            self.backlog.push_back((target, task));
+            return;
+        }
+        let ring = self.ring_out[target as usize].as_mut().expect("no ring to self");
+        match ring.push(task) {
+            Ok(()) => self.bells[target as usize].ring(),
+            Err(rtrb::PushError::Full(task)) => self.backlog.push_back((target, task)),
+        }
+    }
+
+    /// Retries tasks a full ring refused, in order.
+    fn flush_backlog(&mut self) -> usize {
+        let mut n = 0;
+        while let Some((target, _)) = self.backlog.front() {
+            let target = *target;
+            let ring = self.ring_out[target as usize].as_mut().expect("no ring to self");
+            if ring.is_full() {
+                break;
+            }
+            let (_, task) = self.backlog.pop_front().expect("front exists");
+            if ring.push(task).is_err() {
+                unreachable!("the ring had room and only this thread pushes");
+            }
+            self.bells[target as usize].ring();
+            n += 1;
+        }
+        n
+    }
+
+    fn send_reply(&mut self, conn: ConnRef, buf: Vec<u8>) {
+        let Some(state) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if state.gen != conn.gen {
+            return; // The connection closed and its slot was reused.
+        }
+        if let Err(r) = state.qp.post_send(WorkId(0), buf) {
+            let reason = format!("cannot send a reply: {}", r.error);
+            self.drop_conn(conn.slot as usize, &reason);
+        }
+    }
+
+    fn close(&mut self, conn: ConnRef, reason: &str) {
+        if let Some(state) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) {
+            if state.gen == conn.gen {
+                state.qp.close(reason);
+                log::warn!("worker {}: closing {}: {reason}", self.id, state.qp.peer());
+            }
+        }
+    }
+
+    /// Sleeps on the eventfd and the connections until work arrives.
+    fn park(&mut self) {
+        let bell = &self.bells[self.id as usize];
+        bell.parked.store(true, Ordering::SeqCst);
+        // Re-check after announcing the park: a producer that pushed before it saw
+        // the flag did not ring.
+        let rings_busy = self.ring_in.iter().flatten().any(|r| !r.is_empty());
+        let conns_busy = self.conns.iter_mut().flatten().any(|c| !c.qp.prepare_wait());
+        if !rings_busy && !conns_busy && self.backlog.is_empty() {
+            let timeout = match self.dirty_since {
+                Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
+                None => PARK_MAX,
+            };
+            let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
+        }
+        bell.parked.store(false, Ordering::SeqCst);
+        bell.wake.drain();
+    }
+
+    fn publish_usage(&self) {
+        let s = self.shard.statfs();
+        let page = u64::from(s.block_size);
+        self.usage.total_bytes.store(s.blocks * page, Ordering::Relaxed);
+        self.usage.used_bytes.store((s.blocks - s.blocks_free) * page, Ordering::Relaxed);
+        self.usage.inodes_total.store(s.files, Ordering::Relaxed);
+        self.usage.inodes_used.store(s.files - s.files_free, Ordering::Relaxed);
+    }
+}
+
+/// An error reply to the request whose header is `header`.
+fn error_reply(header: FrameHeader, error: FsError) -> Vec<u8> {
+    // An unknown opcode never reaches here: the transport decoded the header and
+    // `Frame::decode` refuses unknown opcodes before a request runs.
+    let op =
+        pfs_core::wire::Opcode::from_u16(header.opcode).unwrap_or(pfs_core::wire::Opcode::StatFs);
+    let frame = Frame {
+        request_id: RequestId(header.request_id.0),
+        client: ClientId(header.client.0),
+        body: Body::Error { op, error },
+    };
+    frame.to_bytes().expect("an error frame always encodes")
+}
+
+fn wall_clock_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

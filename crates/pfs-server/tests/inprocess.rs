@@ -1,0 +1,136 @@
+//! A master and two servers of two workers each in this process, on real sockets
+//! and io_uring data files, driven through the native client.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pfs_client::FileSystem;
+use pfs_core::wire::RenameFlags;
+use pfs_core::{FileType, FsError, InodeId, SetAttr};
+
+fn write_file(fs: &dyn FileSystem, parent: InodeId, name: &str, data: &[u8]) -> InodeId {
+    let (attr, fh) = fs.create(parent, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+    for (k, chunk) in data.chunks(100_000).enumerate() {
+        fs.write(attr.ino, fh, (k * 100_000) as u64, chunk).unwrap();
+    }
+    fs.release(attr.ino, fh).unwrap();
+    attr.ino
+}
+
+fn read_file(fs: &dyn FileSystem, ino: InodeId) -> Vec<u8> {
+    let fh = fs.open(ino, 0).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(ino, fh).unwrap();
+    out
+}
+
+#[test]
+fn a_two_server_cluster_serves_files_and_survives_a_restart() {
+    let dir = test_dir("inprocess");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 2)).unwrap();
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            let cfg = server_config(&dir, &key_file, master.addr(), n, 2, 0);
+            pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let ports: Vec<u16> = servers.iter().map(|s| s.addr().port()).collect();
+    let fs = client(master.addr(), &key);
+
+    // Files of every size class in the root (a bigdir: names spread over 4 shards).
+    let mut inos = Vec::new();
+    for i in 0..40u64 {
+        inos.push(write_file(&fs, InodeId::ROOT, &format!("f{i}"), &content(i)));
+    }
+    for (i, &ino) in inos.iter().enumerate() {
+        assert_eq!(read_file(&fs, ino), content(i as u64), "file f{i}");
+        assert_eq!(
+            fs.lookup(InodeId::ROOT, format!("f{i}").as_bytes()).unwrap().size,
+            content(i as u64).len() as u64
+        );
+    }
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = fs.readdir(InodeId::ROOT, after.as_deref(), 7).unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().name.clone());
+        names.extend(page.into_iter().map(|e| e.name));
+    }
+    names.sort();
+    let mut want: Vec<Vec<u8>> = (0..40).map(|i| format!("f{i}").into_bytes()).collect();
+    want.sort();
+    assert_eq!(names, want);
+
+    // Directories, a regular-layout one with a rename inside, errors.
+    let d = fs.mkdir(InodeId::ROOT, b"dir", 0o755, 0, 0).unwrap();
+    assert_eq!(d.kind, FileType::Directory);
+    assert_eq!(fs.mkdir(InodeId::ROOT, b"dir", 0o755, 0, 0).unwrap_err(), FsError::Exists);
+    let r = fs.mkdir(d.ino, b"reg", 0o755, 0, 0).unwrap();
+    fs.setxattr(r.ino, b"user.pfs.dir_layout", b"regular", Default::default()).unwrap();
+    write_file(&fs, r.ino, "a", b"hello");
+    fs.rename(r.ino, b"a", r.ino, b"b", RenameFlags::empty()).unwrap();
+    assert_eq!(fs.lookup(r.ino, b"a").unwrap_err(), FsError::NotFound);
+    assert_eq!(read_file(&fs, fs.lookup(r.ino, b"b").unwrap().ino), b"hello");
+    assert_eq!(fs.rmdir(d.ino, b"reg").unwrap_err(), FsError::NotEmpty);
+    fs.unlink(r.ino, b"b").unwrap();
+    fs.rmdir(d.ino, b"reg").unwrap();
+    write_file(&fs, d.ino, "x", b"x");
+    assert_eq!(fs.rmdir(InodeId::ROOT, b"dir").unwrap_err(), FsError::NotEmpty);
+    assert_eq!(fs.unlink(InodeId::ROOT, b"dir").unwrap_err(), FsError::IsDir);
+    assert_eq!(fs.lookup(InodeId::ROOT, &[b'n'; 256]).unwrap_err(), FsError::NameTooLong);
+
+    // Truncate frees blocks on other shards; the space comes back on unlink.
+    let big = fs.lookup(InodeId::ROOT, b"f37").unwrap();
+    assert!(big.size > 200_000, "f37 spans several blocks");
+    let before = fs.statfs().unwrap();
+    fs.setattr(big.ino, &SetAttr { size: Some(70_000), ..SetAttr::default() }).unwrap();
+    assert_eq!(read_file(&fs, big.ino), content(37)[..70_000].to_vec());
+    fs.unlink(InodeId::ROOT, b"f37").unwrap();
+    // Freed pages count as free once the change is committed (within 50 ms).
+    let mut after_free = fs.statfs().unwrap();
+    for _ in 0..100 {
+        if after_free.blocks_free > before.blocks_free {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        after_free = fs.statfs().unwrap();
+    }
+    assert!(after_free.blocks_free > before.blocks_free, "{before:?} -> {after_free:?}");
+
+    // Stop both servers (checkpoint) and start them again on the same ports.
+    drop(fs);
+    for s in servers {
+        s.stop().unwrap();
+    }
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            let cfg = server_config(&dir, &key_file, master.addr(), n, 2, ports[n as usize]);
+            pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let fs = client(master.addr(), &key);
+    for i in 0..37u64 {
+        let a = fs.lookup(InodeId::ROOT, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(read_file(&fs, a.ino), content(i), "file f{i} after restart");
+    }
+    assert_eq!(fs.lookup(InodeId::ROOT, b"f37").unwrap_err(), FsError::NotFound);
+    drop(fs);
+    for s in servers {
+        s.stop().unwrap();
+    }
+    master.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
