@@ -245,10 +245,26 @@ impl Cluster {
 
     fn entry_attr(&self, reply: Reply) -> FsResult<FileAttr> {
         match reply {
+            // nlink 0: the name moved here by a rename, the inode is at its home.
+            Reply::Lookup(e) if e.attr.nlink == 0 => {
+                let ino = e.attr.ino;
+                let attr = self.getattr(ino)?;
+                self.layouts.lock().expect("layout cache lock").remove(&ino);
+                self.layout_of(ino)?;
+                Ok(attr)
+            }
             Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => {
                 self.remember(e.attr.ino, e.layout);
                 Ok(e.attr)
             }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Frees inode `ino` at its home after its name went away elsewhere.
+    fn drop_remote(&self, ino: InodeId) -> FsResult<()> {
+        match self.call_home(ino, Request::DropInode { ino })? {
+            Reply::DropInode { size, layout } => self.truncate_elsewhere(ino, layout, 0, size),
             other => Err(unexpected(other)),
         }
     }
@@ -562,7 +578,11 @@ impl FileSystem for Cluster {
             Request::Unlink { parent, name: name.to_vec() },
         )? {
             // The home freed what it held; blocks on other shards go now.
-            Reply::Unlink { ino, size, layout } => self.truncate_elsewhere(ino, layout, 0, size),
+            Reply::Unlink { ino, size, layout, remote: false } => {
+                self.truncate_elsewhere(ino, layout, 0, size)
+            }
+            // The name had moved here by a rename: free the inode at its home.
+            Reply::Unlink { ino, remote: true, .. } => self.drop_remote(ino),
             other => Err(unexpected(other)),
         }
     }
@@ -578,7 +598,8 @@ impl FileSystem for Cluster {
         }
         let key = self.dentry_key(parent, name)?;
         match self.call(key, Request::Rmdir { parent, name: name.to_vec() })? {
-            Reply::Rmdir => Ok(()),
+            Reply::Rmdir { remote: false, .. } => Ok(()),
+            Reply::Rmdir { ino, remote: true } => self.drop_remote(ino),
             other => Err(unexpected(other)),
         }
     }
@@ -593,20 +614,23 @@ impl FileSystem for Cluster {
     ) -> FsResult<()> {
         let from = self.route(self.dentry_key(parent, name)?);
         let to = self.route(self.dentry_key(new_parent, new_name)?);
-        if (from.server, from.proc_worker) != (to.server, to.proc_worker) {
-            return Err(FsError::NotSupported(
-                "rename between names held by different shards is not implemented yet".into(),
-            ));
-        }
-        let req = Request::Rename {
-            parent,
-            name: name.to_vec(),
-            new_parent,
-            new_name: new_name.to_vec(),
-            flags,
+        let (name, new_name) = (name.to_vec(), new_name.to_vec());
+        let req = if (from.server, from.proc_worker) == (to.server, to.proc_worker) {
+            Request::Rename { parent, name, new_parent, new_name, flags }
+        } else {
+            // The source's shard coordinates an atomic two-shard rename.
+            Request::RenameCross {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+                target_server: to.server,
+                target_worker: to.proc_worker,
+            }
         };
         match self.call_to(from.server, from.proc_worker, req)? {
-            Reply::Rename => Ok(()),
+            Reply::Rename | Reply::RenameCross => Ok(()),
             other => Err(unexpected(other)),
         }
     }

@@ -48,10 +48,34 @@ fn entry<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<Entry> {
     Ok(Entry { attr, layout: InodeLayout { dir, file } })
 }
 
+/// The entry of a name whose inode lives on another shard: only the number and
+/// type are known here, and nlink 0 says so.
+fn remote_entry(ino: InodeId, kind: FileType) -> Entry {
+    let attr = pfs_core::FileAttr {
+        ino,
+        kind,
+        perm: 0,
+        uid: 0,
+        gid: 0,
+        size: 0,
+        blocks: 0,
+        nlink: 0,
+        rdev: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+    };
+    Entry { attr, layout: InodeLayout::default() }
+}
+
 /// Runs `req` on `shard`; the error becomes an error reply.
 pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply>, Durability) {
     let durability = match req {
-        Request::Fsync { .. } | Request::Release { .. } => Durability::AfterCommit,
+        // The participant of a cross-shard rename must not answer before its side
+        // is durable: the coordinator removes the source name on that answer.
+        Request::Fsync { .. } | Request::Release { .. } | Request::XRenameTarget { .. } => {
+            Durability::AfterCommit
+        }
         _ => Durability::Now,
     };
     (run(shard, req), durability)
@@ -62,13 +86,9 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::Lookup { parent, name } => {
             let found = shard.lookup(parent, &name)?;
             if !shard.has_inode(found.ino) {
-                // Inodes stay with the dentry that created them; one elsewhere means
-                // a cross-shard rename, which pfs does not do yet.
-                return Err(FsError::Io(format!(
-                    "inode {} of {:?} is not on the shard of its name",
-                    found.ino,
-                    String::from_utf8_lossy(&name)
-                )));
+                // Moved here by a cross-shard rename: the inode stays at its home.
+                // nlink 0 tells the client to ask there (docs/format.md).
+                return Ok(Reply::Lookup(remote_entry(found.ino, found.kind)));
             }
             Reply::Lookup(entry(shard, found.ino)?)
         }
@@ -113,16 +133,19 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::ReadLink { ino } => Reply::ReadLink(shard.readlink(ino)?),
         Request::Unlink { parent, name } => {
             let found = shard.lookup(parent, &name)?;
+            let remote = !shard.has_inode(found.ino);
             let (size, layout) = match shard.getattr(found.ino) {
                 Ok(a) if a.kind == FileType::Regular => (a.size, shard.layouts(found.ino)?.1),
                 _ => (0, pfs_core::FileLayout::default()),
             };
             shard.unlink(parent, &name)?;
-            Reply::Unlink { ino: found.ino, size, layout }
+            Reply::Unlink { ino: found.ino, size, layout, remote }
         }
         Request::Rmdir { parent, name } => {
+            let found = shard.lookup(parent, &name)?;
+            let remote = !shard.has_inode(found.ino);
             shard.rmdir(parent, &name)?;
-            Reply::Rmdir
+            Reply::Rmdir { ino: found.ino, remote }
         }
         Request::Rename { parent, name, new_parent, new_name, flags } => {
             let flags = RenameFlags {
@@ -214,6 +237,23 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
                 let set = SetAttr { size: Some(size), ..SetAttr::default() };
                 Reply::ExtendSize(shard.setattr(ino, set)?)
             }
+        }
+        Request::XRenameTarget { txn, parent, name, value, flags } => {
+            let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
+            let exchange = flags.contains(pfs_core::wire::RenameFlags::EXCHANGE);
+            let old = shard.xrename_target(txn, parent, &name, value, noreplace, exchange)?;
+            Reply::XRenameTarget { old: old.unwrap_or(0) }
+        }
+        Request::TxnForget { txn } => {
+            shard.txn_forget(txn | pfs_store::shard::txn::PARTICIPANT_BIT)?;
+            Reply::TxnForget
+        }
+        Request::DropInode { ino } => {
+            let (size, layout) = shard.drop_orphan(ino)?;
+            Reply::DropInode { size, layout }
+        }
+        Request::RenameCross { .. } => {
+            return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
         }
         Request::Register { .. } | Request::Heartbeat { .. } | Request::GetView => {
             return Err(FsError::Invalid(

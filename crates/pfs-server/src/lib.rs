@@ -1,5 +1,7 @@
 //! pfs-server: the storage daemon (RingSched) and the cluster master.
 //!
+//! - [`cross`]: the coordinator of cross-shard renames (intent, dispatch,
+//!   finish, recovery) and the connections to other servers.
 //! - [`exec`]: one wire request run on a shard (the only request-to-shard mapping).
 //! - [`worker`]: a worker thread: its shard, its connections, the SPSC rings to
 //!   the other workers, group commit, adaptive polling.
@@ -8,6 +10,7 @@
 //! - [`master`]: the cluster view: registration, heartbeats, down detection.
 //! - [`signals`]: SIGTERM / SIGINT to a stop flag.
 
+pub mod cross;
 pub mod exec;
 pub mod master;
 pub mod server;

@@ -5,16 +5,17 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{Body, Frame, Reply, Request, Usage};
+use pfs_core::wire::{Body, Frame, Reply, Request, Usage, View};
 use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
 use pfs_net::{ClusterKey, Listener, ListenerConfig, Qp, RpcClient, RpcOptions};
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
+use crate::cross::Peers;
 use crate::worker::{ring_mesh, Doorbell, UsageCell, Worker, WorkerOptions};
 use crate::ServerError;
 
@@ -299,6 +300,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         idle_spin: Duration::from_micros(cfg.idle_spin_us),
         commit_interval: Duration::from_millis(50),
     };
+    let view: SharedView = Arc::new(Mutex::new(None));
     let mut senders = Vec::with_capacity(workers);
     let mut handles = Vec::with_capacity(workers);
     for (w, shard) in shards.into_iter().enumerate().rev() {
@@ -314,6 +316,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             bells.clone(),
             usage[w].clone(),
             stop.clone(),
+            Peers::new(key.clone(), view.clone()),
         )
         .map_err(|e| ServerError::Net(e.to_string()))?;
         let h = std::thread::Builder::new()
@@ -342,7 +345,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         let workers = cfg.workers;
         std::thread::Builder::new()
             .name("pfs-heartbeat".into())
-            .spawn(move || heartbeat_loop(master, key, id, advertise, workers, usage, stop))
+            .spawn(move || heartbeat_loop(master, key, id, advertise, workers, usage, view, stop))
             .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
     };
     log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
@@ -376,6 +379,11 @@ fn accept_loop(
     }
 }
 
+/// The cluster view as the heartbeat last fetched it (workers read it to reach
+/// other servers).
+pub type SharedView = Arc<Mutex<Option<View>>>;
+
+#[allow(clippy::too_many_arguments)]
 fn heartbeat_loop(
     master: SocketAddr,
     key: ClusterKey,
@@ -383,9 +391,11 @@ fn heartbeat_loop(
     advertise: String,
     workers: u32,
     usage: Vec<Arc<UsageCell>>,
+    view: SharedView,
     stop: Arc<AtomicBool>,
 ) {
     let mut rpc: Option<RpcClient> = None;
+    let mut view_epoch = 0u64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
         if Instant::now() < next {
@@ -415,7 +425,21 @@ fn heartbeat_loop(
         let frame =
             Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(beat) };
         match rpc_ref.call(&frame, Duration::from_secs(2)) {
-            Ok(Frame { body: Body::Reply(Reply::Heartbeat { .. }), .. }) => {}
+            Ok(Frame { body: Body::Reply(Reply::Heartbeat { epoch }), .. }) => {
+                if epoch != view_epoch {
+                    let get = Frame {
+                        request_id: RequestId(0),
+                        client: ClientId(0),
+                        body: Body::Request(Request::GetView),
+                    };
+                    if let Ok(Frame { body: Body::Reply(Reply::GetView(v)), .. }) =
+                        rpc_ref.call(&get, Duration::from_secs(2))
+                    {
+                        view_epoch = v.epoch;
+                        *view.lock().expect("view lock") = Some(v);
+                    }
+                }
+            }
             Ok(Frame { body: Body::Error { error, .. }, .. }) => {
                 // A master that lost its state: register again under our id.
                 log::warn!("heartbeat refused by master {master}: {error}; registering again");

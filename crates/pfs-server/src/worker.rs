@@ -20,13 +20,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader};
+use pfs_core::wire::{Body, Frame, FrameHeader, Request};
 use pfs_core::{ClientId, FsError, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, EventFd, Qp, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
+use crate::cross::{patience, CrossOp, Peers, Waiter};
 use crate::exec::{execute, is_mutation, Durability};
 
 /// A connection of this worker, as named in ring messages: its slot and the
@@ -34,8 +35,8 @@ use crate::exec::{execute, is_mutation, Durability};
 /// recognised and dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnRef {
-    slot: u32,
-    gen: u32,
+    pub(crate) slot: u32,
+    pub(crate) gen: u32,
 }
 
 /// What travels between workers.
@@ -117,8 +118,8 @@ struct ConnState {
 
 /// One worker; [`run`](Worker::run) is its thread's body.
 pub struct Worker<D: Device> {
-    id: u16,
-    shard: Shard<D>,
+    pub(crate) id: u16,
+    pub(crate) shard: Shard<D>,
     opts: WorkerOptions,
     conns: Vec<Option<ConnState>>,
     next_gen: u32,
@@ -134,7 +135,13 @@ pub struct Worker<D: Device> {
     /// Replies held until the next commit: (origin worker, connection, frame).
     after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
     dirty_since: Option<Instant>,
-    now: Instant,
+    pub(crate) now: Instant,
+    /// Cross-shard renames this worker coordinates.
+    pub(crate) cross: Vec<CrossOp>,
+    /// `TxnForget` requests sent and not yet answered.
+    pub(crate) forgets: Vec<(pfs_core::ServerId, RequestId)>,
+    pub(crate) peers: Peers,
+    pub(crate) txn_seq: u64,
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -184,10 +191,11 @@ impl<D: Device> Worker<D> {
         bells: Arc<Vec<Doorbell>>,
         usage: Arc<UsageCell>,
         stop: Arc<AtomicBool>,
+        peers: Peers,
     ) -> std::io::Result<Worker<D>> {
         let epoll = Epoll::new()?;
         epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
-        let w = Worker {
+        let mut w = Worker {
             id,
             shard,
             opts,
@@ -205,8 +213,13 @@ impl<D: Device> Worker<D> {
             after_commit: Vec::new(),
             dirty_since: None,
             now: Instant::now(),
+            cross: Vec::new(),
+            forgets: Vec::new(),
+            peers,
+            txn_seq: wall_clock_ns() as u64 / 1000,
         };
         w.publish_usage();
+        w.recover_cross();
         Ok(w)
     }
 
@@ -253,6 +266,9 @@ impl<D: Device> Worker<D> {
             work += self.serve_conn(slot);
         }
         work += self.serve_rings();
+        if !self.cross.is_empty() || !self.forgets.is_empty() {
+            work += self.poll_cross();
+        }
         work += self.flush_backlog();
         if !self.after_commit.is_empty() {
             work += self.after_commit.len();
@@ -372,6 +388,38 @@ impl<D: Device> Worker<D> {
             return Some(error_reply(header, FsError::Invalid("a reply sent as a request".into())));
         };
         let op = req.opcode();
+        if let Request::RenameCross {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            flags,
+            target_server,
+            target_worker,
+        } = req
+        {
+            let waiter = Waiter {
+                origin,
+                conn,
+                request_id: frame.request_id,
+                client: frame.client,
+                give_up: patience(self.now),
+            };
+            let target = (target_server, target_worker);
+            return match self
+                .start_cross_rename(waiter, parent, name, new_parent, new_name, flags, target)
+            {
+                Ok(()) => None,
+                Err(error) => {
+                    let reply = Frame {
+                        request_id: frame.request_id,
+                        client: frame.client,
+                        body: Body::Error { op, error },
+                    };
+                    Some(reply.to_bytes().expect("an error frame always encodes"))
+                }
+            };
+        }
         let mutates = is_mutation(&req);
         let (result, durability) = execute(&mut self.shard, req);
         if mutates && result.is_ok() && self.dirty_since.is_none() {
@@ -434,12 +482,22 @@ impl<D: Device> Worker<D> {
                 let failed = error_reply(header, FsError::Io(format!("commit failed: {e}")));
                 buf = failed;
             }
-            if origin == self.id {
-                self.send_reply(conn, buf);
-            } else {
-                self.push(origin, Task::Reply { conn, buf });
-            }
+            self.route_reply(origin, conn, buf);
         }
+    }
+
+    /// Sends a reply to connection `conn` of worker `origin` (this one or another).
+    pub(crate) fn route_reply(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+        if origin == self.id {
+            self.send_reply(conn, buf);
+        } else {
+            self.push(origin, Task::Reply { conn, buf });
+        }
+    }
+
+    /// Notes that the shard changed, so the commit timer runs.
+    pub(crate) fn mark_dirty(&mut self) {
+        self.dirty_since.get_or_insert(self.now);
     }
 
     fn push(&mut self, target: u16, task: Task) {

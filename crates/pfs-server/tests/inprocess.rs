@@ -92,6 +92,62 @@ fn a_two_server_cluster_serves_files_and_survives_a_restart() {
     assert_eq!(fs.unlink(InodeId::ROOT, b"dir").unwrap_err(), FsError::IsDir);
     assert_eq!(fs.lookup(InodeId::ROOT, &[b'n'; 256]).unwrap_err(), FsError::NameTooLong);
 
+    // Renames between names on different shards (most names of a bigdir).
+    for i in 0..10u64 {
+        fs.rename(
+            InodeId::ROOT,
+            format!("f{i}").as_bytes(),
+            d.ino,
+            format!("moved{i}").as_bytes(),
+            RenameFlags::empty(),
+        )
+        .unwrap();
+    }
+    for i in 0..10u64 {
+        assert_eq!(
+            fs.lookup(InodeId::ROOT, format!("f{i}").as_bytes()).unwrap_err(),
+            FsError::NotFound
+        );
+        let a = fs.lookup(d.ino, format!("moved{i}").as_bytes()).unwrap();
+        assert_eq!(read_file(&fs, a.ino), content(i));
+    }
+    // Replace, noreplace and exchange across shards.
+    fs.rename(d.ino, b"moved0", d.ino, b"moved1", RenameFlags::empty()).unwrap();
+    assert_eq!(read_file(&fs, fs.lookup(d.ino, b"moved1").unwrap().ino), content(0));
+    assert_eq!(
+        fs.rename(d.ino, b"moved2", d.ino, b"moved3", RenameFlags::NOREPLACE).unwrap_err(),
+        FsError::Exists
+    );
+    fs.rename(d.ino, b"moved2", d.ino, b"moved3", RenameFlags::EXCHANGE).unwrap();
+    assert_eq!(read_file(&fs, fs.lookup(d.ino, b"moved3").unwrap().ino), content(2));
+    assert_eq!(read_file(&fs, fs.lookup(d.ino, b"moved2").unwrap().ino), content(3));
+    assert_eq!(
+        fs.rename(d.ino, b"nope", d.ino, b"moved3", RenameFlags::empty()).unwrap_err(),
+        FsError::NotFound
+    );
+    for i in 0..10u64 {
+        let from = if i == 0 { "moved1".to_string() } else { format!("moved{i}") };
+        if i == 1 {
+            continue;
+        }
+        let back = match i {
+            2 => 3,
+            3 => 2,
+            _ => i,
+        };
+        fs.rename(
+            d.ino,
+            from.as_bytes(),
+            InodeId::ROOT,
+            format!("f{back}").as_bytes(),
+            RenameFlags::empty(),
+        )
+        .unwrap();
+    }
+    assert_eq!(read_file(&fs, fs.lookup(InodeId::ROOT, b"f0").unwrap().ino), content(0));
+    let f1 = write_file(&fs, InodeId::ROOT, "f1", &content(1));
+    assert_eq!(read_file(&fs, f1), content(1));
+
     // Truncate frees blocks on other shards; the space comes back on unlink.
     let big = fs.lookup(InodeId::ROOT, b"f37").unwrap();
     assert!(big.size > 200_000, "f37 spans several blocks");

@@ -72,11 +72,19 @@ pub enum Opcode {
     Heartbeat = 33,
     /// Client to master: fetch the cluster view.
     GetView = 34,
+    /// Rename whose target name lives on another shard (sent to the source's).
+    RenameCross = 35,
+    /// Coordinator to participant: put the moved entry at the target name.
+    XRenameTarget = 36,
+    /// Coordinator to participant: the transaction is done, forget it.
+    TxnForget = 37,
+    /// Free an inode whose name was removed on another shard.
+    DropInode = 38,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 34] = [
+    pub const ALL: [Opcode; 38] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -111,6 +119,10 @@ impl Opcode {
         Opcode::Register,
         Opcode::Heartbeat,
         Opcode::GetView,
+        Opcode::RenameCross,
+        Opcode::XRenameTarget,
+        Opcode::TxnForget,
+        Opcode::DropInode,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -133,7 +145,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(35), None);
+        assert_eq!(Opcode::from_u16(39), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

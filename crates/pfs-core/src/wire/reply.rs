@@ -43,9 +43,17 @@ pub enum Reply {
         size: u64,
         /// Its data layout.
         layout: FileLayout,
+        /// The inode lives on another shard (its home): the client frees it there
+        /// with `DropInode`.
+        remote: bool,
     },
     /// The directory is gone.
-    Rmdir,
+    Rmdir {
+        /// The removed directory.
+        ino: InodeId,
+        /// Its inode lives on another shard, to be freed with `DropInode`.
+        remote: bool,
+    },
     /// The rename is done.
     Rename,
     /// Entries after the request's cookie.
@@ -116,6 +124,27 @@ pub enum Reply {
     },
     /// The cluster view.
     GetView(View),
+    /// The cross-shard rename is done.
+    RenameCross,
+    /// The participant applied; for an exchange, the target's old entry (0: none).
+    XRenameTarget {
+        /// The target's old dentry value, 0 when there was none to hand back.
+        old: u64,
+    },
+    /// The participant forgot the transaction.
+    TxnForget,
+    /// The inode is freed; what its data was, for the client to free the rest.
+    DropInode {
+        /// Its size (0 unless a regular file).
+        size: u64,
+        /// Its data layout.
+        layout: FileLayout,
+    },
+}
+
+fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
+    let v = r.u8("file layout")?;
+    FileLayout::from_u8(v).ok_or(WireError::BadValue { what: "file layout", value: v.into() })
 }
 
 /// Bytes an xattr name takes in a Linux `listxattr` buffer: the name and a NUL.
@@ -136,7 +165,7 @@ impl Reply {
             Reply::Symlink(_) => Opcode::Symlink,
             Reply::ReadLink(_) => Opcode::ReadLink,
             Reply::Unlink { .. } => Opcode::Unlink,
-            Reply::Rmdir => Opcode::Rmdir,
+            Reply::Rmdir { .. } => Opcode::Rmdir,
             Reply::Rename => Opcode::Rename,
             Reply::ReadDir { .. } => Opcode::ReadDir,
             Reply::Open { .. } => Opcode::Open,
@@ -161,6 +190,10 @@ impl Reply {
             Reply::Register { .. } => Opcode::Register,
             Reply::Heartbeat { .. } => Opcode::Heartbeat,
             Reply::GetView(_) => Opcode::GetView,
+            Reply::RenameCross => Opcode::RenameCross,
+            Reply::XRenameTarget { .. } => Opcode::XRenameTarget,
+            Reply::TxnForget => Opcode::TxnForget,
+            Reply::DropInode { .. } => Opcode::DropInode,
         }
     }
 
@@ -175,14 +208,24 @@ impl Reply {
                 Ok(())
             }
             Reply::ReadLink(target) => w.bytes16("symlink target", target, MAX_SYMLINK_BYTES),
-            Reply::Unlink { ino, size, layout } => {
+            Reply::Unlink { ino, size, layout, remote } => {
                 w.u64(ino.0);
+                w.u64(*size);
+                w.u8(*layout as u8);
+                w.bool(*remote);
+                Ok(())
+            }
+            Reply::Rmdir { ino, remote } => {
+                w.u64(ino.0);
+                w.bool(*remote);
+                Ok(())
+            }
+            Reply::DropInode { size, layout } => {
                 w.u64(*size);
                 w.u8(*layout as u8);
                 Ok(())
             }
-            Reply::Rmdir
-            | Reply::Rename
+            Reply::Rename
             | Reply::Release
             | Reply::Fsync
             | Reply::SetXattr
@@ -190,7 +233,9 @@ impl Reply {
             | Reply::LayoutSet
             | Reply::TokenRelease
             | Reply::TokenInvalidate
-            | Reply::TruncateData => Ok(()),
+            | Reply::TruncateData
+            | Reply::RenameCross
+            | Reply::TxnForget => Ok(()),
             Reply::ReadDir { entries, eof } => {
                 w.count("readdir entries", entries.len())?;
                 let start = w.len();
@@ -234,6 +279,10 @@ impl Reply {
                 Ok(())
             }
             Reply::GetView(view) => view.put(w),
+            Reply::XRenameTarget { old } => {
+                w.u64(*old);
+                Ok(())
+            }
         }
     }
 
@@ -256,13 +305,16 @@ impl Reply {
             Opcode::Unlink => Reply::Unlink {
                 ino: InodeId(r.u64("unlinked inode")?),
                 size: r.u64("unlinked size")?,
-                layout: {
-                    let v = r.u8("file layout")?;
-                    FileLayout::from_u8(v)
-                        .ok_or(WireError::BadValue { what: "file layout", value: v.into() })?
-                },
+                layout: read_file_layout(r)?,
+                remote: r.bool("unlinked inode remote")?,
             },
-            Opcode::Rmdir => Reply::Rmdir,
+            Opcode::Rmdir => Reply::Rmdir {
+                ino: InodeId(r.u64("removed directory")?),
+                remote: r.bool("removed directory remote")?,
+            },
+            Opcode::DropInode => {
+                Reply::DropInode { size: r.u64("dropped size")?, layout: read_file_layout(r)? }
+            }
             Opcode::Rename => Reply::Rename,
             Opcode::Release => Reply::Release,
             Opcode::Fsync => Reply::Fsync,
@@ -310,6 +362,9 @@ impl Reply {
             }
             Opcode::Heartbeat => Reply::Heartbeat { epoch: r.u64("epoch")? },
             Opcode::GetView => Reply::GetView(View::get(r)?),
+            Opcode::RenameCross => Reply::RenameCross,
+            Opcode::XRenameTarget => Reply::XRenameTarget { old: r.u64("old dentry value")? },
+            Opcode::TxnForget => Reply::TxnForget,
         })
     }
 }

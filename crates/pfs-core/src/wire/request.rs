@@ -7,7 +7,7 @@ use super::types::{
     TokenMode, XattrSetMode,
 };
 use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
-use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr};
+use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr, WorkerId};
 
 /// The server id a `Register` of a new server carries.
 const NO_SERVER: u32 = u32::MAX;
@@ -324,6 +324,49 @@ pub enum Request {
     },
     /// Client to master: the cluster view.
     GetView,
+    /// A rename whose target name is held by another shard, sent to the shard of
+    /// the source name, which coordinates it (docs/cluster.md).
+    RenameCross {
+        /// The source directory.
+        parent: InodeId,
+        /// The source name.
+        name: Vec<u8>,
+        /// The target directory.
+        new_parent: InodeId,
+        /// The target name.
+        new_name: Vec<u8>,
+        /// `NOREPLACE`, `EXCHANGE`, or neither.
+        flags: RenameFlags,
+        /// The server holding the target name.
+        target_server: ServerId,
+        /// Its worker holding the target name.
+        target_worker: WorkerId,
+    },
+    /// Coordinator to participant: put dentry value `value` at `parent/name` for
+    /// transaction `txn` (applied at most once per `txn`).
+    XRenameTarget {
+        /// The transaction.
+        txn: u64,
+        /// The target directory.
+        parent: InodeId,
+        /// The target name.
+        name: Vec<u8>,
+        /// The moved entry: its inode with its type in the top byte.
+        value: u64,
+        /// `NOREPLACE`, `EXCHANGE`, or neither.
+        flags: RenameFlags,
+    },
+    /// Coordinator to participant: transaction `txn` is done.
+    TxnForget {
+        /// The transaction.
+        txn: u64,
+    },
+    /// Free inode `ino` (at its home) after its name, held by another shard, was
+    /// removed (`Unlink`/`Rmdir` replies say so with `remote`).
+    DropInode {
+        /// The inode.
+        ino: InodeId,
+    },
 }
 
 impl Request {
@@ -364,6 +407,10 @@ impl Request {
             Request::Register { .. } => Opcode::Register,
             Request::Heartbeat { .. } => Opcode::Heartbeat,
             Request::GetView => Opcode::GetView,
+            Request::RenameCross { .. } => Opcode::RenameCross,
+            Request::XRenameTarget { .. } => Opcode::XRenameTarget,
+            Request::TxnForget { .. } => Opcode::TxnForget,
+            Request::DropInode { .. } => Opcode::DropInode,
         }
     }
 
@@ -380,6 +427,7 @@ impl Request {
             | Request::ReadLink { ino }
             | Request::ListXattr { ino }
             | Request::LayoutGet { ino }
+            | Request::DropInode { ino }
             | Request::TokenInvalidate { dir: ino } => {
                 w.u64(ino.0);
                 Ok(())
@@ -526,6 +574,35 @@ impl Request {
                 usage.put(w)
             }
             Request::GetView => Ok(()),
+            Request::RenameCross {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+                target_server,
+                target_worker,
+            } => {
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                w.u64(new_parent.0);
+                write_name(w, "new name", new_name)?;
+                flags.put(w)?;
+                w.u32(target_server.0);
+                w.u32(target_worker.0);
+                Ok(())
+            }
+            Request::XRenameTarget { txn, parent, name, value, flags } => {
+                w.u64(*txn);
+                w.u64(parent.0);
+                write_name(w, "name", name)?;
+                w.u64(*value);
+                flags.put(w)
+            }
+            Request::TxnForget { txn } => {
+                w.u64(*txn);
+                Ok(())
+            }
         }
     }
 
@@ -664,6 +741,24 @@ impl Request {
                 Request::Heartbeat { server: ServerId(r.u32("server id")?), usage: Usage::get(r)? }
             }
             Opcode::GetView => Request::GetView,
+            Opcode::RenameCross => Request::RenameCross {
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                new_parent: ino(r)?,
+                new_name: read_name(r, "new name")?,
+                flags: RenameFlags::get(r)?,
+                target_server: ServerId(r.u32("target server")?),
+                target_worker: WorkerId(r.u32("target worker")?),
+            },
+            Opcode::XRenameTarget => Request::XRenameTarget {
+                txn: r.u64("transaction id")?,
+                parent: ino(r)?,
+                name: read_name(r, "name")?,
+                value: r.u64("dentry value")?,
+                flags: RenameFlags::get(r)?,
+            },
+            Opcode::TxnForget => Request::TxnForget { txn: r.u64("transaction id")? },
+            Opcode::DropInode => Request::DropInode { ino: ino(r)? },
         })
     }
 }

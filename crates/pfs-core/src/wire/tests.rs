@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, InodeId, RequestId,
-    ServerId, SetAttr, StatFs,
+    ServerId, SetAttr, StatFs, WorkerId,
 };
 
 fn ino() -> impl Strategy<Value = InodeId> {
@@ -210,6 +210,28 @@ fn request() -> impl Strategy<Value = Request> {
         (any::<u32>(), usage())
             .prop_map(|(s, usage)| Request::Heartbeat { server: ServerId(s), usage }),
         Just(Request::GetView),
+        (ino(), name(), ino(), name(), rename_flags(), any::<u32>(), any::<u32>()).prop_map(
+            |(parent, name, new_parent, new_name, flags, s, w)| Request::RenameCross {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+                target_server: ServerId(s),
+                target_worker: WorkerId(w),
+            }
+        ),
+        (any::<u64>(), ino(), name(), any::<u64>(), rename_flags()).prop_map(
+            |(txn, parent, name, value, flags)| Request::XRenameTarget {
+                txn,
+                parent,
+                name,
+                value,
+                flags
+            }
+        ),
+        any::<u64>().prop_map(|txn| Request::TxnForget { txn }),
+        ino().prop_map(|ino| Request::DropInode { ino }),
     ]
 }
 
@@ -270,12 +292,9 @@ fn reply() -> impl Strategy<Value = Reply> {
         entry().prop_map(Reply::Mknod),
         entry().prop_map(Reply::Symlink),
         bytes(MAX_SYMLINK_BYTES).prop_map(Reply::ReadLink),
-        (ino(), any::<u64>(), file_layout()).prop_map(|(ino, size, layout)| Reply::Unlink {
-            ino,
-            size,
-            layout
-        }),
-        Just(Reply::Rmdir),
+        (ino(), any::<u64>(), file_layout(), any::<bool>())
+            .prop_map(|(ino, size, layout, remote)| Reply::Unlink { ino, size, layout, remote }),
+        (ino(), any::<bool>()).prop_map(|(ino, remote)| Reply::Rmdir { ino, remote }),
         Just(Reply::Rename),
         (vec(dir_entry(), 0..8), any::<bool>())
             .prop_map(|(entries, eof)| Reply::ReadDir { entries, eof }),
@@ -303,6 +322,10 @@ fn reply() -> impl Strategy<Value = Reply> {
             .prop_map(|(s, epoch)| Reply::Register { server: ServerId(s), epoch }),
         any::<u64>().prop_map(|epoch| Reply::Heartbeat { epoch }),
         view().prop_map(Reply::GetView),
+        Just(Reply::RenameCross),
+        any::<u64>().prop_map(|old| Reply::XRenameTarget { old }),
+        Just(Reply::TxnForget),
+        (any::<u64>(), file_layout()).prop_map(|(size, layout)| Reply::DropInode { size, layout }),
     ]
 }
 

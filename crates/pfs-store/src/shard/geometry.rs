@@ -11,7 +11,7 @@ use crate::icache::INODES_PER_BLOCK;
 /// Bytes per page of every area.
 pub const PAGE_SIZE: u64 = SECTOR_SIZE as u64;
 /// Format version written in the superblock and checkpoint headers.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const SUPER_MAGIC: &[u8; 8] = b"PFSZONE\0";
 const CKPT_MAGIC: &[u8; 8] = b"PFSCKPT\0";
 

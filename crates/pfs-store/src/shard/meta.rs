@@ -83,12 +83,14 @@ pub struct XattrFlags {
     pub replace: bool,
 }
 
-fn encode_dentry(ino: InodeId, kind: FileType) -> u64 {
+/// A dentry's value: the child's inode number with its type in the top byte.
+pub fn encode_dentry(ino: InodeId, kind: FileType) -> u64 {
     assert!(ino.0 >> KIND_SHIFT == 0, "inode number {ino} collides with the type bits");
     ino.0 | (kind as u64) << KIND_SHIFT
 }
 
-fn decode_dentry(value: u64) -> (InodeId, FileType) {
+/// The child and type a dentry value names.
+pub fn decode_dentry(value: u64) -> (InodeId, FileType) {
     let kind = FileType::from_u8((value >> KIND_SHIFT) as u8)
         .expect("dentry type bits were written by us");
     (InodeId(value & ((1 << KIND_SHIFT) - 1)), kind)
@@ -283,7 +285,7 @@ impl<D: Device> Shard<D> {
     }
 
     /// Logs the removal of `entry` from `parent`, dropping its inode when local.
-    fn remove_entry(&mut self, parent: InodeId, entry: &DirEntry) -> FsResult<()> {
+    pub(super) fn remove_entry(&mut self, parent: InodeId, entry: &DirEntry) -> FsResult<()> {
         let now = self.now();
         let child = match self.inode(entry.ino) {
             Ok(c) => Some(c),
@@ -415,7 +417,7 @@ impl<D: Device> Shard<D> {
     }
 
     /// Whether `dir` is `ino` or one of its ancestors (as far as this shard knows).
-    fn is_ancestor(&mut self, dir: InodeId, mut ino: InodeId) -> FsResult<bool> {
+    pub(super) fn is_ancestor(&mut self, dir: InodeId, mut ino: InodeId) -> FsResult<bool> {
         for _depth in 0..4096 {
             if ino == dir {
                 return Ok(true);
@@ -432,7 +434,7 @@ impl<D: Device> Shard<D> {
         Err(FsError::Io("directory tree deeper than 4096 levels".into()))
     }
 
-    fn reparent(&mut self, ino: InodeId, parent: InodeId, now: i64) -> FsResult<()> {
+    pub(super) fn reparent(&mut self, ino: InodeId, parent: InodeId, now: i64) -> FsResult<()> {
         match self.inode(ino) {
             Ok(mut i) => {
                 i.parent = parent;
@@ -444,7 +446,7 @@ impl<D: Device> Shard<D> {
         }
     }
 
-    fn adjust_dir(&mut self, dir: InodeId, nlink_delta: i64, now: i64) -> FsResult<()> {
+    pub(super) fn adjust_dir(&mut self, dir: InodeId, nlink_delta: i64, now: i64) -> FsResult<()> {
         match self.inode(dir) {
             Ok(mut d) => {
                 d.nlink = (d.nlink as i64 + nlink_delta) as u32;

@@ -15,6 +15,7 @@ pub mod data;
 pub mod geometry;
 pub mod meta;
 mod tables;
+pub mod txn;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -84,6 +85,8 @@ pub struct Shard<D: Device> {
     blocks: HashMap<(InodeId, BlockIndex), Run>,
     extents: BTreeMap<(InodeId, u64), Extent>,
     xattrs: HashMap<InodeId, BTreeMap<Vec<u8>, Vec<u8>>>,
+    /// Open cross-shard transactions (intents and participant records).
+    txns: BTreeMap<u64, Vec<u8>>,
     wal: Wal,
     next_ino_seq: u64,
     /// Bytes the tables take in a checkpoint; bounded by the checkpoint region.
@@ -262,6 +265,7 @@ impl<D: Device> Shard<D> {
             blocks: HashMap::new(),
             extents: BTreeMap::new(),
             xattrs: HashMap::new(),
+            txns: BTreeMap::new(),
             next_ino_seq,
             table_bytes: 0,
             pending_free: Vec::new(),
@@ -508,6 +512,17 @@ impl<D: Device> Shard<D> {
                 }
                 self.table_bytes += tables::xattr_bytes(name, value);
             }
+            Change::TxnPut { id, data } => {
+                if let Some(old) = self.txns.insert(*id, data.clone()) {
+                    self.table_bytes -= tables::txn_bytes(&old);
+                }
+                self.table_bytes += tables::txn_bytes(data);
+            }
+            Change::TxnDel { id } => {
+                if let Some(old) = self.txns.remove(id) {
+                    self.table_bytes -= tables::txn_bytes(&old);
+                }
+            }
             Change::XattrDel { ino, name } => {
                 if let Some(map) = self.xattrs.get_mut(ino) {
                     if let Some(old) = map.remove(name) {
@@ -598,7 +613,7 @@ impl<D: Device> Shard<D> {
     }
 
     /// Logs the removal of inode `ino` and frees its slot, data and xattrs.
-    fn drop_inode(&mut self, inode: &Inode) -> FsResult<()> {
+    pub(super) fn drop_inode(&mut self, inode: &Inode) -> FsResult<()> {
         self.free_data_from(&mut inode.clone(), 0)?;
         let names: Vec<Vec<u8>> =
             self.xattrs.get(&inode.ino).map(|m| m.keys().cloned().collect()).unwrap_or_default();

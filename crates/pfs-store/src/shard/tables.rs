@@ -1,5 +1,5 @@
 //! Checkpoint encoding of the shard tables (layout in `docs/format.md`):
-//! five sections, each a `u64` count followed by its entries.
+//! six sections, each a `u64` count followed by its entries.
 
 use pfs_core::{BlockIndex, InodeId};
 
@@ -20,6 +20,11 @@ pub const EXTENT_BYTES: u64 = 40;
 /// Checkpoint bytes of one dentry.
 pub fn dentry_bytes(name: &[u8]) -> u64 {
     8 + 1 + name.len() as u64 + 8
+}
+
+/// Checkpoint bytes of one cross-shard transaction record.
+pub fn txn_bytes(data: &[u8]) -> u64 {
+    8 + 4 + data.len() as u64
 }
 
 /// Checkpoint bytes of one extended attribute.
@@ -79,6 +84,12 @@ impl<D: Device> Shard<D> {
             }
         }
         out[count_at..count_at + 8].copy_from_slice(&n.to_le_bytes());
+        put_u64(&mut out, self.txns.len() as u64);
+        for (id, data) in &self.txns {
+            put_u64(&mut out, *id);
+            put_u32(&mut out, data.len() as u32);
+            out.extend_from_slice(data);
+        }
         out
     }
 
@@ -129,6 +140,13 @@ impl<D: Device> Shard<D> {
             let value = take(b, len)?.to_vec();
             self.table_bytes += xattr_bytes(&name, &value);
             self.xattrs.entry(ino).or_default().insert(name, value);
+        }
+        for _ in 0..count(b, 12)? {
+            let id = take_u64(b)?;
+            let len = take_u32(b)? as usize;
+            let data = take(b, len)?.to_vec();
+            self.table_bytes += txn_bytes(&data);
+            self.txns.insert(id, data);
         }
         if !b.is_empty() {
             return Err(StoreError::Corruption(format!(

@@ -41,6 +41,10 @@ pub enum Change {
     XattrPut { ino: InodeId, name: Vec<u8>, value: Vec<u8> },
     /// Remove extended attribute `name` of `ino`.
     XattrDel { ino: InodeId, name: Vec<u8> },
+    /// Record cross-shard transaction `id` with its state bytes.
+    TxnPut { id: u64, data: Vec<u8> },
+    /// Forget cross-shard transaction `id`.
+    TxnDel { id: u64 },
 }
 
 impl Change {
@@ -105,6 +109,16 @@ impl Change {
                 put_u64(out, ino.0);
                 put_bytes8(out, name);
             }
+            Change::TxnPut { id, data } => {
+                out.push(11);
+                put_u64(out, *id);
+                put_u32(out, data.len() as u32);
+                out.extend_from_slice(data);
+            }
+            Change::TxnDel { id } => {
+                out.push(12);
+                put_u64(out, *id);
+            }
         }
     }
 
@@ -154,6 +168,12 @@ impl Change {
                 Change::XattrPut { ino, name, value: take(buf, len)?.to_vec() }
             }
             10 => Change::XattrDel { ino: InodeId(take_u64(buf)?), name: take_bytes8(buf)? },
+            11 => {
+                let id = take_u64(buf)?;
+                let len = take_u32(buf)? as usize;
+                Change::TxnPut { id, data: take(buf, len)?.to_vec() }
+            }
+            12 => Change::TxnDel { id: take_u64(buf)? },
             t => return Err(StoreError::Corruption(format!("unknown WAL change tag {t}"))),
         })
     }
@@ -241,6 +261,8 @@ mod tests {
             Change::ExtentDel { ino: InodeId(9), offset: 47008 },
             Change::XattrPut { ino: InodeId(9), name: b"user.k".to_vec(), value: vec![1, 2, 3] },
             Change::XattrDel { ino: InodeId(9), name: b"user.k".to_vec() },
+            Change::TxnPut { id: 77, data: vec![4; 40] },
+            Change::TxnDel { id: 77 },
         ];
         let mut buf = Vec::new();
         for c in &changes {

@@ -1,0 +1,451 @@
+//! The coordinator of cross-shard renames (docs/cluster.md, "Cross-shard
+//! operations"), run by the worker that owns the source name.
+//!
+//! 1. Record the intent in the shard's transaction table and commit it.
+//! 2. Send `XRenameTarget` to the shard of the target name; it checks, applies and
+//!    commits its side in one WAL record tagged with the transaction id (so a
+//!    re-sent request is answered from that record, never applied twice).
+//! 3. On its success, remove the source name and the intent in one record and
+//!    answer the client; on its refusal, drop the intent and answer the refusal.
+//! 4. Tell the participant to forget the transaction.
+//!
+//! After a crash the worker finds the intents left in its table and runs them
+//! from step 2 again, so a rename is applied on both shards or on neither.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::{Body, Frame, RenameFlags, Reply, Request, View};
+use pfs_core::{ClientId, FsError, InodeId, RequestId, ServerId, WorkerId};
+use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
+use pfs_store::device::Device;
+use pfs_store::shard::meta::encode_dentry;
+
+use crate::worker::{ConnRef, Worker};
+
+/// Most cross-shard renames one worker coordinates at once; more is `TryAgain`.
+pub const CROSS_MAX: usize = 256;
+/// How long a client waits for a cross-shard rename before it gets an error
+/// (the rename then still completes in the background).
+const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
+/// Pause before re-sending to a participant that could not be reached.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+/// The intent as recorded: everything needed to finish after a crash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    /// Source directory and name (on this shard).
+    pub src_parent: InodeId,
+    /// Source name.
+    pub src_name: Vec<u8>,
+    /// The moved entry's dentry value.
+    pub value: u64,
+    /// Target directory and name (on the participant).
+    pub new_parent: InodeId,
+    /// Target name.
+    pub new_name: Vec<u8>,
+    /// Rename flags.
+    pub flags: RenameFlags,
+    /// The participant shard.
+    pub target: (ServerId, WorkerId),
+}
+
+impl Intent {
+    /// Encodes the intent (layout in docs/format.md, "Transaction records").
+    pub fn encode(&self) -> Vec<u8> {
+        let mut o = Vec::with_capacity(64 + self.src_name.len() + self.new_name.len());
+        o.push(1); // kind: rename
+        o.extend_from_slice(&self.src_parent.0.to_le_bytes());
+        o.push(self.src_name.len() as u8);
+        o.extend_from_slice(&self.src_name);
+        o.extend_from_slice(&self.value.to_le_bytes());
+        o.extend_from_slice(&self.new_parent.0.to_le_bytes());
+        o.push(self.new_name.len() as u8);
+        o.extend_from_slice(&self.new_name);
+        o.extend_from_slice(&self.flags.bits().to_le_bytes());
+        o.extend_from_slice(&self.target.0 .0.to_le_bytes());
+        o.extend_from_slice(&self.target.1 .0.to_le_bytes());
+        o
+    }
+
+    /// Decodes an intent written by [`encode`](Self::encode).
+    pub fn decode(mut b: &[u8]) -> Option<Intent> {
+        fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (h, t) = (b.get(..n)?, b.get(n..)?);
+            *b = t;
+            Some(h)
+        }
+        let u64_ = |b: &mut &[u8]| Some(u64::from_le_bytes(take(b, 8)?.try_into().ok()?));
+        let u32_ = |b: &mut &[u8]| Some(u32::from_le_bytes(take(b, 4)?.try_into().ok()?));
+        if take(&mut b, 1)? != [1] {
+            return None;
+        }
+        let src_parent = InodeId(u64_(&mut b)?);
+        let n = take(&mut b, 1)?[0] as usize;
+        let src_name = take(&mut b, n)?.to_vec();
+        let value = u64_(&mut b)?;
+        let new_parent = InodeId(u64_(&mut b)?);
+        let n = take(&mut b, 1)?[0] as usize;
+        let new_name = take(&mut b, n)?.to_vec();
+        let flags = RenameFlags::from_bits(u32_(&mut b)?)?;
+        let target = (ServerId(u32_(&mut b)?), WorkerId(u32_(&mut b)?));
+        b.is_empty().then_some(Intent {
+            src_parent,
+            src_name,
+            value,
+            new_parent,
+            new_name,
+            flags,
+            target,
+        })
+    }
+}
+
+/// Who waits for a rename's outcome.
+#[derive(Debug)]
+pub struct Waiter {
+    /// The communicating worker.
+    pub origin: u16,
+    /// Its connection.
+    pub conn: ConnRef,
+    /// The client's request id.
+    pub request_id: RequestId,
+    /// The client.
+    pub client: ClientId,
+    /// When the client stops being told to wait.
+    pub give_up: Instant,
+}
+
+/// One rename in progress.
+#[derive(Debug)]
+pub struct CrossOp {
+    txn: u64,
+    intent: Intent,
+    waiter: Option<Waiter>,
+    /// The participant request in flight, or when to send it again.
+    sent: Option<RequestId>,
+    retry_at: Instant,
+}
+
+/// Connections to other servers, made on first use from the cluster view.
+#[derive(Debug)]
+pub struct Peers {
+    key: ClusterKey,
+    view: std::sync::Arc<std::sync::Mutex<Option<View>>>,
+    conns: Vec<Option<RpcClient>>,
+}
+
+impl Peers {
+    /// Peers found through `view`, proving `key`.
+    pub fn new(key: ClusterKey, view: std::sync::Arc<std::sync::Mutex<Option<View>>>) -> Peers {
+        Peers { key, view, conns: Vec::new() }
+    }
+
+    /// The connection to `server`, connecting if needed.
+    fn conn(&mut self, server: ServerId) -> Result<&mut RpcClient, String> {
+        let s = server.0 as usize;
+        if self.conns.len() <= s {
+            self.conns.resize_with(s + 1, || None);
+        }
+        if self.conns[s].is_none() {
+            let addr: SocketAddr = {
+                let view = self.view.lock().expect("view lock");
+                let v = view.as_ref().ok_or("no cluster view yet")?;
+                let info = v
+                    .servers
+                    .iter()
+                    .find(|i| i.id == server)
+                    .ok_or_else(|| format!("server {server} is not in the view"))?;
+                info.addr
+                    .parse()
+                    .map_err(|_| format!("server {server} has address {:?}", info.addr))?
+            };
+            let mut o = RpcOptions {
+                credits: 64,
+                timeout: Duration::from_secs(5),
+                ..RpcOptions::default()
+            };
+            o.connect.timeout = Duration::from_millis(500);
+            let c = RpcClient::connect(addr, self.key.clone(), o).map_err(|e| e.to_string())?;
+            self.conns[s] = Some(c);
+        }
+        Ok(self.conns[s].as_mut().expect("connected above"))
+    }
+
+    fn send(
+        &mut self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+    ) -> Result<RequestId, String> {
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        let c = self.conn(server)?;
+        c.send_to(&frame, worker.0 as u16, Instant::now() + Duration::from_secs(5))
+            .map_err(|e| e.to_string())
+    }
+
+    /// The reply to `id` from `server` if it came: `Ok(None)` while waiting.
+    fn poll(
+        &mut self,
+        server: ServerId,
+        id: RequestId,
+    ) -> Result<Option<Result<Reply, FsError>>, String> {
+        let Some(Some(c)) = self.conns.get_mut(server.0 as usize) else {
+            return Err("not connected".into());
+        };
+        match c.poll(id) {
+            Ok(None) => Ok(None),
+            Ok(Some(Frame { body: Body::Reply(r), .. })) => Ok(Some(Ok(r))),
+            Ok(Some(Frame { body: Body::Error { error, .. }, .. })) => Ok(Some(Err(error))),
+            Ok(Some(_)) => Err("a request came back as the reply".into()),
+            Err(e @ (NetError::Disconnected { .. } | NetError::TimedOut { .. })) => {
+                Err(e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+impl<D: Device> Worker<D> {
+    /// A new transaction id: this shard in the top bits, then a counter started
+    /// from the clock, so ids do not repeat across restarts.
+    fn new_txn(&mut self) -> u64 {
+        self.txn_seq += 1;
+        (u64::from(self.shard.id().0) << 48) | (self.txn_seq & ((1 << 48) - 1))
+    }
+
+    /// Step 1 for a client's `RenameCross`; the reply comes later.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start_cross_rename(
+        &mut self,
+        waiter: Waiter,
+        src_parent: InodeId,
+        src_name: Vec<u8>,
+        new_parent: InodeId,
+        new_name: Vec<u8>,
+        flags: RenameFlags,
+        target: (ServerId, WorkerId),
+    ) -> Result<(), FsError> {
+        if self.cross.len() >= CROSS_MAX {
+            return Err(FsError::TryAgain);
+        }
+        if new_name.is_empty() || new_name.len() > pfs_core::NAME_MAX {
+            return Err(if new_name.is_empty() {
+                FsError::Invalid("empty name".into())
+            } else {
+                FsError::NameTooLong
+            });
+        }
+        let src = self.shard.lookup(src_parent, &src_name)?;
+        let intent = Intent {
+            src_parent,
+            src_name,
+            value: encode_dentry(src.ino, src.kind),
+            new_parent,
+            new_name,
+            flags,
+            target,
+        };
+        let txn = self.new_txn();
+        self.shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
+        // The intent must be durable before the participant changes anything.
+        self.shard.commit()?;
+        let mut op = CrossOp { txn, intent, waiter: Some(waiter), sent: None, retry_at: self.now };
+        self.dispatch(&mut op);
+        self.cross.push(op);
+        Ok(())
+    }
+
+    /// Picks up intents a previous run left (after a crash).
+    pub(crate) fn recover_cross(&mut self) {
+        for (txn, data) in self.shard.txns() {
+            if txn & pfs_store::shard::txn::PARTICIPANT_BIT != 0 {
+                continue;
+            }
+            self.txn_seq = self.txn_seq.max(txn & ((1 << 48) - 1));
+            match Intent::decode(&data) {
+                Some(intent) => {
+                    log::info!(
+                        "worker {}: resuming cross-shard rename {txn:#x} left by a crash",
+                        self.id
+                    );
+                    self.cross.push(CrossOp {
+                        txn,
+                        intent,
+                        waiter: None,
+                        sent: None,
+                        retry_at: self.now,
+                    });
+                }
+                None => log::error!(
+                    "worker {}: transaction {txn:#x} holds an undecodable intent; left as is",
+                    self.id
+                ),
+            }
+        }
+    }
+
+    fn dispatch(&mut self, op: &mut CrossOp) {
+        let i = &op.intent;
+        let req = Request::XRenameTarget {
+            txn: op.txn,
+            parent: i.new_parent,
+            name: i.new_name.clone(),
+            value: i.value,
+            flags: i.flags,
+        };
+        match self.peers.send(i.target.0, i.target.1, req) {
+            Ok(id) => op.sent = Some(id),
+            Err(e) => {
+                log::warn!(
+                    "worker {}: rename {:#x}: cannot reach server {}: {e}",
+                    self.id,
+                    op.txn,
+                    i.target.0
+                );
+                op.sent = None;
+                op.retry_at = self.now + RETRY_AFTER;
+            }
+        }
+    }
+
+    /// Advances every rename in progress; returns the work done.
+    pub(crate) fn poll_cross(&mut self) -> usize {
+        let mut work = self.poll_forgets();
+        let mut i = 0;
+        while i < self.cross.len() {
+            let mut op = self.cross.swap_remove(i);
+            let outcome = match op.sent {
+                None if self.now >= op.retry_at => {
+                    self.dispatch(&mut op);
+                    None
+                }
+                None => None,
+                Some(id) => match self.peers.poll(op.intent.target.0, id) {
+                    Ok(None) => None,
+                    Ok(Some(result)) => Some(result),
+                    Err(e) => {
+                        log::warn!(
+                            "worker {}: rename {:#x}: participant failed: {e}; retrying",
+                            self.id,
+                            op.txn
+                        );
+                        if let Some(c) = self.peers.conns.get_mut(op.intent.target.0 .0 as usize) {
+                            *c = None;
+                        }
+                        op.sent = None;
+                        op.retry_at = self.now + RETRY_AFTER;
+                        None
+                    }
+                },
+            };
+            match outcome {
+                Some(result) => {
+                    work += 1;
+                    self.finish_cross(op, result);
+                }
+                None => {
+                    if let Some(w) = op.waiter.take_if(|w| self.now >= w.give_up) {
+                        let e = FsError::Io(format!(
+                            "rename waits for server {}; it will complete when that server answers",
+                            op.intent.target.0
+                        ));
+                        self.answer(w, Body::Error { op: pfs_core::Opcode::RenameCross, error: e });
+                    }
+                    self.cross.push(op);
+                    let last = self.cross.len() - 1;
+                    self.cross.swap(i, last);
+                    i += 1;
+                }
+            }
+        }
+        work
+    }
+
+    fn finish_cross(&mut self, mut op: CrossOp, result: Result<Reply, FsError>) {
+        let i = &op.intent;
+        let body = match result {
+            Ok(Reply::XRenameTarget { old }) => {
+                let replacement = (old != 0).then_some(old);
+                match self.shard.xrename_finish(
+                    op.txn,
+                    i.src_parent,
+                    &i.src_name,
+                    i.value,
+                    i.new_parent,
+                    replacement,
+                ) {
+                    Ok(()) => {
+                        self.mark_dirty();
+                        match self.peers.send(
+                            i.target.0,
+                            i.target.1,
+                            Request::TxnForget { txn: op.txn },
+                        ) {
+                            Ok(id) => self.forgets.push((i.target.0, id)),
+                            Err(e) => log::warn!(
+                                "worker {}: cannot tell the end of {:#x}: {e}",
+                                self.id,
+                                op.txn
+                            ),
+                        }
+                        Body::Reply(Reply::RenameCross)
+                    }
+                    Err(error) => Body::Error { op: pfs_core::Opcode::RenameCross, error },
+                }
+            }
+            Ok(other) => Body::Error {
+                op: pfs_core::Opcode::RenameCross,
+                error: FsError::Io(format!("participant answered {:?}", other.opcode())),
+            },
+            Err(refusal) => {
+                // The participant changed nothing: drop the intent.
+                if let Err(e) = self.shard.txn_forget(op.txn) {
+                    log::error!("worker {}: cannot drop intent {:#x}: {e}", self.id, op.txn);
+                }
+                self.mark_dirty();
+                Body::Error { op: pfs_core::Opcode::RenameCross, error: refusal }
+            }
+        };
+        if let Some(w) = op.waiter.take() {
+            self.answer(w, body);
+        }
+    }
+
+    fn poll_forgets(&mut self) -> usize {
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.forgets.len() {
+            let (server, id) = self.forgets[i];
+            let failed = match self.peers.poll(server, id) {
+                Ok(None) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(Some(Ok(_))) => None,
+                Ok(Some(Err(e))) => Some(e.to_string()),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = failed {
+                // The participant keeps its record; it is small and bounded.
+                log::warn!("worker {}: forget at server {server} failed: {e}", self.id);
+            }
+            self.forgets.swap_remove(i);
+            work += 1;
+        }
+        work
+    }
+
+    /// Sends a reply frame with `body` to a waiting client.
+    fn answer(&mut self, w: Waiter, body: Body) {
+        let frame = Frame { request_id: w.request_id, client: w.client, body };
+        let buf = frame.to_bytes().expect("a rename reply always encodes");
+        self.route_reply(w.origin, w.conn, buf);
+    }
+}
+
+/// How long a client is told to wait for a cross-shard rename.
+pub fn patience(now: Instant) -> Instant {
+    now + CLIENT_PATIENCE
+}

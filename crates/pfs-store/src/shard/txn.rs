@@ -1,0 +1,298 @@
+//! Cross-shard transactions, the shard's part (docs/cluster.md).
+//!
+//! A shard keeps a small table `id -> bytes` of open transactions, logged and
+//! checkpointed like every other table. The coordinator of a rename records its
+//! intent there before anything else happens and removes it when done; the
+//! participant records the answer it gave in the same WAL record as its change,
+//! so a re-sent dispatch after a coordinator crash gets the same answer and is
+//! applied at most once. The server encodes what the bytes mean; the shard only
+//! keeps them.
+
+use pfs_core::{FileType, FsError, FsResult, InodeId};
+
+use super::meta::{check_name, decode_dentry, encode_dentry, DirEntry};
+use super::{tables, Shard};
+use crate::device::Device;
+use crate::wal::Change;
+
+/// Most open transactions a shard keeps; more is back-pressure (`TryAgain`).
+pub const TXN_TABLE_MAX: usize = 4096;
+/// Largest state a transaction record holds.
+pub const TXN_DATA_MAX: usize = 2048;
+/// Participant records are kept under the transaction id with this bit set.
+pub const PARTICIPANT_BIT: u64 = 1 << 63;
+
+/// The child and type of a dentry value from outside, if it is well formed.
+pub fn checked_dentry(value: u64) -> Option<(InodeId, FileType)> {
+    FileType::from_u8((value >> 56) as u8)?;
+    Some(decode_dentry(value))
+}
+
+impl<D: Device> Shard<D> {
+    /// The open transaction records, in id order.
+    pub fn txns(&self) -> Vec<(u64, Vec<u8>)> {
+        self.txns.iter().map(|(k, v)| (*k, v.clone())).collect()
+    }
+
+    /// The state bytes of transaction record `id`.
+    pub fn txn(&self, id: u64) -> Option<&[u8]> {
+        self.txns.get(&id).map(Vec::as_slice)
+    }
+
+    fn txn_room(&self, data: &[u8]) -> FsResult<()> {
+        if data.len() > TXN_DATA_MAX {
+            return Err(FsError::Invalid(format!("transaction state of {} bytes", data.len())));
+        }
+        if self.txns.len() >= TXN_TABLE_MAX {
+            return Err(FsError::TryAgain);
+        }
+        self.reserve_table_bytes(tables::txn_bytes(data))
+    }
+
+    /// Removes transaction record `id` (done, aborted, or forgotten).
+    pub fn txn_forget(&mut self, id: u64) -> FsResult<()> {
+        if !self.txns.contains_key(&id) {
+            return Ok(());
+        }
+        self.begin()?;
+        self.log(Change::TxnDel { id })?;
+        self.finish()
+    }
+
+    /// Frees inode `ino`, whose last name was removed on another shard; returns
+    /// its size and data layout so the caller frees data held elsewhere.
+    pub fn drop_orphan(&mut self, ino: InodeId) -> FsResult<(u64, pfs_core::FileLayout)> {
+        let inode = self.inode(ino)?;
+        if inode.kind == FileType::Directory && self.dentries.child_count(ino) > 0 {
+            return Err(FsError::NotEmpty);
+        }
+        let size = if inode.kind == FileType::Regular { inode.size } else { 0 };
+        self.begin()?;
+        self.drop_inode(&inode)?;
+        self.finish()?;
+        Ok((size, inode.file_layout))
+    }
+
+    /// Coordinator, step 1 of a rename whose target name lives on another shard:
+    /// checks the source and records the intent `intent` under `id`. Returns the
+    /// source entry. The caller commits before it dispatches.
+    pub fn xrename_begin(
+        &mut self,
+        id: u64,
+        src_parent: InodeId,
+        src_name: &[u8],
+        intent: &[u8],
+    ) -> FsResult<DirEntry> {
+        assert!(id & PARTICIPANT_BIT == 0, "coordinator ids have the top bit clear");
+        let src = self.lookup(src_parent, src_name)?;
+        self.txn_room(intent)?;
+        self.begin()?;
+        self.log(Change::TxnPut { id, data: intent.to_vec() })?;
+        self.finish()?;
+        Ok(src)
+    }
+
+    /// Coordinator, last step: the target side applied. Removes the source name
+    /// (or, for an exchange, points it at the target's old entry `replacement`) and
+    /// the intent, in one record. Idempotent: a finished intent is not redone.
+    pub fn xrename_finish(
+        &mut self,
+        id: u64,
+        src_parent: InodeId,
+        src_name: &[u8],
+        src_value: u64,
+        new_parent: InodeId,
+        replacement: Option<u64>,
+    ) -> FsResult<()> {
+        if !self.txns.contains_key(&id) {
+            return Ok(());
+        }
+        self.begin()?;
+        let now = self.now();
+        // Another operation may have changed the source name meanwhile only if it
+        // raced the rename; then the newer entry wins and only the intent goes.
+        if self.dentries.get(src_parent, src_name) == Some(src_value) {
+            match replacement {
+                Some(value) => {
+                    self.log(Change::DentryPut {
+                        parent: src_parent,
+                        name: src_name.to_vec(),
+                        value,
+                    })?;
+                    self.reparent(decode_dentry(value).0, src_parent, now)?;
+                }
+                None => {
+                    self.log(Change::DentryDel { parent: src_parent, name: src_name.to_vec() })?
+                }
+            }
+            let (ino, kind) = decode_dentry(src_value);
+            self.reparent(ino, new_parent, now)?;
+            let moved_dir = kind == FileType::Directory && replacement.is_none();
+            self.adjust_dir(src_parent, -(moved_dir as i64), now)?;
+        }
+        self.log(Change::TxnDel { id })?;
+        self.finish()
+    }
+
+    /// Participant: puts `value` (the moved entry) at `parent/name` for
+    /// transaction `id`, replacing what is there under the POSIX rules (or, when
+    /// `exchange`, swapping). Returns the target's old entry for an exchange.
+    /// The answer is recorded with the change, so calling again with the same id
+    /// returns it without applying twice.
+    pub fn xrename_target(
+        &mut self,
+        id: u64,
+        parent: InodeId,
+        name: &[u8],
+        value: u64,
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<Option<u64>> {
+        let key = id | PARTICIPANT_BIT;
+        if let Some(done) = self.txns.get(&key) {
+            return Ok(decode_answer(done));
+        }
+        check_name(name)?;
+        let (moved, moved_kind) = checked_dentry(value)
+            .ok_or_else(|| FsError::Invalid(format!("dentry value {value:#x}")))?;
+        if noreplace && exchange {
+            return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
+        }
+        let old = match self.lookup(parent, name) {
+            Ok(d) => Some(d),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        if moved_kind == FileType::Directory && self.is_ancestor(moved, parent)? {
+            return Err(FsError::Invalid("cannot move a directory into itself".into()));
+        }
+        match &old {
+            Some(d) if d.ino == moved => {}
+            Some(_) if noreplace => return Err(FsError::Exists),
+            Some(d) if !exchange => {
+                match (moved_kind == FileType::Directory, d.kind == FileType::Directory) {
+                    (true, false) => return Err(FsError::NotDir),
+                    (false, true) => return Err(FsError::IsDir),
+                    (true, true) if self.dentries.child_count(d.ino) > 0 => {
+                        return Err(FsError::NotEmpty)
+                    }
+                    _ => {}
+                }
+            }
+            Some(_) => {}
+            None if exchange => return Err(FsError::NotFound),
+            None => {}
+        }
+        let answer =
+            if exchange { old.as_ref().map(|d| encode_dentry(d.ino, d.kind)) } else { None };
+        let record = encode_answer(answer);
+        self.txn_room(&record)?;
+        self.reserve_table_bytes(tables::dentry_bytes(name))?;
+        self.begin()?;
+        let now = self.now();
+        if let Some(d) = &old {
+            if !exchange && d.ino != moved {
+                self.remove_entry(parent, d)?;
+            }
+        }
+        self.log(Change::DentryPut { parent, name: name.to_vec(), value })?;
+        self.reparent(moved, parent, now)?;
+        let new_dir = moved_kind == FileType::Directory && !exchange && old.is_none();
+        self.adjust_dir(parent, new_dir as i64, now)?;
+        self.log(Change::TxnPut { id: key, data: record })?;
+        self.finish()?;
+        Ok(answer)
+    }
+}
+
+fn encode_answer(answer: Option<u64>) -> Vec<u8> {
+    answer.unwrap_or(0).to_le_bytes().to_vec()
+}
+
+fn decode_answer(data: &[u8]) -> Option<u64> {
+    let v = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
+    (v != 0).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+    use crate::{CreateArgs, FormatOptions, ShardOptions};
+    use pfs_core::ShardId;
+
+    fn shard(id: u32) -> (MemDevice, Shard<MemDevice>) {
+        let dev = MemDevice::new(64 << 20, 64);
+        let mut f = FormatOptions::new(ShardId(id), 64 << 20);
+        f.create_root = id == 0;
+        let s = Shard::format(dev.handle(), &f, ShardOptions::default()).unwrap();
+        (dev, s)
+    }
+
+    #[test]
+    fn a_rename_across_two_shards_applies_once_and_survives_recovery() {
+        let (_da, mut a) = shard(0);
+        let (db, mut b) = shard(1);
+        let file = a.create(InodeId::ROOT, b"src", CreateArgs::file(0o644)).unwrap();
+        let victim = b.create(InodeId::ROOT, b"dst", CreateArgs::file(0o644)).unwrap();
+        let src = a.xrename_begin(5, InodeId::ROOT, b"src", b"intent").unwrap();
+        assert_eq!(a.txn(5), Some(&b"intent"[..]));
+        let value = encode_dentry(src.ino, src.kind);
+        assert_eq!(b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(), None);
+        // The victim is gone with its inode; a re-sent dispatch changes nothing.
+        assert!(!b.has_inode(victim.ino));
+        assert_eq!(b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(), None);
+        assert_eq!(b.lookup(InodeId::ROOT, b"dst").unwrap().ino, file.ino);
+        b.commit().unwrap();
+        a.xrename_finish(5, InodeId::ROOT, b"src", value, InodeId::ROOT, None).unwrap();
+        assert_eq!(a.lookup(InodeId::ROOT, b"src").unwrap_err(), FsError::NotFound);
+        assert_eq!(a.txn(5), None);
+        // The participant's record survives a crash until the coordinator's forget.
+        let b2 = Shard::open(db.crash(1), 0, ShardOptions::default()).unwrap();
+        assert!(b2.txn(5 | PARTICIPANT_BIT).is_some());
+        let mut b2 = b2;
+        b2.txn_forget(5 | PARTICIPANT_BIT).unwrap();
+        assert!(b2.txn(5 | PARTICIPANT_BIT).is_none());
+    }
+
+    #[test]
+    fn a_refusing_target_leaves_both_sides_unchanged() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        a.create(InodeId::ROOT, b"src", CreateArgs::file(0o644)).unwrap();
+        b.create(InodeId::ROOT, b"dst", CreateArgs::dir(0o755)).unwrap();
+        let src = a.xrename_begin(9, InodeId::ROOT, b"src", b"i").unwrap();
+        let value = encode_dentry(src.ino, src.kind);
+        assert_eq!(
+            b.xrename_target(9, InodeId::ROOT, b"dst", value, false, false),
+            Err(FsError::IsDir)
+        );
+        assert_eq!(
+            b.xrename_target(9, InodeId::ROOT, b"dst", value, true, false),
+            Err(FsError::Exists)
+        );
+        assert_eq!(
+            b.xrename_target(9, InodeId::ROOT, b"new", value, false, true),
+            Err(FsError::NotFound)
+        );
+        assert!(b.txn(9 | PARTICIPANT_BIT).is_none());
+        a.txn_forget(9).unwrap();
+        assert_eq!(a.lookup(InodeId::ROOT, b"src").unwrap().ino, src.ino);
+        assert_eq!(checked_dentry(0xff << 56), None);
+    }
+
+    #[test]
+    fn an_exchange_swaps_the_two_entries() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let x = a.create(InodeId::ROOT, b"x", CreateArgs::file(0o644)).unwrap();
+        let y = b.create(InodeId::ROOT, b"y", CreateArgs::dir(0o755)).unwrap();
+        let src = a.xrename_begin(3, InodeId::ROOT, b"x", b"i").unwrap();
+        let value = encode_dentry(src.ino, src.kind);
+        let old = b.xrename_target(3, InodeId::ROOT, b"y", value, false, true).unwrap();
+        assert_eq!(old, Some(encode_dentry(y.ino, FileType::Directory)));
+        a.xrename_finish(3, InodeId::ROOT, b"x", value, InodeId::ROOT, old).unwrap();
+        assert_eq!(a.lookup(InodeId::ROOT, b"x").unwrap().ino, y.ino);
+        assert_eq!(b.lookup(InodeId::ROOT, b"y").unwrap().ino, x.ino);
+    }
+}
