@@ -1,0 +1,451 @@
+//! A real cluster of processes on 127.0.0.x: a master and three `pfs-server`
+//! processes of two workers each, and client processes (this test binary run
+//! again in a child role) driving the native client.
+//!
+//! 1. Two clients run a mixed metadata and data workload, each checking every
+//!    read against its own model; afterwards a third client checks that the
+//!    cluster holds exactly the union of both models.
+//! 2. A server is killed with SIGKILL while a client writes and closes files, and
+//!    started again: every file the client saw closed before the kill is intact,
+//!    calls in flight fail or succeed, and the client never hangs.
+//!
+//! `harness = false`: `main` runs the scenarios, or a child role when
+//! `PFS_CLUSTER_CHILD` is set.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::content;
+use pfs_client::{Cluster, ClusterOptions, FileSystem};
+use pfs_core::wire::RenameFlags;
+use pfs_core::{FileType, FsError, InodeId, SetAttr};
+use pfs_net::ClusterKey;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const SERVERS: u32 = 3;
+const WORKERS: u32 = 2;
+const SERVER_BIN: &str = env!("CARGO_BIN_EXE_pfs-server");
+
+fn free_port(ip: &str) -> u16 {
+    TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
+}
+
+struct ClusterProcs {
+    dir: PathBuf,
+    master_addr: SocketAddr,
+    master: Child,
+    servers: Vec<Option<Child>>,
+}
+
+impl ClusterProcs {
+    fn start(dir: &Path) -> ClusterProcs {
+        let key = dir.join("cluster.key");
+        ClusterKey::generate(&key).unwrap();
+        let master_addr: SocketAddr =
+            format!("127.0.0.1:{}", free_port("127.0.0.1")).parse().unwrap();
+        std::fs::write(
+            dir.join("master.toml"),
+            format!(
+                "listen = \"{master_addr}\"\nkey_file = \"{}\"\nservers = {SERVERS}\nstate_path = \"{}\"\n\
+                 heartbeat_interval_ms = 200\ndown_after_ms = 1000\n",
+                key.display(),
+                dir.join("master.state").display()
+            ),
+        )
+        .unwrap();
+        let master = spawn(
+            dir,
+            "master",
+            &["master", "--config", dir.join("master.toml").to_str().unwrap()],
+        );
+        for n in 0..SERVERS {
+            let ip = format!("127.0.0.{}", n + 2);
+            let cfg = format!(
+                "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\nworkers = {WORKERS}\n\
+                 key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = 8388608\nicache_blocks = 256\n\
+                 idle_spin_us = 50\n",
+                free_port(&ip),
+                dir.join(format!("server-{n}.img")).display(),
+                common::DEVICE_BYTES,
+                key.display()
+            );
+            std::fs::write(dir.join(format!("server-{n}.toml")), cfg).unwrap();
+        }
+        let mut c = ClusterProcs { dir: dir.to_owned(), master_addr, master, servers: Vec::new() };
+        for n in 0..SERVERS {
+            // One after the other, so server n gets id n.
+            let child = c.spawn_server(n);
+            c.servers.push(Some(child));
+            c.wait_registered(n + 1);
+        }
+        c
+    }
+
+    fn spawn_server(&self, n: u32) -> Child {
+        let cfg = self.dir.join(format!("server-{n}.toml"));
+        spawn(&self.dir, &format!("server-{n}"), &["serve", "--config", cfg.to_str().unwrap()])
+    }
+
+    fn wait_registered(&self, count: u32) {
+        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(v) =
+                pfs_client::cluster::fetch_view(self.master_addr, &key, Duration::from_secs(2))
+            {
+                if v.servers.len() as u32 >= count && v.servers.iter().all(|s| s.up) {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "{count} servers did not register within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn client(&self) -> Cluster {
+        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
+        let mut o = ClusterOptions::new(self.master_addr, key);
+        o.connect_timeout = Duration::from_secs(20);
+        o.request_timeout = Duration::from_secs(3);
+        Cluster::connect(o).unwrap()
+    }
+
+    fn kill_server(&mut self, n: usize) {
+        let mut child = self.servers[n].take().unwrap();
+        // SAFETY: plain syscall on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+    }
+
+    fn stop(mut self) {
+        for s in self.servers.iter_mut().flatten() {
+            // SIGTERM: drain and checkpoint, exit 0.
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+        }
+        for (n, s) in self.servers.iter_mut().enumerate() {
+            if let Some(s) = s {
+                let status =
+                    wait_timeout(s, Duration::from_secs(20)).expect("server stops on SIGTERM");
+                assert!(status.success(), "server {n} exited with {status} on SIGTERM");
+            }
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(self.master.id() as i32, libc::SIGTERM) };
+        let status = wait_timeout(&mut self.master, Duration::from_secs(10)).expect("master stops");
+        assert!(status.success(), "master exited with {status}");
+    }
+}
+
+fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    Command::new(SERVER_BIN)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    None
+}
+
+/// Runs this binary again in role `role`; its stdout lines arrive on the channel.
+fn spawn_child(c: &ClusterProcs, role: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("PFS_CLUSTER_CHILD", role)
+        .env("PFS_MASTER", c.master_addr.to_string())
+        .env("PFS_KEY", c.dir.join("cluster.key"))
+        .env("PFS_DIR", &c.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+// ---- child roles ----
+
+fn child_client() -> Cluster {
+    let master: SocketAddr = std::env::var("PFS_MASTER").unwrap().parse().unwrap();
+    let key = ClusterKey::load(Path::new(&std::env::var("PFS_KEY").unwrap())).unwrap();
+    let mut o = ClusterOptions::new(master, key);
+    o.connect_timeout = Duration::from_secs(20);
+    o.request_timeout = Duration::from_secs(3);
+    Cluster::connect(o).unwrap()
+}
+
+fn write_all(
+    fs: &dyn FileSystem,
+    parent: InodeId,
+    name: &[u8],
+    data: &[u8],
+) -> Result<(), FsError> {
+    let (attr, fh) = fs.create(parent, name, 0o644, 0, 0, 0)?;
+    let mut r = Ok(());
+    for (k, chunk) in data.chunks(150_000).enumerate() {
+        if let Err(e) = fs.write(attr.ino, fh, (k * 150_000) as u64, chunk) {
+            r = Err(e);
+            break;
+        }
+    }
+    let closed = fs.release(attr.ino, fh);
+    r.and(closed)
+}
+
+fn read_all(fs: &dyn FileSystem, ino: InodeId) -> Result<Vec<u8>, FsError> {
+    let fh = fs.open(ino, 0)?;
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20)?;
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(ino, fh)?;
+    Ok(out)
+}
+
+/// Mixed workload in directory `c<id>` checked against a model; prints the model.
+fn child_mixed(id: u64) {
+    let fs = child_client();
+    let top = fs.mkdir(InodeId::ROOT, format!("c{id}").as_bytes(), 0o755, 0, 0).unwrap();
+    let sub = fs.mkdir(top.ino, b"sub", 0o755, 0, 0).unwrap();
+    let dirs = [(top.ino, "".to_string()), (sub.ino, "sub/".to_string())];
+    let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut rng = StdRng::seed_from_u64(0x5eed + id);
+    for step in 0..300u64 {
+        let (dir, prefix) = &dirs[rng.gen_range(0..2)];
+        let name = format!("n{}", rng.gen_range(0..40));
+        let path = format!("{prefix}{name}");
+        match rng.gen_range(0..10) {
+            0..=3 => {
+                let data = content(step * 13 + id);
+                let r = write_all(&fs, *dir, name.as_bytes(), &data);
+                match model.contains_key(&path) {
+                    true => assert_eq!(r, Err(FsError::Exists), "create of existing {path}"),
+                    false => {
+                        r.unwrap();
+                        model.insert(path, data);
+                    }
+                }
+            }
+            4 | 5 => {
+                let r = fs.lookup(*dir, name.as_bytes());
+                match model.get(&path) {
+                    Some(data) => {
+                        assert_eq!(&read_all(&fs, r.unwrap().ino).unwrap(), data, "read {path}")
+                    }
+                    None => assert_eq!(r.unwrap_err(), FsError::NotFound, "lookup {path}"),
+                }
+            }
+            6 => {
+                let r = fs.unlink(*dir, name.as_bytes());
+                match model.remove(&path) {
+                    Some(_) => r.unwrap(),
+                    None => assert_eq!(r.unwrap_err(), FsError::NotFound),
+                }
+            }
+            7 | 8 => {
+                let (to_dir, to_prefix) = &dirs[rng.gen_range(0..2)];
+                let to_name = format!("n{}", rng.gen_range(0..40));
+                let to_path = format!("{to_prefix}{to_name}");
+                let r = fs.rename(
+                    *dir,
+                    name.as_bytes(),
+                    *to_dir,
+                    to_name.as_bytes(),
+                    RenameFlags::empty(),
+                );
+                match model.remove(&path) {
+                    Some(data) => {
+                        r.unwrap();
+                        model.insert(to_path, data);
+                    }
+                    None => {
+                        assert_eq!(r.unwrap_err(), FsError::NotFound, "rename of missing {path}")
+                    }
+                }
+            }
+            _ => {
+                if let Some(data) = model.get_mut(&path) {
+                    let size = rng.gen_range(0..=data.len() as u64);
+                    let a = fs.lookup(*dir, name.as_bytes()).unwrap();
+                    fs.setattr(a.ino, &SetAttr { size: Some(size), ..SetAttr::default() }).unwrap();
+                    data.truncate(size as usize);
+                }
+            }
+        }
+    }
+    for (path, data) in &model {
+        println!("file c{id}/{path} {} {:08x}", data.len(), crc32c::crc32c(data));
+    }
+    println!("done");
+}
+
+/// Writes, closes and reports files until told to stop by a missing server.
+fn child_durable() {
+    let fs = child_client();
+    let dir = fs.mkdir(InodeId::ROOT, b"durable", 0o755, 0, 0).unwrap();
+    let mut out = std::io::stdout().lock();
+    for i in 0..400u64 {
+        let started = Instant::now();
+        let r = write_all(&fs, dir.ino, format!("f{i}").as_bytes(), &content(i));
+        // No call may hang: every one ends within the request timeout (3 s), a
+        // write-and-close within a few of them.
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "file {i} took {:?}",
+            started.elapsed()
+        );
+        match r {
+            Ok(()) => writeln!(out, "durable {i}").unwrap(),
+            Err(e) => writeln!(out, "failed {i} {e}").unwrap(),
+        }
+        out.flush().unwrap();
+    }
+    writeln!(out, "done").unwrap();
+}
+
+// ---- scenarios ----
+
+fn mixed_workload(c: &ClusterProcs) {
+    let kids: Vec<_> = (0..2).map(|id| spawn_child(c, &format!("mixed:{id}"))).collect();
+    let mut expected: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+    for (mut child, rx) in kids {
+        let mut done = false;
+        for line in rx.iter() {
+            if line == "done" {
+                done = true;
+            } else if let Some(rest) = line.strip_prefix("file ") {
+                let f: Vec<&str> = rest.split(' ').collect();
+                expected.insert(
+                    f[0].to_owned(),
+                    (f[1].parse().unwrap(), u32::from_str_radix(f[2], 16).unwrap()),
+                );
+            }
+        }
+        let status = wait_timeout(&mut child, Duration::from_secs(60)).expect("client exits");
+        assert!(status.success() && done, "client failed: {status}");
+    }
+    // A third client sees exactly what both models say.
+    let fs = c.client();
+    let mut found: BTreeMap<String, (u64, u32)> = BTreeMap::new();
+    let mut stack = vec![(InodeId::ROOT, String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let mut after: Option<Vec<u8>> = None;
+        loop {
+            let page = fs.readdir(dir, after.as_deref(), 16).unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some(last.name.clone());
+            for e in page {
+                let name = String::from_utf8(e.name).unwrap();
+                if e.kind == FileType::Directory {
+                    stack.push((e.ino, format!("{prefix}{name}/")));
+                } else {
+                    let data = read_all(&fs, fs.lookup(dir, name.as_bytes()).unwrap().ino).unwrap();
+                    found.insert(
+                        format!("{prefix}{name}"),
+                        (data.len() as u64, crc32c::crc32c(&data)),
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(found, expected, "the cluster's files differ from the clients' models");
+    println!("mixed workload: {} files match the models of 2 clients", found.len());
+}
+
+fn sigkill_a_server(c: &mut ClusterProcs) {
+    let (mut child, rx) = spawn_child(c, "durable");
+    let mut durable = Vec::new();
+    let mut failed = 0;
+    let mut killed = false;
+    let mut restarted = false;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let line = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(l) => l,
+            Err(e) => panic!("the client went silent ({e}): a call hangs"),
+        };
+        assert!(Instant::now() < deadline, "workload did not finish");
+        if line == "done" {
+            break;
+        }
+        if let Some(i) = line.strip_prefix("durable ") {
+            durable.push(i.parse::<u64>().unwrap());
+        } else if line.starts_with("failed ") {
+            failed += 1;
+        }
+        if !killed && durable.len() == 60 {
+            c.kill_server(1);
+            killed = true;
+        }
+        if killed && !restarted && failed >= 3 {
+            c.servers[1] = Some(c.spawn_server(1));
+            restarted = true;
+        }
+    }
+    let status = wait_timeout(&mut child, Duration::from_secs(30)).expect("client exits");
+    assert!(status.success(), "durable client failed: {status}");
+    assert!(killed && restarted, "the kill happened ({killed}) and the restart ({restarted})");
+    c.wait_registered(SERVERS);
+    let fs = c.client();
+    let dir = fs.lookup(InodeId::ROOT, b"durable").unwrap();
+    for &i in &durable {
+        let a = fs
+            .lookup(dir.ino, format!("f{i}").as_bytes())
+            .unwrap_or_else(|e| panic!("durable f{i}: {e}"));
+        assert_eq!(read_all(&fs, a.ino).unwrap(), content(i), "durable file f{i}");
+    }
+    assert!(durable.len() > 60, "writes resumed after the restart ({} durable)", durable.len());
+    println!(
+        "sigkill: {} durable files intact, {failed} calls failed while server 1 was down",
+        durable.len()
+    );
+}
+
+fn main() {
+    if let Ok(role) = std::env::var("PFS_CLUSTER_CHILD") {
+        match role.split_once(':') {
+            Some(("mixed", id)) => child_mixed(id.parse().unwrap()),
+            None if role == "durable" => child_durable(),
+            _ => panic!("unknown child role {role}"),
+        }
+        return;
+    }
+    let dir = common::test_dir("cluster-procs");
+    let mut c = ClusterProcs::start(&dir);
+    mixed_workload(&c);
+    sigkill_a_server(&mut c);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("cluster: ok");
+}
