@@ -1,2 +1,7 @@
-//! pfs root package: the admin CLI (later), integration tests in `tests/` and the
-//! criterion benchmarks in `benches/`. The file system itself lives in `crates/`.
+//! pfs root package: the `pfs` command (admin and all-in-one CLI), integration
+//! tests in `tests/` and the criterion benchmarks in `benches/`. The file system
+//! itself lives in `crates/`.
+//!
+//! - [`status`]: the cluster view as the table `pfs status` prints.
+
+pub mod status;
