@@ -11,20 +11,21 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pfs_core::routing::home_of;
-use pfs_core::wire::{InodeLayout, RenameFlags, Reply, Request, View, XattrSetMode};
+use pfs_core::wire::{InodeLayout, RenameFlags, Reply, Request, TokenMode, View, XattrSetMode};
 use pfs_core::{
     BlockIndex, ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, FsResult,
     InodeId, Route, RouteKey, ServerId, SetAttr, StatFs, WorkerId,
 };
 use pfs_net::ClusterKey;
 
-use crate::api::{DirListing, FileSystem, Invalidator};
+use crate::api::{DirListing, FileSystem, Invalidation, Invalidator};
 use crate::conn::{rpc_options, Conn, Sent};
+use crate::dcache::{CachedDir, DentryCache};
 
 /// File block size of every shard (`FormatOptions::block_size`).
 pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
@@ -48,6 +49,10 @@ pub struct ClusterOptions {
     pub max_unfinished_writes: usize,
     /// Every write waits for its reply.
     pub strict: bool,
+    /// How long a cached directory name stays valid (0: no dentry cache).
+    pub dentry_ttl: Duration,
+    /// Most directory names cached.
+    pub dentry_cache_entries: usize,
 }
 
 impl ClusterOptions {
@@ -60,6 +65,8 @@ impl ClusterOptions {
             request_timeout: Duration::from_secs(30),
             max_unfinished_writes: 64,
             strict: false,
+            dentry_ttl: Duration::from_secs(1),
+            dentry_cache_entries: 65_536,
         }
     }
 }
@@ -96,11 +103,59 @@ pub struct Cluster {
     view: View,
     servers: u32,
     workers: u32,
-    conns: Vec<Conn>,
+    conns: Arc<Vec<Conn>>,
     layouts: Mutex<HashMap<InodeId, InodeLayout>>,
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     next_fh: AtomicU64,
+    caches: Arc<Caches>,
+    stop: Arc<AtomicBool>,
+    notifier: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the notification thread shares with the client: the dentry cache, the
+/// read tokens it lives under, and the kernel's invalidation callback.
+struct Caches {
+    dcache: Mutex<DentryCache>,
+    /// Read tokens held: directory -> lease expiry.
+    read_tokens: Mutex<HashMap<InodeId, Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
+}
+
+impl Caches {
+    /// A server revoked the read token on `dir`: drop what it covered.
+    fn revoke(&self, dir: InodeId) {
+        self.read_tokens.lock().expect("token lock").remove(&dir);
+        let names = self.dcache.lock().expect("dcache lock").take_dir(dir);
+        if let Some(inv) = self.invalidator.lock().expect("invalidator lock").as_ref() {
+            for name in names {
+                inv(Invalidation::Entry { parent: dir, name });
+            }
+            inv(Invalidation::Inode { ino: dir });
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.notifier.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How often the client looks for invalidations servers sent.
+const NOTIFY_POLL: Duration = Duration::from_millis(10);
+
+fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        for c in conns.iter() {
+            for dir in c.take_invalidations() {
+                caches.revoke(dir);
+            }
+        }
+        std::thread::sleep(NOTIFY_POLL);
+    }
 }
 
 impl std::fmt::Debug for Cluster {
@@ -110,6 +165,26 @@ impl std::fmt::Debug for Cluster {
             .field("servers", &self.servers)
             .field("workers", &self.workers)
             .finish_non_exhaustive()
+    }
+}
+
+/// A held write token, given back when dropped.
+struct WriteToken<'a> {
+    client: &'a Cluster,
+    dir: Option<InodeId>,
+}
+
+impl Drop for WriteToken<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir {
+            // Dropping this own client's cached names of `dir` too: they may
+            // have just changed.
+            self.client.caches.dcache.lock().expect("dcache lock").invalidate_dir(dir);
+            let release = Request::TokenRelease { dir, mode: TokenMode::Write };
+            if let Err(e) = self.client.call_home(dir, release) {
+                log::debug!("write token on {dir} not released ({e}); it expires by itself");
+            }
+        }
     }
 }
 
@@ -168,6 +243,20 @@ impl Cluster {
             })?;
             conns.push(conn);
         }
+        let conns = Arc::new(conns);
+        let caches = Arc::new(Caches {
+            dcache: Mutex::new(DentryCache::new(opts.dentry_cache_entries)),
+            read_tokens: Mutex::new(HashMap::new()),
+            invalidator: Mutex::new(None),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let notifier = {
+            let (conns, caches, stop) = (conns.clone(), caches.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("pfs-notify".into())
+                .spawn(move || notification_loop(conns, caches, stop))
+                .map_err(|e| FsError::Io(format!("cannot start the notification thread: {e}")))?
+        };
         let c = Cluster {
             servers: view.servers.len() as u32,
             workers,
@@ -177,11 +266,18 @@ impl Cluster {
             layouts: Mutex::new(HashMap::new()),
             files: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            invalidator: Mutex::new(None),
+            caches,
+            stop,
+            notifier: Some(notifier),
             opts,
         };
         c.layout_of(InodeId::ROOT)?;
         Ok(c)
+    }
+
+    /// Dentry cache (hits, misses) so far.
+    pub fn dentry_cache_stats(&self) -> (u64, u64) {
+        self.caches.dcache.lock().expect("dcache lock").counters()
     }
 
     /// The view this client routes by.
@@ -257,6 +353,44 @@ impl Cluster {
                 self.remember(e.attr.ino, e.layout);
                 Ok(e.attr)
             }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Holds (or takes) a read token on `dir`; its expiry, or `None` when the server
+    /// grants no lease (someone is changing names in `dir`).
+    fn read_token(&self, dir: InodeId) -> FsResult<Option<Instant>> {
+        let now = Instant::now();
+        if let Some(&exp) = self.caches.read_tokens.lock().expect("token lock").get(&dir) {
+            if exp > now {
+                return Ok(Some(exp));
+            }
+        }
+        match self.call_home(dir, Request::TokenAcquire { dir, mode: TokenMode::Read })? {
+            Reply::TokenAcquire(g) if g.lease_ms > 0 => {
+                // Count the lease from before the request: never longer than granted.
+                let exp = now + Duration::from_millis(u64::from(g.lease_ms));
+                let mut t = self.caches.read_tokens.lock().expect("token lock");
+                if t.len() >= LAYOUT_CACHE_MAX {
+                    t.retain(|_, e| *e > now);
+                }
+                t.insert(dir, exp);
+                Ok(Some(exp))
+            }
+            Reply::TokenAcquire(_) => Ok(None),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Takes the write token on `dir`, which makes the server tell every other
+    /// client to drop the names of `dir` it caches; released when dropped.
+    fn write_token(&self, dir: InodeId) -> FsResult<WriteToken<'_>> {
+        if self.opts.dentry_ttl.is_zero() {
+            return Ok(WriteToken { client: self, dir: None });
+        }
+        self.caches.dcache.lock().expect("dcache lock").invalidate_dir(dir);
+        match self.call_home(dir, Request::TokenAcquire { dir, mode: TokenMode::Write })? {
+            Reply::TokenAcquire(_) => Ok(WriteToken { client: self, dir: Some(dir) }),
             other => Err(unexpected(other)),
         }
     }
@@ -465,9 +599,31 @@ impl Cluster {
 
 impl FileSystem for Cluster {
     fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
+        let caching = !self.opts.dentry_ttl.is_zero();
+        if caching {
+            let hit =
+                self.caches.dcache.lock().expect("dcache lock").get(parent, name, Instant::now());
+            if let Some(d) = hit {
+                return Ok(d.attr);
+            }
+        }
         let key = self.dentry_key(parent, name)?;
         let reply = self.call(key, Request::Lookup { parent, name: name.to_vec() })?;
-        self.entry_attr(reply)
+        let attr = self.entry_attr(reply)?;
+        if caching && attr.kind == FileType::Directory {
+            // Only names of directories are cached, and only under a read token.
+            if let Some(expires) = self.read_token(parent)? {
+                let layout = self.layout_of(attr.ino)?.dir;
+                let until = expires.min(Instant::now() + self.opts.dentry_ttl);
+                self.caches.dcache.lock().expect("dcache lock").insert(
+                    parent,
+                    name,
+                    CachedDir { attr, layout },
+                    until,
+                );
+            }
+        }
+        Ok(attr)
     }
 
     fn getattr(&self, ino: InodeId) -> FsResult<FileAttr> {
@@ -596,6 +752,7 @@ impl FileSystem for Cluster {
         if layout == DirLayout::BigDir && !self.is_empty_dir(child.ino, layout)? {
             return Err(FsError::NotEmpty);
         }
+        let _token = self.write_token(parent)?;
         let key = self.dentry_key(parent, name)?;
         match self.call(key, Request::Rmdir { parent, name: name.to_vec() })? {
             Reply::Rmdir { remote: false, .. } => Ok(()),
@@ -614,6 +771,8 @@ impl FileSystem for Cluster {
     ) -> FsResult<()> {
         let from = self.route(self.dentry_key(parent, name)?);
         let to = self.route(self.dentry_key(new_parent, new_name)?);
+        // Either name may be a directory others cache: take both write tokens.
+        let _tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
         let (name, new_name) = (name.to_vec(), new_name.to_vec());
         let req = if (from.server, from.proc_worker) == (to.server, to.proc_worker) {
             Request::Rename { parent, name, new_parent, new_name, flags }
@@ -891,6 +1050,6 @@ impl FileSystem for Cluster {
     }
 
     fn set_invalidator(&self, invalidator: Invalidator) {
-        *self.invalidator.lock().expect("invalidator lock") = Some(invalidator);
+        *self.caches.invalidator.lock().expect("invalidator lock") = Some(invalidator);
     }
 }

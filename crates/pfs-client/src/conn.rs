@@ -97,6 +97,22 @@ impl Conn {
         }
     }
 
+    /// The directories whose read tokens the server revoked since the last call.
+    pub fn take_invalidations(&self) -> Vec<pfs_core::InodeId> {
+        let mut out = Vec::new();
+        let mut rpc = self.rpc.lock().expect("connection lock");
+        while let Some(n) = rpc.next_notification() {
+            match n {
+                Ok(Frame { body: Body::Request(Request::TokenInvalidate { dir }), .. }) => {
+                    out.push(dir)
+                }
+                Ok(other) => log::warn!("{}: unexpected message {:?}", self.addr, other.opcode()),
+                Err(e) => log::warn!("{}: bad notification: {e}", self.addr),
+            }
+        }
+        out
+    }
+
     /// Sends `req` and waits for its reply.
     pub fn call(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Reply> {
         let sent = self.send(req, worker, timeout)?;

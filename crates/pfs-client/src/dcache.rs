@@ -102,6 +102,16 @@ impl DentryCache {
         self.map.retain(|(p, _), _| *p != parent);
     }
 
+    /// Drops every name in `parent` and returns them (to tell the kernel).
+    pub fn take_dir(&mut self, parent: InodeId) -> Vec<Vec<u8>> {
+        let names: Vec<Vec<u8>> =
+            self.map.keys().filter(|(p, _)| *p == parent).map(|(_, n)| n.clone()).collect();
+        for n in &names {
+            self.map.remove(&(parent, n.clone()));
+        }
+        names
+    }
+
     /// Entries cached now.
     pub fn len(&self) -> usize {
         self.map.len()

@@ -9,12 +9,14 @@
 //!   and the heartbeat; [`ServerHandle`] stops it cleanly.
 //! - [`master`]: the cluster view: registration, heartbeats, down detection.
 //! - [`signals`]: SIGTERM / SIGINT to a stop flag.
+//! - [`tokens`]: dentry-cache read/write tokens with leases, and who to tell.
 
 pub mod cross;
 pub mod exec;
 pub mod master;
 pub mod server;
 pub mod signals;
+pub mod tokens;
 pub mod worker;
 
 pub use master::{start_master, MasterHandle, MasterState};

@@ -16,13 +16,15 @@ use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
 use crate::cross::Peers;
-use crate::worker::{ring_mesh, Doorbell, UsageCell, Worker, WorkerOptions};
+use crate::worker::{ring_mesh, ClientRegistry, Doorbell, UsageCell, Worker, WorkerOptions};
 use crate::ServerError;
 
 /// Zones start at multiples of this, so `O_DIRECT` alignment always holds.
 const ZONE_ALIGN_BYTES: u64 = 1 << 20;
 /// How often a server reports to the master.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// Lease of a dentry-cache read token.
+pub const TOKEN_LEASE_MS: u64 = 1000;
 /// New connections waiting for their worker.
 const NEW_CONN_QUEUE: usize = 64;
 
@@ -299,7 +301,9 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         poll_mode: cfg.poll_mode,
         idle_spin: Duration::from_micros(cfg.idle_spin_us),
         commit_interval: Duration::from_millis(50),
+        token_lease: Duration::from_millis(TOKEN_LEASE_MS),
     };
+    let clients: ClientRegistry = Arc::new(Mutex::new(std::collections::HashMap::new()));
     let view: SharedView = Arc::new(Mutex::new(None));
     let mut senders = Vec::with_capacity(workers);
     let mut handles = Vec::with_capacity(workers);
@@ -317,6 +321,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             usage[w].clone(),
             stop.clone(),
             Peers::new(key.clone(), view.clone()),
+            clients.clone(),
         )
         .map_err(|e| ServerError::Net(e.to_string()))?;
         let h = std::thread::Builder::new()

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Request};
+use pfs_core::wire::{Body, Frame, FrameHeader, Reply, Request};
 use pfs_core::{ClientId, FsError, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, EventFd, Qp, QueuePair, WorkId};
@@ -29,6 +29,7 @@ use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Peers, Waiter};
 use crate::exec::{execute, is_mutation, Durability};
+use crate::tokens::Tokens;
 
 /// A connection of this worker, as named in ring messages: its slot and the
 /// generation of the slot, so a reply for a connection that closed meanwhile is
@@ -109,11 +110,20 @@ pub struct WorkerOptions {
     pub idle_spin: Duration,
     /// Longest time a change waits for its commit when nobody asks.
     pub commit_interval: Duration,
+    /// Lease of a dentry-cache token.
+    pub token_lease: Duration,
 }
+
+/// Which worker and connection serve each client, for messages the server sends
+/// unasked (token invalidations). Written once per connection, read rarely.
+pub type ClientRegistry =
+    Arc<std::sync::Mutex<std::collections::HashMap<ClientId, (u16, ConnRef)>>>;
 
 struct ConnState {
     qp: Qp,
     gen: u32,
+    /// The client id its requests carry, once seen.
+    client: Option<ClientId>,
 }
 
 /// One worker; [`run`](Worker::run) is its thread's body.
@@ -142,6 +152,8 @@ pub struct Worker<D: Device> {
     pub(crate) forgets: Vec<(pfs_core::ServerId, RequestId)>,
     pub(crate) peers: Peers,
     pub(crate) txn_seq: u64,
+    tokens: Tokens,
+    clients: ClientRegistry,
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -192,13 +204,14 @@ impl<D: Device> Worker<D> {
         usage: Arc<UsageCell>,
         stop: Arc<AtomicBool>,
         peers: Peers,
+        clients: ClientRegistry,
     ) -> std::io::Result<Worker<D>> {
         let epoll = Epoll::new()?;
         epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
         let mut w = Worker {
             id,
             shard,
-            opts,
+            opts: opts.clone(),
             conns: Vec::new(),
             next_gen: 1,
             new_conns,
@@ -217,6 +230,8 @@ impl<D: Device> Worker<D> {
             forgets: Vec::new(),
             peers,
             txn_seq: wall_clock_ns() as u64 / 1000,
+            tokens: Tokens::new(opts.token_lease),
+            clients,
         };
         w.publish_usage();
         w.recover_cross();
@@ -304,7 +319,7 @@ impl<D: Device> Worker<D> {
             log::info!("worker {}: serving {} over {:?}", self.id, qp.peer(), qp.backend());
             let gen = self.next_gen;
             self.next_gen = self.next_gen.wrapping_add(1).max(1);
-            self.conns[slot] = Some(ConnState { qp, gen });
+            self.conns[slot] = Some(ConnState { qp, gen, client: None });
         }
         n
     }
@@ -340,6 +355,13 @@ impl<D: Device> Worker<D> {
     fn drop_conn(&mut self, slot: usize, reason: &str) {
         if let Some(conn) = self.conns[slot].take() {
             let _ = self.epoll.delete(conn.qp.wait_fd());
+            if let Some(client) = conn.client {
+                let mut reg = self.clients.lock().expect("client registry lock");
+                let me = ConnRef { slot: slot as u32, gen: conn.gen };
+                if reg.get(&client) == Some(&(self.id, me)) {
+                    reg.remove(&client);
+                }
+            }
             log::info!("worker {}: connection from {} ended: {reason}", self.id, conn.qp.peer());
         }
     }
@@ -350,6 +372,15 @@ impl<D: Device> Worker<D> {
             Ok(h) => h,
             Err(e) => return self.close(conn, &format!("bad request header: {e}")),
         };
+        if header.client.0 != 0 {
+            if let Some(state) = self.conns[conn.slot as usize].as_mut() {
+                if state.client.is_none() {
+                    state.client = Some(header.client);
+                    let mut reg = self.clients.lock().expect("client registry lock");
+                    reg.insert(header.client, (self.id, conn));
+                }
+            }
+        }
         let workers = self.ring_out.len();
         let target = header.worker as usize;
         if target >= workers {
@@ -388,6 +419,31 @@ impl<D: Device> Worker<D> {
             return Some(error_reply(header, FsError::Invalid("a reply sent as a request".into())));
         };
         let op = req.opcode();
+        if let Request::TokenAcquire { dir, mode } = req {
+            let (grant, revoked) = self.tokens.acquire(dir, frame.client, mode, self.now);
+            for holder in revoked {
+                self.notify(holder, Request::TokenInvalidate { dir });
+            }
+            let reply = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Reply(Reply::TokenAcquire(grant)),
+            };
+            buf.clear();
+            reply.encode(&mut buf).expect("a token reply always encodes");
+            return Some(buf);
+        }
+        if let Request::TokenRelease { dir, mode } = req {
+            self.tokens.release(dir, frame.client, mode);
+            let reply = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Reply(Reply::TokenRelease),
+            };
+            buf.clear();
+            reply.encode(&mut buf).expect("a token reply always encodes");
+            return Some(buf);
+        }
         if let Request::RenameCross {
             parent,
             name,
@@ -495,6 +551,18 @@ impl<D: Device> Worker<D> {
         }
     }
 
+    /// Sends `req` unasked to `client` on its connection, wherever it is served.
+    fn notify(&mut self, client: ClientId, req: Request) {
+        let Some((worker, conn)) =
+            self.clients.lock().expect("client registry lock").get(&client).copied()
+        else {
+            return; // Not connected here: its lease runs out by itself.
+        };
+        let frame = Frame { request_id: RequestId(0), client, body: Body::Request(req) };
+        let buf = frame.to_bytes().expect("a notification always encodes");
+        self.route_reply(worker, conn, buf);
+    }
+
     /// Notes that the shard changed, so the commit timer runs.
     pub(crate) fn mark_dirty(&mut self) {
         self.dirty_since.get_or_insert(self.now);
@@ -555,6 +623,7 @@ impl<D: Device> Worker<D> {
 
     /// Sleeps on the eventfd and the connections until work arrives.
     fn park(&mut self) {
+        self.tokens.expire(self.now);
         let bell = &self.bells[self.id as usize];
         bell.parked.store(true, Ordering::SeqCst);
         // Re-check after announcing the park: a producer that pushed before it saw

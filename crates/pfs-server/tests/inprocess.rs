@@ -190,3 +190,62 @@ fn a_two_server_cluster_serves_files_and_survives_a_restart() {
     master.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
+    use std::sync::{Arc, Mutex};
+
+    let dir = test_dir("tokens");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let long_ttl = |k: &pfs_net::ClusterKey| {
+        let mut o = pfs_client::ClusterOptions::new(master.addr(), k.clone());
+        // Far longer than the test: only an invalidation can end a cached name.
+        o.dentry_ttl = Duration::from_secs(600);
+        pfs_client::Cluster::connect(o).unwrap()
+    };
+    let a = long_ttl(&key);
+    let b = long_ttl(&key);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+
+    let d = b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
+    let (hits, _) = a.dentry_cache_stats();
+    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
+    assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
+    // Served from A's cache now: B's rename must reach A as an invalidation.
+    b.rename(InodeId::ROOT, b"d", InodeId::ROOT, b"e", RenameFlags::empty()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match a.lookup(InodeId::ROOT, b"d") {
+            Err(FsError::NotFound) => break,
+            Ok(_) => assert!(std::time::Instant::now() < deadline, "A still sees the old name"),
+            Err(e) => panic!("{e}"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap().ino, d.ino);
+    let got = seen.lock().unwrap().clone();
+    assert!(
+        got.contains(&pfs_client::Invalidation::Entry {
+            parent: InodeId::ROOT,
+            name: b"d".to_vec()
+        }),
+        "the kernel callback was told: {got:?}"
+    );
+    // rmdir by B is seen by A as well.
+    b.rmdir(InodeId::ROOT, b"e").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.lookup(InodeId::ROOT, b"e").is_ok() {
+        assert!(std::time::Instant::now() < deadline, "A still sees the removed directory");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop((a, b));
+    server.stop().unwrap();
+    master.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
