@@ -1,0 +1,157 @@
+//! Dentry-cache tokens (PeakFS III-C2), kept by the worker that owns a
+//! directory's inode. A client caches the names of subdirectories of `dir` only
+//! while it holds a read token on `dir`, a lease that expires by itself; a client
+//! about to change such a name takes the write token, and every other holder is
+//! told to drop its cache (`TokenInvalidate`, sent unasked on its connection).
+//!
+//! Tokens live in memory only: after a restart no one holds one, and every
+//! client's leases run out within `lease`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::{TokenGrant, TokenMode};
+use pfs_core::{ClientId, InodeId};
+
+/// Directories with tokens one worker tracks; past it, reads get no lease.
+pub const TOKEN_DIRS_MAX: usize = 1 << 16;
+/// Read holders per directory; past it, reads get no lease.
+pub const TOKEN_READERS_MAX: usize = 1024;
+
+#[derive(Debug, Default)]
+struct DirTokens {
+    readers: Vec<(ClientId, Instant)>,
+    writer: Option<(ClientId, Instant)>,
+}
+
+/// The tokens of the directories one worker owns.
+#[derive(Debug)]
+pub struct Tokens {
+    dirs: HashMap<InodeId, DirTokens>,
+    lease: Duration,
+}
+
+impl Tokens {
+    /// A table granting leases of `lease`.
+    pub fn new(lease: Duration) -> Tokens {
+        Tokens { dirs: HashMap::new(), lease }
+    }
+
+    /// Grants `mode` on `dir` to `client` at `now`. For a write token, returns
+    /// the other clients whose read tokens it revokes (to be sent an invalidation).
+    pub fn acquire(
+        &mut self,
+        dir: InodeId,
+        client: ClientId,
+        mode: TokenMode,
+        now: Instant,
+    ) -> (TokenGrant, Vec<ClientId>) {
+        let no_lease = TokenGrant { mode, lease_ms: 0 };
+        if !self.dirs.contains_key(&dir) && self.dirs.len() >= TOKEN_DIRS_MAX {
+            self.expire(now);
+            if self.dirs.len() >= TOKEN_DIRS_MAX {
+                return (no_lease, Vec::new());
+            }
+        }
+        let lease_ms = self.lease.as_millis() as u32;
+        let t = self.dirs.entry(dir).or_default();
+        t.readers.retain(|(_, exp)| *exp > now);
+        if t.writer.is_some_and(|(_, exp)| exp <= now) {
+            t.writer = None;
+        }
+        match mode {
+            TokenMode::Read => {
+                if t.writer.is_some_and(|(w, _)| w != client) {
+                    // A change is under way: do not cache.
+                    return (no_lease, Vec::new());
+                }
+                let full = t.readers.len() >= TOKEN_READERS_MAX;
+                match t.readers.iter_mut().find(|(c, _)| *c == client) {
+                    Some(r) => r.1 = now + self.lease,
+                    None if full => return (no_lease, Vec::new()),
+                    None => t.readers.push((client, now + self.lease)),
+                }
+                (TokenGrant { mode, lease_ms }, Vec::new())
+            }
+            TokenMode::Write => {
+                let revoked: Vec<ClientId> =
+                    t.readers.iter().map(|(c, _)| *c).filter(|c| *c != client).collect();
+                t.readers.clear();
+                t.writer = Some((client, now + self.lease));
+                (TokenGrant { mode, lease_ms }, revoked)
+            }
+        }
+    }
+
+    /// Gives a token back.
+    pub fn release(&mut self, dir: InodeId, client: ClientId, mode: TokenMode) {
+        let Some(t) = self.dirs.get_mut(&dir) else { return };
+        match mode {
+            TokenMode::Read => t.readers.retain(|(c, _)| *c != client),
+            TokenMode::Write => {
+                if t.writer.is_some_and(|(w, _)| w == client) {
+                    t.writer = None;
+                }
+            }
+        }
+        if t.readers.is_empty() && t.writer.is_none() {
+            self.dirs.remove(&dir);
+        }
+    }
+
+    /// Drops every expired token.
+    pub fn expire(&mut self, now: Instant) {
+        self.dirs.retain(|_, t| {
+            t.readers.retain(|(_, exp)| *exp > now);
+            if t.writer.is_some_and(|(_, exp)| exp <= now) {
+                t.writer = None;
+            }
+            !t.readers.is_empty() || t.writer.is_some()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: InodeId = InodeId(77);
+
+    #[test]
+    fn a_write_token_revokes_the_other_readers_and_blocks_new_leases() {
+        let mut t = Tokens::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let (a, b, c) = (ClientId(1), ClientId(2), ClientId(3));
+        assert_eq!(t.acquire(D, a, TokenMode::Read, now).0.lease_ms, 1000);
+        assert_eq!(t.acquire(D, b, TokenMode::Read, now).0.lease_ms, 1000);
+        let (grant, revoked) = t.acquire(D, a, TokenMode::Write, now);
+        assert_eq!((grant.mode, revoked), (TokenMode::Write, vec![b]));
+        // While a changes names, c gets no lease; a itself may read.
+        assert_eq!(t.acquire(D, c, TokenMode::Read, now).0.lease_ms, 0);
+        assert_eq!(t.acquire(D, a, TokenMode::Read, now).0.lease_ms, 1000);
+        t.release(D, a, TokenMode::Write);
+        assert_eq!(t.acquire(D, c, TokenMode::Read, now).0.lease_ms, 1000);
+    }
+
+    #[test]
+    fn leases_expire_and_expired_readers_are_not_told() {
+        let mut t = Tokens::new(Duration::from_millis(100));
+        let now = Instant::now();
+        t.acquire(D, ClientId(1), TokenMode::Read, now);
+        let later = now + Duration::from_millis(200);
+        let (_, revoked) = t.acquire(D, ClientId(2), TokenMode::Write, later);
+        assert!(revoked.is_empty());
+        t.expire(later + Duration::from_secs(1));
+        assert!(t.dirs.is_empty());
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let mut t = Tokens::new(Duration::from_secs(60));
+        let now = Instant::now();
+        for i in 0..TOKEN_READERS_MAX as u32 {
+            assert_eq!(t.acquire(D, ClientId(i), TokenMode::Read, now).0.lease_ms, 60_000);
+        }
+        assert_eq!(t.acquire(D, ClientId(u32::MAX), TokenMode::Read, now).0.lease_ms, 0);
+    }
+}
