@@ -53,6 +53,9 @@ pub struct ClusterOptions {
     pub dentry_ttl: Duration,
     /// Most directory names cached.
     pub dentry_cache_entries: usize,
+    /// Transport to the servers: `Auto` takes shared memory for a server on this
+    /// host, TCP otherwise.
+    pub transport: pfs_net::TransportKind,
 }
 
 impl ClusterOptions {
@@ -67,6 +70,7 @@ impl ClusterOptions {
             strict: false,
             dentry_ttl: Duration::from_secs(1),
             dentry_cache_entries: 65_536,
+            transport: pfs_net::TransportKind::Auto,
         }
     }
 }
@@ -237,7 +241,8 @@ impl Cluster {
             let addr: SocketAddr = s.addr.parse().map_err(|_| {
                 FsError::Io(format!("server {} has address {:?}, not ip:port", s.id, s.addr))
             })?;
-            let ro = rpc_options(client, opts.connect_timeout, opts.request_timeout);
+            let mut ro = rpc_options(client, opts.connect_timeout, opts.request_timeout);
+            ro.connect.transport = opts.transport;
             let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
                 FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
             })?;
@@ -295,9 +300,21 @@ impl Cluster {
         Ok((s, sent))
     }
 
+    /// Sends `req` to a shard and waits; `TryAgain` (a full table, an rmdir
+    /// deciding on the directory) is retried with back-off within the timeout.
     fn call_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<Reply> {
-        let (s, sent) = self.send_to(server, worker, req)?;
-        self.conns[s].wait(sent)
+        let deadline = Instant::now() + self.opts.request_timeout;
+        let mut pause = Duration::from_micros(100);
+        loop {
+            let (s, sent) = self.send_to(server, worker, req.clone())?;
+            match self.conns[s].wait(sent) {
+                Err(FsError::TryAgain) if Instant::now() + pause < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                other => return other,
+            }
+        }
     }
 
     fn call(&self, key: RouteKey<'_>, req: Request) -> FsResult<Reply> {
@@ -568,33 +585,6 @@ impl Cluster {
         }
         result
     }
-
-    /// Whether directory `dir` (of layout `layout`) has no entry on any shard.
-    fn is_empty_dir(&self, dir: InodeId, layout: DirLayout) -> FsResult<bool> {
-        let list = |s: ServerId, w: WorkerId| -> FsResult<bool> {
-            let req = Request::ReadDir {
-                ino: dir,
-                after: Vec::new(),
-                max_entries: 1,
-                max_bytes: 4096,
-                plus: false,
-            };
-            match self.call_to(s, w, req)? {
-                Reply::ReadDir { entries, .. } => Ok(entries.is_empty()),
-                other => Err(unexpected(other)),
-            }
-        };
-        if layout == DirLayout::Regular {
-            let (s, w) = home_of(dir, self.servers, self.workers);
-            return list(s, w);
-        }
-        for (s, w) in self.all_shards() {
-            if !list(s, w)? {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
 }
 
 impl FileSystem for Cluster {
@@ -749,12 +739,15 @@ impl FileSystem for Cluster {
             return Err(FsError::NotDir);
         }
         let layout = self.layout_of(child.ino)?.dir;
-        if layout == DirLayout::BigDir && !self.is_empty_dir(child.ino, layout)? {
-            return Err(FsError::NotEmpty);
-        }
         let _token = self.write_token(parent)?;
         let key = self.dentry_key(parent, name)?;
-        match self.call(key, Request::Rmdir { parent, name: name.to_vec() })? {
+        // A bigdir's entries may be on any shard: its rmdir is a transaction that
+        // checks them all (a regular one's are with its inode, on the name's shard).
+        let req = match layout {
+            DirLayout::BigDir => Request::RmdirBigDir { parent, name: name.to_vec() },
+            DirLayout::Regular => Request::Rmdir { parent, name: name.to_vec() },
+        };
+        match self.call(key, req)? {
             Reply::Rmdir { remote: false, .. } => Ok(()),
             Reply::Rmdir { ino, remote: true } => self.drop_remote(ino),
             other => Err(unexpected(other)),

@@ -28,6 +28,8 @@ pub const CROSS_MAX: usize = 256;
 /// How long a client waits for a cross-shard rename before it gets an error
 /// (the rename then still completes in the background).
 const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
+/// Most `TxnForget` messages waiting for an answer per worker.
+const FORGETS_MAX: usize = 4096;
 /// Pause before re-sending to a participant that could not be reached.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
@@ -101,6 +103,16 @@ impl Intent {
     }
 }
 
+/// A participant to be told that a transaction ended.
+#[derive(Clone, Copy, Debug)]
+pub struct Forget {
+    server: ServerId,
+    worker: WorkerId,
+    txn: u64,
+    sent: Option<RequestId>,
+    retry_at: Instant,
+}
+
 /// Who waits for a rename's outcome.
 #[derive(Debug)]
 pub struct Waiter {
@@ -141,6 +153,23 @@ impl Peers {
         Peers { key, view, conns: Vec::new() }
     }
 
+    /// Servers and workers per server in the view, once it is complete.
+    pub(crate) fn shape(&self) -> Option<(u32, u32)> {
+        let view = self.view.lock().expect("view lock");
+        let v = view.as_ref()?;
+        if !v.is_complete() {
+            return None;
+        }
+        Some((v.servers_expected, v.servers.first()?.workers))
+    }
+
+    /// Drops the connection to `server` (it failed); the next use reconnects.
+    pub(crate) fn forget_conn(&mut self, server: ServerId) {
+        if let Some(c) = self.conns.get_mut(server.0 as usize) {
+            *c = None;
+        }
+    }
+
     /// The connection to `server`, connecting if needed.
     fn conn(&mut self, server: ServerId) -> Result<&mut RpcClient, String> {
         let s = server.0 as usize;
@@ -172,7 +201,8 @@ impl Peers {
         Ok(self.conns[s].as_mut().expect("connected above"))
     }
 
-    fn send(
+    /// Sends `req` to `worker` of `server`.
+    pub(crate) fn send(
         &mut self,
         server: ServerId,
         worker: WorkerId,
@@ -186,7 +216,7 @@ impl Peers {
     }
 
     /// The reply to `id` from `server` if it came: `Ok(None)` while waiting.
-    fn poll(
+    pub(crate) fn poll(
         &mut self,
         server: ServerId,
         id: RequestId,
@@ -210,7 +240,7 @@ impl Peers {
 impl<D: Device> Worker<D> {
     /// A new transaction id: this shard in the top bits, then a counter started
     /// from the clock, so ids do not repeat across restarts.
-    fn new_txn(&mut self) -> u64 {
+    pub(crate) fn new_txn(&mut self) -> u64 {
         self.txn_seq += 1;
         (u64::from(self.shard.id().0) << 48) | (self.txn_seq & ((1 << 48) - 1))
     }
@@ -264,6 +294,10 @@ impl<D: Device> Worker<D> {
                 continue;
             }
             self.txn_seq = self.txn_seq.max(txn & ((1 << 48) - 1));
+            if data.first() == Some(&crate::rmdir::RMDIR_INTENT) {
+                self.recover_rmdir(txn, &data);
+                continue;
+            }
             match Intent::decode(&data) {
                 Some(intent) => {
                     log::info!(
@@ -378,18 +412,8 @@ impl<D: Device> Worker<D> {
                 ) {
                     Ok(()) => {
                         self.mark_dirty();
-                        match self.peers.send(
-                            i.target.0,
-                            i.target.1,
-                            Request::TxnForget { txn: op.txn },
-                        ) {
-                            Ok(id) => self.forgets.push((i.target.0, id)),
-                            Err(e) => log::warn!(
-                                "worker {}: cannot tell the end of {:#x}: {e}",
-                                self.id,
-                                op.txn
-                            ),
-                        }
+                        let (server, worker) = i.target;
+                        self.queue_forget(server, worker, op.txn);
                         Body::Reply(Reply::RenameCross)
                     }
                     Err(error) => Body::Error { op: pfs_core::Opcode::RenameCross, error },
@@ -417,28 +441,64 @@ impl<D: Device> Worker<D> {
         let mut work = 0;
         let mut i = 0;
         while i < self.forgets.len() {
-            let (server, id) = self.forgets[i];
-            let failed = match self.peers.poll(server, id) {
-                Ok(None) => {
-                    i += 1;
-                    continue;
+            let f = self.forgets[i];
+            let done = match f.sent {
+                None if self.now >= f.retry_at => {
+                    match self.peers.send(f.server, f.worker, Request::TxnForget { txn: f.txn }) {
+                        Ok(id) => self.forgets[i].sent = Some(id),
+                        Err(_) => self.forgets[i].retry_at = self.now + RETRY_AFTER,
+                    }
+                    false
                 }
-                Ok(Some(Ok(_))) => None,
-                Ok(Some(Err(e))) => Some(e.to_string()),
-                Err(e) => Some(e),
+                None => false,
+                Some(id) => match self.peers.poll(f.server, id) {
+                    Ok(None) => false,
+                    Ok(Some(Ok(_))) => true,
+                    Ok(Some(Err(e))) => {
+                        log::warn!(
+                            "worker {}: forget {:#x} at server {}: {e}",
+                            self.id,
+                            f.txn,
+                            f.server
+                        );
+                        true
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "worker {}: forget {:#x} at server {}: {e}; retrying",
+                            self.id,
+                            f.txn,
+                            f.server
+                        );
+                        self.peers.forget_conn(f.server);
+                        self.forgets[i].sent = None;
+                        self.forgets[i].retry_at = self.now + RETRY_AFTER;
+                        false
+                    }
+                },
             };
-            if let Some(e) = failed {
-                // The participant keeps its record; it is small and bounded.
-                log::warn!("worker {}: forget at server {server} failed: {e}", self.id);
+            if done {
+                self.forgets.swap_remove(i);
+                work += 1;
+            } else {
+                i += 1;
             }
-            self.forgets.swap_remove(i);
-            work += 1;
         }
         work
     }
 
+    /// Queues a `TxnForget` of `txn` to a participant, re-sent until answered.
+    pub(crate) fn queue_forget(&mut self, server: ServerId, worker: WorkerId, txn: u64) {
+        if self.forgets.len() >= FORGETS_MAX {
+            // The participant keeps a small record; better than unbounded growth.
+            log::warn!("worker {}: too many unanswered forgets; dropping the oldest", self.id);
+            self.forgets.remove(0);
+        }
+        self.forgets.push(Forget { server, worker, txn, sent: None, retry_at: self.now });
+    }
+
     /// Sends a reply frame with `body` to a waiting client.
-    fn answer(&mut self, w: Waiter, body: Body) {
+    pub(crate) fn answer(&mut self, w: Waiter, body: Body) {
         let frame = Frame { request_id: w.request_id, client: w.client, body };
         let buf = frame.to_bytes().expect("a rename reply always encodes");
         self.route_reply(w.origin, w.conn, buf);

@@ -41,9 +41,27 @@ pub fn is_mutation(req: &Request) -> bool {
     )
 }
 
+/// The attributes a client sees. A `bigdir` directory's subdirectories live on
+/// every shard, so its link count cannot count them: it reports 1, as btrfs does
+/// for every directory ("unknown": `find` does no leaf optimisation).
+fn client_attr<D: Device>(
+    shard: &mut Shard<D>,
+    mut attr: pfs_core::FileAttr,
+) -> FsResult<pfs_core::FileAttr> {
+    if attr.kind == FileType::Directory && shard.layouts(attr.ino)?.0 == DirLayout::BigDir {
+        attr.nlink = 1;
+    }
+    Ok(attr)
+}
+
+fn getattr<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<pfs_core::FileAttr> {
+    let attr = shard.getattr(ino)?;
+    client_attr(shard, attr)
+}
+
 /// The entry (attributes and layouts) of an inode this shard holds.
 fn entry<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<Entry> {
-    let attr = shard.getattr(ino)?;
+    let attr = getattr(shard, ino)?;
     let (dir, file) = shard.layouts(ino)?;
     Ok(Entry { attr, layout: InodeLayout { dir, file } })
 }
@@ -73,9 +91,10 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
     let durability = match req {
         // The participant of a cross-shard rename must not answer before its side
         // is durable: the coordinator removes the source name on that answer.
-        Request::Fsync { .. } | Request::Release { .. } | Request::XRenameTarget { .. } => {
-            Durability::AfterCommit
-        }
+        Request::Fsync { .. }
+        | Request::Release { .. }
+        | Request::XRenameTarget { .. }
+        | Request::SealDir { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
     (run(shard, req), durability)
@@ -92,8 +111,11 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             }
             Reply::Lookup(entry(shard, found.ino)?)
         }
-        Request::GetAttr { ino } => Reply::GetAttr(shard.getattr(ino)?),
-        Request::SetAttr { ino, set } => Reply::SetAttr(shard.setattr(ino, set)?),
+        Request::GetAttr { ino } => Reply::GetAttr(getattr(shard, ino)?),
+        Request::SetAttr { ino, set } => {
+            let attr = shard.setattr(ino, set)?;
+            Reply::SetAttr(client_attr(shard, attr)?)
+        }
         Request::Create { parent, name, perm, uid, gid, flags: _, layout } => {
             let args = CreateArgs {
                 kind: FileType::Regular,
@@ -248,6 +270,13 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             shard.txn_forget(txn | pfs_store::shard::txn::PARTICIPANT_BIT)?;
             Reply::TxnForget
         }
+        Request::SealDir { txn, dir } => {
+            shard.seal_dir(txn, dir)?;
+            Reply::SealDir
+        }
+        Request::RmdirBigDir { .. } => {
+            return Err(FsError::Invalid("a bigdir rmdir reached the executor".into()))
+        }
         Request::DropInode { ino } => {
             let (size, layout) = shard.drop_orphan(ino)?;
             Reply::DropInode { size, layout }
@@ -283,7 +312,7 @@ fn readdir<D: Device>(
         if used > budget && !entries.is_empty() {
             return Ok(Reply::ReadDir { entries, eof: false });
         }
-        let attr = if plus && shard.has_inode(e.ino) { Some(shard.getattr(e.ino)?) } else { None };
+        let attr = if plus && shard.has_inode(e.ino) { Some(getattr(shard, e.ino)?) } else { None };
         entries.push(DirEntry {
             name: e.name,
             ino: e.ino,

@@ -2,6 +2,7 @@
 //!
 //! - [`cross`]: the coordinator of cross-shard renames (intent, dispatch,
 //!   finish, recovery) and the connections to other servers.
+//! - [`rmdir`]: rmdir of a `bigdir` directory, sealed on every shard first.
 //! - [`exec`]: one wire request run on a shard (the only request-to-shard mapping).
 //! - [`worker`]: a worker thread: its shard, its connections, the SPSC rings to
 //!   the other workers, group commit, adaptive polling.
@@ -14,6 +15,7 @@
 pub mod cross;
 pub mod exec;
 pub mod master;
+pub mod rmdir;
 pub mod server;
 pub mod signals;
 pub mod tokens;

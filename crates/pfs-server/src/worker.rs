@@ -27,8 +27,9 @@ use pfs_net::{Completion, Epoll, EventFd, Qp, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
-use crate::cross::{patience, CrossOp, Peers, Waiter};
+use crate::cross::{patience, CrossOp, Forget, Peers, Waiter};
 use crate::exec::{execute, is_mutation, Durability};
+use crate::rmdir::RmdirOp;
 use crate::tokens::Tokens;
 
 /// A connection of this worker, as named in ring messages: its slot and the
@@ -149,7 +150,9 @@ pub struct Worker<D: Device> {
     /// Cross-shard renames this worker coordinates.
     pub(crate) cross: Vec<CrossOp>,
     /// `TxnForget` requests sent and not yet answered.
-    pub(crate) forgets: Vec<(pfs_core::ServerId, RequestId)>,
+    pub(crate) forgets: Vec<Forget>,
+    /// `bigdir` rmdirs this worker coordinates.
+    pub(crate) rmdirs: Vec<RmdirOp>,
     pub(crate) peers: Peers,
     pub(crate) txn_seq: u64,
     tokens: Tokens,
@@ -228,6 +231,7 @@ impl<D: Device> Worker<D> {
             now: Instant::now(),
             cross: Vec::new(),
             forgets: Vec::new(),
+            rmdirs: Vec::new(),
             peers,
             txn_seq: wall_clock_ns() as u64 / 1000,
             tokens: Tokens::new(opts.token_lease),
@@ -283,6 +287,9 @@ impl<D: Device> Worker<D> {
         work += self.serve_rings();
         if !self.cross.is_empty() || !self.forgets.is_empty() {
             work += self.poll_cross();
+        }
+        if !self.rmdirs.is_empty() {
+            work += self.poll_rmdirs();
         }
         work += self.flush_backlog();
         if !self.after_commit.is_empty() {
@@ -443,6 +450,26 @@ impl<D: Device> Worker<D> {
             buf.clear();
             reply.encode(&mut buf).expect("a token reply always encodes");
             return Some(buf);
+        }
+        if let Request::RmdirBigDir { parent, name } = req {
+            let waiter = Waiter {
+                origin,
+                conn,
+                request_id: frame.request_id,
+                client: frame.client,
+                give_up: patience(self.now),
+            };
+            return match self.start_rmdir(waiter, parent, name) {
+                Ok(()) => None,
+                Err(error) => {
+                    let reply = Frame {
+                        request_id: frame.request_id,
+                        client: frame.client,
+                        body: Body::Error { op, error },
+                    };
+                    Some(reply.to_bytes().expect("an error frame always encodes"))
+                }
+            };
         }
         if let Request::RenameCross {
             parent,

@@ -249,3 +249,64 @@ fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
     master.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn rmdir_of_a_bigdir_checks_every_shard_while_creates_go_on() {
+    let dir = test_dir("rmdir-big");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 2)).unwrap();
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            let cfg = server_config(&dir, &key_file, master.addr(), n, 2, 0);
+            pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let a = client(master.addr(), &key);
+    let b = client(master.addr(), &key);
+
+    // One entry, on whichever of the 4 shards its name hashes to, keeps it.
+    let e = a.mkdir(InodeId::ROOT, b"e", 0o755, 0, 0).unwrap();
+    let (f, fh) = a.create(e.ino, b"only", 0o644, 0, 0, 0).unwrap();
+    a.release(f.ino, fh).unwrap();
+    assert_eq!(b.rmdir(InodeId::ROOT, b"e").unwrap_err(), FsError::NotEmpty);
+    a.unlink(e.ino, b"only").unwrap();
+    b.rmdir(InodeId::ROOT, b"e").unwrap();
+    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap_err(), FsError::NotFound);
+
+    // Creates racing rmdirs: every rmdir sees the directory non-empty, every
+    // create succeeds (a create that meets a seal waits and retries).
+    let d = a.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    let (f, fh) = a.create(d.ino, b"first", 0o644, 0, 0, 0).unwrap();
+    a.release(f.ino, fh).unwrap();
+    std::thread::scope(|s| {
+        let creator = s.spawn(|| {
+            for i in 0..150 {
+                let (f, fh) = a.create(d.ino, format!("a{i}").as_bytes(), 0o644, 0, 0, 0).unwrap();
+                a.release(f.ino, fh).unwrap();
+            }
+        });
+        let mut refused = 0;
+        while !creator.is_finished() {
+            assert_eq!(b.rmdir(InodeId::ROOT, b"d").unwrap_err(), FsError::NotEmpty);
+            refused += 1;
+        }
+        assert!(refused > 0, "rmdir raced the creates at least once");
+    });
+    assert_eq!(a.readdir(d.ino, None, 1000).unwrap().len(), 151);
+    for i in 0..150 {
+        a.unlink(d.ino, format!("a{i}").as_bytes()).unwrap();
+    }
+    a.unlink(d.ino, b"first").unwrap();
+    b.rmdir(InodeId::ROOT, b"d").unwrap();
+    assert!(a.readdir(InodeId::ROOT, None, 100).unwrap().is_empty());
+    // The seals are gone: a new directory of the same name works normally.
+    let d2 = a.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    let (f, fh) = a.create(d2.ino, b"x", 0o644, 0, 0, 0).unwrap();
+    a.release(f.ino, fh).unwrap();
+    drop((a, b));
+    for s in servers {
+        s.stop().unwrap();
+    }
+    master.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -80,11 +80,15 @@ pub enum Opcode {
     TxnForget = 37,
     /// Free an inode whose name was removed on another shard.
     DropInode = 38,
+    /// Remove an empty `bigdir` directory, its emptiness checked on every shard.
+    RmdirBigDir = 39,
+    /// Coordinator to participant: seal a directory for an rmdir if empty here.
+    SealDir = 40,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 38] = [
+    pub const ALL: [Opcode; 40] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -123,6 +127,8 @@ impl Opcode {
         Opcode::XRenameTarget,
         Opcode::TxnForget,
         Opcode::DropInode,
+        Opcode::RmdirBigDir,
+        Opcode::SealDir,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -145,7 +151,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(39), None);
+        assert_eq!(Opcode::from_u16(41), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -133,6 +133,8 @@ pub enum Reply {
     },
     /// The participant forgot the transaction.
     TxnForget,
+    /// The directory is sealed on this shard.
+    SealDir,
     /// The inode is freed; what its data was, for the client to free the rest.
     DropInode {
         /// Its size (0 unless a regular file).
@@ -194,6 +196,7 @@ impl Reply {
             Reply::XRenameTarget { .. } => Opcode::XRenameTarget,
             Reply::TxnForget => Opcode::TxnForget,
             Reply::DropInode { .. } => Opcode::DropInode,
+            Reply::SealDir => Opcode::SealDir,
         }
     }
 
@@ -235,6 +238,7 @@ impl Reply {
             | Reply::TokenInvalidate
             | Reply::TruncateData
             | Reply::RenameCross
+            | Reply::SealDir
             | Reply::TxnForget => Ok(()),
             Reply::ReadDir { entries, eof } => {
                 w.count("readdir entries", entries.len())?;
@@ -365,6 +369,14 @@ impl Reply {
             Opcode::RenameCross => Reply::RenameCross,
             Opcode::XRenameTarget => Reply::XRenameTarget { old: r.u64("old dentry value")? },
             Opcode::TxnForget => Reply::TxnForget,
+            Opcode::SealDir => Reply::SealDir,
+            // An rmdir of a bigdir is answered with an `Rmdir` reply.
+            Opcode::RmdirBigDir => {
+                return Err(WireError::BadValue {
+                    what: "reply opcode (RmdirBigDir is answered as Rmdir)",
+                    value: Opcode::RmdirBigDir as u64,
+                })
+            }
         })
     }
 }

@@ -367,6 +367,22 @@ pub enum Request {
         /// The inode.
         ino: InodeId,
     },
+    /// Remove the empty `bigdir` directory `name` from `parent`, sent to the shard
+    /// of the name, which checks emptiness on every shard atomically.
+    RmdirBigDir {
+        /// The directory holding the name.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
+    /// Coordinator to participant: seal `dir` for transaction `txn` if this shard
+    /// holds none of its entries (creates in it then wait), else `NotEmpty`.
+    SealDir {
+        /// The transaction.
+        txn: u64,
+        /// The directory.
+        dir: InodeId,
+    },
 }
 
 impl Request {
@@ -411,6 +427,8 @@ impl Request {
             Request::XRenameTarget { .. } => Opcode::XRenameTarget,
             Request::TxnForget { .. } => Opcode::TxnForget,
             Request::DropInode { .. } => Opcode::DropInode,
+            Request::RmdirBigDir { .. } => Opcode::RmdirBigDir,
+            Request::SealDir { .. } => Opcode::SealDir,
         }
     }
 
@@ -419,7 +437,8 @@ impl Request {
         match self {
             Request::Lookup { parent, name }
             | Request::Unlink { parent, name }
-            | Request::Rmdir { parent, name } => {
+            | Request::Rmdir { parent, name }
+            | Request::RmdirBigDir { parent, name } => {
                 w.u64(parent.0);
                 write_name(w, "name", name)
             }
@@ -603,6 +622,11 @@ impl Request {
                 w.u64(*txn);
                 Ok(())
             }
+            Request::SealDir { txn, dir } => {
+                w.u64(*txn);
+                w.u64(dir.0);
+                Ok(())
+            }
         }
     }
 
@@ -759,6 +783,10 @@ impl Request {
             },
             Opcode::TxnForget => Request::TxnForget { txn: r.u64("transaction id")? },
             Opcode::DropInode => Request::DropInode { ino: ino(r)? },
+            Opcode::RmdirBigDir => {
+                Request::RmdirBigDir { parent: ino(r)?, name: read_name(r, "name")? }
+            }
+            Opcode::SealDir => Request::SealDir { txn: r.u64("transaction id")?, dir: ino(r)? },
         })
     }
 }

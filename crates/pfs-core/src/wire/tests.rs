@@ -232,6 +232,8 @@ fn request() -> impl Strategy<Value = Request> {
         ),
         any::<u64>().prop_map(|txn| Request::TxnForget { txn }),
         ino().prop_map(|ino| Request::DropInode { ino }),
+        (ino(), name()).prop_map(|(parent, name)| Request::RmdirBigDir { parent, name }),
+        (any::<u64>(), ino()).prop_map(|(txn, dir)| Request::SealDir { txn, dir }),
     ]
 }
 
@@ -326,6 +328,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         any::<u64>().prop_map(|old| Reply::XRenameTarget { old }),
         Just(Reply::TxnForget),
         (any::<u64>(), file_layout()).prop_map(|(size, layout)| Reply::DropInode { size, layout }),
+        Just(Reply::SealDir),
     ]
 }
 

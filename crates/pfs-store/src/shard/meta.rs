@@ -209,6 +209,10 @@ impl<D: Device> Shard<D> {
         name: &[u8],
         args: CreateArgs,
     ) -> FsResult<FileAttr> {
+        if self.is_sealed(parent) {
+            // An rmdir of `parent` is deciding: wait for its outcome.
+            return Err(FsError::TryAgain);
+        }
         self.begin()?;
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
@@ -332,6 +336,9 @@ impl<D: Device> Shard<D> {
             return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
         }
         let src = self.lookup(src_parent, src_name)?;
+        if self.is_sealed(dst_parent) {
+            return Err(FsError::TryAgain);
+        }
         let dst = match self.lookup(dst_parent, dst_name) {
             Ok(d) => Some(d),
             Err(FsError::NotFound) => None,

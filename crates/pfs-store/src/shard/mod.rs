@@ -87,6 +87,8 @@ pub struct Shard<D: Device> {
     xattrs: HashMap<InodeId, BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Open cross-shard transactions (intents and participant records).
     txns: BTreeMap<u64, Vec<u8>>,
+    /// Directories sealed by an rmdir in progress (from `txns`): dir -> seal count.
+    sealed: HashMap<InodeId, u32>,
     wal: Wal,
     next_ino_seq: u64,
     /// Bytes the tables take in a checkpoint; bounded by the checkpoint region.
@@ -266,6 +268,7 @@ impl<D: Device> Shard<D> {
             extents: BTreeMap::new(),
             xattrs: HashMap::new(),
             txns: BTreeMap::new(),
+            sealed: HashMap::new(),
             next_ino_seq,
             table_bytes: 0,
             pending_free: Vec::new(),
@@ -515,12 +518,17 @@ impl<D: Device> Shard<D> {
             Change::TxnPut { id, data } => {
                 if let Some(old) = self.txns.insert(*id, data.clone()) {
                     self.table_bytes -= tables::txn_bytes(&old);
+                    self.unseal(*id, &old);
                 }
                 self.table_bytes += tables::txn_bytes(data);
+                if let Some(dir) = txn::sealed_dir(*id, data) {
+                    *self.sealed.entry(dir).or_default() += 1;
+                }
             }
             Change::TxnDel { id } => {
                 if let Some(old) = self.txns.remove(id) {
                     self.table_bytes -= tables::txn_bytes(&old);
+                    self.unseal(*id, &old);
                 }
             }
             Change::XattrDel { ino, name } => {
@@ -535,6 +543,17 @@ impl<D: Device> Shard<D> {
             }
         }
         Ok(())
+    }
+
+    fn unseal(&mut self, id: u64, data: &[u8]) {
+        if let Some(dir) = txn::sealed_dir(id, data) {
+            if let Some(n) = self.sealed.get_mut(&dir) {
+                *n -= 1;
+                if *n == 0 {
+                    self.sealed.remove(&dir);
+                }
+            }
+        }
     }
 
     /// Rebuilds both allocation bitmaps from the tables (after recovery).

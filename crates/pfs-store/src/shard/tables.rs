@@ -146,6 +146,9 @@ impl<D: Device> Shard<D> {
             let len = take_u32(b)? as usize;
             let data = take(b, len)?.to_vec();
             self.table_bytes += txn_bytes(&data);
+            if let Some(dir) = super::txn::sealed_dir(id, &data) {
+                *self.sealed.entry(dir).or_default() += 1;
+            }
             self.txns.insert(id, data);
         }
         if !b.is_empty() {

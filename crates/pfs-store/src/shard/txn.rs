@@ -21,6 +21,16 @@ pub const TXN_TABLE_MAX: usize = 4096;
 pub const TXN_DATA_MAX: usize = 2048;
 /// Participant records are kept under the transaction id with this bit set.
 pub const PARTICIPANT_BIT: u64 = 1 << 63;
+/// First byte of a participant record that seals a directory: creates in it wait.
+pub const SEAL_TAG: u8 = 2;
+
+/// The directory a transaction record seals, if it is a seal.
+pub(super) fn sealed_dir(id: u64, data: &[u8]) -> Option<InodeId> {
+    if id & PARTICIPANT_BIT == 0 || data.len() != 9 || data[0] != SEAL_TAG {
+        return None;
+    }
+    Some(InodeId(u64::from_le_bytes(data[1..9].try_into().ok()?)))
+}
 
 /// The child and type of a dentry value from outside, if it is well formed.
 pub fn checked_dentry(value: u64) -> Option<(InodeId, FileType)> {
@@ -47,6 +57,39 @@ impl<D: Device> Shard<D> {
             return Err(FsError::TryAgain);
         }
         self.reserve_table_bytes(tables::txn_bytes(data))
+    }
+
+    /// Records `data` under coordinator transaction `id` (an intent), alone.
+    pub fn txn_record(&mut self, id: u64, data: &[u8]) -> FsResult<()> {
+        assert!(id & PARTICIPANT_BIT == 0, "coordinator ids have the top bit clear");
+        self.txn_room(data)?;
+        self.begin()?;
+        self.log(Change::TxnPut { id, data: data.to_vec() })?;
+        self.finish()
+    }
+
+    /// Participant of an rmdir: seals `dir` for transaction `id` if it has no
+    /// entry here, so creates in it get `TryAgain` until the transaction ends.
+    /// Sealing again under the same id is a no-op.
+    pub fn seal_dir(&mut self, id: u64, dir: InodeId) -> FsResult<()> {
+        let key = id | PARTICIPANT_BIT;
+        if self.txns.contains_key(&key) {
+            return Ok(());
+        }
+        if self.dentries.child_count(dir) > 0 {
+            return Err(FsError::NotEmpty);
+        }
+        let mut data = vec![SEAL_TAG];
+        data.extend_from_slice(&dir.0.to_le_bytes());
+        self.txn_room(&data)?;
+        self.begin()?;
+        self.log(Change::TxnPut { id: key, data })?;
+        self.finish()
+    }
+
+    /// Whether creates in `dir` must wait (an rmdir of it is deciding).
+    pub fn is_sealed(&self, dir: InodeId) -> bool {
+        self.sealed.contains_key(&dir)
     }
 
     /// Removes transaction record `id` (done, aborted, or forgotten).
@@ -153,6 +196,9 @@ impl<D: Device> Shard<D> {
             return Ok(decode_answer(done));
         }
         check_name(name)?;
+        if self.is_sealed(parent) {
+            return Err(FsError::TryAgain);
+        }
         let (moved, moved_kind) = checked_dentry(value)
             .ok_or_else(|| FsError::Invalid(format!("dentry value {value:#x}")))?;
         if noreplace && exchange {
@@ -279,6 +325,25 @@ mod tests {
         a.txn_forget(9).unwrap();
         assert_eq!(a.lookup(InodeId::ROOT, b"src").unwrap().ino, src.ino);
         assert_eq!(checked_dentry(0xff << 56), None);
+    }
+
+    #[test]
+    fn a_sealed_directory_refuses_creates_until_the_seal_is_forgotten_even_after_a_crash() {
+        let (dev, mut s) = shard(0);
+        let d = s.create(InodeId::ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+        let full = s.create(InodeId::ROOT, b"full", CreateArgs::dir(0o755)).unwrap();
+        s.create(full.ino, b"x", CreateArgs::file(0o644)).unwrap();
+        assert_eq!(s.seal_dir(4, full.ino), Err(FsError::NotEmpty));
+        s.seal_dir(4, d.ino).unwrap();
+        s.seal_dir(4, d.ino).unwrap();
+        assert_eq!(s.create(d.ino, b"y", CreateArgs::file(0o644)).unwrap_err(), FsError::TryAgain);
+        s.commit().unwrap();
+        let mut s = Shard::open(dev.crash(2), 0, ShardOptions::default()).unwrap();
+        assert!(s.is_sealed(d.ino));
+        assert_eq!(s.create(d.ino, b"y", CreateArgs::file(0o644)).unwrap_err(), FsError::TryAgain);
+        s.txn_forget(4 | PARTICIPANT_BIT).unwrap();
+        assert!(!s.is_sealed(d.ino));
+        s.create(d.ino, b"y", CreateArgs::file(0o644)).unwrap();
     }
 
     #[test]
