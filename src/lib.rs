@@ -3,5 +3,9 @@
 //! itself lives in `crates/`.
 //!
 //! - [`status`]: the cluster view as the table `pfs status` prints.
+//! - [`up`]: `pfs up`, a master, servers and a FUSE mount in one process.
+//! - [`layout`]: `pfs layout get|set`, layouts through extended attributes.
 
+pub mod layout;
 pub mod status;
+pub mod up;

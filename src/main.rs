@@ -19,6 +19,38 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a master and storage servers on local files and mount them with FUSE,
+    /// all in this process; Ctrl-C (or SIGTERM) unmounts and stops cleanly. Run it
+    /// again with the same --data to remount the same file system.
+    Up {
+        /// Where to mount (created if missing).
+        #[arg(long)]
+        mount: PathBuf,
+        /// Data directory: key, master state and one device file per server.
+        #[arg(long, default_value = "./pfs-data")]
+        data: PathBuf,
+        /// Storage servers to start.
+        #[arg(long, default_value_t = 1)]
+        servers: u32,
+        /// Workers (shards, one per core) per server.
+        #[arg(long, default_value_t = default_workers())]
+        workers: u32,
+        /// Size of each server's device file, in GiB (sparse: it takes only what is
+        /// written). Fixed on the first run.
+        #[arg(long, default_value_t = 16)]
+        size_gib: u64,
+        /// Where the master listens (other clients mount with this address).
+        #[arg(long, default_value = "127.0.0.1:7000")]
+        master_listen: String,
+        /// Mount options, as for pfs-fuse -o (comma-separated).
+        #[arg(short = 'o', value_name = "OPTIONS")]
+        options: Vec<String>,
+    },
+    /// Show or set the layouts of a directory or file on a pfs mount.
+    Layout {
+        #[command(subcommand)]
+        action: LayoutAction,
+    },
     /// Print the cluster's servers, their health and usage, as the master sees them.
     Status {
         /// Client config file (TOML) naming the master and the key file.
@@ -31,6 +63,33 @@ enum Command {
         #[arg(long)]
         key: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum LayoutAction {
+    /// Print the effective metadata layout (directories) and data layout.
+    Get {
+        /// A path on a pfs mount.
+        path: PathBuf,
+    },
+    /// Set the layouts new children of a directory get (or a file's data layout
+    /// before it has data).
+    Set {
+        /// A path on a pfs mount.
+        path: PathBuf,
+        /// Metadata layout: `regular` (children stay with the directory) or
+        /// `bigdir` (children hashed over every shard).
+        #[arg(long)]
+        dir: Option<String>,
+        /// Data layout: `block` (blocks hashed over shards), `file` (whole file on
+        /// one shard, for N-N) or `io` (each write owns its pages, for N-1).
+        #[arg(long)]
+        file: Option<String>,
+    },
+}
+
+fn default_workers() -> u32 {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(8) as u32)
 }
 
 fn main() -> ExitCode {
@@ -46,6 +105,28 @@ fn main() -> ExitCode {
 
 fn run(cmd: Command) -> Result<(), String> {
     match cmd {
+        Command::Up { mount, data, servers, workers, size_gib, master_listen, options } => {
+            if !(1..=1 << 20).contains(&size_gib) {
+                return Err(format!("--size-gib {size_gib}: allowed 1 to 1048576"));
+            }
+            let opts = pfs::up::UpOptions {
+                data,
+                servers,
+                workers,
+                size_bytes: size_gib << 30,
+                master_listen,
+            };
+            pfs::up::run(&opts, &mount, &options)
+        }
+        Command::Layout { action: LayoutAction::Get { path } } => {
+            print!("{}", pfs::layout::get(&path)?);
+            Ok(())
+        }
+        Command::Layout { action: LayoutAction::Set { path, dir, file } } => {
+            pfs::layout::set(&path, dir.as_deref(), file.as_deref())?;
+            print!("{}", pfs::layout::get(&path)?);
+            Ok(())
+        }
         Command::Status { config, master, key } => {
             let mut cfg = match config {
                 Some(path) => ClientConfig::load(&path).map_err(|e| e.to_string())?,

@@ -73,6 +73,27 @@ impl ClusterOptions {
             transport: pfs_net::TransportKind::Auto,
         }
     }
+
+    /// Options from a client config file: resolves the master and loads the key
+    /// file, with a message that names what failed.
+    pub fn from_config(cfg: &pfs_core::ClientConfig) -> Result<ClusterOptions, String> {
+        use std::net::ToSocketAddrs;
+        let master = cfg
+            .master
+            .to_socket_addrs()
+            .map_err(|e| format!("master {:?}: {e}", cfg.master))?
+            .next()
+            .ok_or_else(|| format!("master {:?} resolves to no address", cfg.master))?;
+        let key = ClusterKey::load(&cfg.key_file).map_err(|e| e.to_string())?;
+        let mut o = ClusterOptions::new(master, key);
+        o.connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
+        o.request_timeout = Duration::from_millis(cfg.request_timeout_ms);
+        o.max_unfinished_writes = cfg.max_unfinished_writes as usize;
+        o.strict = cfg.strict;
+        o.dentry_ttl = Duration::from_millis(cfg.dentry_ttl_ms);
+        o.dentry_cache_entries = cfg.dentry_cache_entries as usize;
+        Ok(o)
+    }
 }
 
 #[derive(Debug)]
@@ -998,6 +1019,19 @@ impl FileSystem for Cluster {
         value: &[u8],
         mode: XattrSetMode,
     ) -> FsResult<()> {
+        // A directory's children are placed by its metadata layout: changing it
+        // with children present would strand them, so it changes only while the
+        // directory is empty (checked under its write token).
+        let _token = if name == b"user.pfs.dir_layout" {
+            let token = self.write_token(ino)?;
+            let same = self.getxattr(ino, name).is_ok_and(|v| v == value);
+            if !same && !self.readdir(ino, None, 1)?.is_empty() {
+                return Err(FsError::NotEmpty);
+            }
+            Some(token)
+        } else {
+            None
+        };
         let req = Request::SetXattr { ino, name: name.to_vec(), value: value.to_vec(), mode };
         match self.call_home(ino, req)? {
             Reply::SetXattr => {

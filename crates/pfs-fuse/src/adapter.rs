@@ -1,0 +1,737 @@
+//! The `fuser` file system: each kernel request becomes one call on a
+//! [`FileSystem`] (the cluster client, or [`MemFs`](crate::MemFs)).
+//!
+//! Every op checks its input first and replies early; errors map to errno in one
+//! place ([`errno`]). The adapter keeps no inode table of its own: pfs inode
+//! numbers are the FUSE node ids (the root is 1 in both), so `forget` has nothing
+//! to drop. It does keep one bounded table: the open directory streams.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use pfs_client::api::{DirListing, READDIR_BATCH};
+use pfs_client::FileSystem;
+use pfs_core::wire::{RenameFlags, XattrSetMode};
+use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
+
+/// Largest write the kernel sends in one request.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Most directories open at once through one mount; past it `opendir` fails
+/// with `ENFILE`.
+pub const OPEN_DIRS_MAX: usize = 1 << 16;
+
+/// Kernel cache lifetimes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheTtl {
+    /// How long the kernel may keep a name -> inode entry.
+    pub entry: Duration,
+    /// How long the kernel may keep an inode's attributes.
+    pub attr: Duration,
+}
+
+impl Default for CacheTtl {
+    fn default() -> Self {
+        CacheTtl { entry: Duration::from_secs(1), attr: Duration::from_secs(1) }
+    }
+}
+
+/// The errno the kernel gets for `e`. A request that timed out is an I/O error to
+/// the application (`EIO`), as for a disk that stopped answering.
+pub fn errno(e: &FsError) -> Errno {
+    match e {
+        FsError::TimedOut => Errno::EIO,
+        other => Errno::from_i32(other.errno()),
+    }
+}
+
+fn time(ns: TimeNs) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn time_ns(t: SystemTime) -> TimeNs {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos().min(i64::MAX as u128) as i64,
+        Err(e) => -(e.duration().as_nanos().min(i64::MAX as u128) as i64),
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> TimeNs {
+    match t {
+        TimeOrNow::SpecificTime(t) => time_ns(t),
+        TimeOrNow::Now => time_ns(SystemTime::now()),
+    }
+}
+
+fn kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::Regular => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+        FileType::Fifo => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+    }
+}
+
+/// The kernel's view of `a`.
+pub fn kernel_attr(a: &FileAttr) -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        // Tools size their buffers by st_blksize: one file block.
+        blksize: pfs_client::cluster::BLOCK_SIZE_BYTES as u32,
+        flags: 0,
+    }
+}
+
+/// Where a directory stream is: a window of the listing, indexed from `base`.
+///
+/// Kernel offsets: 1 is ".", 2 is "..", and `3 + i` the listing's entry `i`; a
+/// readdir at offset `k` continues with what follows cookie `k`. The window only
+/// moves forward; a seek backwards restarts the listing from its first name.
+#[derive(Debug, Default)]
+struct DirStream {
+    /// Listing index of `window[0]`.
+    base: u64,
+    window: VecDeque<DirListing>,
+    /// Name to resume after when the window runs out.
+    last: Option<Vec<u8>>,
+    eof: bool,
+}
+
+impl DirStream {
+    /// The entry at listing index `i`, fetching as needed; `None` past the end.
+    fn entry(&mut self, fs: &dyn FileSystem, dir: InodeId, i: u64) -> Result<Option<DirListing>, FsError> {
+        if i < self.base {
+            *self = DirStream::default();
+        }
+        // Bounded: each round either drops an entry or fetches a batch, and the
+        // listing is finite.
+        loop {
+            while self.base < i && !self.window.is_empty() {
+                self.window.pop_front();
+                self.base += 1;
+            }
+            if self.base == i {
+                if let Some(e) = self.window.front() {
+                    return Ok(Some(e.clone()));
+                }
+            }
+            if self.eof {
+                return Ok(None);
+            }
+            let batch = fs.readdir(dir, self.last.as_deref(), READDIR_BATCH)?;
+            match batch.last() {
+                None => self.eof = true,
+                Some(last) => self.last = Some(last.name.clone()),
+            }
+            self.window.extend(batch);
+        }
+    }
+}
+
+/// The FUSE side of a mount.
+pub struct PfsFuse {
+    fs: Arc<dyn FileSystem>,
+    ttl: CacheTtl,
+    dirs: Mutex<HashMap<u64, Arc<Mutex<DirStream>>>>,
+    next_dir: AtomicU64,
+}
+
+impl std::fmt::Debug for PfsFuse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PfsFuse").field("ttl", &self.ttl).finish_non_exhaustive()
+    }
+}
+
+impl PfsFuse {
+    /// A FUSE file system over `fs`.
+    pub fn new(fs: Arc<dyn FileSystem>, ttl: CacheTtl) -> PfsFuse {
+        PfsFuse { fs, ttl, dirs: Mutex::new(HashMap::new()), next_dir: AtomicU64::new(1) }
+    }
+
+    fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
+        match r {
+            Ok(a) => reply.entry_with_ttls(&self.ttl.entry, &self.ttl.attr, &kernel_attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn dir(&self, fh: KHandle) -> Option<Arc<Mutex<DirStream>>> {
+        self.dirs.lock().expect("dirs lock").get(&fh.0).cloned()
+    }
+
+    fn dir_entry(
+        &self,
+        dir: InodeId,
+        fh: KHandle,
+        i: u64,
+    ) -> Result<Option<DirListing>, FsError> {
+        let stream = self.dir(fh).ok_or_else(|| FsError::Invalid("not an open directory".into()))?;
+        let mut stream = stream.lock().expect("dir stream lock");
+        stream.entry(&*self.fs, dir, i)
+    }
+}
+
+/// `name` as bytes, or `EINVAL` for an empty one.
+fn name_of(name: &OsStr) -> Result<&[u8], Errno> {
+    let b = name.as_bytes();
+    if b.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    Ok(b)
+}
+
+fn rename_flags(flags: fuser::RenameFlags) -> Result<RenameFlags, Errno> {
+    RenameFlags::from_bits(flags.bits()).ok_or(Errno::EINVAL)
+}
+
+impl fuser::Filesystem for PfsFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
+            log::warn!("kernel allows writes of at most {max} bytes");
+            let _ = config.set_max_write(max);
+        }
+        let _ = config.set_max_readahead(MAX_WRITE_BYTES);
+        let _ = config.set_max_background(64);
+        // Each is optional: an older kernel without one still mounts.
+        for cap in [
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+        ] {
+            if config.add_capabilities(cap).is_err() {
+                log::info!("kernel lacks {cap:?}");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.entry(reply, self.fs.lookup(InodeId(parent.0), name));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(InodeId(ino.0)) {
+            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<KHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime_ns: atime.map(time_or_now),
+            mtime_ns: mtime.map(time_or_now),
+        };
+        match self.fs.setattr(InodeId(ino.0), &set) {
+            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(InodeId(ino.0)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        // The kernel already applied the umask to `mode`.
+        let Some(k) = FileType::from_mode(mode) else { return reply.error(Errno::EINVAL) };
+        if k == FileType::Directory || k == FileType::Symlink {
+            return reply.error(Errno::EINVAL);
+        }
+        let perm = (mode & 0o7777) as u16;
+        let r = self.fs.mknod(InodeId(parent.0), name, k, perm, req.uid(), req.gid(), rdev);
+        self.entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let perm = (mode & 0o7777) as u16;
+        self.entry(reply, self.fs.mkdir(InodeId(parent.0), name, perm, req.uid(), req.gid()));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        Self::empty(reply, self.fs.unlink(InodeId(parent.0), name));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        Self::empty(reply, self.fs.rmdir(InodeId(parent.0), name));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let name = match name_of(link_name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let target = target.as_os_str().as_bytes();
+        let r = self.fs.symlink(InodeId(parent.0), name, target, req.uid(), req.gid());
+        self.entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let (name, newname) = match (name_of(name), name_of(newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        // RENAME_WHITEOUT (overlayfs) is not supported: EINVAL, as rename(2) says.
+        let flags = match rename_flags(flags) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        let r = self.fs.rename(InodeId(parent.0), name, InodeId(newparent.0), newname, flags);
+        Self::empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        // Hard links are not supported: link(2) documents EPERM for a file system
+        // that does not support them.
+        reply.error(Errno::EPERM);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(InodeId(ino.0), flags.0 as u32) {
+            // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
+            // another client closed is read fresh (commit consistency).
+            Ok(fh) => reply.opened(KHandle(fh.0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(InodeId(ino.0), FileHandle(fh.0), offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.fs.release(InodeId(ino.0), FileHandle(fh.0)));
+    }
+
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
+        Self::empty(reply, self.fs.fsync(InodeId(ino.0), FileHandle(fh.0), datasync));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(InodeId(ino.0)) {
+            Ok(a) if a.kind != FileType::Directory => return reply.error(Errno::ENOTDIR),
+            Ok(_) => {}
+            Err(e) => return reply.error(errno(&e)),
+        }
+        let mut dirs = self.dirs.lock().expect("dirs lock");
+        if dirs.len() >= OPEN_DIRS_MAX {
+            log::warn!("{OPEN_DIRS_MAX} directories open: opendir refused with ENFILE");
+            return reply.error(Errno::ENFILE);
+        }
+        let fh = self.next_dir.fetch_add(1, Ordering::Relaxed);
+        dirs.insert(fh, Arc::new(Mutex::new(DirStream::default())));
+        reply.opened(KHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dir = InodeId(ino.0);
+        let mut k = offset;
+        // Bounded by the reply buffer: `add` says when it is full.
+        loop {
+            let (eino, kind, name): (u64, fuser::FileType, Vec<u8>) = match k {
+                0 => (ino.0, fuser::FileType::Directory, b".".to_vec()),
+                1 => (ino.0, fuser::FileType::Directory, b"..".to_vec()),
+                _ => match self.dir_entry(dir, fh, k - 2) {
+                    Ok(Some(e)) => (e.ino.0, self::kind(e.kind), e.name),
+                    Ok(None) => break,
+                    Err(e) => return reply.error(errno(&e)),
+                },
+            };
+            if reply.add(INodeNo(eino), k + 1, kind, OsStr::from_bytes(&name)) {
+                break;
+            }
+            k += 1;
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = InodeId(ino.0);
+        let mut k = offset;
+        loop {
+            let (name, attr) = match k {
+                0 | 1 => {
+                    // "." and "..": the kernel takes no reference on these.
+                    let a = match self.fs.getattr(dir) {
+                        Ok(a) => a,
+                        Err(e) => return reply.error(errno(&e)),
+                    };
+                    (if k == 0 { b".".to_vec() } else { b"..".to_vec() }, a)
+                }
+                _ => match self.dir_entry(dir, fh, k - 2) {
+                    Ok(Some(e)) => match self.fs.lookup(dir, &e.name) {
+                        Ok(a) => (e.name, a),
+                        // Removed since the listing was read: skip it.
+                        Err(FsError::NotFound) => {
+                            k += 1;
+                            continue;
+                        }
+                        Err(e) => return reply.error(errno(&e)),
+                    },
+                    Ok(None) => break,
+                    Err(e) => return reply.error(errno(&e)),
+                },
+            };
+            let full = reply.add(
+                INodeNo(attr.ino.0),
+                k + 1,
+                OsStr::from_bytes(&name),
+                &self.ttl.entry,
+                &kernel_attr(&attr),
+                Generation(0),
+            );
+            if full {
+                break;
+            }
+            k += 1;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: KHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().expect("dirs lock").remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: KHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Every namespace change is committed before it is answered; fsyncdir only
+        // checks the directory still exists.
+        Self::empty(reply, self.fs.getattr(InodeId(ino.0)).map(|_| ()));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if position != 0 {
+            return reply.error(Errno::EINVAL);
+        }
+        let mode = match flags {
+            0 => XattrSetMode::Any,
+            libc::XATTR_CREATE => XattrSetMode::Create,
+            libc::XATTR_REPLACE => XattrSetMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        Self::empty(reply, self.fs.setxattr(InodeId(ino.0), name, value, mode));
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.getxattr(InodeId(ino.0), name) {
+            Ok(v) => xattr_reply(reply, &v, size),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(InodeId(ino.0)) {
+            Ok(names) => {
+                let mut list = Vec::new();
+                for n in names {
+                    list.extend_from_slice(&n);
+                    list.push(0);
+                }
+                xattr_reply(reply, &list, size);
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        Self::empty(reply, self.fs.removexattr(InodeId(ino.0), name));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission bits are checked by the kernel (`default_permissions`); this
+        // only answers whether the inode exists.
+        Self::empty(reply, self.fs.getattr(InodeId(ino.0)).map(|_| ()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = match name_of(name) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let perm = (mode & 0o7777) as u16;
+        match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
+            Ok((a, fh)) => reply.created(
+                &self.ttl.entry,
+                &kernel_attr(&a),
+                Generation(0),
+                KHandle(fh.0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = match mode {
+            0 => false,
+            libc::FALLOC_FL_KEEP_SIZE => true,
+            // Punching holes, zeroing and collapsing ranges are not supported.
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        let r = self.fs.fallocate(InodeId(ino.0), FileHandle(fh.0), offset, length, keep_size);
+        Self::empty(reply, r);
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, value: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}

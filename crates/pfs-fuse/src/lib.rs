@@ -1,0 +1,18 @@
+//! pfs-fuse: the FUSE mount client.
+//!
+//! - [`adapter`]: [`PfsFuse`], the `fuser` file system that turns kernel requests
+//!   into [`pfs_client::FileSystem`] calls, with cache TTLs and invalidation.
+//! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
+//!   FUSE ceiling benchmarks compare pfs against.
+//! - [`mount`](mod@mount): `-o` options, mounting, serving until unmount, signals.
+//!
+//! The `pfs-fuse` binary (`src/main.rs`) is the mount helper:
+//! `mount -t fuse.pfs-fuse HOST:PORT /mnt/pfs -o key=...`.
+
+pub mod adapter;
+pub mod memfs;
+pub mod mount;
+
+pub use adapter::{CacheTtl, PfsFuse};
+pub use memfs::MemFs;
+pub use mount::{mount, Mount, MountConfig};

@@ -1,0 +1,182 @@
+//! `pfs-fuse MASTER MOUNTPOINT [-o options]`: mounts a pfs cluster.
+//!
+//! Like other FUSE mount helpers it returns once the mount is live and keeps
+//! serving in the background (`-f` keeps it in the foreground); `umount` or
+//! SIGTERM ends it.
+
+use std::io::{Read, Write};
+use std::os::fd::FromRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+
+use clap::Parser;
+use pfs_client::{Cluster, ClusterOptions, FileSystem};
+use pfs_fuse::{MemFs, MountConfig};
+
+const READY_FD_ENV: &str = "PFS_FUSE_READY_FD";
+/// The descriptor the daemon reports readiness on.
+const READY_FD: i32 = 3;
+
+/// Mount a pfs cluster with FUSE.
+///
+/// Works as a mount helper: `mount -t fuse.pfs-fuse 127.0.0.1:7000 /mnt/pfs -o
+/// key=/etc/pfs/cluster.key` and the fstab line `127.0.0.1:7000 /mnt/pfs
+/// fuse.pfs-fuse key=/etc/pfs/cluster.key,_netdev 0 0` run it.
+///
+/// Options (-o, comma-separated): config=FILE (client TOML; other options
+/// override it), key=FILE (cluster key, default /etc/pfs/cluster.key),
+/// timeout=SECS (a request to a server that does not answer fails with EIO
+/// after this long; default 30), strict (every write waits for the server),
+/// entry_timeout=SECS and attr_timeout=SECS (kernel cache lifetimes, default 1),
+/// dentry_timeout=SECS (client directory cache), threads=N (FUSE threads,
+/// default 8), noclone_fd, log=FILE (where the background daemon logs),
+/// allow_other, allow_root, fsname=NAME, and the usual ro, nodev, nosuid,
+/// noexec, noatime, sync, dirsync. mount(8) options such as _netdev, nofail,
+/// defaults, auto are accepted and ignored.
+#[derive(Debug, Parser)]
+#[command(name = "pfs-fuse", version, verbatim_doc_comment)]
+struct Cli {
+    /// The master, HOST:PORT; `memory` mounts an empty in-memory file system (the
+    /// FUSE baseline for benchmarks) instead of a cluster.
+    master: String,
+    /// Where to mount (an existing directory).
+    mountpoint: PathBuf,
+    /// Mount options, comma-separated (may be repeated).
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Stay in the foreground (log to stderr) instead of returning once mounted.
+    #[arg(short = 'f', long)]
+    foreground: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mut cfg = MountConfig::default();
+    if cli.master != "memory" {
+        cfg.client.master = cli.master.clone();
+    }
+    if let Err(e) = cfg.apply_options(&cli.options) {
+        return fail(&e);
+    }
+    if !cli.foreground {
+        return daemonize(&cfg);
+    }
+    let mut ready = std::env::var(READY_FD_ENV).ok().map(|_| {
+        // SAFETY: the parent passed this descriptor open, and nothing else owns it.
+        unsafe { std::fs::File::from_raw_fd(READY_FD) }
+    });
+    init_log(&cfg, ready.is_some());
+    match serve(&cli, &cfg, &mut ready) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The waiting parent prints it: the daemon's stderr goes nowhere.
+            if let Some(mut r) = ready {
+                let _ = writeln!(r, "{e}");
+            }
+            fail(&e)
+        }
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    log::error!("{msg}");
+    eprintln!("pfs-fuse: {msg}");
+    ExitCode::FAILURE
+}
+
+fn init_log(cfg: &MountConfig, daemon: bool) {
+    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    if daemon {
+        match cfg.log.as_ref().map(|p| std::fs::OpenOptions::new().create(true).append(true).open(p)) {
+            Some(Ok(f)) => {
+                b.target(env_logger::Target::Pipe(Box::new(f)));
+            }
+            Some(Err(e)) => eprintln!("pfs-fuse: log file: {e}"),
+            None => {
+                b.filter_level(log::LevelFilter::Off);
+            }
+        }
+    }
+    b.init();
+}
+
+fn serve(cli: &Cli, cfg: &MountConfig, ready: &mut Option<std::fs::File>) -> Result<(), String> {
+    let fs: Arc<dyn FileSystem> = if cli.master == "memory" {
+        Arc::new(MemFs::new())
+    } else {
+        let opts = ClusterOptions::from_config(&cfg.client)?;
+        let cluster = Cluster::connect(opts)
+            .map_err(|e| format!("cannot connect to the cluster at {}: {e}", cfg.client.master))?;
+        Arc::new(cluster)
+    };
+    let stop = pfs_fuse::mount::signals::install();
+    let mount = pfs_fuse::mount(fs, &cli.mountpoint, cfg)?;
+    log::info!("mounted {} on {}", cli.master, cli.mountpoint.display());
+    if let Some(mut r) = ready.take() {
+        let _ = r.write_all(b"ok\n");
+    }
+    mount.run(stop)?;
+    log::info!("unmounted {}", cli.mountpoint.display());
+    Ok(())
+}
+
+/// Runs this program again in the foreground, in its own session, and returns
+/// once it reports the mount live (exit 0) or fails (its message, exit 1).
+fn daemonize(cfg: &MountConfig) -> ExitCode {
+    let mut fds = [0i32; 2];
+    // SAFETY: a two-element array for pipe2.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return fail(&format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    let (r, w) = (fds[0], fds[1]);
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return fail(&format!("cannot find my own binary: {e}")),
+    };
+    let stderr = match &cfg.log {
+        Some(p) => match std::fs::OpenOptions::new().create(true).append(true).open(p) {
+            Ok(f) => Stdio::from(f),
+            Err(e) => return fail(&format!("log file {}: {e}", p.display())),
+        },
+        None => Stdio::null(),
+    };
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .arg("-f")
+        .env(READY_FD_ENV, READY_FD.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(w, READY_FD) < 0 || libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
+    // SAFETY: `w` is ours; the child has its own copy now.
+    unsafe { libc::close(w) };
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return fail(&format!("cannot start the mount daemon: {e}")),
+    };
+    // SAFETY: `r` is ours and open.
+    let mut rd = unsafe { std::fs::File::from_raw_fd(r) };
+    let mut msg = String::new();
+    let _ = rd.read_to_string(&mut msg);
+    if msg == "ok\n" {
+        return ExitCode::SUCCESS;
+    }
+    let status = child.wait();
+    if msg.trim().is_empty() {
+        return fail(&format!("the mount daemon exited before mounting ({status:?})"));
+    }
+    // The daemon already logged it; say it where the user is looking.
+    eprintln!("pfs-fuse: {}", msg.trim_end());
+    ExitCode::FAILURE
+}

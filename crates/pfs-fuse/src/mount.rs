@@ -1,0 +1,267 @@
+//! Mount options (`-o a,b=c`), mounting, and the session's life until unmount.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
+use pfs_client::api::Invalidation;
+use pfs_client::FileSystem;
+use pfs_core::config::ConfigFile;
+use pfs_core::ClientConfig;
+
+use crate::adapter::{CacheTtl, PfsFuse};
+
+/// Most FUSE threads a mount may ask for.
+pub const THREADS_MAX: usize = 256;
+
+/// Everything a mount is configured with.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// The client (master, key, timeouts, write pipeline, dentry cache).
+    pub client: ClientConfig,
+    /// Kernel entry and attribute cache lifetimes.
+    pub ttl: CacheTtl,
+    /// Threads reading requests from the kernel.
+    pub threads: usize,
+    /// Give each thread its own `/dev/fuse` descriptor (less contention).
+    pub clone_fd: bool,
+    /// Kernel mount flags and access options passed through.
+    pub kernel: Vec<MountOption>,
+    /// Who may use the mount besides its owner.
+    pub acl: SessionACL,
+    /// File the background daemon logs to (none: discarded).
+    pub log: Option<PathBuf>,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            client: ClientConfig::default(),
+            ttl: CacheTtl::default(),
+            threads: 8,
+            clone_fd: true,
+            kernel: Vec::new(),
+            acl: SessionACL::Owner,
+            log: None,
+        }
+    }
+}
+
+/// Options `mount(8)` and fstab use that mean nothing to the file system itself.
+const IGNORED: &[&str] =
+    &["defaults", "auto", "noauto", "user", "nouser", "users", "_netdev", "nofail", "rw"];
+
+fn seconds(name: &str, v: &str) -> Result<Duration, String> {
+    let s: f64 =
+        v.parse().map_err(|_| format!("mount option {name}={v:?}: expected seconds, like 1.5"))?;
+    if !(0.0..=86_400.0).contains(&s) {
+        return Err(format!("mount option {name}={v}: allowed 0 to 86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(s))
+}
+
+impl MountConfig {
+    /// Applies `-o` option lists (comma-separated), after loading `config=FILE` if
+    /// one names it; options override the file. An unknown option is an error
+    /// that names it.
+    pub fn apply_options(&mut self, lists: &[String]) -> Result<(), String> {
+        let opts: Vec<&str> =
+            lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()).collect();
+        for o in &opts {
+            if let Some(path) = o.strip_prefix("config=") {
+                self.client = ClientConfig::load(Path::new(path)).map_err(|e| e.to_string())?;
+            }
+        }
+        for o in opts {
+            let (name, value) = match o.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (o, None),
+            };
+            let need = || value.ok_or_else(|| format!("mount option {name} needs a value: {name}=..."));
+            match name {
+                "config" => {}
+                "key" => self.client.key_file = need()?.into(),
+                "master" => self.client.master = need()?.into(),
+                "strict" => self.client.strict = true,
+                "timeout" => {
+                    self.client.request_timeout_ms = seconds(name, need()?)?.as_millis().max(1) as u64
+                }
+                "entry_timeout" => self.ttl.entry = seconds(name, need()?)?,
+                "attr_timeout" => self.ttl.attr = seconds(name, need()?)?,
+                "dentry_timeout" => {
+                    self.client.dentry_ttl_ms = seconds(name, need()?)?.as_millis() as u64
+                }
+                "threads" => {
+                    let v = need()?;
+                    let n: usize = v.parse().map_err(|_| format!("mount option threads={v:?}: expected a number"))?;
+                    if !(1..=THREADS_MAX).contains(&n) {
+                        return Err(format!("mount option threads={n}: allowed 1 to {THREADS_MAX}"));
+                    }
+                    self.threads = n;
+                }
+                "clone_fd" => self.clone_fd = true,
+                "noclone_fd" => self.clone_fd = false,
+                "log" => self.log = Some(need()?.into()),
+                "allow_other" => self.acl = SessionACL::All,
+                "allow_root" => self.acl = SessionACL::RootAndOwner,
+                "fsname" => self.kernel.push(MountOption::FSName(need()?.into())),
+                "subtype" => self.kernel.push(MountOption::Subtype(need()?.into())),
+                "ro" => self.kernel.push(MountOption::RO),
+                "dev" => self.kernel.push(MountOption::Dev),
+                "nodev" => self.kernel.push(MountOption::NoDev),
+                "suid" => self.kernel.push(MountOption::Suid),
+                "nosuid" => self.kernel.push(MountOption::NoSuid),
+                "exec" => self.kernel.push(MountOption::Exec),
+                "noexec" => self.kernel.push(MountOption::NoExec),
+                "atime" => self.kernel.push(MountOption::Atime),
+                "noatime" => self.kernel.push(MountOption::NoAtime),
+                "sync" => self.kernel.push(MountOption::Sync),
+                "async" => self.kernel.push(MountOption::Async),
+                "dirsync" => self.kernel.push(MountOption::DirSync),
+                // The kernel always checks permission bits on pfs mounts.
+                "default_permissions" => {}
+                n if IGNORED.contains(&n) || n.starts_with("x-") || n.starts_with("comment=") => {}
+                _ => {
+                    return Err(format!(
+                        "unknown mount option {o:?} (see pfs-fuse --help for the options pfs knows)"
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fuser_config(&self) -> Config {
+        let mut c = Config::default();
+        c.mount_options = self.kernel.clone();
+        if !c.mount_options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
+            c.mount_options.push(MountOption::FSName(format!("pfs:{}", self.client.master)));
+        }
+        c.mount_options.push(MountOption::DefaultPermissions);
+        c.acl = self.acl;
+        c.n_threads = Some(self.threads);
+        c.clone_fd = self.clone_fd;
+        c
+    }
+}
+
+/// A live mount: the kernel session, not yet serving.
+#[derive(Debug)]
+pub struct Mount {
+    session: Session<PfsFuse>,
+    mountpoint: PathBuf,
+}
+
+/// Mounts `fs` on `mountpoint`. When this returns the kernel has finished its
+/// handshake: the mount is visible. Kernel notifications for other clients'
+/// changes are wired to `fs`'s invalidator.
+pub fn mount(fs: Arc<dyn FileSystem>, mountpoint: &Path, cfg: &MountConfig) -> Result<Mount, String> {
+    let meta = std::fs::metadata(mountpoint)
+        .map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("mount point {} is not a directory", mountpoint.display()));
+    }
+    let adapter = PfsFuse::new(fs.clone(), cfg.ttl);
+    let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
+        .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let notifier = session.notifier();
+    fs.set_invalidator(Box::new(move |inv| {
+        // ENOENT means the kernel holds nothing to drop: fine.
+        let r = match inv {
+            Invalidation::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name))
+            }
+            Invalidation::Inode { ino } => notifier.inval_inode(INodeNo(ino.0), 0, 0),
+        };
+        if let Err(e) = r {
+            log::debug!("kernel invalidation: {e}");
+        }
+    }));
+    Ok(Mount { session, mountpoint: mountpoint.to_path_buf() })
+}
+
+impl Mount {
+    /// Serves kernel requests until the file system is unmounted (`umount`, or
+    /// `stop` becoming true, which unmounts it).
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> Result<(), String> {
+        let mut unmounter = self.session.unmount_callable();
+        let done = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (done, mountpoint) = (done.clone(), self.mountpoint.clone());
+            std::thread::Builder::new()
+                .name("pfs-unmount".into())
+                .spawn(move || {
+                    while !done.load(Ordering::Acquire) {
+                        if stop.load(Ordering::Acquire) {
+                            log::info!("unmounting {}", mountpoint.display());
+                            if let Err(e) = unmounter.unmount() {
+                                // Busy (open files, a shell inside): detach now, the
+                                // kernel finishes when the last user leaves.
+                                log::warn!("umount {}: {e}; detaching lazily", mountpoint.display());
+                                lazy_unmount(&mountpoint);
+                            }
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                })
+                .map_err(|e| format!("cannot start the unmount thread: {e}"))?
+        };
+        let r = self.session.run();
+        done.store(true, Ordering::Release);
+        let _ = watcher.join();
+        r.map_err(|e| format!("FUSE session on {}: {e}", self.mountpoint.display()))
+    }
+}
+
+/// `umount -l`: detaches the mount even if it is busy.
+pub fn lazy_unmount(mountpoint: &Path) {
+    let Ok(c) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else { return };
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc != 0 {
+        log::warn!(
+            "umount -l {}: {}",
+            mountpoint.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP set one flag; the mount watches it.
+pub mod signals {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::sync::OnceLock;
+
+    static FLAG: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+    extern "C" fn on_signal(_: libc::c_int) {
+        // Only an atomic store: async-signal-safe.
+        if let Some(f) = FLAG.get() {
+            f.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Installs the handlers and returns the flag they set.
+    pub fn install() -> Arc<AtomicBool> {
+        let flag = FLAG.get_or_init(|| Arc::new(AtomicBool::new(false))).clone();
+        let handler: extern "C" fn(libc::c_int) = on_signal;
+        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            // SAFETY: the handler only does an atomic load and store; sigaction gets
+            // a zeroed, then filled, struct.
+            unsafe {
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = handler as usize;
+                libc::sigemptyset(&mut sa.sa_mask);
+                sa.sa_flags = libc::SA_RESTART;
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+            }
+        }
+        flag
+    }
+}

@@ -1,0 +1,201 @@
+//! `pfs up`: a master, N servers and a FUSE mount in one process.
+//!
+//! Everything lives under one data directory:
+//!
+//! | file | what |
+//! |---|---|
+//! | `cluster.key` | the cluster key (made on the first run, mode 0600) |
+//! | `up.toml` | the shape the data was made with (servers, workers, size) |
+//! | `master.state` | the master's view |
+//! | `server-N.img` | server N's device file (sparse), one zone per worker |
+//!
+//! Running it again with the same data directory remounts the same file system.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pfs_client::{Cluster, ClusterOptions, FileSystem};
+use pfs_core::{MasterConfig, ServerConfig};
+use pfs_server::{MasterHandle, ServerHandle};
+use serde::{Deserialize, Serialize};
+
+/// What `pfs up` starts.
+#[derive(Clone, Debug)]
+pub struct UpOptions {
+    /// Data directory.
+    pub data: PathBuf,
+    /// Storage servers.
+    pub servers: u32,
+    /// Workers (shards) per server.
+    pub workers: u32,
+    /// Size of each server's device file.
+    pub size_bytes: u64,
+    /// Where the master listens, `host:port`.
+    pub master_listen: String,
+}
+
+/// The shape recorded in `up.toml`: data made with one shape cannot be served
+/// with another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Shape {
+    servers: u32,
+    workers: u32,
+    size_bytes: u64,
+}
+
+/// A running master and its servers.
+#[derive(Debug)]
+pub struct LocalCluster {
+    master: Option<MasterHandle>,
+    servers: Vec<ServerHandle>,
+    /// The cluster key file.
+    pub key_file: PathBuf,
+}
+
+impl LocalCluster {
+    /// The master's address.
+    pub fn master_addr(&self) -> std::net::SocketAddr {
+        self.master.as_ref().expect("master running").addr()
+    }
+
+    /// A native client of this cluster.
+    pub fn client(&self) -> Result<Cluster, String> {
+        let key = pfs_net::ClusterKey::load(&self.key_file).map_err(|e| e.to_string())?;
+        Cluster::connect(ClusterOptions::new(self.master_addr(), key))
+            .map_err(|e| format!("cannot connect to the local cluster: {e}"))
+    }
+
+    /// Stops the servers (drain, checkpoint), then the master.
+    pub fn stop(mut self) -> Result<(), String> {
+        let mut first = Ok(());
+        for s in self.servers.drain(..) {
+            let id = s.id();
+            if let Err(e) = s.stop() {
+                log::error!("server {id}: {e}");
+                first = first.and(Err(format!("server {id}: {e}")));
+            }
+        }
+        if let Some(m) = self.master.take() {
+            m.stop();
+        }
+        first
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        for s in self.servers.drain(..) {
+            let _ = s.stop();
+        }
+        if let Some(m) = self.master.take() {
+            m.stop();
+        }
+    }
+}
+
+/// Starts (or restarts on existing data) a master and `servers` servers.
+pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
+    if !(1..=64).contains(&opts.servers) {
+        return Err(format!("--servers {}: allowed 1 to 64", opts.servers));
+    }
+    if !(1..=256).contains(&opts.workers) {
+        return Err(format!("--workers {}: allowed 1 to 256", opts.workers));
+    }
+    let data = &opts.data;
+    std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    let shape = check_shape(data, opts)?;
+
+    let key_file = data.join("cluster.key");
+    if !key_file.exists() {
+        pfs_net::ClusterKey::generate(&key_file).map_err(|e| e.to_string())?;
+    }
+    let mcfg = MasterConfig {
+        listen: opts.master_listen.clone(),
+        key_file: key_file.clone(),
+        servers: shape.servers,
+        state_path: data.join("master.state"),
+        ..MasterConfig::default()
+    };
+    let master = pfs_server::start_master(&mcfg).map_err(|e| format!("master: {e}"))?;
+    let mut cluster = LocalCluster { master: Some(master), servers: Vec::new(), key_file };
+    for i in 0..shape.servers {
+        let scfg = ServerConfig {
+            listen: "127.0.0.1:0".into(),
+            data_path: data.join(format!("server-{i}.img")),
+            device_size_bytes: shape.size_bytes,
+            workers: shape.workers,
+            key_file: cluster.key_file.clone(),
+            master: cluster.master_addr().to_string(),
+            ..ServerConfig::default()
+        };
+        let s = pfs_server::start(&scfg, Duration::from_secs(30))
+            .map_err(|e| format!("server {i} ({}): {e}", scfg.data_path.display()))?;
+        cluster.servers.push(s);
+    }
+    Ok(cluster)
+}
+
+/// Reads `up.toml`, or writes it on the first run; a different shape on an
+/// existing data directory is an error that says which.
+fn check_shape(data: &Path, opts: &UpOptions) -> Result<Shape, String> {
+    let path = data.join("up.toml");
+    let want = Shape { servers: opts.servers, workers: opts.workers, size_bytes: opts.size_bytes };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let have: Shape =
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            if (have.servers, have.workers) != (want.servers, want.workers) {
+                return Err(format!(
+                    "{} holds a file system made with --servers {} --workers {}; run with those, \
+                     or give a new --data directory",
+                    data.display(),
+                    have.servers,
+                    have.workers
+                ));
+            }
+            Ok(have)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let text = toml::to_string(&want).expect("shape serializes");
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(want)
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// `pfs up`: start, mount, serve until a stop signal or `umount`, then stop.
+pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Result<(), String> {
+    std::fs::create_dir_all(mountpoint)
+        .map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
+    let stop = pfs_fuse::mount::signals::install();
+    let cluster = start(opts)?;
+    let master = cluster.master_addr();
+    let mut cfg = pfs_fuse::MountConfig::default();
+    cfg.client.master = master.to_string();
+    cfg.client.key_file = cluster.key_file.clone();
+    cfg.apply_options(mount_options)?;
+    let client = Cluster::connect(
+        ClusterOptions::from_config(&cfg.client)?,
+    )
+    .map_err(|e| format!("cannot connect to the local cluster: {e}"))?;
+    let fs: Arc<dyn FileSystem> = Arc::new(client);
+    let mount = pfs_fuse::mount(fs, mountpoint, &cfg)?;
+    println!(
+        "pfs up: master on {master}, {} server(s) x {} worker(s), data in {}",
+        opts.servers,
+        opts.workers,
+        opts.data.display()
+    );
+    println!("pfs up: cluster key {}", cluster.key_file.display());
+    println!("pfs up: mounted on {} (Ctrl-C unmounts and stops)", mountpoint.display());
+    let served = mount.run(stop);
+    println!("pfs up: unmounted {}, stopping the servers", mountpoint.display());
+    let stopped = cluster.stop();
+    served?;
+    stopped?;
+    println!("pfs up: stopped cleanly");
+    Ok(())
+}
