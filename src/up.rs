@@ -177,10 +177,8 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     cfg.client.master = master.to_string();
     cfg.client.key_file = cluster.key_file.clone();
     cfg.apply_options(mount_options)?;
-    let client = Cluster::connect(
-        ClusterOptions::from_config(&cfg.client)?,
-    )
-    .map_err(|e| format!("cannot connect to the local cluster: {e}"))?;
+    let client = Cluster::connect(ClusterOptions::from_config(&cfg.client)?)
+        .map_err(|e| format!("cannot connect to the local cluster: {e}"))?;
     let fs: Arc<dyn FileSystem> = Arc::new(client);
     let mount = pfs_fuse::mount(fs, mountpoint, &cfg)?;
     println!(

@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pfs_client::api::{DirListing, READDIR_BATCH};
 use pfs_client::FileSystem;
@@ -128,7 +128,12 @@ struct DirStream {
 
 impl DirStream {
     /// The entry at listing index `i`, fetching as needed; `None` past the end.
-    fn entry(&mut self, fs: &dyn FileSystem, dir: InodeId, i: u64) -> Result<Option<DirListing>, FsError> {
+    fn entry(
+        &mut self,
+        fs: &dyn FileSystem,
+        dir: InodeId,
+        i: u64,
+    ) -> Result<Option<DirListing>, FsError> {
         if i < self.base {
             *self = DirStream::default();
         }
@@ -179,7 +184,12 @@ impl PfsFuse {
 
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
         match r {
-            Ok(a) => reply.entry_with_ttls(&self.ttl.entry, &self.ttl.attr, &kernel_attr(&a), Generation(0)),
+            Ok(a) => reply.entry_with_ttls(
+                &self.ttl.entry,
+                &self.ttl.attr,
+                &kernel_attr(&a),
+                Generation(0),
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -195,13 +205,9 @@ impl PfsFuse {
         self.dirs.lock().expect("dirs lock").get(&fh.0).cloned()
     }
 
-    fn dir_entry(
-        &self,
-        dir: InodeId,
-        fh: KHandle,
-        i: u64,
-    ) -> Result<Option<DirListing>, FsError> {
-        let stream = self.dir(fh).ok_or_else(|| FsError::Invalid("not an open directory".into()))?;
+    fn dir_entry(&self, dir: InodeId, fh: KHandle, i: u64) -> Result<Option<DirListing>, FsError> {
+        let stream =
+            self.dir(fh).ok_or_else(|| FsError::Invalid("not an open directory".into()))?;
         let mut stream = stream.lock().expect("dir stream lock");
         stream.entry(&*self.fs, dir, i)
     }

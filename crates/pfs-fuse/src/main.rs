@@ -54,12 +54,12 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut cfg = MountConfig::default();
-    if cli.master != "memory" {
-        cfg.client.master = cli.master.clone();
-    }
     if let Err(e) = cfg.apply_options(&cli.options) {
         return fail(&e);
     }
+    // The mount source names the master, whatever a config= file says (and is
+    // the file system's name in /proc/mounts).
+    cfg.client.master = cli.master.clone();
     if !cli.foreground {
         return daemonize(&cfg);
     }
@@ -89,7 +89,11 @@ fn fail(msg: &str) -> ExitCode {
 fn init_log(cfg: &MountConfig, daemon: bool) {
     let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     if daemon {
-        match cfg.log.as_ref().map(|p| std::fs::OpenOptions::new().create(true).append(true).open(p)) {
+        match cfg
+            .log
+            .as_ref()
+            .map(|p| std::fs::OpenOptions::new().create(true).append(true).open(p))
+        {
             Some(Ok(f)) => {
                 b.target(env_logger::Target::Pipe(Box::new(f)));
             }

@@ -69,8 +69,12 @@ impl MountConfig {
     /// one names it; options override the file. An unknown option is an error
     /// that names it.
     pub fn apply_options(&mut self, lists: &[String]) -> Result<(), String> {
-        let opts: Vec<&str> =
-            lists.iter().flat_map(|l| l.split(',')).map(str::trim).filter(|o| !o.is_empty()).collect();
+        let opts: Vec<&str> = lists
+            .iter()
+            .flat_map(|l| l.split(','))
+            .map(str::trim)
+            .filter(|o| !o.is_empty())
+            .collect();
         for o in &opts {
             if let Some(path) = o.strip_prefix("config=") {
                 self.client = ClientConfig::load(Path::new(path)).map_err(|e| e.to_string())?;
@@ -81,14 +85,16 @@ impl MountConfig {
                 Some((n, v)) => (n, Some(v)),
                 None => (o, None),
             };
-            let need = || value.ok_or_else(|| format!("mount option {name} needs a value: {name}=..."));
+            let need =
+                || value.ok_or_else(|| format!("mount option {name} needs a value: {name}=..."));
             match name {
                 "config" => {}
                 "key" => self.client.key_file = need()?.into(),
                 "master" => self.client.master = need()?.into(),
                 "strict" => self.client.strict = true,
                 "timeout" => {
-                    self.client.request_timeout_ms = seconds(name, need()?)?.as_millis().max(1) as u64
+                    self.client.request_timeout_ms =
+                        seconds(name, need()?)?.as_millis().max(1) as u64
                 }
                 "entry_timeout" => self.ttl.entry = seconds(name, need()?)?,
                 "attr_timeout" => self.ttl.attr = seconds(name, need()?)?,
@@ -97,9 +103,13 @@ impl MountConfig {
                 }
                 "threads" => {
                     let v = need()?;
-                    let n: usize = v.parse().map_err(|_| format!("mount option threads={v:?}: expected a number"))?;
+                    let n: usize = v
+                        .parse()
+                        .map_err(|_| format!("mount option threads={v:?}: expected a number"))?;
                     if !(1..=THREADS_MAX).contains(&n) {
-                        return Err(format!("mount option threads={n}: allowed 1 to {THREADS_MAX}"));
+                        return Err(format!(
+                            "mount option threads={n}: allowed 1 to {THREADS_MAX}"
+                        ));
                     }
                     self.threads = n;
                 }
@@ -139,7 +149,8 @@ impl MountConfig {
         let mut c = Config::default();
         c.mount_options = self.kernel.clone();
         if !c.mount_options.iter().any(|o| matches!(o, MountOption::FSName(_))) {
-            c.mount_options.push(MountOption::FSName(format!("pfs:{}", self.client.master)));
+            // The mount source as given, so `mount -a` recognises the mount.
+            c.mount_options.push(MountOption::FSName(self.client.master.clone()));
         }
         c.mount_options.push(MountOption::DefaultPermissions);
         c.acl = self.acl;
@@ -159,7 +170,11 @@ pub struct Mount {
 /// Mounts `fs` on `mountpoint`. When this returns the kernel has finished its
 /// handshake: the mount is visible. Kernel notifications for other clients'
 /// changes are wired to `fs`'s invalidator.
-pub fn mount(fs: Arc<dyn FileSystem>, mountpoint: &Path, cfg: &MountConfig) -> Result<Mount, String> {
+pub fn mount(
+    fs: Arc<dyn FileSystem>,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+) -> Result<Mount, String> {
     let meta = std::fs::metadata(mountpoint)
         .map_err(|e| format!("mount point {}: {e}", mountpoint.display()))?;
     if !meta.is_dir() {
@@ -201,7 +216,10 @@ impl Mount {
                             if let Err(e) = unmounter.unmount() {
                                 // Busy (open files, a shell inside): detach now, the
                                 // kernel finishes when the last user leaves.
-                                log::warn!("umount {}: {e}; detaching lazily", mountpoint.display());
+                                log::warn!(
+                                    "umount {}: {e}; detaching lazily",
+                                    mountpoint.display()
+                                );
                                 lazy_unmount(&mountpoint);
                             }
                             return;
@@ -224,11 +242,7 @@ pub fn lazy_unmount(mountpoint: &Path) {
     // SAFETY: a valid NUL-terminated path.
     let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     if rc != 0 {
-        log::warn!(
-            "umount -l {}: {}",
-            mountpoint.display(),
-            std::io::Error::last_os_error()
-        );
+        log::warn!("umount -l {}: {}", mountpoint.display(), std::io::Error::last_os_error());
     }
 }
 

@@ -51,9 +51,8 @@ fn c(p: &Path) -> CString {
 fn renameat2(a: &Path, b: &Path, flags: u32) -> std::io::Result<()> {
     let (a, b) = (c(a), c(b));
     // SAFETY: valid C strings.
-    let rc = unsafe {
-        libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags)
-    };
+    let rc =
+        unsafe { libc::renameat2(libc::AT_FDCWD, a.as_ptr(), libc::AT_FDCWD, b.as_ptr(), flags) };
     if rc == 0 {
         Ok(())
     } else {
@@ -121,8 +120,10 @@ fn posix_ops(m: &Path, pfs: bool) {
     for i in 0..300 {
         fs::write(p(&format!("d/file-with-a-longish-name-{i:04}")), []).unwrap();
     }
-    let mut names: Vec<String> =
-        fs::read_dir(p("d")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names: Vec<String> = fs::read_dir(p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     names.sort();
     assert_eq!(names.len(), 300);
     assert_eq!(names[0], "file-with-a-longish-name-0000");
@@ -141,7 +142,10 @@ fn posix_ops(m: &Path, pfs: bool) {
     fs::create_dir_all(p("d/sub/deeper")).unwrap();
     assert_eq!(errno_of(fs::rename(p("d"), p("d/sub/deeper/d"))), libc::EINVAL);
     assert_eq!(errno_of(fs::hard_link(p("f"), p("f-link"))), libc::EPERM);
-    assert_eq!(errno_of(fs::OpenOptions::new().write(true).create_new(true).open(p("f"))), libc::EEXIST);
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().write(true).create_new(true).open(p("f"))),
+        libc::EEXIST
+    );
     // rename: plain, replacing, NOREPLACE, EXCHANGE, across directories
     fs::write(p("a"), b"A").unwrap();
     fs::write(p("b"), b"B").unwrap();
@@ -195,7 +199,13 @@ fn posix_ops(m: &Path, pfs: bool) {
     assert_eq!(data.len(), 100_000);
     assert!(data[5..].iter().all(|&b| b == 0), "a grown file reads zeros");
     // open, write at offsets (sparse), flush, fsync, release
-    let mut f = fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(p("rw")).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p("rw"))
+        .unwrap();
     f.seek(SeekFrom::Start(1 << 20)).unwrap();
     f.write_all(b"tail").unwrap();
     f.seek(SeekFrom::Start(0)).unwrap();
@@ -210,7 +220,8 @@ fn posix_ops(m: &Path, pfs: bool) {
     assert!(buf[4..1 << 20].iter().all(|&b| b == 0));
     drop(f);
     // fallocate: extends the size; KEEP_SIZE does not; punching holes is refused
-    let f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(p("alloc")).unwrap();
+    let f =
+        fs::OpenOptions::new().write(true).create(true).truncate(true).open(p("alloc")).unwrap();
     use std::os::fd::AsRawFd;
     // SAFETY: an open descriptor.
     assert_eq!(unsafe { libc::fallocate(f.as_raw_fd(), 0, 0, 8192) }, 0);
@@ -329,7 +340,11 @@ fn real_programs() {
     for i in 0..1000 {
         let d = repo.join(format!("dir{}", i % 10));
         fs::create_dir_all(&d).unwrap();
-        fs::write(d.join(format!("file{i}.txt")), format!("content of file {i}\n").repeat(i % 7 + 1)).unwrap();
+        fs::write(
+            d.join(format!("file{i}.txt")),
+            format!("content of file {i}\n").repeat(i % 7 + 1),
+        )
+        .unwrap();
     }
     sh(&repo, "git add -A && git -c user.name=t -c user.email=t@example.com commit -q -m 'thousand files'");
     sh(&repo, "git fsck --full --strict 2>&1");
@@ -426,8 +441,19 @@ fn server_restart_while_mounted() {
 /// `umount` ends it.
 fn mount_helper_and_fstab() {
     let cl = TestCluster::start("helper", 1, 1);
-    let bin = Path::new(PFS_FUSE).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    // mount(8) runs helpers with a standard PATH (/usr/local/bin included), not
+    // ours: install the binary where deploy/README.md says, as a symlink.
+    let installed = Path::new("/usr/local/bin/pfs-fuse");
+    match fs::symlink_metadata(installed) {
+        Ok(md) if !md.file_type().is_symlink() => {
+            panic!("{installed:?} is a real file; this test would replace it")
+        }
+        _ => {
+            let _ = fs::remove_file(installed);
+            std::os::unix::fs::symlink(PFS_FUSE, installed).unwrap();
+        }
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
     let dir = cl.dir.path("mnt");
     fs::create_dir_all(&dir).unwrap();
     let opts = format!("key={},_netdev", cl.key.display());
@@ -450,13 +476,8 @@ fn mount_helper_and_fstab() {
         format!("{} {} fuse.pfs-fuse {opts},noatime 0 0\n", cl.master_addr(), dir.display()),
     )
     .unwrap();
-    let out = Command::new("mount")
-        .arg("-T")
-        .arg(&fstab)
-        .arg(&dir)
-        .env("PATH", &path)
-        .output()
-        .unwrap();
+    let out =
+        Command::new("mount").arg("-T").arg(&fstab).arg(&dir).env("PATH", &path).output().unwrap();
     assert!(out.status.success(), "mount from fstab: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(fs::read(dir.join("via-helper")).unwrap(), b"1");
     assert!(Command::new("umount").arg(&dir).status().unwrap().success());
@@ -464,7 +485,10 @@ fn mount_helper_and_fstab() {
     // The daemons exit after umount.
     assert!(
         wait_for(Duration::from_secs(10), || {
-            let out = Command::new("pgrep").args(["-f", &format!("pfs-fuse.*{}", dir.display())]).output().unwrap();
+            let out = Command::new("pgrep")
+                .args(["-f", &format!("pfs-fuse.*{}", dir.display())])
+                .output()
+                .unwrap();
             out.stdout.is_empty()
         }),
         "a pfs-fuse daemon outlived its umount"

@@ -109,7 +109,7 @@ pub struct Forget {
     server: ServerId,
     worker: WorkerId,
     txn: u64,
-    sent: Option<RequestId>,
+    pub(crate) sent: Option<RequestId>,
     retry_at: Instant,
 }
 
@@ -135,7 +135,7 @@ pub struct CrossOp {
     intent: Intent,
     waiter: Option<Waiter>,
     /// The participant request in flight, or when to send it again.
-    sent: Option<RequestId>,
+    pub(crate) sent: Option<RequestId>,
     retry_at: Instant,
 }
 

@@ -54,6 +54,13 @@ pub struct RmdirOp {
     unsealing: bool,
 }
 
+impl RmdirOp {
+    /// Whether a request to a peer shard is in flight.
+    pub(crate) fn awaiting_peer(&self) -> bool {
+        self.shards.iter().any(|(_, s)| matches!(s, Seal::Sent(_)))
+    }
+}
+
 fn encode(parent: InodeId, name: &[u8], dir: InodeId) -> Vec<u8> {
     let mut o = vec![RMDIR_INTENT];
     o.extend_from_slice(&parent.0.to_le_bytes());

@@ -258,6 +258,13 @@ impl<D: Device> Worker<D> {
                 continue;
             }
             let since = *idle_from.get_or_insert(self.now);
+            // Replies from peer servers arrive on connections the epoll set does
+            // not watch: while a transaction waits for one, stay awake (yielding
+            // the core) instead of parking up to PARK_MAX per step.
+            if self.awaiting_peers() {
+                std::thread::yield_now();
+                continue;
+            }
             if self.now.duration_since(since) < self.opts.idle_spin {
                 std::hint::spin_loop();
                 continue;
@@ -646,6 +653,13 @@ impl<D: Device> Worker<D> {
                 log::warn!("worker {}: closing {}: {reason}", self.id, state.qp.peer());
             }
         }
+    }
+
+    /// Whether a cross-shard step waits for a peer server's reply.
+    fn awaiting_peers(&self) -> bool {
+        self.cross.iter().any(|c| c.sent.is_some())
+            || self.rmdirs.iter().any(|r| r.awaiting_peer())
+            || self.forgets.iter().any(|f| f.sent.is_some())
     }
 
     /// Sleeps on the eventfd and the connections until work arrives.

@@ -58,7 +58,8 @@ impl TestCluster {
             down_after_ms: 2_000,
         };
         let master = pfs_server::start_master(&mcfg).unwrap();
-        let mut c = TestCluster { dir, key, master: Some(master), servers: Vec::new(), cfgs: Vec::new() };
+        let mut c =
+            TestCluster { dir, key, master: Some(master), servers: Vec::new(), cfgs: Vec::new() };
         for i in 0..servers {
             let cfg = ServerConfig {
                 listen: "127.0.0.1:0".into(),
@@ -111,14 +112,11 @@ impl Drop for TestCluster {
 /// Whether `dir` is a mount point of a FUSE file system right now.
 pub fn is_fuse_mount(dir: &Path) -> bool {
     let want = dir.to_str().unwrap();
-    std::fs::read_to_string("/proc/self/mounts")
-        .unwrap()
-        .lines()
-        .any(|l| {
-            let mut f = l.split(' ');
-            let (_src, mp, ty) = (f.next(), f.next(), f.next());
-            mp == Some(want) && ty.is_some_and(|t| t.starts_with("fuse"))
-        })
+    std::fs::read_to_string("/proc/self/mounts").unwrap().lines().any(|l| {
+        let mut f = l.split(' ');
+        let (_src, mp, ty) = (f.next(), f.next(), f.next());
+        mp == Some(want) && ty.is_some_and(|t| t.starts_with("fuse"))
+    })
 }
 
 /// Waits up to `limit` for `cond`.
