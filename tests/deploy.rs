@@ -38,7 +38,8 @@ fn example_configs_load_and_validate() {
 #[test]
 fn fstab_example_names_the_helper() {
     let fstab = std::fs::read_to_string(deploy("fstab.example")).unwrap();
-    let line = fstab.lines().find(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty()).unwrap();
+    let line =
+        fstab.lines().find(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty()).unwrap();
     let fields: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(fields.len(), 6, "{line}");
     assert_eq!(fields[2], "fuse.pfs-fuse");

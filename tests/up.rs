@@ -40,7 +40,11 @@ fn up(data: &Path, mnt: &Path) -> (Child, String) {
         }
     }
     // Keep draining stdout so the process never blocks on a full pipe.
-    std::thread::spawn(move || for l in lines.map_while(Result::ok) { println!("{l}") });
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            println!("{l}")
+        }
+    });
     assert!(mounted(mnt), "pfs up said mounted but {mnt:?} is not");
     (child, master.expect("pfs up printed its master"))
 }
@@ -78,12 +82,22 @@ fn up_mounts_stops_on_ctrl_c_and_remounts_the_same_data() {
     assert!(out.status.success(), "pfs status: {}", String::from_utf8_lossy(&out.stderr));
     assert!(table.contains("up"), "{table}");
     // pfs layout through the mount.
-    let out = Command::new(PFS).args(["layout", "set"]).arg(mnt.join("dir")).args(["--file", "io"]).output().unwrap();
+    let out = Command::new(PFS)
+        .args(["layout", "set"])
+        .arg(mnt.join("dir"))
+        .args(["--file", "io"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = Command::new(PFS).args(["layout", "get"]).arg(mnt.join("dir")).output().unwrap();
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(shown.contains("dir_layout  bigdir") && shown.contains("file_layout io"), "{shown}");
-    let out = Command::new(PFS).args(["layout", "set"]).arg(mnt.join("dir")).args(["--dir", "huge"]).output().unwrap();
+    let out = Command::new(PFS)
+        .args(["layout", "set"])
+        .arg(mnt.join("dir"))
+        .args(["--dir", "huge"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected one of regular, bigdir"));
     interrupt(child);

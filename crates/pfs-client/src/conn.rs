@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Body, Frame, Reply, Request};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
-use pfs_net::{ClusterKey, NetError, QueuePair, RpcClient, RpcOptions};
+use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 
 /// Longest sleep between two looks at the connection while waiting for a reply.
 const WAIT_SLICE: Duration = Duration::from_millis(2);
@@ -85,13 +85,18 @@ impl Conn {
                 Ok(None) => {}
                 Err(e) => return Err(net_error(e)),
             }
-            let fd = rpc.qp().map(|qp| qp.wait_fd());
+            // Arm the wake-up before parking: a shared-memory peer rings the
+            // eventfd only for a reader that said it sleeps.
+            let connected = rpc.qp().is_some();
+            let fd = rpc.arm_wait();
             drop(rpc);
             let left = sent.deadline.saturating_duration_since(Instant::now());
             match fd {
                 Some(fd) => {
                     let _ = pfs_net::wait_readable(fd, Some(left.min(WAIT_SLICE)));
                 }
+                // Something arrived meanwhile: poll again at once.
+                None if connected => {}
                 None => std::thread::sleep(left.min(WAIT_SLICE)),
             }
         }

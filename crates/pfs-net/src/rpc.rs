@@ -337,6 +337,15 @@ impl RpcClient {
         Some(r)
     }
 
+    /// Arms the connection's wake-up for a caller that parks on the returned
+    /// descriptor itself (after releasing whatever lock guards this client):
+    /// `None` when something already arrived (poll again) or there is no
+    /// connection.
+    pub fn arm_wait(&mut self) -> Option<std::os::fd::RawFd> {
+        let qp = self.qp.as_mut()?;
+        qp.prepare_wait().then(|| qp.wait_fd())
+    }
+
     /// Parks until the connection has work, the deadline, or the next reconnect.
     fn wait_until(&mut self, deadline: Instant) {
         let now = Instant::now();
