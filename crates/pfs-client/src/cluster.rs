@@ -787,6 +787,25 @@ impl FileSystem for Cluster {
         let to = self.route(self.dentry_key(new_parent, new_name)?);
         // Either name may be a directory others cache: take both write tokens.
         let _tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
+        // A directory replaced by a rename must be empty. The target's shard only
+        // sees its own slice of a bigdir, so the client checks every shard here.
+        let _target_token = if flags.contains(RenameFlags::EXCHANGE) {
+            None
+        } else {
+            match self.lookup(new_parent, new_name) {
+                Ok(t)
+                    if t.kind == FileType::Directory
+                        && self.lookup(parent, name).map(|a| a.ino) != Ok(t.ino) =>
+                {
+                    let token = self.write_token(t.ino)?;
+                    if !self.readdir(t.ino, None, 1)?.is_empty() {
+                        return Err(FsError::NotEmpty);
+                    }
+                    Some(token)
+                }
+                _ => None,
+            }
+        };
         let (name, new_name) = (name.to_vec(), new_name.to_vec());
         let req = if (from.server, from.proc_worker) == (to.server, to.proc_worker) {
             Request::Rename { parent, name, new_parent, new_name, flags }

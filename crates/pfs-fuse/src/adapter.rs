@@ -168,6 +168,22 @@ pub struct PfsFuse {
     ttl: CacheTtl,
     dirs: Mutex<HashMap<u64, Arc<Mutex<DirStream>>>>,
     next_dir: AtomicU64,
+    open: Mutex<OpenFiles>,
+}
+
+/// Files this mount has open, so an unlinked but open file keeps its data.
+///
+/// POSIX lets a process read and write a file after its last name is gone; the
+/// file system frees it at the last close. The adapter renames such a file to a
+/// hidden name (`.pfs-hidden-<ino>`, as libfuse does with `.fuse_hidden`) and
+/// unlinks that at the last release. It only knows this mount's opens: a file
+/// another client holds open is freed at unlink.
+#[derive(Debug, Default)]
+struct OpenFiles {
+    /// Open handles per inode.
+    count: HashMap<u64, u32>,
+    /// Inodes unlinked while open: their hidden name.
+    hidden: HashMap<u64, (InodeId, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for PfsFuse {
@@ -179,7 +195,13 @@ impl std::fmt::Debug for PfsFuse {
 impl PfsFuse {
     /// A FUSE file system over `fs`.
     pub fn new(fs: Arc<dyn FileSystem>, ttl: CacheTtl) -> PfsFuse {
-        PfsFuse { fs, ttl, dirs: Mutex::new(HashMap::new()), next_dir: AtomicU64::new(1) }
+        PfsFuse {
+            fs,
+            ttl,
+            dirs: Mutex::new(HashMap::new()),
+            next_dir: AtomicU64::new(1),
+            open: Mutex::new(OpenFiles::default()),
+        }
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
@@ -199,6 +221,47 @@ impl PfsFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn opened(&self, ino: INodeNo) {
+        *self.open.lock().expect("open files lock").count.entry(ino.0).or_insert(0) += 1;
+    }
+
+    /// Drops one open of `ino`; at the last, removes its hidden name if it has one.
+    fn closed(&self, ino: INodeNo) {
+        let hidden = {
+            let mut o = self.open.lock().expect("open files lock");
+            match o.count.get_mut(&ino.0) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    None
+                }
+                Some(_) => {
+                    o.count.remove(&ino.0);
+                    o.hidden.remove(&ino.0)
+                }
+                None => None,
+            }
+        };
+        if let Some((parent, name)) = hidden {
+            if let Err(e) = self.fs.unlink(parent, &name) {
+                log::warn!("removing {} after its last close: {e}", String::from_utf8_lossy(&name));
+            }
+        }
+    }
+
+    /// Unlink, keeping an open file's data until its last close.
+    fn unlink_or_hide(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        let attr = self.fs.lookup(parent, name)?;
+        let mut o = self.open.lock().expect("open files lock");
+        if attr.kind == FileType::Directory || !o.count.contains_key(&attr.ino.0) {
+            drop(o);
+            return self.fs.unlink(parent, name);
+        }
+        let hidden = format!(".pfs-hidden-{}", attr.ino.0).into_bytes();
+        self.fs.rename(parent, name, parent, &hidden, RenameFlags::empty())?;
+        o.hidden.insert(attr.ino.0, (parent, hidden));
+        Ok(())
     }
 
     fn dir(&self, fh: KHandle) -> Option<Arc<Mutex<DirStream>>> {
@@ -347,7 +410,7 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        Self::empty(reply, self.fs.unlink(InodeId(parent.0), name));
+        Self::empty(reply, self.unlink_or_hide(InodeId(parent.0), name));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -415,7 +478,10 @@ impl fuser::Filesystem for PfsFuse {
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
             // another client closed is read fresh (commit consistency).
-            Ok(fh) => reply.opened(KHandle(fh.0), FopenFlags::empty()),
+            Ok(fh) => {
+                self.opened(ino);
+                reply.opened(KHandle(fh.0), FopenFlags::empty())
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -476,7 +542,9 @@ impl fuser::Filesystem for PfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.release(InodeId(ino.0), FileHandle(fh.0)));
+        let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
+        self.closed(ino);
+        Self::empty(reply, r);
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
@@ -700,13 +768,16 @@ impl fuser::Filesystem for PfsFuse {
         };
         let perm = (mode & 0o7777) as u16;
         match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
-            Ok((a, fh)) => reply.created(
-                &self.ttl.entry,
-                &kernel_attr(&a),
-                Generation(0),
-                KHandle(fh.0),
-                FopenFlags::empty(),
-            ),
+            Ok((a, fh)) => {
+                self.opened(INodeNo(a.ino.0));
+                reply.created(
+                    &self.ttl.entry,
+                    &kernel_attr(&a),
+                    Generation(0),
+                    KHandle(fh.0),
+                    FopenFlags::empty(),
+                )
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

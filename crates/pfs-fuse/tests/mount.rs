@@ -169,6 +169,40 @@ fn posix_ops(m: &Path, pfs: bool) {
     assert_eq!(fs::read(p("d/sub/moved")).unwrap(), b"A");
     fs::rename(p("d/sub/deeper"), p("deeper-moved")).unwrap();
     assert!(fs::metadata(p("deeper-moved")).unwrap().is_dir());
+    // A directory replaced by rename must be empty (bigdir: entries on every shard).
+    fs::create_dir_all(p("full/x")).unwrap();
+    fs::write(p("full/y"), b"y").unwrap();
+    fs::create_dir(p("other")).unwrap();
+    assert_eq!(errno_of(fs::rename(p("other"), p("full"))), libc::ENOTEMPTY);
+    assert_eq!(fs::read(p("full/y")).unwrap(), b"y");
+    fs::create_dir(p("empty")).unwrap();
+    fs::rename(p("other"), p("empty")).unwrap();
+    assert!(fs::metadata(p("empty")).unwrap().is_dir());
+    assert_eq!(errno_of(fs::metadata(p("other"))), libc::ENOENT);
+    fs::rename(p("full"), p("full")).unwrap();
+    sh(m, "rm -r full empty");
+    // An unlinked file stays readable and writable through an open descriptor
+    // until its last close, then it is gone.
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(p("tmp"))
+        .unwrap();
+    f.write_all(b"still here").unwrap();
+    fs::remove_file(p("tmp")).unwrap();
+    assert_eq!(errno_of(fs::metadata(p("tmp"))), libc::ENOENT);
+    f.write_all(b", and more").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut back = String::new();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "still here, and more");
+    drop(f);
+    let hidden = fs::read_dir(m)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with(".pfs-hidden"));
+    assert_eq!(hidden.count(), 0, "the hidden name goes at the last close");
     // unlink, rmdir
     fs::remove_file(p("d/sub/moved")).unwrap();
     fs::remove_dir(p("d/sub")).unwrap();
