@@ -9,12 +9,15 @@
 //! - [`server`]: start-up (zones, format or recovery, registration), the acceptor
 //!   and the heartbeat; [`ServerHandle`] stops it cleanly.
 //! - [`master`]: the cluster view: registration, heartbeats, down detection.
+//! - [`memcpy`]: the pool of threads that encode large read replies off the
+//!   workers.
 //! - [`signals`]: SIGTERM / SIGINT to a stop flag.
 //! - [`tokens`]: dentry-cache read/write tokens with leases, and who to tell.
 
 pub mod cross;
 pub mod exec;
 pub mod master;
+pub mod memcpy;
 pub mod rmdir;
 pub mod server;
 pub mod signals;

@@ -16,6 +16,7 @@ use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
 use crate::cross::Peers;
+use crate::memcpy::MemcpyPool;
 use crate::worker::{ring_mesh, ClientRegistry, Doorbell, UsageCell, Worker, WorkerOptions};
 use crate::ServerError;
 
@@ -37,6 +38,8 @@ pub struct ServerHandle {
     bells: Arc<Vec<Doorbell>>,
     workers: Vec<JoinHandle<Result<(), String>>>,
     helpers: Vec<JoinHandle<()>>,
+    /// Stops once the workers (its only users) are gone.
+    memcpy: Option<MemcpyPool>,
 }
 
 impl ServerHandle {
@@ -84,6 +87,9 @@ impl ServerHandle {
                     first_error.get_or_insert(ServerError::Worker("a worker panicked".into()));
                 }
             }
+        }
+        if let Some(pool) = self.memcpy {
+            pool.join();
         }
         match first_error {
             Some(e) => Err(e),
@@ -303,6 +309,18 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         commit_interval: Duration::from_millis(50),
         token_lease: Duration::from_millis(TOKEN_LEASE_MS),
     };
+    let (memcpy, mut ports) = if cfg.memcpy_threads > 0 {
+        let (pool, ports) = MemcpyPool::start(
+            cfg.memcpy_threads as usize,
+            cfg.memcpy_queue_depth as usize,
+            cfg.memcpy_threshold_bytes as usize,
+            bells.clone(),
+        )
+        .map_err(|e| ServerError::Worker(format!("cannot start the memcpy pool: {e}")))?;
+        (Some(pool), ports.into_iter().map(Some).collect::<Vec<_>>())
+    } else {
+        (None, (0..workers).map(|_| None).collect())
+    };
     let clients: ClientRegistry = Arc::new(Mutex::new(std::collections::HashMap::new()));
     let view: SharedView = Arc::new(Mutex::new(None));
     let mut senders = Vec::with_capacity(workers);
@@ -322,6 +340,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             stop.clone(),
             Peers::new(key.clone(), view.clone()),
             clients.clone(),
+            ports.pop().expect("one per worker"),
         )
         .map_err(|e| ServerError::Net(e.to_string()))?;
         let h = std::thread::Builder::new()
@@ -354,7 +373,15 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
     };
     log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
-    Ok(ServerHandle { id, addr, stop, bells, workers: handles, helpers: vec![acceptor, heartbeat] })
+    Ok(ServerHandle {
+        id,
+        addr,
+        stop,
+        bells,
+        workers: handles,
+        helpers: vec![acceptor, heartbeat],
+        memcpy,
+    })
 }
 
 /// Hands accepted connections to workers in turn (link-reduced: each connection

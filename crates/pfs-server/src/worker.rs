@@ -29,6 +29,7 @@ use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Forget, Peers, Waiter};
 use crate::exec::{execute, is_mutation, Durability};
+use crate::memcpy::{Job, MemcpyPort};
 use crate::rmdir::RmdirOp;
 use crate::tokens::Tokens;
 
@@ -154,6 +155,8 @@ pub struct Worker<D: Device> {
     /// `bigdir` rmdirs this worker coordinates.
     pub(crate) rmdirs: Vec<RmdirOp>,
     pub(crate) peers: Peers,
+    /// This worker's end of the memcpy pool (none: copies stay on the worker).
+    memcpy: Option<MemcpyPort>,
     pub(crate) txn_seq: u64,
     tokens: Tokens,
     clients: ClientRegistry,
@@ -208,6 +211,7 @@ impl<D: Device> Worker<D> {
         stop: Arc<AtomicBool>,
         peers: Peers,
         clients: ClientRegistry,
+        memcpy: Option<MemcpyPort>,
     ) -> std::io::Result<Worker<D>> {
         let epoll = Epoll::new()?;
         epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
@@ -233,6 +237,7 @@ impl<D: Device> Worker<D> {
             forgets: Vec::new(),
             rmdirs: Vec::new(),
             peers,
+            memcpy,
             txn_seq: wall_clock_ns() as u64 / 1000,
             tokens: Tokens::new(opts.token_lease),
             clients,
@@ -272,9 +277,12 @@ impl<D: Device> Worker<D> {
             self.park();
             idle_from = None;
         }
-        // Drain: answer what already arrived, then make everything durable.
-        for _ in 0..4 {
-            if self.round() == 0 {
+        // Drain: answer what already arrived (and what the memcpy pool still
+        // copies), then make everything durable.
+        let drain_end = Instant::now() + Duration::from_secs(2);
+        for _ in 0..1000 {
+            let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
+            if self.round() == 0 && (!copying || Instant::now() > drain_end) {
                 break;
             }
         }
@@ -292,6 +300,9 @@ impl<D: Device> Worker<D> {
             work += self.serve_conn(slot);
         }
         work += self.serve_rings();
+        if self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0) {
+            work += self.take_copied();
+        }
         if !self.cross.is_empty() || !self.forgets.is_empty() {
             work += self.poll_cross();
         }
@@ -520,6 +531,11 @@ impl<D: Device> Worker<D> {
             Err(error) => Body::Error { op, error },
         };
         let reply = Frame { request_id: frame.request_id, client: frame.client, body };
+        let reply = match self.offload(origin, conn, reply, durability, buf) {
+            Ok(()) => return None,
+            Err(back) => back,
+        };
+        let (reply, mut buf) = reply;
         buf.clear();
         if let Err(e) = reply.encode(&mut buf) {
             let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
@@ -633,6 +649,44 @@ impl<D: Device> Worker<D> {
         n
     }
 
+    /// Hands a large read reply to the memcpy pool; gives it back to encode here
+    /// when there is no pool, the reply is small, it must wait for a commit, or
+    /// the pool's queue is full (back-pressure).
+    fn offload(
+        &mut self,
+        origin: u16,
+        conn: ConnRef,
+        frame: Frame,
+        durability: Durability,
+        buf: Vec<u8>,
+    ) -> Result<(), (Frame, Vec<u8>)> {
+        let Some(port) = self.memcpy.as_mut() else { return Err((frame, buf)) };
+        let big = match &frame.body {
+            Body::Reply(Reply::Read(d) | Reply::ReadData(d)) => d.len() >= port.threshold_bytes,
+            _ => false,
+        };
+        if !big || durability == Durability::AfterCommit {
+            return Err((frame, buf));
+        }
+        let job = Job { worker: self.id, origin, conn, frame, buf };
+        port.offer(job).map_err(|j| (j.frame, j.buf))
+    }
+
+    /// Sends the replies the memcpy pool finished.
+    fn take_copied(&mut self) -> usize {
+        let mut work = 0;
+        // Bounded by the return queue's depth.
+        while let Some(done) = self.memcpy.as_mut().and_then(MemcpyPort::take) {
+            work += 1;
+            if done.origin == self.id {
+                self.send_reply(done.conn, done.buf);
+            } else {
+                self.push(done.origin, Task::Reply { conn: done.conn, buf: done.buf });
+            }
+        }
+        work
+    }
+
     fn send_reply(&mut self, conn: ConnRef, buf: Vec<u8>) {
         let Some(state) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
@@ -671,7 +725,8 @@ impl<D: Device> Worker<D> {
         // the flag did not ring.
         let rings_busy = self.ring_in.iter().flatten().any(|r| !r.is_empty());
         let conns_busy = self.conns.iter_mut().flatten().any(|c| !c.qp.prepare_wait());
-        if !rings_busy && !conns_busy && self.backlog.is_empty() {
+        let copied = self.memcpy.as_ref().is_some_and(MemcpyPort::has_done);
+        if !rings_busy && !conns_busy && !copied && self.backlog.is_empty() {
             let timeout = match self.dirty_since {
                 Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
                 None => PARK_MAX,
