@@ -227,12 +227,23 @@ fn unexpected(reply: Reply) -> FsError {
     FsError::Io(format!("unexpected reply {:?}", reply.opcode()))
 }
 
+/// A random, non-zero client id (0 means "no client": it would get no token
+/// invalidations). Random rather than derived from pid and time so two clients
+/// started together on different hosts do not collide.
 fn client_id() -> ClientId {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    ClientId(std::process::id().wrapping_mul(2_654_435_761) ^ t)
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness once per process, and the
+    // extra counter separates clients made in one process.
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
+        h.write_u32(std::process::id());
+        let id = h.finish() as u32;
+        if id != 0 {
+            return ClientId(id);
+        }
+    }
 }
 
 impl Cluster {
