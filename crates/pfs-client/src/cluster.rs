@@ -170,7 +170,7 @@ impl Drop for Cluster {
 }
 
 /// How often the client looks for invalidations servers sent.
-const NOTIFY_POLL: Duration = Duration::from_millis(10);
+const NOTIFY_POLL: Duration = Duration::from_millis(50);
 
 fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {

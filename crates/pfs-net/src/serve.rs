@@ -17,9 +17,9 @@ use crate::qp::Qp;
 use crate::transport::{Completion, QueuePair, WorkId};
 
 /// Empty rounds before the loop parks.
-const IDLE_SPINS: u32 = 2000;
+const IDLE_SPINS: u32 = 64;
 /// Longest park, so a stop request is seen.
-const PARK_MAX: Duration = Duration::from_millis(50);
+const PARK_MAX: Duration = Duration::from_millis(200);
 
 /// A request loop: accept, receive, call the handler, send its reply.
 #[derive(Debug)]
