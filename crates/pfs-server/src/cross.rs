@@ -498,10 +498,13 @@ impl<D: Device> Worker<D> {
     }
 
     /// Sends a reply frame with `body` to a waiting client.
+    /// Answers the client once what the transaction logged is committed: a
+    /// refusal told before its `TxnDel` is durable could be undone by recovery,
+    /// which would redo the rename the client was told failed.
     pub(crate) fn answer(&mut self, w: Waiter, body: Body) {
         let frame = Frame { request_id: w.request_id, client: w.client, body };
         let buf = frame.to_bytes().expect("a rename reply always encodes");
-        self.route_reply(w.origin, w.conn, buf);
+        self.after_commit.push((w.origin, w.conn, buf));
     }
 }
 

@@ -272,7 +272,16 @@ impl<D: Device> Worker<D> {
             Some(error) => Body::Error { op: Opcode::RmdirBigDir, error },
             None => {
                 let remote = !self.shard.has_inode(op.dir);
-                match self.shard.rmdir(op.parent, &op.name) {
+                // The name must still be the directory that was sealed: one made
+                // again under the same name (after a crash, before recovery ran)
+                // is not the one this transaction checked.
+                let same = self.shard.lookup(op.parent, &op.name).map(|e| e.ino == op.dir);
+                let removed = match same {
+                    Ok(true) => self.shard.rmdir(op.parent, &op.name),
+                    Ok(false) => Err(FsError::NotFound),
+                    Err(e) => Err(e),
+                };
+                match removed {
                     Ok(()) => Body::Reply(Reply::Rmdir { ino: op.dir, remote }),
                     // Removed before a crash: the recovered intent only unseals.
                     Err(FsError::NotFound) if op.waiter.is_none() => {

@@ -145,7 +145,7 @@ pub struct Worker<D: Device> {
     epoll: Epoll,
     completions: Vec<Completion>,
     /// Replies held until the next commit: (origin worker, connection, frame).
-    after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
+    pub(crate) after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
