@@ -33,6 +33,7 @@ pub struct MasterState {
     slots: Vec<Option<Member>>,
     epoch: u64,
     down_after: Duration,
+    heartbeat_ms: u32,
     state_path: PathBuf,
 }
 
@@ -86,6 +87,7 @@ impl MasterState {
             slots,
             epoch: 1,
             down_after: Duration::from_millis(cfg.down_after_ms),
+            heartbeat_ms: cfg.heartbeat_interval_ms as u32,
             state_path: cfg.state_path.clone(),
         })
     }
@@ -191,7 +193,11 @@ impl MasterState {
             "server {id} registered at {addr} with {workers} workers (epoch {})",
             self.epoch
         );
-        Ok(Reply::Register { server: ServerId(id as u32), epoch: self.epoch })
+        Ok(Reply::Register {
+            server: ServerId(id as u32),
+            epoch: self.epoch,
+            heartbeat_ms: self.heartbeat_ms,
+        })
     }
 
     fn mark_down(&mut self, now: Instant) {

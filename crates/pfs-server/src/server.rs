@@ -22,7 +22,8 @@ use crate::ServerError;
 
 /// Zones start at multiples of this, so `O_DIRECT` alignment always holds.
 const ZONE_ALIGN_BYTES: u64 = 1 << 20;
-/// How often a server reports to the master.
+/// How often a server reports to the master unless the master says otherwise
+/// (its `heartbeat_interval_ms`, in the registration reply).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
 /// Lease of a dentry-cache read token.
 pub const TOKEN_LEASE_MS: u64 = 1000;
@@ -147,7 +148,7 @@ fn register(
     advertise: &str,
     workers: u32,
     deadline: Instant,
-) -> Result<ServerId, ServerError> {
+) -> Result<(ServerId, Duration), ServerError> {
     let req = Request::Register {
         server: known,
         addr: advertise.to_owned(),
@@ -159,21 +160,29 @@ fn register(
     while Instant::now() < deadline {
         let opts = RpcOptions { credits: 4, ..RpcOptions::default() };
         match RpcClient::connect(master, key.clone(), opts) {
-            Ok(mut rpc) => {
-                match rpc.call(&frame, Duration::from_secs(5)) {
-                    Ok(Frame { body: Body::Reply(Reply::Register { server, epoch }), .. }) => {
-                        log::info!("registered with master {master} as server {server} (view epoch {epoch})");
-                        return Ok(server);
-                    }
-                    Ok(Frame { body: Body::Error { error, .. }, .. }) => {
-                        return Err(ServerError::Master(format!(
-                            "master {master} refused to register this server: {error}"
-                        )));
-                    }
-                    Ok(other) => last = format!("unexpected reply {:?}", other.opcode()),
-                    Err(e) => last = e.to_string(),
+            Ok(mut rpc) => match rpc.call(&frame, Duration::from_secs(5)) {
+                Ok(Frame {
+                    body: Body::Reply(Reply::Register { server, epoch, heartbeat_ms }),
+                    ..
+                }) => {
+                    log::info!(
+                        "registered with master {master} as server {server} (view epoch {epoch}, \
+                             reporting every {heartbeat_ms} ms)"
+                    );
+                    let every = match heartbeat_ms {
+                        0 => HEARTBEAT_INTERVAL,
+                        ms => Duration::from_millis(u64::from(ms)),
+                    };
+                    return Ok((server, every));
                 }
-            }
+                Ok(Frame { body: Body::Error { error, .. }, .. }) => {
+                    return Err(ServerError::Master(format!(
+                        "master {master} refused to register this server: {error}"
+                    )));
+                }
+                Ok(other) => last = format!("unexpected reply {:?}", other.opcode()),
+                Err(e) => last = e.to_string(),
+            },
             Err(e @ pfs_net::NetError::KeyMismatch { .. })
             | Err(e @ pfs_net::NetError::Refused { .. }) => {
                 return Err(ServerError::Master(e.to_string()));
@@ -254,7 +263,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         addr.to_string()
     };
     let master = resolve("master", &cfg.master)?;
-    let id =
+    let (id, heartbeat) =
         register(master, &key, known, &advertise, cfg.workers, Instant::now() + register_timeout)?;
     if known.is_some_and(|k| k != id) {
         return Err(ServerError::Master(format!(
@@ -369,7 +378,9 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         let workers = cfg.workers;
         std::thread::Builder::new()
             .name("pfs-heartbeat".into())
-            .spawn(move || heartbeat_loop(master, key, id, advertise, workers, usage, view, stop))
+            .spawn(move || {
+                heartbeat_loop(master, key, id, advertise, workers, usage, view, stop, heartbeat)
+            })
             .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
     };
     log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
@@ -425,16 +436,19 @@ fn heartbeat_loop(
     usage: Vec<Arc<UsageCell>>,
     view: SharedView,
     stop: Arc<AtomicBool>,
+    every: Duration,
 ) {
     let mut rpc: Option<RpcClient> = None;
     let mut view_epoch = 0u64;
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        if Instant::now() < next {
-            std::thread::sleep(Duration::from_millis(20));
+        let now = Instant::now();
+        if now < next {
+            // Short enough that a stop is seen promptly, long enough to cost nothing.
+            std::thread::sleep((next - now).min(Duration::from_millis(100)));
             continue;
         }
-        next = Instant::now() + HEARTBEAT_INTERVAL;
+        next = now + every;
         let mut total = Usage::default();
         for u in &usage {
             total.total_bytes += u.total_bytes.load(Ordering::Relaxed);

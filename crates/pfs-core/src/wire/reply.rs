@@ -116,6 +116,8 @@ pub enum Reply {
         server: ServerId,
         /// The view's epoch after the registration.
         epoch: u64,
+        /// How often the master wants usage reports.
+        heartbeat_ms: u32,
     },
     /// The master noted the report.
     Heartbeat {
@@ -273,9 +275,10 @@ impl Reply {
             }
             Reply::LayoutGet(layout) => layout.put(w),
             Reply::TokenAcquire(grant) => grant.put(w),
-            Reply::Register { server, epoch } => {
+            Reply::Register { server, epoch, heartbeat_ms } => {
                 w.u32(server.0);
                 w.u64(*epoch);
+                w.u32(*heartbeat_ms);
                 Ok(())
             }
             Reply::Heartbeat { epoch } => {
@@ -361,9 +364,11 @@ impl Reply {
             Opcode::ReadData => Reply::ReadData(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
             Opcode::TruncateData => Reply::TruncateData,
             Opcode::ExtendSize => Reply::ExtendSize(FileAttr::get(r)?),
-            Opcode::Register => {
-                Reply::Register { server: ServerId(r.u32("server id")?), epoch: r.u64("epoch")? }
-            }
+            Opcode::Register => Reply::Register {
+                server: ServerId(r.u32("server id")?),
+                epoch: r.u64("epoch")?,
+                heartbeat_ms: r.u32("heartbeat interval")?,
+            },
             Opcode::Heartbeat => Reply::Heartbeat { epoch: r.u64("epoch")? },
             Opcode::GetView => Reply::GetView(View::get(r)?),
             Opcode::RenameCross => Reply::RenameCross,

@@ -320,8 +320,11 @@ fn reply() -> impl Strategy<Value = Reply> {
         bytes(4096).prop_map(Reply::ReadData),
         Just(Reply::TruncateData),
         attr().prop_map(Reply::ExtendSize),
-        (any::<u32>(), any::<u64>())
-            .prop_map(|(s, epoch)| Reply::Register { server: ServerId(s), epoch }),
+        (any::<u32>(), any::<u64>()).prop_map(|(s, epoch)| Reply::Register {
+            server: ServerId(s),
+            epoch,
+            heartbeat_ms: (epoch % 60_000) as u32,
+        }),
         any::<u64>().prop_map(|epoch| Reply::Heartbeat { epoch }),
         view().prop_map(Reply::GetView),
         Just(Reply::RenameCross),
