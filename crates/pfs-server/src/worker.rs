@@ -531,11 +531,8 @@ impl<D: Device> Worker<D> {
             Err(error) => Body::Error { op, error },
         };
         let reply = Frame { request_id: frame.request_id, client: frame.client, body };
-        let reply = match self.offload(origin, conn, reply, durability, buf) {
-            Ok(()) => return None,
-            Err(back) => back,
-        };
-        let (reply, mut buf) = reply;
+        // `None`: the memcpy pool encodes and sends it.
+        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
         buf.clear();
         if let Err(e) = reply.encode(&mut buf) {
             let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
@@ -649,7 +646,7 @@ impl<D: Device> Worker<D> {
         n
     }
 
-    /// Hands a large read reply to the memcpy pool; gives it back to encode here
+    /// Hands a large read reply to the memcpy pool (`None`); gives it back to encode here
     /// when there is no pool, the reply is small, it must wait for a commit, or
     /// the pool's queue is full (back-pressure).
     fn offload(
@@ -659,17 +656,17 @@ impl<D: Device> Worker<D> {
         frame: Frame,
         durability: Durability,
         buf: Vec<u8>,
-    ) -> Result<(), (Frame, Vec<u8>)> {
-        let Some(port) = self.memcpy.as_mut() else { return Err((frame, buf)) };
+    ) -> Option<(Frame, Vec<u8>)> {
+        let Some(port) = self.memcpy.as_mut() else { return Some((frame, buf)) };
         let big = match &frame.body {
             Body::Reply(Reply::Read(d) | Reply::ReadData(d)) => d.len() >= port.threshold_bytes,
             _ => false,
         };
         if !big || durability == Durability::AfterCommit {
-            return Err((frame, buf));
+            return Some((frame, buf));
         }
         let job = Job { worker: self.id, origin, conn, frame, buf };
-        port.offer(job).map_err(|j| (j.frame, j.buf))
+        port.offer(job).map(|j| (j.frame, j.buf))
     }
 
     /// Sends the replies the memcpy pool finished.
