@@ -6,6 +6,10 @@
 //! client -> server  Proof      client proof (32)
 //! server -> client  Accept     credits (u32) | features (u32) | shm name (u16 len, bytes)
 //!                or Refuse     reason (UTF-8)
+//! then, for RDMA (WANT_RDMA asked, OFFERS_RDMA granted):
+//! client -> server  RdmaInfo   its queue pair address and sizes (`rdma::ConnInfo`)
+//! server -> client  RdmaInfo   the server's, or Refuse
+//! client -> server  RdmaReady  the client's queue pair can receive
 //! proof = HMAC-SHA256(key, role | client nonce | server nonce), role "pfs-net server v1"
 //! or "pfs-net client v1"
 //! ```
@@ -41,6 +45,11 @@ pub const MAX_REASON_BYTES: usize = 1024;
 pub const WANT_SHM: u32 = 1;
 /// Accept feature: the server offers shared memory at the name that follows.
 pub const OFFERS_SHM: u32 = 1;
+/// Hello feature: the client wants an RDMA queue pair; after the Accept it sends its
+/// `RdmaInfo` if the server offers RDMA (`docs/format.md`, "RDMA").
+pub const WANT_RDMA: u32 = 2;
+/// Accept feature: the server has an RDMA device and makes RDMA queue pairs.
+pub const OFFERS_RDMA: u32 = 2;
 
 const SERVER_ROLE: &[u8] = b"pfs-net server v1";
 const CLIENT_ROLE: &[u8] = b"pfs-net client v1";
@@ -123,7 +132,7 @@ impl ClusterKey {
 pub struct AcceptInfo {
     /// Requests the client may have in flight.
     pub credits: u32,
-    /// [`OFFERS_SHM`] and future bits.
+    /// [`OFFERS_SHM`], [`OFFERS_RDMA`].
     pub features: u32,
     /// Abstract unix socket name of the shared-memory listener, if offered.
     pub shm_name: String,
@@ -178,7 +187,7 @@ pub(crate) fn refusal(reason: &str) -> Vec<u8> {
 }
 
 /// Reads one handshake message from a blocking stream.
-fn read_message<S: Read>(s: &mut S, peer: &str) -> Result<(Kind, Vec<u8>), NetError> {
+pub(crate) fn read_message<S: Read>(s: &mut S, peer: &str) -> Result<(Kind, Vec<u8>), NetError> {
     let mut head = [0u8; MSG_HEADER_LEN];
     s.read_exact(&mut head).map_err(|e| io_or_closed("read handshake from", peer, e))?;
     let magic = u32::from_le_bytes(head[..4].try_into().expect("4"));
@@ -250,7 +259,7 @@ pub fn client_handshake<S: Read + Write>(
     }
 }
 
-fn refused(peer: &str, reason: &[u8]) -> NetError {
+pub(crate) fn refused(peer: &str, reason: &[u8]) -> NetError {
     let reason = String::from_utf8_lossy(reason).into_owned();
     let e = NetError::Refused { peer: peer.to_owned(), reason };
     log::warn!("{e}");
@@ -277,6 +286,8 @@ pub(crate) enum ServerStep {
         reply: Vec<u8>,
         /// The client's Hello had [`WANT_SHM`].
         wants_shm: bool,
+        /// The client's Hello had [`WANT_RDMA`].
+        wants_rdma: bool,
     },
     /// Refuse: log the reason, send the Refuse message, close.
     Refuse(String),
@@ -289,6 +300,7 @@ pub(crate) struct ServerHandshake {
     client_nonce: [u8; NONCE_BYTES],
     server_nonce: [u8; NONCE_BYTES],
     wants_shm: bool,
+    wants_rdma: bool,
 }
 
 impl ServerHandshake {
@@ -299,6 +311,7 @@ impl ServerHandshake {
             client_nonce: [0; NONCE_BYTES],
             server_nonce: [0; NONCE_BYTES],
             wants_shm: false,
+            wants_rdma: false,
         }
     }
 
@@ -324,6 +337,7 @@ impl ServerHandshake {
                 self.client_nonce.copy_from_slice(&p[..NONCE_BYTES]);
                 let features = u32::from_le_bytes(p[NONCE_BYTES..].try_into().expect("4"));
                 self.wants_shm = features & WANT_SHM != 0;
+                self.wants_rdma = features & WANT_RDMA != 0;
                 if random_bytes(&mut self.server_nonce).is_err() {
                     return ServerStep::Refuse("server has no randomness".into());
                 }
@@ -347,6 +361,7 @@ impl ServerHandshake {
                 ServerStep::Accepted {
                     reply: message(Kind::Accept, &accept.encode()),
                     wants_shm: self.wants_shm,
+                    wants_rdma: self.wants_rdma,
                 }
             }
             (_, Kind::Refuse) => ServerStep::Refuse(format!(

@@ -1,6 +1,7 @@
 //! Client-side connection set-up: picks shared memory for a server on this host
-//! (a loopback address that offers it), TCP otherwise, and RDMA only when asked for
-//! and present.
+//! (a loopback address that offers it), TCP otherwise. RDMA queue pairs come from
+//! [`rdma::connect`](crate::rdma); asked for here, RDMA falls back to tcp with a
+//! warning that says why.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
@@ -11,6 +12,7 @@ use std::time::Duration;
 use crate::auth::{self, client_handshake, ClusterKey, OFFERS_SHM, WANT_SHM};
 use crate::msg::{Kind, NetHeader, MSG_HEADER_LEN};
 use crate::qp::{Pipe, Qp, QpLimits};
+use crate::rdma::RdmaConfig;
 use crate::shm::{send_with_fds, ShmPipe, DEFAULT_RING_BYTES};
 use crate::NetError;
 
@@ -40,6 +42,8 @@ pub struct ConnectOptions {
     pub limits: QpLimits,
     /// Bytes in each shared-memory ring.
     pub ring_bytes: u32,
+    /// Device and buffer sizes for [`rdma::connect`](crate::rdma).
+    pub rdma: RdmaConfig,
 }
 
 impl Default for ConnectOptions {
@@ -49,6 +53,7 @@ impl Default for ConnectOptions {
             timeout: Duration::from_secs(5),
             limits: QpLimits::default(),
             ring_bytes: DEFAULT_RING_BYTES,
+            rdma: RdmaConfig::default(),
         }
     }
 }
@@ -59,11 +64,9 @@ pub fn connect(addr: SocketAddr, key: &ClusterKey, opts: &ConnectOptions) -> Res
     let mut transport = opts.transport;
     if transport == TransportKind::Rdma {
         match crate::rdma::device_count() {
-            Ok(n) if n > 0 => {
-                log::warn!("{n} RDMA devices found, but RDMA queue pairs are not implemented yet; using tcp to {peer}");
-            }
-            Ok(_) => log::warn!(
-                "rdma requested for {peer}: no RDMA device on this host; falling back to tcp"
+            Ok(n) => log::warn!(
+                "rdma requested for {peer}: {n} RDMA devices here, but `connect` makes tcp and \
+                 shm queue pairs (pfs_net::rdma::connect makes RDMA ones); falling back to tcp"
             ),
             Err(reason) => log::warn!("rdma requested for {peer}: {reason}; falling back to tcp"),
         }
@@ -101,7 +104,7 @@ pub fn connect(addr: SocketAddr, key: &ClusterKey, opts: &ConnectOptions) -> Res
     Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)
 }
 
-fn tcp_handshake(
+pub(crate) fn tcp_handshake(
     addr: SocketAddr,
     key: &ClusterKey,
     opts: &ConnectOptions,
@@ -117,7 +120,7 @@ fn tcp_handshake(
     Ok((s, info))
 }
 
-fn with_timeout(e: NetError, opts: &ConnectOptions) -> NetError {
+pub(crate) fn with_timeout(e: NetError, opts: &ConnectOptions) -> NetError {
     match e {
         NetError::HandshakeTimeout { peer, .. } => {
             NetError::HandshakeTimeout { peer, timeout_ms: opts.timeout.as_millis() as u64 }

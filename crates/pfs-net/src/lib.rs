@@ -12,8 +12,8 @@
 //! - [`connect`](mod@connect): client set-up, shm for a same-host server, else tcp.
 //! - [`rpc`]: [`RpcClient`], request ids, credits, timeouts, reconnect with back-off.
 //! - [`serve`]: [`FrameServer`], a simple request loop for tests and tools.
-//! - [`rdma`]: RDMA device discovery (feature `rdma`); RDMA queue pairs are not
-//!   implemented yet and connections fall back to tcp.
+//! - [`rdma`]: RDMA queue pairs over verbs (feature `rdma`: `RdmaQp`,
+//!   `rdma::connect`), the reply immediate and the connection-info encoding.
 //! - `poller`: epoll and eventfd wrappers.
 //!
 //! Byte layouts: `docs/format.md`, "Transport and handshake".

@@ -1,5 +1,7 @@
 //! [`Listener`]: accepts connections without blocking, runs their handshakes, and
-//! hands out authenticated queue pairs; refuses past its connection limit.
+//! hands out authenticated queue pairs; refuses past its connection limit. With
+//! `ListenerConfig::rdma` (feature `rdma` and a device) it also sets up RDMA queue
+//! pairs for clients that ask, handed out by `take_rdma`.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -11,11 +13,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::auth::{
-    self, AcceptInfo, ClusterKey, ServerHandshake, ServerStep, MAX_HANDSHAKE_PAYLOAD, OFFERS_SHM,
+    self, AcceptInfo, ClusterKey, ServerHandshake, ServerStep, MAX_HANDSHAKE_PAYLOAD, OFFERS_RDMA,
+    OFFERS_SHM,
 };
 use crate::msg::{checksum, Kind, NetHeader, MSG_HEADER_LEN};
 use crate::poller::{Epoll, READ};
 use crate::qp::{ConnGuard, Pipe, Qp, QpLimits};
+use crate::rdma::{Offer, RdmaConfig};
+#[cfg(feature = "rdma")]
+use crate::rdma::{RdmaQp, ServerSetup, SetupStep};
 use crate::shm::{recv_with_fds, ShmPipe};
 use crate::NetError;
 
@@ -44,6 +50,9 @@ pub struct ListenerConfig {
     pub handshake_timeout: Duration,
     /// Sizes of each accepted queue pair.
     pub limits: QpLimits,
+    /// Offer RDMA queue pairs on this device; without the `rdma` feature or a usable
+    /// device a warning says why and nothing is offered.
+    pub rdma: Option<RdmaConfig>,
 }
 
 impl ListenerConfig {
@@ -57,6 +66,7 @@ impl ListenerConfig {
             shm: true,
             handshake_timeout: Duration::from_secs(5),
             limits: QpLimits::default(),
+            rdma: None,
         }
     }
 }
@@ -98,12 +108,16 @@ struct Pending {
     deadline: Instant,
     awaiting_attach: bool,
     fds: Vec<OwnedFd>,
+    #[cfg(feature = "rdma")]
+    rdma: Option<ServerSetup>,
 }
 
 /// What became of a pending connection after it made progress.
 enum Outcome {
     Waiting,
     Done(Option<Box<Qp>>),
+    #[cfg(feature = "rdma")]
+    Rdma(Box<RdmaQp>),
 }
 
 /// Accepts TCP (and same-host shared-memory) connections without blocking.
@@ -119,6 +133,9 @@ pub struct Listener {
     pending: Vec<Option<Pending>>,
     pending_count: usize,
     live: Arc<AtomicUsize>,
+    rdma: Offer,
+    #[cfg(feature = "rdma")]
+    rdma_ready: Vec<RdmaQp>,
 }
 
 impl Listener {
@@ -149,6 +166,10 @@ impl Listener {
         } else {
             None
         };
+        let rdma = Offer::new(cfg.rdma.as_ref(), &format!("listener on {local}"));
+        if rdma.offered() {
+            accept_info.features |= OFFERS_RDMA;
+        }
         let slots = cfg.max_connections;
         Ok(Listener {
             tcp,
@@ -160,6 +181,9 @@ impl Listener {
             pending: (0..slots).map(|_| None).collect(),
             pending_count: 0,
             live: Arc::new(AtomicUsize::new(0)),
+            rdma,
+            #[cfg(feature = "rdma")]
+            rdma_ready: Vec::new(),
             cfg,
         })
     }
@@ -167,6 +191,20 @@ impl Listener {
     /// The bound TCP address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// Whether clients that ask get RDMA queue pairs.
+    pub fn offers_rdma(&self) -> bool {
+        self.rdma.offered()
+    }
+
+    /// Moves the RDMA queue pairs that [`accept`](Self::accept) set up to `out`;
+    /// returns how many.
+    #[cfg(feature = "rdma")]
+    pub fn take_rdma(&mut self, out: &mut Vec<RdmaQp>) -> usize {
+        let n = self.rdma_ready.len();
+        out.append(&mut self.rdma_ready);
+        n
     }
 
     /// Queue pairs made and not yet dropped.
@@ -272,6 +310,8 @@ impl Listener {
             deadline: Instant::now() + self.cfg.handshake_timeout,
             awaiting_attach: false,
             fds: Vec::new(),
+            #[cfg(feature = "rdma")]
+            rdma: None,
         });
         self.pending_count += 1;
     }
@@ -304,9 +344,14 @@ impl Listener {
 
     fn drive(&mut self, slot: usize, out: &mut Vec<Qp>) {
         let Some(p) = self.pending[slot].as_mut() else { return };
-        let r = step(p, &self.cfg, &self.accept_info, &self.live);
+        let r = step(p, &self.cfg, &self.accept_info, &self.live, &mut self.rdma);
         match r {
             Ok(Outcome::Waiting) => {}
+            #[cfg(feature = "rdma")]
+            Ok(Outcome::Rdma(qp)) => {
+                self.remove(slot);
+                self.rdma_ready.push(*qp);
+            }
             Ok(Outcome::Done(qp)) => {
                 let p = self.remove(slot);
                 if let Some(qp) = qp {
@@ -351,6 +396,7 @@ fn step(
     cfg: &ListenerConfig,
     info: &AcceptInfo,
     live: &Arc<AtomicUsize>,
+    offer: &mut Offer,
 ) -> Result<Outcome, Option<String>> {
     let n = match &mut p.stream {
         Stream::Tcp(s) => s.read(&mut p.buf[p.have..]),
@@ -403,6 +449,37 @@ fn step(
                 .map(|qp| Outcome::Done(Some(Box::new(qp))))
                 .map_err(Some);
         }
+        #[cfg(feature = "rdma")]
+        if let Some(setup) = p.rdma.take() {
+            let Stream::Tcp(control) = &p.stream else { unreachable!("rdma is set up over tcp") };
+            let guard = || {
+                live.fetch_add(1, Ordering::AcqRel);
+                ConnGuard(live.clone())
+            };
+            let payload = msg.map(|(k, total)| (k, &p.buf[MSG_HEADER_LEN..total]));
+            let next = setup
+                .on_message(offer, &p.peer, payload, cfg.limits, cfg.credits, control, guard)
+                .map_err(Some)?;
+            let consumed = msg.map_or(p.have, |(_, total)| total);
+            p.buf.copy_within(consumed..p.have, 0);
+            p.have -= consumed;
+            match next {
+                SetupStep::Reply(state, bytes) => {
+                    p.stream
+                        .write_small(&bytes)
+                        .map_err(|e| Some(format!("handshake write: {e}")))?;
+                    p.rdma = Some(state);
+                    continue;
+                }
+                SetupStep::Done(qp) if p.have == 0 => return Ok(Outcome::Rdma(qp)),
+                SetupStep::Done(_) => {
+                    return Err(Some(format!(
+                        "peer {} sent {} bytes after rdma ready",
+                        p.peer, p.have
+                    )))
+                }
+            }
+        }
         let step = p.hs.on_message(
             &cfg.key,
             &p.peer,
@@ -417,7 +494,7 @@ fn step(
                 p.stream.write_small(&bytes).map_err(|e| Some(format!("handshake write: {e}")))?;
             }
             ServerStep::Refuse(reason) => return Err(Some(reason)),
-            ServerStep::Accepted { reply, wants_shm } => {
+            ServerStep::Accepted { reply, wants_shm, wants_rdma } => {
                 p.stream.write_small(&reply).map_err(|e| Some(format!("handshake write: {e}")))?;
                 if p.have != 0 {
                     return Err(Some(format!(
@@ -429,6 +506,13 @@ fn step(
                     Stream::Unix(_) => p.awaiting_attach = true,
                     Stream::Tcp(_) if wants_shm && info.features & OFFERS_SHM != 0 => {
                         return Ok(Outcome::Done(None));
+                    }
+                    Stream::Tcp(_) if wants_rdma && offer.offered() => {
+                        // The client sends its RdmaInfo next.
+                        #[cfg(feature = "rdma")]
+                        {
+                            p.rdma = Some(ServerSetup::AwaitInfo);
+                        }
                     }
                     Stream::Tcp(s) => {
                         let s = s.try_clone().map_err(|e| Some(format!("clone socket: {e}")))?;

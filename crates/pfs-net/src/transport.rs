@@ -31,6 +31,8 @@ pub enum Backend {
     Tcp,
     /// Shared-memory rings with eventfd wake-ups (same host).
     Shm,
+    /// An RDMA reliable-connected queue pair (feature `rdma`).
+    Rdma,
 }
 
 /// A finished operation, returned by [`QueuePair::poll_cq`].
