@@ -5,7 +5,10 @@
 //! - [`status`]: the cluster view as the table `pfs status` prints.
 //! - [`up`]: `pfs up`, a master, servers and a FUSE mount in one process.
 //! - [`layout`]: `pfs layout get|set`, layouts through extended attributes.
+//! - [`bench`]: `pfs bench`, the IO500-style workloads (mdtest, IOR, md-workbench,
+//!   HACC-IO) by N processes on a directory or through the native client.
 
+pub mod bench;
 pub mod layout;
 pub mod status;
 pub mod up;

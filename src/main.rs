@@ -51,6 +51,10 @@ enum Command {
         #[command(subcommand)]
         action: LayoutAction,
     },
+    /// Run an IO500-style workload (md-easy, md-hard, io-easy, io-hard, mdwb, ckpt)
+    /// with N processes on a directory or a pfs cluster, verify it, report rates.
+    #[command(after_long_help = pfs::bench::HELP)]
+    Bench(pfs::bench::BenchArgs),
     /// Print the cluster's servers, their health and usage, as the master sees them.
     Status {
         /// Client config file (TOML) naming the master and the key file.
@@ -127,6 +131,7 @@ fn run(cmd: Command) -> Result<(), String> {
             print!("{}", pfs::layout::get(&path)?);
             Ok(())
         }
+        Command::Bench(args) => pfs::bench::run(&args),
         Command::Status { config, master, key } => {
             let mut cfg = match config {
                 Some(path) => ClientConfig::load(&path).map_err(|e| e.to_string())?,
