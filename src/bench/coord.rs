@@ -73,7 +73,8 @@ fn run_on<T: Target>(
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     workload::setup(w, t, &run, params).map_err(|e| format!("set-up: {e}"))?;
-    let left = |e: String| format!("{e}\n(the run's files are left in {run} under {})", args.target);
+    let left =
+        |e: String| format!("{e}\n(the run's files are left in {run} under {})", args.target);
     let mut workers = Workers::spawn(params.procs, &run).map_err(left)?;
     let phases = match drive(&mut workers, t, args, params, &run) {
         Ok(p) => p,

@@ -101,7 +101,11 @@ pub fn check(buf: &[u8], key: PatternKey, offset: u64) -> Result<(), Mismatch> {
         expected[..n].copy_from_slice(&w[start..start + n]);
         if buf[at..at + n] != expected[..n] {
             let i = (0..n).find(|&i| buf[at + i] != expected[i]).expect("a byte differs");
-            return Err(Mismatch { offset: abs + i as u64, expected: expected[i], found: buf[at + i] });
+            return Err(Mismatch {
+                offset: abs + i as u64,
+                expected: expected[i],
+                found: buf[at + i],
+            });
         }
         at += n;
     }

@@ -7,8 +7,8 @@ use super::pattern::{self, PatternKey};
 use super::proto::{now_ns, Outcome};
 use super::target::Target;
 use super::workload::{
-    ckpt_file, expect_file, io_easy_file, io_hard_file, io_hard_offset, peer, rank_dir, set_path, shared_dir,
-    Workload,
+    ckpt_file, expect_file, io_easy_file, io_hard_file, io_hard_offset, peer, rank_dir, set_path,
+    shared_dir, Workload,
 };
 use super::{BenchError, Params};
 
@@ -514,7 +514,10 @@ mod tests {
         good_file(&s.0, "f", PatternKey::new(0, 0), 10);
         std::fs::create_dir(s.0.join("d")).unwrap();
         expect_file(&t, "f", 10).unwrap();
-        assert!(expect_file(&t, "f", 0).unwrap_err().to_string().contains("f: size 10, expected 0"));
+        assert!(expect_file(&t, "f", 0)
+            .unwrap_err()
+            .to_string()
+            .contains("f: size 10, expected 0"));
         assert!(expect_file(&t, "d", 0).unwrap_err().to_string().contains("not a regular file"));
     }
 }

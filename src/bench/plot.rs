@@ -74,7 +74,12 @@ struct Chart<'a> {
 }
 
 impl Chart<'_> {
-    fn bars<Y>(&self, root: &DrawingArea<SVGBackend<'_>, Shift>, y: Y, bottom: f64) -> Result<(), String>
+    fn bars<Y>(
+        &self,
+        root: &DrawingArea<SVGBackend<'_>, Shift>,
+        y: Y,
+        bottom: f64,
+    ) -> Result<(), String>
     where
         Y: AsRangedCoord<Value = f64>,
         Y::CoordDescType: ValueFormatter<f64>,
@@ -100,8 +105,8 @@ impl Chart<'_> {
         let m = self.runs.len();
         let group = 0.8;
         let bar = group / m as f64;
-        let label_style =
-            TextStyle::from(("sans-serif", 11).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom));
+        let label_style = TextStyle::from(("sans-serif", 11).into_font())
+            .pos(Pos::new(HPos::Center, VPos::Bottom));
         for (j, run) in self.runs.iter().enumerate() {
             let colour = COLOURS[j % COLOURS.len()];
             let bars: Vec<(f64, f64)> = (0..n)
@@ -113,10 +118,13 @@ impl Chart<'_> {
                 }))
                 .map_err(err)?
                 .label(run.label.as_str())
-                .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled())
+                });
             chart
                 .draw_series(
-                    bars.iter().map(|&(x, v)| Text::new(short(v), (x + bar / 2.0, v), &label_style)),
+                    bars.iter()
+                        .map(|&(x, v)| Text::new(short(v), (x + bar / 2.0, v), &label_style)),
                 )
                 .map_err(err)?;
         }
@@ -162,7 +170,13 @@ mod tests {
             .phases()
             .iter()
             .map(|p| {
-                let o = Outcome { items: 10 * scale, ops: 10 * scale, bytes: 0, start_ns: 0, end_ns: 1_000_000 };
+                let o = Outcome {
+                    items: 10 * scale,
+                    ops: 10 * scale,
+                    bytes: 0,
+                    start_ns: 0,
+                    end_ns: 1_000_000,
+                };
                 PhaseReport::new(p.name, w.metric(), false, &[o])
             })
             .collect();
@@ -192,7 +206,9 @@ mod tests {
     fn charts_are_svg_with_every_phase_and_run() {
         let dir = std::env::temp_dir().join(format!("pfs-bench-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (name, runs) in [("one", vec![run("tmpfs", 1)]), ("log", vec![run("tmpfs", 1000), run("pfs", 1)])] {
+        for (name, runs) in
+            [("one", vec![run("tmpfs", 1)]), ("log", vec![run("tmpfs", 1000), run("pfs", 1)])]
+        {
             let path = dir.join(format!("{name}.svg"));
             draw(&path, &runs).unwrap();
             let svg = std::fs::read_to_string(&path).unwrap();

@@ -81,7 +81,9 @@ pub fn send<W: Write, M: Serialize>(w: &mut W, msg: &M) -> std::io::Result<()> {
 }
 
 /// Reads one message; `None` at end of input.
-pub fn recv<R: BufRead + ?Sized, M: for<'de> Deserialize<'de>>(r: &mut R) -> std::io::Result<Option<M>> {
+pub fn recv<R: BufRead + ?Sized, M: for<'de> Deserialize<'de>>(
+    r: &mut R,
+) -> std::io::Result<Option<M>> {
     let mut line = String::new();
     let n = std::io::Read::take(&mut *r, LINE_MAX_BYTES as u64).read_line(&mut line)?;
     if n == 0 {

@@ -224,7 +224,8 @@ mod tests {
 
     #[test]
     fn the_rate_spans_earliest_start_to_latest_finish() {
-        let outs = [o(100, 0, 1_000_000_000, 1_500_000_000), o(100, 0, 1_100_000_000, 2_000_000_000)];
+        let outs =
+            [o(100, 0, 1_000_000_000, 1_500_000_000), o(100, 0, 1_100_000_000, 2_000_000_000)];
         let p = PhaseReport::new("create", Metric::OpsPerSec, false, &outs);
         assert_eq!(p.ops, 200);
         assert!((p.seconds - 1.0).abs() < 1e-9);

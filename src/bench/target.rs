@@ -75,8 +75,12 @@ pub trait Target {
     fn write_at(&self, f: &mut Self::File, offset: u64, data: &[u8]) -> Result<(), TargetError>;
     /// Reads into `buf` from `offset` until it is full or the file ends; the
     /// bytes read.
-    fn read_at(&self, f: &mut Self::File, offset: u64, buf: &mut [u8])
-        -> Result<usize, TargetError>;
+    fn read_at(
+        &self,
+        f: &mut Self::File,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, TargetError>;
     /// Closes (data visible to other clients once this returns).
     fn close(&self, f: Self::File) -> Result<(), TargetError>;
     /// Attributes of `path`.
@@ -234,15 +238,18 @@ impl Target for PosixTarget {
     }
 
     fn unlink(&self, path: &str) -> Result<(), TargetError> {
-        self.with_path(path, |p| std::fs::remove_file(p)).map_err(|e| TargetError::io("unlink", path, e))
+        self.with_path(path, |p| std::fs::remove_file(p))
+            .map_err(|e| TargetError::io("unlink", path, e))
     }
 
     fn mkdir(&self, path: &str) -> Result<(), TargetError> {
-        self.with_path(path, |p| std::fs::create_dir(p)).map_err(|e| TargetError::io("mkdir", path, e))
+        self.with_path(path, |p| std::fs::create_dir(p))
+            .map_err(|e| TargetError::io("mkdir", path, e))
     }
 
     fn rmdir(&self, path: &str) -> Result<(), TargetError> {
-        self.with_path(path, |p| std::fs::remove_dir(p)).map_err(|e| TargetError::io("rmdir", path, e))
+        self.with_path(path, |p| std::fs::remove_dir(p))
+            .map_err(|e| TargetError::io("rmdir", path, e))
     }
 
     fn readdir(&self, path: &str, max: usize) -> Result<Vec<String>, TargetError> {
@@ -325,8 +332,10 @@ impl NativeTarget {
                     message: format!("more than {NATIVE_DEPTH_MAX} components"),
                 });
             }
-            let attr =
-                self.fs.lookup(dir, last.as_bytes()).map_err(|e| TargetError::fs("lookup", path, e))?;
+            let attr = self
+                .fs
+                .lookup(dir, last.as_bytes())
+                .map_err(|e| TargetError::fs("lookup", path, e))?;
             if attr.kind != FileType::Directory {
                 return Err(TargetError::fs("lookup", path, FsError::NotDir));
             }
@@ -352,8 +361,10 @@ impl Target for NativeTarget {
 
     fn open(&self, path: &str, write: bool) -> Result<NativeFile, TargetError> {
         let (parent, name) = self.parent_of(path)?;
-        let attr =
-            self.fs.lookup(parent, name.as_bytes()).map_err(|e| TargetError::fs("open", path, e))?;
+        let attr = self
+            .fs
+            .lookup(parent, name.as_bytes())
+            .map_err(|e| TargetError::fs("open", path, e))?;
         let flags = if write { libc::O_WRONLY } else { libc::O_RDONLY } as u32;
         let fh = self.fs.open(attr.ino, flags).map_err(|e| TargetError::fs("open", path, e))?;
         Ok(NativeFile { ino: attr.ino, fh, path: path.into() })
@@ -413,8 +424,10 @@ impl Target for NativeTarget {
 
     fn stat(&self, path: &str) -> Result<Stat, TargetError> {
         let (parent, name) = self.parent_of(path)?;
-        let a =
-            self.fs.lookup(parent, name.as_bytes()).map_err(|e| TargetError::fs("stat", path, e))?;
+        let a = self
+            .fs
+            .lookup(parent, name.as_bytes())
+            .map_err(|e| TargetError::fs("stat", path, e))?;
         Ok(Stat {
             size: a.size,
             is_dir: a.kind == FileType::Directory,
@@ -481,17 +494,17 @@ mod tests {
     #[test]
     fn target_specs_parse() {
         let dir = std::env::temp_dir();
-        assert_eq!(
-            TargetSpec::parse(dir.to_str().unwrap()),
-            Ok(TargetSpec::Posix(dir.clone()))
-        );
+        assert_eq!(TargetSpec::parse(dir.to_str().unwrap()), Ok(TargetSpec::Posix(dir.clone())));
         assert_eq!(
             TargetSpec::parse("pfs://127.0.0.1:7000/a/b/"),
             Ok(TargetSpec::Native { master: "127.0.0.1:7000".parse().unwrap(), dir: "a/b".into() })
         );
         assert_eq!(
             TargetSpec::parse("pfs://127.0.0.1:7000"),
-            Ok(TargetSpec::Native { master: "127.0.0.1:7000".parse().unwrap(), dir: String::new() })
+            Ok(TargetSpec::Native {
+                master: "127.0.0.1:7000".parse().unwrap(),
+                dir: String::new()
+            })
         );
         assert!(TargetSpec::parse("pfs://nohost").unwrap_err().contains("nohost"));
         assert!(TargetSpec::parse("/no/such/dir/anywhere").unwrap_err().contains("/no/such"));

@@ -105,9 +105,8 @@ pub fn main(args: &BenchArgs) -> Result<(), String> {
     };
     start_progress_thread(&link)?;
     let served = match TargetSpec::parse(&args.target) {
-        Ok(TargetSpec::Posix(dir)) => {
-            PosixTarget::new(&dir).and_then(|t| serve(&t, args.workload, rank, &run, &params, &link))
-        }
+        Ok(TargetSpec::Posix(dir)) => PosixTarget::new(&dir)
+            .and_then(|t| serve(&t, args.workload, rank, &run, &params, &link)),
         Ok(TargetSpec::Native { master, dir }) => NativeTarget::connect(master, &args.key, &dir)
             .and_then(|t| serve(&t, args.workload, rank, &run, &params, &link)),
         Err(e) => Err(e),

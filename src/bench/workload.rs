@@ -154,7 +154,10 @@ pub fn peer(rank: u32, procs: u32) -> u32 {
 pub fn ckpt_transfers(p: &Params) -> u64 {
     let n = p.particles.expect("particles");
     let t = p.transfer_bytes.expect("transfer");
-    (0..particles::ARRAYS.len()).map(|a| particles::array_range(a, n)).map(|r| (r.end - r.start).div_ceil(t)).sum()
+    (0..particles::ARRAYS.len())
+        .map(|a| particles::array_range(a, n))
+        .map(|r| (r.end - r.start).div_ceil(t))
+        .sum()
 }
 
 fn check_range(name: &str, v: u64, min: u64, max: u64) -> Result<u64, String> {
@@ -251,7 +254,8 @@ pub fn resolve(args: &BenchArgs) -> Result<Params, String> {
         p.particles = Some(check_range("particles", v, 1, PARTICLES_MAX)?);
     }
     if uses("window") {
-        p.window = Some(check_range("window", args.window.unwrap_or(WINDOW_DEFAULT), 1, WINDOW_MAX)?);
+        p.window =
+            Some(check_range("window", args.window.unwrap_or(WINDOW_DEFAULT), 1, WINDOW_MAX)?);
     }
     Ok(p)
 }
@@ -327,7 +331,10 @@ pub fn expect_entries<T: Target>(t: &T, dir: &str, want: u64) -> Result<(), Benc
     if names.len() as u64 != want {
         let sample: Vec<&String> = names.iter().take(5).collect();
         let what = if want == 0 {
-            format!("directory not empty after remove: {} entries left, e.g. {sample:?}", names.len())
+            format!(
+                "directory not empty after remove: {} entries left, e.g. {sample:?}",
+                names.len()
+            )
         } else {
             format!("directory lists {} entries, expected {want} (e.g. {sample:?})", names.len())
         };
