@@ -526,8 +526,52 @@ impl Cluster {
     /// Completes the oldest pending write of `state`.
     fn complete_one(&self, state: &mut OpenState) {
         if let Some(p) = state.pending.pop_front() {
-            if let Err(e) = self.conns[p.server].wait(p.sent) {
+            let result = self.conns[p.server].wait(p.sent);
+            self.conns[p.server].release_pipelined();
+            if let Err(e) = result {
                 state.first_error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// Takes room for one pipelined write to server `s`. While the connection's
+    /// pipeline is full, reaps this file's oldest write, or else the writes of
+    /// other open files whose owners are not running (the kernel parks a writer
+    /// while another writes the same inode): their replies hold credits that
+    /// nobody else would give back.
+    fn reserve_pipelined(&self, s: usize, file: &Arc<OpenFile>, st: &mut OpenState) {
+        let conn = &self.conns[s];
+        let limit = conn.pipeline_limit();
+        let mut pause = Duration::from_micros(50);
+        while !conn.reserve_pipelined(limit) {
+            if !st.pending.is_empty() {
+                self.complete_one(st);
+                continue;
+            }
+            let others: Vec<Arc<OpenFile>> = self
+                .files
+                .lock()
+                .expect("open files lock")
+                .values()
+                .filter(|f| !Arc::ptr_eq(f, file))
+                .cloned()
+                .collect();
+            let mut reaped = false;
+            for other in others {
+                // A file whose lock is taken has a running owner, who reaps.
+                if let Ok(mut theirs) = other.state.try_lock() {
+                    while theirs.pending.iter().any(|p| p.server == s) {
+                        self.complete_one(&mut theirs);
+                        reaped = true;
+                    }
+                }
+                if reaped {
+                    break;
+                }
+            }
+            if !reaped {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
             }
         }
     }
@@ -976,7 +1020,14 @@ impl FileSystem for Cluster {
             while st.pending.len() >= self.opts.max_unfinished_writes.max(1) {
                 self.complete_one(&mut st);
             }
-            let (s, sent) = self.send_to(r.server, r.proc_worker, req)?;
+            self.reserve_pipelined(r.server.0 as usize, &file, &mut st);
+            let (s, sent) = match self.send_to(r.server, r.proc_worker, req) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.conns[r.server.0 as usize].release_pipelined();
+                    return Err(e);
+                }
+            };
             st.touched.insert((r.server.0, r.proc_worker.0));
             st.pending.push_back(Pending { server: s, sent });
             if self.opts.strict {

@@ -3,6 +3,7 @@
 //! without holding the lock while it sleeps.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,11 @@ const WAIT_SLICE: Duration = Duration::from_millis(2);
 pub struct Conn {
     addr: SocketAddr,
     rpc: Mutex<RpcClient>,
+    /// Pipelined writes sent and not yet reaped, over every open file. A reply
+    /// holds its credit until its owner reaps it, and an owner may be parked (the
+    /// kernel serialises writes to one inode), so these are kept to half the
+    /// credits: the other half always serves calls whose caller is waiting.
+    pipelined: AtomicUsize,
 }
 
 /// A request sent and not yet answered.
@@ -37,7 +43,31 @@ impl Conn {
     /// Connects to the server at `addr`.
     pub fn connect(addr: SocketAddr, key: ClusterKey, opts: RpcOptions) -> FsResult<Conn> {
         let rpc = RpcClient::connect(addr, key, opts).map_err(net_error)?;
-        Ok(Conn { addr, rpc: Mutex::new(rpc) })
+        Ok(Conn { addr, rpc: Mutex::new(rpc), pipelined: AtomicUsize::new(0) })
+    }
+
+    /// Most pipelined writes allowed in flight: half the credits, at least one.
+    pub fn pipeline_limit(&self) -> usize {
+        (self.rpc.lock().expect("connection lock").credits() / 2).max(1)
+    }
+
+    /// Takes room for one pipelined write; `false` when the pipeline is full
+    /// (reap a write, then try again).
+    pub fn reserve_pipelined(&self, limit: usize) -> bool {
+        self.pipelined
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .is_ok()
+    }
+
+    /// Gives back the room of a pipelined write that was reaped or never sent.
+    pub fn release_pipelined(&self) {
+        let before = self.pipelined.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "released a pipelined write never reserved");
+    }
+
+    /// Pipelined writes in flight now.
+    pub fn pipelined(&self) -> usize {
+        self.pipelined.load(Ordering::Acquire)
     }
 
     /// The server's address.

@@ -310,3 +310,43 @@ fn rmdir_of_a_bigdir_checks_every_shard_while_creates_go_on() {
     master.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two handles on one file (two processes writing a shared file through FUSE):
+/// the kernel parks one writer while the other writes, so the parked handle's
+/// pipelined writes are reaped by nobody. They must not take every credit of the
+/// connection, or the next call (here a getattr, under FUSE the getxattr of a
+/// write) waits for a credit that never comes.
+#[test]
+fn pipelined_writes_of_a_parked_handle_leave_credits_for_others() {
+    let dir = test_dir("pipeline-credits");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let cfg = server_config(&dir, &key_file, master.addr(), 0, 1, 0);
+    let _server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let mut o = pfs_client::ClusterOptions::new(master.addr(), key.clone());
+    o.connect_timeout = Duration::from_secs(10);
+    o.request_timeout = Duration::from_secs(3);
+    let fs = pfs_client::Cluster::connect(o).unwrap();
+
+    let (attr, a) = fs.create(InodeId::ROOT, b"shared", 0o644, 0, 0, 0).unwrap();
+    let b = fs.open(attr.ino, 0).unwrap();
+    let block = vec![7u8; 65536];
+    // Handle a fills its window (64 writes) and is never touched again until
+    // the end; handle b writes the other half of the file.
+    for k in 0..64u64 {
+        fs.write(attr.ino, a, k * 65536, &block).unwrap();
+    }
+    for k in 64..200u64 {
+        fs.write(attr.ino, b, k * 65536, &block).unwrap();
+    }
+    let got = fs.getattr(attr.ino).expect("a call after both handles' writes gets a credit");
+    assert_eq!(got.ino, attr.ino);
+    fs.release(attr.ino, b).unwrap();
+    fs.release(attr.ino, a).unwrap();
+    assert_eq!(fs.getattr(attr.ino).unwrap().size, 200 * 65536);
+    let fh = fs.open(attr.ino, 0).unwrap();
+    for k in [0u64, 63, 64, 199] {
+        assert_eq!(fs.read(attr.ino, fh, k * 65536, 65536).unwrap(), block, "block {k}");
+    }
+    fs.release(attr.ino, fh).unwrap();
+}
