@@ -10,7 +10,7 @@
 //! `--rw=randread --bs=4k` etc.) and prints one line per workload:
 //! `workload=randread bs=4096 qd=32 seconds=10.00 ios=... iops=... mib_s=...`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use pfs_store::device::{Device, IoCompletion, IoKind, IoRequest, UringDevice, UringOptions};
@@ -52,6 +52,7 @@ fn parse_args() -> Args {
     let mut workload = "all".to_string();
     let mut queue_depth = 32;
     let mut runtime_s = 10.0;
+    let mut runtime_explicit = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_else(|| usage(&format!("{arg} needs a value")));
@@ -59,13 +60,27 @@ fn parse_args() -> Args {
             "--file" => file = Some(PathBuf::from(value())),
             "--workload" => workload = value(),
             "--qd" => queue_depth = value().parse().unwrap_or_else(|_| usage("bad --qd")),
-            "--runtime" => runtime_s = value().parse().unwrap_or_else(|_| usage("bad --runtime")),
+            "--runtime" => {
+                runtime_s = value().parse().unwrap_or_else(|_| usage("bad --runtime"));
+                runtime_explicit = Some(runtime_s);
+            }
             // `cargo bench` passes `--bench`; filters are not used.
             "--bench" => {}
             other => usage(&format!("unknown argument {other}")),
         }
     }
-    let file = file.unwrap_or_else(|| usage("--file is required"));
+    let file = match file {
+        Some(f) => f,
+        // Plain `cargo bench` runs every bench with no arguments: a short run on a
+        // default file in target/ (laid out on first use), so the device is
+        // measured there too; device-vs-fio.sh passes its own file and runtime.
+        None => {
+            if runtime_explicit.is_none() {
+                runtime_s = 3.0;
+            }
+            default_file()
+        }
+    };
     let workloads = if workload == "all" {
         WORKLOADS.to_vec()
     } else {
@@ -73,6 +88,34 @@ fn parse_args() -> Args {
         vec![*w.unwrap_or_else(|| usage(&format!("unknown workload {workload}")))]
     };
     Args { file, workloads, queue_depth, runtime: Duration::from_secs_f64(runtime_s) }
+}
+
+/// Size of the file `cargo bench` uses when no `--file` is given.
+const DEFAULT_FILE_BYTES: u64 = 512 << 20;
+
+/// `target/bench-dev/device-bench.img`, written in full the first time (a sparse
+/// file would read holes, not the disk).
+fn default_file() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-dev");
+    let path = dir.join("device-bench.img");
+    let laid_out = std::fs::metadata(&path).map(|m| m.len() >= DEFAULT_FILE_BYTES);
+    if !matches!(laid_out, Ok(true)) {
+        eprintln!("device: laying out {} ({} MiB)", path.display(), DEFAULT_FILE_BYTES >> 20);
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&dir)?;
+            let mut f = std::fs::File::create(&path)?;
+            let chunk = vec![0x5au8; 1 << 20];
+            for _ in 0..DEFAULT_FILE_BYTES >> 20 {
+                std::io::Write::write_all(&mut f, &chunk)?;
+            }
+            f.sync_all()
+        };
+        if let Err(e) = write() {
+            usage(&format!("cannot lay out {}: {e}; give --file", path.display()));
+        }
+    }
+    eprintln!("device: no --file given: using {}", path.display());
+    path
 }
 
 /// xorshift64*: cheap offsets, like fio's default random generator.
