@@ -1,53 +1,13 @@
 //! `pfs up` as a user runs it: a real process with a real FUSE mount; Ctrl-C
 //! (SIGINT) unmounts and stops; running it again remounts the same data.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const PFS: &str = env!("CARGO_BIN_EXE_pfs");
+mod common;
 
-fn mounted(dir: &Path) -> bool {
-    let want = dir.to_str().unwrap();
-    std::fs::read_to_string("/proc/self/mounts")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(1) == Some(want))
-}
-
-/// Starts `pfs up` and waits for its "mounted" line; returns it and the master.
-fn up(data: &Path, mnt: &Path) -> (Child, String) {
-    let mut child = Command::new(PFS)
-        .args(["up", "--master-listen", "127.0.0.1:0", "--workers", "2", "--size-gib", "2"])
-        .arg("--data")
-        .arg(data)
-        .arg("--mount")
-        .arg(mnt)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut master = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        println!("{line}");
-        if let Some(rest) = line.strip_prefix("pfs up: master on ") {
-            master = Some(rest.split(',').next().unwrap().to_string());
-        }
-        if line.starts_with("pfs up: mounted on") {
-            break;
-        }
-    }
-    // Keep draining stdout so the process never blocks on a full pipe.
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            println!("{l}")
-        }
-    });
-    assert!(mounted(mnt), "pfs up said mounted but {mnt:?} is not");
-    (child, master.expect("pfs up printed its master"))
-}
+use common::{mounted, up, PFS};
 
 fn interrupt(mut child: Child) {
     // SAFETY: signalling our own child.
