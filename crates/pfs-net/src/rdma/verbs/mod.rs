@@ -164,6 +164,19 @@ impl fmt::Debug for RdmaQp {
     }
 }
 
+/// Registers the whole of `mem` with the device's protection domain.
+///
+/// # Safety
+/// `mem` must stay allocated until the returned registration is dropped.
+unsafe fn register(
+    device: &RdmaDevice,
+    mem: &DmaBuf,
+    access: AccessFlags,
+) -> Result<Arc<MemoryRegion>, impl std::error::Error> {
+    // SAFETY: the caller keeps `mem` alive for the registration's lifetime.
+    unsafe { device.pd.reg_mr(mem.addr(0) as usize, mem.alloc_len(), access) }
+}
+
 fn unavailable(peer: &str, what: &str, e: &dyn std::error::Error) -> NetError {
     NetError::Unavailable { transport: "rdma", reason: format!("{what} for {peer}: {}", chain(e)) }
 }
@@ -257,23 +270,11 @@ impl RdmaQp {
         let send_mem = DmaBuf::new(limits.send_depth * msg + limits.max_regions * AD_SLOT_BYTES);
         let recv_mem = DmaBuf::new(limits.recv_depth * msg);
         // SAFETY: both buffers live in the RdmaQp, which drops the registrations first.
-        let send_mr = unsafe {
-            device.pd.reg_mr(
-                send_mem.addr(0) as usize,
-                send_mem.alloc_len(),
-                AccessFlags::LocalWrite,
-            )
-        }
-        .map_err(|e| unavailable(&peer, "register send buffers", &e))?;
+        let send_mr = unsafe { register(&device, &send_mem, AccessFlags::LocalWrite) }
+            .map_err(|e| unavailable(&peer, "register send buffers", &e))?;
         // SAFETY: as above.
-        let recv_mr = unsafe {
-            device.pd.reg_mr(
-                recv_mem.addr(0) as usize,
-                recv_mem.alloc_len(),
-                AccessFlags::LocalWrite,
-            )
-        }
-        .map_err(|e| unavailable(&peer, "register receive buffers", &e))?;
+        let recv_mr = unsafe { register(&device, &recv_mem, AccessFlags::LocalWrite) }
+            .map_err(|e| unavailable(&peer, "register receive buffers", &e))?;
         let epoll = Epoll::new().map_err(|e| NetError::io("create epoll for", &peer, e))?;
         epoll
             .add(channel.as_raw_fd(), READ, 0)
@@ -573,7 +574,7 @@ impl QueuePair for RdmaQp {
         let mem = DmaBuf::new(len);
         let access = AccessFlags::LocalWrite | AccessFlags::RemoteWrite | AccessFlags::RemoteRead;
         // SAFETY: `mem` is kept in `self.regions`, dropped after its registration.
-        let mr = unsafe { self.device.pd.reg_mr(mem.addr(0) as usize, mem.alloc_len(), access) }
+        let mr = unsafe { register(&self.device, &mem, access) }
             .map_err(|e| unavailable(&self.peer, "register a region", &e))?;
         let ad = RegionAd { addr: mem.addr(0), len: len as u64, rkey: mr.rkey() };
         let header = NetHeader {
