@@ -1,0 +1,51 @@
+//! What the tests of the `pfs` binary share: starting `pfs up` and looking at
+//! the mount table.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+pub const PFS: &str = env!("CARGO_BIN_EXE_pfs");
+
+/// Whether `dir` is a mount point now.
+pub fn mounted(dir: &Path) -> bool {
+    let want = dir.to_str().unwrap();
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(want))
+}
+
+/// Starts `pfs up` (2 workers, 2 GiB, master on a free port) and waits for its
+/// "mounted" line; returns it and the master's address.
+pub fn up(data: &Path, mnt: &Path) -> (Child, String) {
+    let mut child = Command::new(PFS)
+        .args(["up", "--master-listen", "127.0.0.1:0", "--workers", "2", "--size-gib", "2"])
+        .arg("--data")
+        .arg(data)
+        .arg("--mount")
+        .arg(mnt)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut master = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("pfs up: master on ") {
+            master = Some(rest.split(',').next().unwrap().to_string());
+        }
+        if line.starts_with("pfs up: mounted on") {
+            break;
+        }
+    }
+    // Keep draining stdout so the process never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            println!("{l}")
+        }
+    });
+    assert!(mounted(mnt), "pfs up said mounted but {mnt:?} is not");
+    (child, master.expect("pfs up printed its master"))
+}
