@@ -50,6 +50,9 @@ pub const OFFERS_SHM: u32 = 1;
 pub const WANT_RDMA: u32 = 2;
 /// Accept feature: the server has an RDMA device and makes RDMA queue pairs.
 pub const OFFERS_RDMA: u32 = 2;
+/// Hello feature: the client will use slot RPC on this connection (it announces
+/// its inbox first; [`crate::link`]).
+pub const WANT_SLOTS: u32 = 4;
 
 const SERVER_ROLE: &[u8] = b"pfs-net server v1";
 const CLIENT_ROLE: &[u8] = b"pfs-net client v1";
@@ -288,6 +291,8 @@ pub(crate) enum ServerStep {
         wants_shm: bool,
         /// The client's Hello had [`WANT_RDMA`].
         wants_rdma: bool,
+        /// The client's Hello had [`WANT_SLOTS`].
+        wants_slots: bool,
     },
     /// Refuse: log the reason, send the Refuse message, close.
     Refuse(String),
@@ -301,6 +306,7 @@ pub(crate) struct ServerHandshake {
     server_nonce: [u8; NONCE_BYTES],
     wants_shm: bool,
     wants_rdma: bool,
+    wants_slots: bool,
 }
 
 impl ServerHandshake {
@@ -312,6 +318,7 @@ impl ServerHandshake {
             server_nonce: [0; NONCE_BYTES],
             wants_shm: false,
             wants_rdma: false,
+            wants_slots: false,
         }
     }
 
@@ -338,6 +345,7 @@ impl ServerHandshake {
                 let features = u32::from_le_bytes(p[NONCE_BYTES..].try_into().expect("4"));
                 self.wants_shm = features & WANT_SHM != 0;
                 self.wants_rdma = features & WANT_RDMA != 0;
+                self.wants_slots = features & WANT_SLOTS != 0;
                 if random_bytes(&mut self.server_nonce).is_err() {
                     return ServerStep::Refuse("server has no randomness".into());
                 }
@@ -362,6 +370,7 @@ impl ServerHandshake {
                     reply: message(Kind::Accept, &accept.encode()),
                     wants_shm: self.wants_shm,
                     wants_rdma: self.wants_rdma,
+                    wants_slots: self.wants_slots,
                 }
             }
             (_, Kind::Refuse) => ServerStep::Refuse(format!(

@@ -1,7 +1,7 @@
-//! Client-side connection set-up: picks shared memory for a server on this host
-//! (a loopback address that offers it), TCP otherwise. RDMA queue pairs come from
-//! [`rdma::connect`](crate::rdma); asked for here, RDMA falls back to tcp with a
-//! warning that says why.
+//! Client-side connection set-up: RDMA when asked for and possible, shared memory
+//! for a server on this host (a loopback address that offers it), TCP otherwise.
+//! RDMA asked for and impossible (no device, a build without the `rdma` feature, a
+//! server that does not offer it) falls back to tcp with a warning that says why.
 
 use std::io::Read;
 use std::net::{SocketAddr, TcpStream};
@@ -9,7 +9,8 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use crate::auth::{self, client_handshake, ClusterKey, OFFERS_SHM, WANT_SHM};
+use crate::auth::{self, client_handshake, ClusterKey, OFFERS_SHM, WANT_SHM, WANT_SLOTS};
+use crate::link::{Link, SlotRpc};
 use crate::msg::{Kind, NetHeader, MSG_HEADER_LEN};
 use crate::qp::{Pipe, Qp, QpLimits};
 use crate::rdma::RdmaConfig;
@@ -42,8 +43,11 @@ pub struct ConnectOptions {
     pub limits: QpLimits,
     /// Bytes in each shared-memory ring.
     pub ring_bytes: u32,
-    /// Device and buffer sizes for [`rdma::connect`](crate::rdma).
+    /// Device and buffer sizes for RDMA.
     pub rdma: RdmaConfig,
+    /// Slot RPC ([`crate::link`]) over tcp and shm; RDMA links always use it (with
+    /// [`RdmaConfig::slots`] slots).
+    pub slot_rpc: Option<SlotRpc>,
 }
 
 impl Default for ConnectOptions {
@@ -54,24 +58,32 @@ impl Default for ConnectOptions {
             limits: QpLimits::default(),
             ring_bytes: DEFAULT_RING_BYTES,
             rdma: RdmaConfig::default(),
+            slot_rpc: None,
         }
     }
 }
 
-/// Connects to `addr`, proves the cluster key, and returns the queue pair.
-pub fn connect(addr: SocketAddr, key: &ClusterKey, opts: &ConnectOptions) -> Result<Qp, NetError> {
+/// Connects to `addr`, proves the cluster key, and returns the link.
+pub fn connect(
+    addr: SocketAddr,
+    key: &ClusterKey,
+    opts: &ConnectOptions,
+) -> Result<Link, NetError> {
     let peer = addr.to_string();
     let mut transport = opts.transport;
     if transport == TransportKind::Rdma {
-        match crate::rdma::device_count() {
-            Ok(n) => log::warn!(
-                "rdma requested for {peer}: {n} RDMA devices here, but `connect` makes tcp and \
-                 shm queue pairs (pfs_net::rdma::connect makes RDMA ones); falling back to tcp"
-            ),
-            Err(reason) => log::warn!("rdma requested for {peer}: {reason}; falling back to tcp"),
+        match connect_rdma(addr, key, opts) {
+            Ok(link) => return Ok(link),
+            Err(NetError::Unavailable { reason, .. }) => {
+                log::warn!("rdma requested for {peer}: {reason}; falling back to tcp")
+            }
+            Err(e) => return Err(e),
         }
         transport = TransportKind::Tcp;
     }
+    let slots = opts.slot_rpc;
+    let link = |qp: Qp| Link::client(qp, slots, opts.timeout);
+    let wants = if slots.is_some() { WANT_SLOTS } else { 0 };
     let local = addr.ip().is_loopback();
     if transport == TransportKind::Shm && !local {
         return Err(NetError::Unavailable {
@@ -81,16 +93,16 @@ pub fn connect(addr: SocketAddr, key: &ClusterKey, opts: &ConnectOptions) -> Res
     }
     let want_shm =
         matches!(transport, TransportKind::Shm) || (transport == TransportKind::Auto && local);
-    let (stream, info) = tcp_handshake(addr, key, opts, if want_shm { WANT_SHM } else { 0 })?;
+    let (stream, info) = tcp_handshake(addr, key, opts, if want_shm { WANT_SHM } else { wants })?;
     if want_shm && info.features & OFFERS_SHM != 0 {
         // The server closes this probe connection; come back over shared memory.
         drop(stream);
         match connect_shm(addr, &info.shm_name, key, opts) {
-            Ok(qp) => return Ok(qp),
+            Ok(qp) => return link(qp),
             Err(e) if transport == TransportKind::Auto => {
                 log::warn!("shared memory to {peer} failed ({e}); using tcp");
-                let (stream, info) = tcp_handshake(addr, key, opts, 0)?;
-                return Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None);
+                let (stream, info) = tcp_handshake(addr, key, opts, wants)?;
+                return link(Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?);
             }
             Err(e) => return Err(e),
         }
@@ -101,7 +113,28 @@ pub fn connect(addr: SocketAddr, key: &ClusterKey, opts: &ConnectOptions) -> Res
             reason: format!("{peer} does not offer shared memory"),
         });
     }
-    Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)
+    link(Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?)
+}
+
+/// An RDMA link with slot RPC; `Unavailable` (with the reason) when this host or
+/// build cannot, or the server does not offer it.
+#[cfg(feature = "rdma")]
+fn connect_rdma(
+    addr: SocketAddr,
+    key: &ClusterKey,
+    opts: &ConnectOptions,
+) -> Result<Link, NetError> {
+    let qp = crate::rdma::connect(addr, key, opts)?;
+    let slots = SlotRpc { slots: opts.rdma.slots, inline_bytes: qp.max_send_bytes() };
+    Link::client(qp, Some(slots), opts.timeout)
+}
+
+#[cfg(not(feature = "rdma"))]
+fn connect_rdma(_: SocketAddr, _: &ClusterKey, _: &ConnectOptions) -> Result<Link, NetError> {
+    Err(NetError::Unavailable {
+        transport: "rdma",
+        reason: crate::rdma::device_count().expect_err("no rdma in this build"),
+    })
 }
 
 pub(crate) fn tcp_handshake(
@@ -141,7 +174,8 @@ fn connect_shm(
     let mut s = UnixStream::connect_addr(&sa).map_err(|e| NetError::io("connect to", &peer, e))?;
     s.set_read_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
     s.set_write_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
-    let info = client_handshake(&mut s, key, &peer, 0).map_err(|e| with_timeout(e, opts))?;
+    let wants = if opts.slot_rpc.is_some() { WANT_SLOTS } else { 0 };
+    let info = client_handshake(&mut s, key, &peer, wants).map_err(|e| with_timeout(e, opts))?;
     let pipe_sock = s.try_clone().map_err(|e| NetError::io("clone socket to", &peer, e))?;
     let (pipe, fds) = ShmPipe::create(pipe_sock, opts.ring_bytes)
         .map_err(|e| NetError::io("create shm for", &peer, e))?;

@@ -9,7 +9,10 @@
 //! - [`shm`]: shared-memory rings with eventfd wake-ups, fds passed by `SCM_RIGHTS`.
 //! - [`auth`]: the cluster key and the HMAC-SHA256 handshake.
 //! - [`listener`]: non-blocking accept, handshakes, connection limit.
-//! - [`connect`](mod@connect): client set-up, shm for a same-host server, else tcp.
+//! - [`link`]: [`Link`], a connection over any backend, and slot RPC (replies
+//!   written one-sided into the client's inbox with an immediate).
+//! - [`connect`](mod@connect): client set-up: RDMA when asked for, shm for a
+//!   same-host server, else tcp.
 //! - [`rpc`]: [`RpcClient`], request ids, credits, timeouts, reconnect with back-off.
 //! - [`serve`]: [`FrameServer`], a simple request loop for tests and tools.
 //! - [`rdma`]: RDMA queue pairs over verbs (feature `rdma`: `RdmaQp`,
@@ -21,6 +24,7 @@
 pub mod auth;
 pub mod connect;
 mod error;
+pub mod link;
 pub mod listener;
 pub mod msg;
 pub mod poller;
@@ -34,6 +38,7 @@ pub mod transport;
 pub use auth::ClusterKey;
 pub use connect::{connect, ConnectOptions, TransportKind};
 pub use error::NetError;
+pub use link::{Link, SlotRpc, SLOT_BYTES};
 pub use listener::{Listener, ListenerConfig};
 pub use poller::{wait_readable, Epoll, EventFd};
 pub use qp::{Qp, QpLimits, POLL_BATCH};

@@ -1,7 +1,7 @@
 //! [`Listener`]: accepts connections without blocking, runs their handshakes, and
-//! hands out authenticated queue pairs; refuses past its connection limit. With
+//! hands out authenticated [`Link`]s; refuses past its connection limit. With
 //! `ListenerConfig::rdma` (feature `rdma` and a device) it also sets up RDMA queue
-//! pairs for clients that ask, handed out by `take_rdma`.
+//! pairs for clients that ask.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -16,12 +16,13 @@ use crate::auth::{
     self, AcceptInfo, ClusterKey, ServerHandshake, ServerStep, MAX_HANDSHAKE_PAYLOAD, OFFERS_RDMA,
     OFFERS_SHM,
 };
+use crate::link::Link;
 use crate::msg::{checksum, Kind, NetHeader, MSG_HEADER_LEN};
 use crate::poller::{Epoll, READ};
 use crate::qp::{ConnGuard, Pipe, Qp, QpLimits};
 use crate::rdma::{Offer, RdmaConfig};
 #[cfg(feature = "rdma")]
-use crate::rdma::{RdmaQp, ServerSetup, SetupStep};
+use crate::rdma::{ServerSetup, SetupStep};
 use crate::shm::{recv_with_fds, ShmPipe};
 use crate::NetError;
 
@@ -107,6 +108,7 @@ struct Pending {
     have: usize,
     deadline: Instant,
     awaiting_attach: bool,
+    wants_slots: bool,
     fds: Vec<OwnedFd>,
     #[cfg(feature = "rdma")]
     rdma: Option<ServerSetup>,
@@ -115,9 +117,7 @@ struct Pending {
 /// What became of a pending connection after it made progress.
 enum Outcome {
     Waiting,
-    Done(Option<Box<Qp>>),
-    #[cfg(feature = "rdma")]
-    Rdma(Box<RdmaQp>),
+    Done(Option<Box<Link>>),
 }
 
 /// Accepts TCP (and same-host shared-memory) connections without blocking.
@@ -134,8 +134,6 @@ pub struct Listener {
     pending_count: usize,
     live: Arc<AtomicUsize>,
     rdma: Offer,
-    #[cfg(feature = "rdma")]
-    rdma_ready: Vec<RdmaQp>,
 }
 
 impl Listener {
@@ -182,8 +180,6 @@ impl Listener {
             pending_count: 0,
             live: Arc::new(AtomicUsize::new(0)),
             rdma,
-            #[cfg(feature = "rdma")]
-            rdma_ready: Vec::new(),
             cfg,
         })
     }
@@ -198,15 +194,6 @@ impl Listener {
         self.rdma.offered()
     }
 
-    /// Moves the RDMA queue pairs that [`accept`](Self::accept) set up to `out`;
-    /// returns how many.
-    #[cfg(feature = "rdma")]
-    pub fn take_rdma(&mut self, out: &mut Vec<RdmaQp>) -> usize {
-        let n = self.rdma_ready.len();
-        out.append(&mut self.rdma_ready);
-        n
-    }
-
     /// Queue pairs made and not yet dropped.
     pub fn live_connections(&self) -> usize {
         self.live.load(Ordering::Acquire)
@@ -218,9 +205,9 @@ impl Listener {
     }
 
     /// Takes new connections and advances handshakes without blocking; appends the
-    /// authenticated queue pairs to `out` and returns how many. A peer that fails its
+    /// authenticated links (tcp, shm or RDMA) to `out` and returns how many. A peer that fails its
     /// handshake is refused with a logged reason and does not disturb the others.
-    pub fn accept(&mut self, out: &mut Vec<Qp>) -> Result<usize, NetError> {
+    pub fn accept(&mut self, out: &mut Vec<Link>) -> Result<usize, NetError> {
         let before = out.len();
         let mut events = std::mem::take(&mut self.events);
         let result = self.epoll.ready(&mut events);
@@ -309,6 +296,7 @@ impl Listener {
             have: 0,
             deadline: Instant::now() + self.cfg.handshake_timeout,
             awaiting_attach: false,
+            wants_slots: false,
             fds: Vec::new(),
             #[cfg(feature = "rdma")]
             rdma: None,
@@ -342,16 +330,11 @@ impl Listener {
         }
     }
 
-    fn drive(&mut self, slot: usize, out: &mut Vec<Qp>) {
+    fn drive(&mut self, slot: usize, out: &mut Vec<Link>) {
         let Some(p) = self.pending[slot].as_mut() else { return };
         let r = step(p, &self.cfg, &self.accept_info, &self.live, &mut self.rdma);
         match r {
             Ok(Outcome::Waiting) => {}
-            #[cfg(feature = "rdma")]
-            Ok(Outcome::Rdma(qp)) => {
-                self.remove(slot);
-                self.rdma_ready.push(*qp);
-            }
             Ok(Outcome::Done(qp)) => {
                 let p = self.remove(slot);
                 if let Some(qp) = qp {
@@ -446,7 +429,7 @@ fn step(
         };
         if p.awaiting_attach {
             return attach(p, msg, cfg, live)
-                .map(|qp| Outcome::Done(Some(Box::new(qp))))
+                .map(|qp| Outcome::Done(Some(Box::new(Link::server(qp, p.wants_slots)))))
                 .map_err(Some);
         }
         #[cfg(feature = "rdma")]
@@ -471,7 +454,9 @@ fn step(
                     p.rdma = Some(state);
                     continue;
                 }
-                SetupStep::Done(qp) if p.have == 0 => return Ok(Outcome::Rdma(qp)),
+                SetupStep::Done(qp) if p.have == 0 => {
+                    return Ok(Outcome::Done(Some(Box::new(Link::server(*qp, p.wants_slots)))))
+                }
                 SetupStep::Done(_) => {
                     return Err(Some(format!(
                         "peer {} sent {} bytes after rdma ready",
@@ -494,7 +479,8 @@ fn step(
                 p.stream.write_small(&bytes).map_err(|e| Some(format!("handshake write: {e}")))?;
             }
             ServerStep::Refuse(reason) => return Err(Some(reason)),
-            ServerStep::Accepted { reply, wants_shm, wants_rdma } => {
+            ServerStep::Accepted { reply, wants_shm, wants_rdma, wants_slots } => {
+                p.wants_slots = wants_slots;
                 p.stream.write_small(&reply).map_err(|e| Some(format!("handshake write: {e}")))?;
                 if p.have != 0 {
                     return Err(Some(format!(
@@ -517,7 +503,7 @@ fn step(
                     Stream::Tcp(s) => {
                         let s = s.try_clone().map_err(|e| Some(format!("clone socket: {e}")))?;
                         let qp = make_qp(p.peer.clone(), Pipe::Tcp(s), cfg, live).map_err(Some)?;
-                        return Ok(Outcome::Done(Some(Box::new(qp))));
+                        return Ok(Outcome::Done(Some(Box::new(Link::server(qp, wants_slots)))));
                     }
                 }
             }

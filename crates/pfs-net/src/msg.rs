@@ -52,6 +52,12 @@ pub enum Kind {
     ReadResp = 19,
     /// Over RDMA: the sender registered `region`; the payload says where and its key.
     RdmaRegion = 20,
+    /// One-sided write with immediate: a 4-byte immediate, then the bytes for the
+    /// peer's region; acknowledged by `WriteAck`.
+    WriteImm = 21,
+    /// Over tcp and shm: the sender registered `region`; the payload is its length
+    /// (u64).
+    Region = 22,
 }
 
 impl Kind {
@@ -70,6 +76,8 @@ impl Kind {
             18 => Kind::ReadReq,
             19 => Kind::ReadResp,
             20 => Kind::RdmaRegion,
+            21 => Kind::WriteImm,
+            22 => Kind::Region,
             _ => return None,
         })
     }
@@ -93,8 +101,14 @@ pub struct NetHeader {
 impl NetHeader {
     /// Appends this header and `payload`, with the checksum, to `out`.
     pub fn encode(&self, payload: &[u8], out: &mut Vec<u8>) {
-        assert_eq!(self.len as usize, payload.len(), "header length matches payload");
-        assert!(payload.len() <= MAX_FRAME_PAYLOAD, "transport message over the limit");
+        self.encode_parts(&[payload], out);
+    }
+
+    /// [`encode`](Self::encode) with the payload in pieces, laid end to end.
+    pub fn encode_parts(&self, parts: &[&[u8]], out: &mut Vec<u8>) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        assert_eq!(self.len as usize, len, "header length matches payload");
+        assert!(len <= MAX_FRAME_PAYLOAD, "transport message over the limit");
         let start = out.len();
         out.extend_from_slice(&NET_MAGIC.to_le_bytes());
         out.extend_from_slice(&NET_VERSION.to_le_bytes());
@@ -104,9 +118,15 @@ impl NetHeader {
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.token.to_le_bytes());
-        let crc = checksum(&out[start..start + CHECKSUM_OFFSET], payload);
+        let crc =
+            parts.iter().fold(crc32c::crc32c(&out[start..start + CHECKSUM_OFFSET]), |c, p| {
+                crc32c::crc32c_append(c, p)
+            });
         out.extend_from_slice(&crc.to_le_bytes());
-        out.extend_from_slice(payload);
+        out.reserve(len);
+        for p in parts {
+            out.extend_from_slice(p);
+        }
     }
 
     /// Checks the first [`MSG_HEADER_LEN`] bytes of a transport message.

@@ -17,8 +17,8 @@ use pfs_core::{ClientId, Frame, RequestId};
 
 use crate::auth::ClusterKey;
 use crate::connect::{connect, ConnectOptions};
+use crate::link::Link;
 use crate::poller::wait_readable;
-use crate::qp::Qp;
 use crate::transport::{Completion, QueuePair, WorkId};
 use crate::NetError;
 
@@ -81,7 +81,7 @@ pub struct RpcClient {
     peer: String,
     key: ClusterKey,
     opts: RpcOptions,
-    qp: Option<Qp>,
+    qp: Option<Link>,
     credits: usize,
     in_flight: usize,
     slots: Vec<Slot>,
@@ -127,7 +127,7 @@ impl RpcClient {
     }
 
     /// The queue pair, while connected.
-    pub fn qp(&self) -> Option<&Qp> {
+    pub fn qp(&self) -> Option<&Link> {
         self.qp.as_ref()
     }
 
@@ -385,7 +385,7 @@ impl RpcClient {
             match c {
                 Completion::Send { buf, .. } => self.bufs.push(buf),
                 Completion::Recv { buf } => self.file_reply(buf),
-                Completion::Write { .. } | Completion::Read { .. } => {}
+                Completion::Write { .. } | Completion::Read { .. } | Completion::Imm { .. } => {}
             }
         }
         self.completions = done;

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use pfs_core::Frame;
 
+use crate::link::Link;
 use crate::listener::Listener;
 use crate::poller::{wait_readable, Epoll, READ};
-use crate::qp::Qp;
 use crate::transport::{Completion, QueuePair, WorkId};
 
 /// Empty rounds before the loop parks.
@@ -25,8 +25,8 @@ const PARK_MAX: Duration = Duration::from_millis(200);
 #[derive(Debug)]
 pub struct FrameServer {
     listener: Listener,
-    conns: Vec<Qp>,
-    accepted: Vec<Qp>,
+    conns: Vec<Link>,
+    accepted: Vec<Link>,
     completions: Vec<Completion>,
     epoll: Epoll,
 }
@@ -118,7 +118,7 @@ impl FrameServer {
 
 /// Serves one connection; `None` when it is down and must be dropped.
 fn serve_conn(
-    qp: &mut Qp,
+    qp: &mut Link,
     completions: &mut Vec<Completion>,
     handler: &mut impl FnMut(Frame) -> Option<Frame>,
 ) -> Option<usize> {
@@ -157,7 +157,7 @@ fn serve_conn(
                     }
                 }
             }
-            Completion::Write { .. } | Completion::Read { .. } => {}
+            Completion::Write { .. } | Completion::Read { .. } | Completion::Imm { .. } => {}
         }
     }
     Some(n)

@@ -2,6 +2,7 @@
 
 use std::os::fd::RawFd;
 
+use crate::rdma::ReplyImm;
 use crate::NetError;
 
 /// The caller's tag for a posted operation, returned in its completion.
@@ -62,6 +63,12 @@ pub enum Completion {
         /// The read's tag.
         wr: WorkId,
     },
+    /// The peer's write with immediate ([`QueuePair::post_write_imm`]) landed in a
+    /// local region; the immediate says what it was for.
+    Imm {
+        /// The immediate the peer sent.
+        imm: ReplyImm,
+    },
 }
 
 /// A post refused for back-pressure or because the connection is down; the buffer
@@ -116,6 +123,22 @@ pub trait QueuePair {
         remote: RegionId,
         remote_offset: u64,
     ) -> Result<(), NetError>;
+
+    /// [`post_write`](Self::post_write), and once the bytes are in the peer's region
+    /// the peer's [`poll_cq`](Self::poll_cq) reports [`Completion::Imm`] with `imm`
+    /// (RDMA WRITE_WITH_IMM). This side completes with `Completion::Write { wr }`.
+    fn post_write_imm(
+        &mut self,
+        wr: WorkId,
+        local: RegionRange,
+        remote: RegionId,
+        remote_offset: u64,
+        imm: ReplyImm,
+    ) -> Result<(), NetError>;
+
+    /// The length of the peer's region `id`, once the peer registered it and its
+    /// announcement arrived (announcements travel in order with messages).
+    fn peer_region_len(&self, id: RegionId) -> Option<u64>;
 
     /// Makes progress and appends finished operations to `out` (at most
     /// [`POLL_BATCH`](crate::POLL_BATCH) per call). An `Err` means the connection is

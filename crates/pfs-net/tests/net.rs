@@ -147,7 +147,7 @@ fn region_server(
     (addr, stop, h)
 }
 
-fn wait_completion(qp: &mut pfs_net::Qp) -> Result<Completion, NetError> {
+fn wait_completion(qp: &mut pfs_net::Link) -> Result<Completion, NetError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut out = Vec::with_capacity(64);
     loop {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Body, Frame, Reply, Request, Usage, View};
 use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
-use pfs_net::{ClusterKey, Listener, ListenerConfig, Qp, RpcClient, RpcOptions};
+use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions};
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
@@ -335,7 +335,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     let mut senders = Vec::with_capacity(workers);
     let mut handles = Vec::with_capacity(workers);
     for (w, shard) in shards.into_iter().enumerate().rev() {
-        let (tx, rx) = sync_channel::<Qp>(NEW_CONN_QUEUE);
+        let (tx, rx) = sync_channel::<Link>(NEW_CONN_QUEUE);
         senders.push(tx);
         let worker = Worker::new(
             w as u16,
@@ -399,7 +399,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
 /// is served by exactly one worker, whatever shard its requests are for).
 fn accept_loop(
     mut listener: Listener,
-    senders: Vec<SyncSender<Qp>>,
+    senders: Vec<SyncSender<Link>>,
     bells: Arc<Vec<Doorbell>>,
     stop: Arc<AtomicBool>,
 ) {

@@ -23,7 +23,7 @@ use pfs_core::config::PollMode;
 use pfs_core::wire::{Body, Frame, FrameHeader, Reply, Request};
 use pfs_core::{ClientId, FsError, RequestId};
 use pfs_net::poller::READ;
-use pfs_net::{Completion, Epoll, EventFd, Qp, QueuePair, WorkId};
+use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
@@ -122,7 +122,7 @@ pub type ClientRegistry =
     Arc<std::sync::Mutex<std::collections::HashMap<ClientId, (u16, ConnRef)>>>;
 
 struct ConnState {
-    qp: Qp,
+    qp: Link,
     gen: u32,
     /// The client id its requests carry, once seen.
     client: Option<ClientId>,
@@ -135,7 +135,7 @@ pub struct Worker<D: Device> {
     opts: WorkerOptions,
     conns: Vec<Option<ConnState>>,
     next_gen: u32,
-    new_conns: Receiver<Qp>,
+    new_conns: Receiver<Link>,
     ring_out: Vec<Option<rtrb::Producer<Task>>>,
     ring_in: Vec<Option<rtrb::Consumer<Task>>>,
     backlog: VecDeque<(u16, Task)>,
@@ -203,7 +203,7 @@ impl<D: Device> Worker<D> {
         id: u16,
         shard: Shard<D>,
         opts: WorkerOptions,
-        new_conns: Receiver<Qp>,
+        new_conns: Receiver<Link>,
         ring_out: Vec<Option<rtrb::Producer<Task>>>,
         ring_in: Vec<Option<rtrb::Consumer<Task>>>,
         bells: Arc<Vec<Doorbell>>,
@@ -367,7 +367,7 @@ impl<D: Device> Worker<D> {
                 Completion::Recv { buf } => {
                     self.on_request(ConnRef { slot: slot as u32, gen }, buf);
                 }
-                Completion::Write { .. } | Completion::Read { .. } => {}
+                Completion::Write { .. } | Completion::Read { .. } | Completion::Imm { .. } => {}
             }
         }
         self.completions = done;

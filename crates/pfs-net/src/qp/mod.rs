@@ -15,8 +15,9 @@ use std::sync::Arc;
 
 use pfs_core::wire::FrameHeader;
 
-use crate::msg::{Incoming, NetHeader, RxBuf, MAX_MSG_BYTES, MSG_HEADER_LEN};
+use crate::msg::{Incoming, Kind, NetHeader, RxBuf, MAX_MSG_BYTES, MSG_HEADER_LEN};
 use crate::poller::{Epoll, READ, WRITE};
+use crate::rdma::ReplyImm;
 use crate::shm::ShmPipe;
 use crate::transport::{Backend, Completion, QueuePair, RegionId, RegionRange, Rejected, WorkId};
 use crate::NetError;
@@ -107,6 +108,8 @@ pub struct Qp {
     internal_sends: usize,
     spare_bufs: Vec<Vec<u8>>,
     regions: Vec<Vec<u8>>,
+    /// Lengths of the peer's regions, as announced (at most `max_regions`).
+    peer_regions: Vec<Option<u64>>,
     ops: Vec<Option<PendingOp>>,
     free_ops: Vec<u32>,
     done: VecDeque<Completion>,
@@ -145,6 +148,7 @@ impl Qp {
             internal_sends: 0,
             spare_bufs: Vec::with_capacity(limits.op_depth),
             regions: Vec::new(),
+            peer_regions: vec![None; limits.max_regions],
             ops: vec![None; limits.op_depth],
             free_ops: (0..limits.op_depth as u32).rev().collect(),
             done: VecDeque::with_capacity(limits.send_depth + limits.op_depth),
@@ -451,8 +455,16 @@ impl QueuePair for Qp {
                 self.limits.max_region_bytes
             )));
         }
+        self.check_post()?;
         self.regions.push(vec![0; len]);
-        Ok(RegionId(self.regions.len() as u32 - 1))
+        let id = self.regions.len() as u32 - 1;
+        // Announced in order with everything sent after it, as over RDMA.
+        let ad = NetHeader { kind: Kind::Region, region: id, len: 8, offset: 0, token: 0 };
+        self.internal(ad, &(len as u64).to_le_bytes());
+        if let Err(e) = self.flush() {
+            return Err(self.fail(e));
+        }
+        Ok(RegionId(id))
     }
 
     fn region(&self, id: RegionId) -> &[u8] {
@@ -470,7 +482,7 @@ impl QueuePair for Qp {
         remote: RegionId,
         remote_offset: u64,
     ) -> Result<(), NetError> {
-        self.start_write(wr, local, remote, remote_offset)
+        self.start_write_imm(wr, local, remote, remote_offset, None)
     }
 
     fn post_read(
@@ -481,6 +493,21 @@ impl QueuePair for Qp {
         remote_offset: u64,
     ) -> Result<(), NetError> {
         self.start_read(wr, local, remote, remote_offset)
+    }
+
+    fn post_write_imm(
+        &mut self,
+        wr: WorkId,
+        local: RegionRange,
+        remote: RegionId,
+        remote_offset: u64,
+        imm: ReplyImm,
+    ) -> Result<(), NetError> {
+        self.start_write_imm(wr, local, remote, remote_offset, Some(imm))
+    }
+
+    fn peer_region_len(&self, id: RegionId) -> Option<u64> {
+        self.peer_regions.get(id.0 as usize).copied().flatten()
     }
 
     fn poll_cq(&mut self, out: &mut Vec<Completion>) -> Result<usize, NetError> {

@@ -1,10 +1,14 @@
 //! One-sided write and read, emulated with messages: a `Write` carries the bytes
 //! and is applied into the peer's region by the peer's poll, which acknowledges it;
-//! a `ReadReq` is answered with a `ReadResp`. Every region name, range and token
-//! from the peer is checked; a bad one closes the connection with the reason.
+//! a `ReadReq` is answered with a `ReadResp`. A `WriteImm` is a `Write` whose
+//! payload starts with a 4-byte immediate, reported to the peer's caller as
+//! `Completion::Imm` once applied; a `Region` announces a region's length. Every
+//! region name, range and token from the peer is checked; a bad one closes the
+//! connection with the reason.
 
 use super::{Qp, TxItem};
 use crate::msg::{Kind, NetHeader};
+use crate::rdma::ReplyImm;
 use crate::transport::{Completion, RegionId, RegionRange, WorkId};
 use crate::NetError;
 
@@ -59,9 +63,21 @@ impl Qp {
         let peer = self.peer.clone();
         let bad = |r: String| NetError::protocol(&peer, r);
         match h.kind {
-            Kind::Write => {
+            Kind::Write | Kind::WriteImm => {
+                let (imm, start) = if h.kind == Kind::WriteImm {
+                    if end - start < 4 {
+                        return Err(bad(format!(
+                            "write with immediate of {} payload bytes, at least 4",
+                            end - start
+                        )));
+                    }
+                    let bits = self.rx.bytes(start, start + 4).try_into().expect("4 bytes");
+                    (Some(ReplyImm::from_bits(u32::from_le_bytes(bits))), start + 4)
+                } else {
+                    (None, start)
+                };
                 let (a, b) = self
-                    .region_range(h.region, h.offset, h.len.into())
+                    .region_range(h.region, h.offset, (end - start) as u64)
                     .map_err(|r| bad(format!("one-sided write: {r}")))?;
                 let (regions, rx) = (&mut self.regions, &self.rx);
                 regions[h.region as usize][a..b].copy_from_slice(rx.bytes(start, end));
@@ -73,7 +89,31 @@ impl Qp {
                     token: h.token,
                 };
                 self.internal(ack, &[]);
-                Ok(None)
+                Ok(imm.map(|imm| Completion::Imm { imm }))
+            }
+            Kind::Region => {
+                let p = self.rx.bytes(start, end);
+                let len = match <[u8; 8]>::try_from(p) {
+                    Ok(b) => u64::from_le_bytes(b),
+                    Err(_) => {
+                        return Err(bad(format!(
+                            "region announcement with {} payload bytes, expected 8",
+                            p.len()
+                        )))
+                    }
+                };
+                let have = self.peer_regions.len();
+                match self.peer_regions.get_mut(h.region as usize) {
+                    Some(slot @ None) => {
+                        *slot = Some(len);
+                        Ok(None)
+                    }
+                    Some(Some(_)) => Err(bad(format!("announced region {} twice", h.region))),
+                    None => Err(bad(format!(
+                        "announced region {}, past the {have} this side accepts",
+                        h.region
+                    ))),
+                }
             }
             Kind::ReadReq => {
                 let p = self.rx.bytes(start, end);
@@ -131,27 +171,42 @@ impl Qp {
             .map_err(|r| NetError::Invalid(format!("local {r}")))
     }
 
-    pub(super) fn start_write(
+    /// A one-sided write, with an immediate for the peer when `imm` is given.
+    pub(super) fn start_write_imm(
         &mut self,
         wr: WorkId,
         local: RegionRange,
         remote: RegionId,
         remote_offset: u64,
+        imm: Option<ReplyImm>,
     ) -> Result<(), NetError> {
         self.check_post()?;
         self.check_local(local)?;
+        let prefix = if imm.is_some() { 4 } else { 0 };
+        let len = prefix + local.len as usize;
+        if len > pfs_core::wire::MAX_FRAME_PAYLOAD {
+            return Err(NetError::Invalid(format!(
+                "one-sided write of {} bytes is over the {} bytes a tcp or shm message carries",
+                local.len,
+                pfs_core::wire::MAX_FRAME_PAYLOAD - prefix
+            )));
+        }
         let token = self.take_op(PendingOp::Write { wr })?;
         let h = NetHeader {
-            kind: Kind::Write,
+            kind: if imm.is_some() { Kind::WriteImm } else { Kind::Write },
             region: remote.0,
-            len: local.len,
+            len: len as u32,
             offset: remote_offset,
             token,
         };
         let mut buf = self.spare_bufs.pop().unwrap_or_default();
         buf.clear();
         let (a, b) = (local.offset as usize, local.offset as usize + local.len as usize);
-        h.encode(&self.regions[local.region.0 as usize][a..b], &mut buf);
+        let bytes = &self.regions[local.region.0 as usize][a..b];
+        match imm {
+            Some(imm) => h.encode_parts(&[&imm.bits().to_le_bytes(), bytes], &mut buf),
+            None => h.encode(bytes, &mut buf),
+        }
         self.internal_sends += 1;
         self.tx.push_back(TxItem::Internal(buf));
         if let Err(e) = self.flush() {

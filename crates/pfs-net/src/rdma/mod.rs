@@ -10,6 +10,10 @@
 //! - `setup` (feature): the client's [`connect`] and the listener's side of the
 //!   exchange, over the authenticated TCP handshake.
 //!
+//! RPC runs over an RDMA queue pair through [`Link`](crate::Link) with slot RPC:
+//! requests by SEND, replies (and requests too large for a SEND) written straight
+//! into the peer's registered inbox with WRITE_WITH_IMM.
+//!
 //! Without a device (or without the feature) [`device_count`] says why, and
 //! [`crate::connect`] with [`TransportKind::Rdma`](crate::TransportKind::Rdma) logs
 //! that and uses tcp.
@@ -40,6 +44,9 @@ pub use verbs::RdmaQp;
 /// Default bytes of each RDMA send and receive buffer (see [`RdmaConfig::msg_bytes`]).
 pub const DEFAULT_MSG_BYTES: u32 = 16 << 10;
 
+/// Default slots of an RDMA link's slot RPC (see [`RdmaConfig::slots`]).
+pub const DEFAULT_SLOTS: u32 = 32;
+
 /// Which RDMA device and port to use, and the size of message buffers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RdmaConfig {
@@ -53,11 +60,20 @@ pub struct RdmaConfig {
     /// [`post_send`](crate::QueuePair::post_send) takes; bulk data goes one-sided.
     /// A connection pins `(send_depth + recv_depth) * msg_bytes` bytes.
     pub msg_bytes: u32,
+    /// Slots of the slot RPC (`crate::link`) a client asks for, which bounds its
+    /// requests in flight; each side pins `2 * slots * SLOT_BYTES` more.
+    pub slots: u32,
 }
 
 impl Default for RdmaConfig {
     fn default() -> Self {
-        RdmaConfig { device: None, port: 1, gid_index: 0, msg_bytes: DEFAULT_MSG_BYTES }
+        RdmaConfig {
+            device: None,
+            port: 1,
+            gid_index: 0,
+            msg_bytes: DEFAULT_MSG_BYTES,
+            slots: DEFAULT_SLOTS,
+        }
     }
 }
 

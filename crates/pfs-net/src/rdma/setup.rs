@@ -22,7 +22,7 @@ use super::device::RdmaDevice;
 use super::info::ConnInfo;
 use super::verbs::RdmaQp;
 use super::RdmaConfig;
-use crate::auth::{self, ClusterKey, OFFERS_RDMA, WANT_RDMA};
+use crate::auth::{self, ClusterKey, OFFERS_RDMA, WANT_RDMA, WANT_SLOTS};
 use crate::connect::{tcp_handshake, with_timeout, ConnectOptions};
 use crate::msg::Kind;
 use crate::qp::{ConnGuard, QpLimits};
@@ -49,7 +49,7 @@ pub fn connect_with(
     device: Arc<RdmaDevice>,
 ) -> Result<RdmaQp, NetError> {
     let peer = addr.to_string();
-    let (mut stream, accept) = tcp_handshake(addr, key, opts, WANT_RDMA)?;
+    let (mut stream, accept) = tcp_handshake(addr, key, opts, WANT_RDMA | WANT_SLOTS)?;
     if accept.features & OFFERS_RDMA == 0 {
         return Err(NetError::Unavailable {
             transport: "rdma",

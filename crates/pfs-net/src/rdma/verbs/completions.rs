@@ -119,12 +119,15 @@ impl RdmaQp {
                 self.ads_in_flight -= 1;
                 Ok(0)
             }
-            TAG_RECV => self.on_recv(index, wc).map(|()| 0),
+            TAG_RECV => self.on_recv(index, wc, out),
             _ => panic!("work request id 0x{:x} was not made here", wc.wr_id),
         }
     }
 
-    fn on_recv(&mut self, slot: u32, wc: Wc) -> Result<(), NetError> {
+    /// A receive completed: a frame (held for a posted buffer), a region
+    /// announcement, or a write with immediate (reported at once: its bytes are in a
+    /// region, the receive buffer is free again). Returns the completions added.
+    fn on_recv(&mut self, slot: u32, wc: Wc, out: &mut Vec<Completion>) -> Result<usize, NetError> {
         if wc.opcode == WorkCompletionOperationType::ReceiveWithImmediate as u32 {
             let imm = ReplyImm::from_wire(wc.imm);
             if imm.client() != u32::from(self.imm_client) {
@@ -138,8 +141,9 @@ impl RdmaQp {
                     ),
                 ));
             }
-            self.imms.push_back((slot, imm));
-            return Ok(());
+            self.repost.push(slot);
+            out.push(Completion::Imm { imm });
+            return Ok(1);
         }
         if wc.opcode != WorkCompletionOperationType::Receive as u32 {
             let r = format!("receive completion with opcode {}", wc.opcode);
@@ -165,7 +169,7 @@ impl RdmaQp {
             }
             Some(Err(r)) => return Err(NetError::protocol(&self.peer, r)),
         }
-        Ok(())
+        Ok(0)
     }
 
     fn learn_region(&mut self, region: u32, ad: RegionAd) -> Result<(), NetError> {
@@ -239,7 +243,7 @@ impl RdmaQp {
         }
         n += self.deliver(out, POLL_BATCH - n);
         self.repost_recvs()?;
-        debug_assert!(self.held.len() + self.imms.len() <= self.limits.recv_depth);
+        debug_assert!(self.held.len() <= self.limits.recv_depth);
         if got == 0 && n == 0 {
             // Idle: worth a syscall to notice a peer that went away.
             self.check_control()?;

@@ -141,8 +141,6 @@ pub struct RdmaQp {
     app_recv: VecDeque<Vec<u8>>,
     /// Frames received, waiting for a posted buffer: (receive slot, bytes).
     held: VecDeque<(u32, u32)>,
-    /// Reply immediates received, waiting for [`RdmaQp::poll_imm`]: (receive slot, imm).
-    imms: VecDeque<(u32, ReplyImm)>,
     repost: Vec<u32>,
     done: VecDeque<Completion>,
     scratch: Vec<Completion>,
@@ -311,7 +309,6 @@ impl RdmaQp {
             remote: vec![None; limits.max_regions],
             app_recv: VecDeque::with_capacity(limits.recv_depth),
             held: VecDeque::with_capacity(limits.recv_depth),
-            imms: VecDeque::with_capacity(limits.recv_depth),
             repost: (0..limits.recv_depth as u32).collect(),
             done: VecDeque::with_capacity(POLL_BATCH),
             scratch: Vec::with_capacity(POLL_BATCH),
@@ -417,6 +414,17 @@ impl RdmaQp {
         self.credits
     }
 
+    /// Largest frame a SEND carries on this connection: the smaller of both sides'
+    /// message buffers.
+    pub fn max_send_bytes(&self) -> usize {
+        self.max_send_bytes
+    }
+
+    /// The limits this queue pair was made with.
+    pub fn limits(&self) -> QpLimits {
+        self.limits
+    }
+
     /// The client id that reply immediates on this connection carry.
     pub fn imm_client(&self) -> u16 {
         self.imm_client
@@ -434,39 +442,6 @@ impl RdmaQp {
             log::warn!("closing rdma connection to {}: {reason}", self.peer);
             self.shut(reason.to_owned(), true);
         }
-    }
-
-    /// Writes `local` into the peer's region `remote` at `remote_offset` with
-    /// WRITE_WITH_IMM: the peer's [`poll_imm`](Self::poll_imm) returns `imm` once the
-    /// bytes are in place; this side completes with `Completion::Write { wr }`.
-    pub fn post_write_imm(
-        &mut self,
-        wr: WorkId,
-        local: RegionRange,
-        remote: RegionId,
-        remote_offset: u64,
-        imm: ReplyImm,
-    ) -> Result<(), NetError> {
-        self.start_one_sided(local, remote, remote_offset, Op::Write(wr), |rkey, addr| {
-            Verb::WriteImm { rkey, addr, imm }
-        })
-    }
-
-    /// Appends the reply immediates that arrived (at most `POLL_BATCH`), each after
-    /// its bytes landed; one that names another client has already closed the
-    /// connection. Call after [`poll_cq`](QueuePair::poll_cq).
-    pub fn poll_imm(&mut self, out: &mut Vec<ReplyImm>) -> usize {
-        let mut n = 0;
-        while n < POLL_BATCH {
-            let Some((slot, imm)) = self.imms.pop_front() else { break };
-            out.push(imm);
-            self.repost.push(slot);
-            n += 1;
-        }
-        if let Err(e) = self.repost_recvs() {
-            self.fail(e);
-        }
-        n
     }
 
     fn down(&self) -> Option<NetError> {
@@ -636,6 +611,23 @@ impl QueuePair for RdmaQp {
         })
     }
 
+    fn post_write_imm(
+        &mut self,
+        wr: WorkId,
+        local: RegionRange,
+        remote: RegionId,
+        remote_offset: u64,
+        imm: ReplyImm,
+    ) -> Result<(), NetError> {
+        self.start_one_sided(local, remote, remote_offset, Op::Write(wr), |rkey, addr| {
+            Verb::WriteImm { rkey, addr, imm }
+        })
+    }
+
+    fn peer_region_len(&self, id: RegionId) -> Option<u64> {
+        self.remote.get(id.0 as usize).copied().flatten().map(|ad| ad.len)
+    }
+
     fn poll_cq(&mut self, out: &mut Vec<Completion>) -> Result<usize, NetError> {
         if let Some(e) = self.down() {
             return Err(e);
@@ -644,7 +636,7 @@ impl QueuePair for RdmaQp {
     }
 
     fn prepare_wait(&mut self) -> bool {
-        if self.dead.is_some() || !self.done.is_empty() || !self.imms.is_empty() {
+        if self.dead.is_some() || !self.done.is_empty() {
             return false;
         }
         if !self.held.is_empty() && !self.app_recv.is_empty() {
@@ -666,7 +658,7 @@ impl QueuePair for RdmaQp {
                 self.fail(e);
                 false
             }
-            Ok(_) => nothing && self.imms.is_empty(),
+            Ok(_) => nothing,
         }
     }
 
