@@ -141,6 +141,8 @@ pub struct Link {
     /// Buffers for frames taken out of the inbox, at most one per slot.
     spare: Vec<Vec<u8>>,
     scratch: Vec<Completion>,
+    /// Frames written one-sided into the peer's inbox, and taken out of ours.
+    one_sided: (u64, u64),
 }
 
 impl From<Qp> for Inner {
@@ -170,6 +172,7 @@ impl Link {
             done: VecDeque::new(),
             spare: Vec::new(),
             scratch: Vec::with_capacity(POLL_BATCH),
+            one_sided: (0, 0),
         }
     }
 
@@ -194,12 +197,15 @@ impl Link {
             .max(1);
         link.set_up_slots(count, cfg.inline_bytes)?;
         let deadline = Instant::now() + timeout;
-        while !link.slots.as_ref().is_some_and(|s| s.peer_ready) {
+        loop {
             let mut found = std::mem::take(&mut link.scratch);
             let r = link.poll_cq(&mut found);
             link.done.extend(found.drain(..));
             link.scratch = found;
             r?;
+            if link.slots.as_ref().is_some_and(|s| s.peer_ready) {
+                break;
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(NetError::Unavailable {
@@ -251,6 +257,12 @@ impl Link {
     /// Slots in use, once slot RPC is set up on both sides.
     pub fn slots(&self) -> Option<u32> {
         self.slots.as_ref().filter(|s| s.peer_ready).map(|s| s.count)
+    }
+
+    /// Frames this side wrote one-sided into the peer's inbox, and frames it took
+    /// out of its own: how much of the traffic slot RPC carried.
+    pub fn one_sided_frames(&self) -> (u64, u64) {
+        self.one_sided
     }
 
     /// Whether the connection is still up.
@@ -347,6 +359,7 @@ impl Link {
         match on_inner!(&mut self.inner, q => q.post_write_imm(wid, local, INBOX, off as u64, imm))
         {
             Ok(()) => {
+                self.one_sided.0 += 1;
                 self.done.push_back(Completion::Send { wr, buf: frame });
                 Ok(())
             }
@@ -400,6 +413,7 @@ impl Link {
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         on_inner!(&self.inner, q => buf.extend_from_slice(&q.region(inbox)[off..off + len]));
+        self.one_sided.1 += 1;
         Ok(Completion::Recv { buf })
     }
 }
