@@ -56,6 +56,10 @@ pub struct ClusterOptions {
     /// Transport to the servers: `Auto` takes shared memory for a server on this
     /// host, TCP otherwise.
     pub transport: pfs_net::TransportKind,
+    /// RDMA device and sizes (`transport` Rdma).
+    pub rdma: pfs_net::rdma::RdmaConfig,
+    /// Slot RPC over tcp and shm (RDMA links always use it, with `rdma.slots`).
+    pub slot_rpc: Option<pfs_net::SlotRpc>,
 }
 
 impl ClusterOptions {
@@ -71,6 +75,8 @@ impl ClusterOptions {
             dentry_ttl: Duration::from_secs(1),
             dentry_cache_entries: 65_536,
             transport: pfs_net::TransportKind::Auto,
+            rdma: pfs_net::rdma::RdmaConfig::default(),
+            slot_rpc: None,
         }
     }
 
@@ -92,6 +98,22 @@ impl ClusterOptions {
         o.strict = cfg.strict;
         o.dentry_ttl = Duration::from_millis(cfg.dentry_ttl_ms);
         o.dentry_cache_entries = cfg.dentry_cache_entries as usize;
+        o.transport = match cfg.transport {
+            pfs_core::Transport::Auto => pfs_net::TransportKind::Auto,
+            pfs_core::Transport::Tcp => pfs_net::TransportKind::Tcp,
+            pfs_core::Transport::Shm => pfs_net::TransportKind::Shm,
+            pfs_core::Transport::Rdma => pfs_net::TransportKind::Rdma,
+        };
+        o.rdma = pfs_net::rdma::RdmaConfig {
+            device: (!cfg.rdma_device.is_empty()).then(|| cfg.rdma_device.clone()),
+            port: cfg.rdma_port,
+            gid_index: cfg.rdma_gid_index,
+            slots: cfg.rpc_slots,
+            ..Default::default()
+        };
+        o.slot_rpc = cfg
+            .slot_rpc
+            .then(|| pfs_net::SlotRpc { slots: cfg.rpc_slots, ..pfs_net::SlotRpc::default() });
         Ok(o)
     }
 }
@@ -275,6 +297,8 @@ impl Cluster {
             })?;
             let mut ro = rpc_options(client, opts.connect_timeout, opts.request_timeout);
             ro.connect.transport = opts.transport;
+            ro.connect.rdma = opts.rdma.clone();
+            ro.connect.slot_rpc = opts.slot_rpc;
             let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
                 FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
             })?;
@@ -310,6 +334,11 @@ impl Cluster {
         };
         c.layout_of(InodeId::ROOT)?;
         Ok(c)
+    }
+
+    /// Each server connection as it is now, in view order (`None`: reconnecting).
+    pub fn links(&self) -> Vec<Option<crate::conn::LinkInfo>> {
+        self.conns.iter().map(|c| c.link_info()).collect()
     }
 
     /// Dentry cache (hits, misses) so far.

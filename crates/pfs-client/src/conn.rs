@@ -26,6 +26,17 @@ pub struct Conn {
     pipelined: AtomicUsize,
 }
 
+/// What carries a server connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinkInfo {
+    /// The backend.
+    pub backend: pfs_net::Backend,
+    /// Slots of slot RPC, when it is on.
+    pub slots: Option<u32>,
+    /// Frames sent one-sided into the server's inbox, and replies taken out of ours.
+    pub one_sided: (u64, u64),
+}
+
 /// A request sent and not yet answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -68,6 +79,18 @@ impl Conn {
     /// Pipelined writes in flight now.
     pub fn pipelined(&self) -> usize {
         self.pipelined.load(Ordering::Acquire)
+    }
+
+    /// The connection as it is now; `None` while it is down.
+    pub fn link_info(&self) -> Option<LinkInfo> {
+        use pfs_net::QueuePair;
+        let rpc = self.rpc.lock().expect("connection lock");
+        let link = rpc.qp()?;
+        Some(LinkInfo {
+            backend: link.backend(),
+            slots: link.slots(),
+            one_sided: link.one_sided_frames(),
+        })
     }
 
     /// The server's address.

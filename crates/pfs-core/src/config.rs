@@ -205,6 +205,16 @@ pub struct ServerConfig {
     pub key_file: PathBuf,
     /// The master, `host:port`.
     pub master: String,
+    /// Offer RDMA queue pairs to clients that ask (a build with the `rdma` feature
+    /// and an RDMA device); without them the server logs why and clients that ask
+    /// fall back to tcp.
+    pub rdma: bool,
+    /// RDMA device (`mlx5_0`); empty takes the first one found.
+    pub rdma_device: String,
+    /// Port of the RDMA device, from 1.
+    pub rdma_port: u8,
+    /// Index in the port's GID table (RoCE v2 wants a routable GID's index).
+    pub rdma_gid_index: u8,
 }
 
 impl Default for ServerConfig {
@@ -228,6 +238,10 @@ impl Default for ServerConfig {
             connection_queue_depth: 128,
             key_file: "/etc/pfs/cluster.key".into(),
             master: "127.0.0.1:7000".into(),
+            rdma: false,
+            rdma_device: String::new(),
+            rdma_port: 1,
+            rdma_gid_index: 0,
         }
     }
 }
@@ -266,6 +280,7 @@ impl ConfigFile for ServerConfig {
         check_range("connection_queue_depth", self.connection_queue_depth, 1, 65536)?;
         check_path("key_file", &self.key_file)?;
         check_addr("master", &self.master)?;
+        check_range("rdma_port", self.rdma_port, 1, 255)?;
         Ok(())
     }
 }
@@ -336,6 +351,21 @@ impl ConfigFile for MasterConfig {
     }
 }
 
+/// How a client reaches the storage servers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// Shared memory to a server on this host, tcp to the others.
+    #[default]
+    Auto,
+    /// TCP only.
+    Tcp,
+    /// Shared memory only (every server on this host).
+    Shm,
+    /// RDMA; a server or host without it is reached over tcp, with a warning.
+    Rdma,
+}
+
 /// The client: FUSE mount or native API.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -360,6 +390,20 @@ pub struct ClientConfig {
     pub dir_layout: DirLayout,
     /// Layout of files created without an inherited one.
     pub file_layout: FileLayout,
+    /// Transport to the servers.
+    pub transport: Transport,
+    /// RDMA device (`mlx5_0`); empty takes the first one found.
+    pub rdma_device: String,
+    /// Port of the RDMA device, from 1.
+    pub rdma_port: u8,
+    /// Index in the port's GID table.
+    pub rdma_gid_index: u8,
+    /// Slots of slot RPC per server connection: the requests in flight on it.
+    /// Each slot pins twice the largest frame (about 2 MiB) on both sides.
+    pub rpc_slots: u32,
+    /// Use slot RPC (replies written into the client's inbox, the RDMA protocol)
+    /// over tcp and shm too; RDMA connections always use it.
+    pub slot_rpc: bool,
 }
 
 impl Default for ClientConfig {
@@ -375,6 +419,12 @@ impl Default for ClientConfig {
             dentry_cache_entries: 65_536,
             dir_layout: DirLayout::BigDir,
             file_layout: FileLayout::Block,
+            transport: Transport::Auto,
+            rdma_device: String::new(),
+            rdma_port: 1,
+            rdma_gid_index: 0,
+            rpc_slots: 32,
+            slot_rpc: false,
         }
     }
 }
@@ -388,6 +438,8 @@ impl ConfigFile for ClientConfig {
         check_range("max_unfinished_writes", self.max_unfinished_writes, 1, 65536)?;
         check_range("dentry_ttl_ms", self.dentry_ttl_ms, 0, 3_600_000)?;
         check_range("dentry_cache_entries", self.dentry_cache_entries, 0, 1 << 24)?;
+        check_range("rdma_port", self.rdma_port, 1, 255)?;
+        check_range("rpc_slots", self.rpc_slots, 1, 4096)?;
         Ok(())
     }
 }

@@ -17,7 +17,9 @@ pub mod routing;
 pub mod wire;
 
 pub use attr::{FileAttr, FileType, SetAttr, StatFs, TimeNs, NAME_MAX};
-pub use config::{ClientConfig, ConfigError, ConfigFile, MasterConfig, PfsConfig, ServerConfig};
+pub use config::{
+    ClientConfig, ConfigError, ConfigFile, MasterConfig, PfsConfig, ServerConfig, Transport,
+};
 pub use error::{FsError, FsResult};
 pub use ids::{BlockIndex, ClientId, FileHandle, InodeId, RequestId, ServerId, ShardId, WorkerId};
 pub use layout::{DirLayout, FileLayout};

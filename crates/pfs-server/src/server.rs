@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Body, Frame, Reply, Request, Usage, View};
 use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
+use pfs_net::rdma::RdmaConfig;
 use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions};
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
@@ -250,6 +251,12 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     let listen = resolve("listen", &cfg.listen)?;
     let mut lcfg = ListenerConfig::new(listen, key.clone());
     lcfg.credits = cfg.connection_queue_depth;
+    lcfg.rdma = cfg.rdma.then(|| RdmaConfig {
+        device: (!cfg.rdma_device.is_empty()).then(|| cfg.rdma_device.clone()),
+        port: cfg.rdma_port,
+        gid_index: cfg.rdma_gid_index,
+        ..RdmaConfig::default()
+    });
     let listener = Listener::bind(lcfg).map_err(|e| ServerError::Net(e.to_string()))?;
     let addr = listener.local_addr();
     let advertise = if !cfg.advertise.is_empty() {

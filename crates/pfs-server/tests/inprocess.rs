@@ -350,3 +350,65 @@ fn pipelined_writes_of_a_parked_handle_leave_credits_for_others() {
     }
     fs.release(attr.ino, fh).unwrap();
 }
+
+/// Slot RPC (the RDMA protocol: replies written one-sided into the client's
+/// inbox) carries the whole client over tcp and over shm: data of every size,
+/// metadata, and token invalidations (which still come by SEND) in between.
+#[test]
+fn slot_rpc_carries_data_metadata_and_invalidations_over_tcp_and_shm() {
+    use std::sync::{Arc, Mutex};
+
+    let dir = test_dir("slot-rpc");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let slotted = |transport| {
+        let mut o = pfs_client::ClusterOptions::new(master.addr(), key.clone());
+        o.transport = transport;
+        o.slot_rpc = Some(pfs_net::SlotRpc { slots: 8, inline_bytes: 8192 });
+        o.dentry_ttl = Duration::from_secs(600);
+        o.request_timeout = Duration::from_secs(10);
+        pfs_client::Cluster::connect(o).unwrap()
+    };
+    let a = slotted(pfs_net::TransportKind::Tcp);
+    let b = slotted(pfs_net::TransportKind::Shm);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+
+    let d = a.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    let mut inos = Vec::new();
+    for i in 0..12u64 {
+        let writer: &dyn FileSystem = if i % 2 == 0 { &a } else { &b };
+        inos.push(write_file(writer, d.ino, &format!("f{i}"), &content(i)));
+    }
+    for (i, &ino) in inos.iter().enumerate() {
+        assert_eq!(read_file(&a, ino), content(i as u64), "f{i} read over tcp");
+        assert_eq!(read_file(&b, ino), content(i as u64), "f{i} read over shm");
+    }
+    // A caches the name; B's rename reaches A as an invalidation.
+    assert_eq!(a.lookup(d.ino, b"f0").unwrap().ino, inos[0]);
+    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
+    b.rename(InodeId::ROOT, b"d", InodeId::ROOT, b"e", RenameFlags::empty()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while a.lookup(InodeId::ROOT, b"d").is_ok() {
+        assert!(std::time::Instant::now() < deadline, "A still sees the old name");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!seen.lock().unwrap().is_empty(), "A was told of the rename");
+    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap().ino, d.ino);
+
+    for (c, backend) in [(&a, pfs_net::Backend::Tcp), (&b, pfs_net::Backend::Shm)] {
+        let links = c.links();
+        let l = links[0].expect("connected");
+        assert_eq!((l.backend, l.slots), (backend, Some(8)));
+        // Every reply came through the inbox; large writes went one-sided.
+        assert!(l.one_sided.1 > 50, "{backend:?}: {:?}", l.one_sided);
+        assert!(l.one_sided.0 > 0, "{backend:?}: {:?}", l.one_sided);
+    }
+    drop((a, b));
+    server.stop().unwrap();
+    master.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
