@@ -470,6 +470,26 @@ impl ConfigFile for PfsConfig {
 mod tests {
     use super::*;
 
+    /// The commented examples in deploy/ are what operators copy: every field in
+    /// them must exist and validate.
+    #[test]
+    fn the_deploy_examples_parse_and_validate() {
+        let server = ServerConfig::from_toml_str(include_str!("../../../deploy/server.toml"));
+        let server = server.unwrap();
+        assert!(!server.rdma, "the example leaves RDMA off");
+        MasterConfig::from_toml_str(include_str!("../../../deploy/master.toml")).unwrap();
+        let client = ClientConfig::from_toml_str(include_str!("../../../deploy/client.toml"));
+        let client = client.unwrap();
+        assert_eq!(
+            (client.transport, client.rpc_slots, client.slot_rpc),
+            (Transport::Auto, 32, false)
+        );
+        let bad = ClientConfig::from_toml_str("transport = \"infiniband\"").unwrap_err();
+        assert!(bad.to_string().contains("infiniband"), "{bad}");
+        let bad = ClientConfig::from_toml_str("rpc_slots = 0").unwrap_err();
+        assert!(bad.to_string().contains("rpc_slots"), "{bad}");
+    }
+
     fn server_err(toml: &str) -> String {
         ServerConfig::from_toml_str(toml).unwrap_err().to_string()
     }
