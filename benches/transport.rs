@@ -1,6 +1,8 @@
 //! Transport round trip: a small request frame to an echo server thread and its
-//! reply, over tcp and over shared memory on loopback; one at a time (latency) and
-//! 32 in flight (throughput). Client and server both busy-poll, as workers do.
+//! reply, over tcp and over shared memory on loopback, each plain and with slot RPC
+//! (replies written one-sided into the client's inbox, the protocol of RDMA links);
+//! one at a time (latency), 32 in flight (throughput), a 64 KiB write and a 64 KiB
+//! read. Client and server both busy-poll, as workers do.
 //!
 //! `cargo bench --bench transport`.
 
@@ -12,7 +14,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pfs_core::{Body, ClientId, FileHandle, Frame, InodeId, Reply, Request, RequestId};
 use pfs_net::{
-    ClusterKey, FrameServer, Listener, ListenerConfig, RpcClient, RpcOptions, TransportKind,
+    ClusterKey, FrameServer, Listener, ListenerConfig, RpcClient, RpcOptions, SlotRpc,
+    TransportKind,
 };
 
 const IN_FLIGHT: usize = 32;
@@ -37,6 +40,9 @@ impl Echo {
                 let reply = match req.body {
                     Body::Request(Request::Write { data, .. }) => {
                         Reply::Write { written: data.len() as u32 }
+                    }
+                    Body::Request(Request::Read { size, .. }) => {
+                        Reply::Read(vec![7; size as usize])
                     }
                     _ => Reply::Fsync,
                 };
@@ -81,6 +87,19 @@ fn write(len: usize) -> Frame {
     }
 }
 
+fn read(len: u32) -> Frame {
+    Frame {
+        request_id: RequestId(0),
+        client: ClientId(1),
+        body: Body::Request(Request::Read {
+            ino: InodeId(9),
+            fh: FileHandle(1),
+            offset: 0,
+            size: len,
+        }),
+    }
+}
+
 /// Sends and busy-polls until the reply is here.
 fn round_trip(c: &mut RpcClient, frame: &Frame) {
     let id = c.send(frame).expect("send");
@@ -90,9 +109,17 @@ fn round_trip(c: &mut RpcClient, frame: &Frame) {
 fn bench(crit: &mut Criterion) {
     let key = ClusterKey::from_bytes(&[5; 32]).expect("key");
     let echo = Echo::start(key.clone());
-    for (name, transport) in [("tcp", TransportKind::Tcp), ("shm", TransportKind::Shm)] {
+    let variants = [
+        ("tcp", TransportKind::Tcp, false),
+        ("tcp_slots", TransportKind::Tcp, true),
+        ("shm", TransportKind::Shm, false),
+        ("shm_slots", TransportKind::Shm, true),
+    ];
+    for (name, transport, slots) in variants {
         let mut opts = RpcOptions::default();
         opts.connect.transport = transport;
+        opts.connect.slot_rpc =
+            slots.then_some(SlotRpc { slots: IN_FLIGHT as u32, ..SlotRpc::default() });
         let mut c = RpcClient::connect(echo.addr, key.clone(), opts).expect("connect");
         let small = fsync();
         let mut g = crit.benchmark_group(format!("transport_{name}"));
@@ -114,6 +141,8 @@ fn bench(crit: &mut Criterion) {
         let big = write(64 << 10);
         g.throughput(Throughput::Bytes(64 << 10));
         g.bench_function("round_trip_write_64k", |b| b.iter(|| round_trip(&mut c, &big)));
+        let read = read(64 << 10);
+        g.bench_function("round_trip_read_64k", |b| b.iter(|| round_trip(&mut c, &read)));
         g.finish();
     }
 }

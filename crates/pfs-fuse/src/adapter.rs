@@ -169,6 +169,7 @@ pub struct PfsFuse {
     dirs: Mutex<HashMap<u64, Arc<Mutex<DirStream>>>>,
     next_dir: AtomicU64,
     open: Mutex<OpenFiles>,
+    exit_when_unmounted: bool,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -201,7 +202,15 @@ impl PfsFuse {
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
             open: Mutex::new(OpenFiles::default()),
+            exit_when_unmounted: false,
         }
+    }
+
+    /// Ends the process (exit 0) once the kernel reports the file system unmounted
+    /// ([`MountConfig::exit_when_unmounted`](crate::MountConfig)).
+    pub fn exit_when_unmounted(mut self, yes: bool) -> PfsFuse {
+        self.exit_when_unmounted = yes;
+        self
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
@@ -290,6 +299,16 @@ fn rename_flags(flags: fuser::RenameFlags) -> Result<RenameFlags, Errno> {
 }
 
 impl fuser::Filesystem for PfsFuse {
+    fn destroy(&mut self) {
+        if self.exit_when_unmounted {
+            // Returning would let fuser umount the mountpoint path once more, and
+            // that unmounts whatever was mounted there since `umount` returned.
+            log::info!("unmounted; exiting");
+            log::logger().flush();
+            std::process::exit(0);
+        }
+    }
+
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         if let Err(max) = config.set_max_write(MAX_WRITE_BYTES) {
             log::warn!("kernel allows writes of at most {max} bytes");

@@ -60,6 +60,7 @@ fn main() -> ExitCode {
     // The mount source names the master, whatever a config= file says (and is
     // the file system's name in /proc/mounts).
     cfg.client.master = cli.master.clone();
+    cfg.exit_when_unmounted = true;
     if !cli.foreground {
         return daemonize(&cfg);
     }

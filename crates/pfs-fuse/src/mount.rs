@@ -35,6 +35,11 @@ pub struct MountConfig {
     pub acl: SessionACL,
     /// File the background daemon logs to (none: discarded).
     pub log: Option<PathBuf>,
+    /// End the process (exit 0) as soon as the kernel reports the unmount, as the
+    /// `pfs-fuse` binary does. Otherwise fuser umounts the mountpoint path once more
+    /// on its way out, which unmounts a new mount made there in the meantime (a
+    /// remount right after `umount`). Off for mounts inside a longer-lived process.
+    pub exit_when_unmounted: bool,
 }
 
 impl Default for MountConfig {
@@ -47,6 +52,7 @@ impl Default for MountConfig {
             kernel: Vec::new(),
             acl: SessionACL::Owner,
             log: None,
+            exit_when_unmounted: false,
         }
     }
 }
@@ -180,7 +186,7 @@ pub fn mount(
     if !meta.is_dir() {
         return Err(format!("mount point {} is not a directory", mountpoint.display()));
     }
-    let adapter = PfsFuse::new(fs.clone(), cfg.ttl);
+    let adapter = PfsFuse::new(fs.clone(), cfg.ttl).exit_when_unmounted(cfg.exit_when_unmounted);
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     let notifier = session.notifier();

@@ -514,6 +514,32 @@ fn mount_helper_and_fstab() {
         Command::new("mount").arg("-T").arg(&fstab).arg(&dir).env("PATH", &path).output().unwrap();
     assert!(out.status.success(), "mount from fstab: {}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(fs::read(dir.join("via-helper")).unwrap(), b"1");
+    // Remount at once, as `systemctl restart` does: the old daemon winding down must
+    // not take the new mount with it (it once unmounted the path on its way out).
+    let daemons = || {
+        let out = Command::new("pgrep")
+            .args(["-f", &format!("pfs-fuse.*{}", dir.display())])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    for round in 0..3 {
+        assert!(Command::new("umount").arg(&dir).status().unwrap().success());
+        let out = Command::new("mount")
+            .arg("-T")
+            .arg(&fstab)
+            .arg(&dir)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "remount {round}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            wait_for(Duration::from_secs(10), || daemons() <= 1),
+            "round {round}: the old daemon outlived its umount"
+        );
+        assert!(is_fuse_mount(&dir), "round {round}: the old daemon took the new mount");
+        assert_eq!(fs::read(dir.join("via-helper")).unwrap(), b"1", "round {round}");
+    }
     assert!(Command::new("umount").arg(&dir).status().unwrap().success());
     assert!(!is_fuse_mount(&dir));
     // The daemons exit after umount.
