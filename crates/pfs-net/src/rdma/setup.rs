@@ -7,7 +7,7 @@
 //! RdmaInfo(client)               ───►      makes its queue pair, INIT -> RTR -> RTS
 //!                  ◄───  RdmaInfo(server, imm client id)   or Refuse(reason)
 //! INIT -> RTR -> RTS
-//! RdmaReady                      ───►      hands the queue pair out (take_rdma)
+//! RdmaReady                      ───►      hands the queue pair out (as a Link)
 //! ```
 //!
 //! The server hands its queue pair out only after RdmaReady, so nothing it sends

@@ -106,7 +106,7 @@ struct Wc {
 }
 
 /// A connected RDMA queue pair. Made by [`connect`](super::connect) on the client and
-/// by the [`Listener`](crate::Listener) (taken with `take_rdma`) on the server.
+/// by the [`Listener`](crate::Listener) on the server; both wrap it in a [`Link`](crate::Link).
 pub struct RdmaQp {
     // Dropped in this order: the queue pair, then the registrations, then the memory
     // they map, then the completion queue and its channel.
