@@ -66,38 +66,20 @@ impl Drop for Echo {
     }
 }
 
+fn request(body: Request) -> Frame {
+    Frame { request_id: RequestId(0), client: ClientId(1), body: Body::Request(body) }
+}
+
 fn fsync() -> Frame {
-    Frame {
-        request_id: RequestId(0),
-        client: ClientId(1),
-        body: Body::Request(Request::Fsync { ino: InodeId(9), fh: FileHandle(1), datasync: true }),
-    }
+    request(Request::Fsync { ino: InodeId(9), fh: FileHandle(1), datasync: true })
 }
 
 fn write(len: usize) -> Frame {
-    Frame {
-        request_id: RequestId(0),
-        client: ClientId(1),
-        body: Body::Request(Request::Write {
-            ino: InodeId(9),
-            fh: FileHandle(1),
-            offset: 0,
-            data: vec![7; len],
-        }),
-    }
+    request(Request::Write { ino: InodeId(9), fh: FileHandle(1), offset: 0, data: vec![7; len] })
 }
 
 fn read(len: u32) -> Frame {
-    Frame {
-        request_id: RequestId(0),
-        client: ClientId(1),
-        body: Body::Request(Request::Read {
-            ino: InodeId(9),
-            fh: FileHandle(1),
-            offset: 0,
-            size: len,
-        }),
-    }
+    request(Request::Read { ino: InodeId(9), fh: FileHandle(1), offset: 0, size: len })
 }
 
 /// Sends and busy-polls until the reply is here.
