@@ -141,6 +141,7 @@ fn run(args: &Args, w: Workload) -> Report {
         registered_buffers: args.queue_depth,
         registered_buffer_size: w.block_bytes,
         size_bytes: None,
+        preallocate: true,
     };
     let mut dev = UringDevice::open(&args.file, opts).unwrap_or_else(|e| {
         eprintln!("error: {e}");

@@ -152,6 +152,7 @@ fn main() {
             registered_buffers: 4,
             registered_buffer_size: 1 << 20,
             size_bytes: Some(zone),
+            preallocate: true,
         },
     )
     .unwrap();

@@ -125,6 +125,8 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
             listen: "127.0.0.1:0".into(),
             data_path: data.join(format!("server-{i}.img")),
             device_size_bytes: shape.size_bytes,
+            // Sparse, as the help promises: a trial cluster takes only what is written.
+            preallocate: false,
             workers: shape.workers,
             key_file: cluster.key_file.clone(),
             master: cluster.master_addr().to_string(),

@@ -177,6 +177,11 @@ pub struct ServerConfig {
     /// Bytes of `data_path` to use, split evenly into one zone per worker; 0 uses the
     /// whole device (or the existing file's size).
     pub device_size_bytes: u64,
+    /// When the data file is created or grown to `device_size_bytes`: allocate all
+    /// of it now (`fallocate`), so a full disk stops the server at start; `false`
+    /// leaves the file sparse, taking space only as data is written, and a full
+    /// disk then fails writes with ENOSPC. No effect on block devices.
+    pub preallocate: bool,
     /// Worker threads, each owning one shard.
     pub workers: u32,
     /// How idle workers wait.
@@ -224,6 +229,7 @@ impl Default for ServerConfig {
             advertise: String::new(),
             data_path: "/var/lib/pfs/data".into(),
             device_size_bytes: 0,
+            preallocate: true,
             workers: 4,
             poll_mode: PollMode::Adaptive,
             idle_spin_us: 100,
@@ -477,6 +483,9 @@ mod tests {
         let server = ServerConfig::from_toml_str(include_str!("../../../deploy/server.toml"));
         let server = server.unwrap();
         assert!(!server.rdma, "the example leaves RDMA off");
+        assert!(server.preallocate, "the example keeps the default");
+        let sparse = ServerConfig::from_toml_str("preallocate = false").unwrap();
+        assert!(!sparse.preallocate);
         MasterConfig::from_toml_str(include_str!("../../../deploy/master.toml")).unwrap();
         let client = ClientConfig::from_toml_str(include_str!("../../../deploy/client.toml"));
         let client = client.unwrap();

@@ -114,6 +114,7 @@ fn uring_options(cfg: &ServerConfig, size_bytes: u64) -> UringOptions {
         registered_buffers: 16,
         registered_buffer_size: 1 << 20,
         size_bytes: Some(size_bytes),
+        preallocate: cfg.preallocate,
     }
 }
 

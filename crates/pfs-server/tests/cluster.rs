@@ -69,7 +69,7 @@ impl ClusterProcs {
         for n in 0..SERVERS {
             let ip = format!("127.0.0.{}", n + 2);
             let cfg = format!(
-                "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\nworkers = {WORKERS}\n\
+                "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\npreallocate = false\nworkers = {WORKERS}\n\
                  key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = 8388608\nicache_blocks = 256\n\
                  idle_spin_us = 50\n",
                 free_port(&ip),

@@ -113,6 +113,7 @@ fn sigkill_mid_workload_loses_nothing_durable() {
                 registered_buffers: 0,
                 registered_buffer_size: 0,
                 size_bytes: None,
+                preallocate: false,
             },
         )
         .expect("open zone file");

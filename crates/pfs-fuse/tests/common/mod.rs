@@ -65,6 +65,8 @@ impl TestCluster {
                 listen: "127.0.0.1:0".into(),
                 data_path: c.dir.path(&format!("server-{i}.img")),
                 device_size_bytes: 4 << 30,
+                // Sparse: CI disks are small, and the tests write far less than 4 GiB.
+                preallocate: false,
                 workers,
                 wal_size_bytes: 64 << 20,
                 key_file: c.key.clone(),

@@ -48,6 +48,7 @@ fn main() -> ExitCode {
         registered_buffers: 16,
         registered_buffer_size: 1 << 20,
         size_bytes: Some(size),
+        preallocate: false,
     };
     let dev = match UringDevice::open(&file, opts) {
         Ok(d) => d,

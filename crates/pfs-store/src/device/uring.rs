@@ -65,6 +65,10 @@ pub struct UringOptions {
     /// then the device size. For a block device: use only the first this many bytes.
     /// `None` uses the whole existing file or device.
     pub size_bytes: Option<u64>,
+    /// When a regular file is created or grown to `size_bytes`: allocate the blocks
+    /// now (`fallocate`), so a full disk shows up at open; `false` extends the file
+    /// sparsely and a full disk shows up as failed writes.
+    pub preallocate: bool,
 }
 
 impl Default for UringOptions {
@@ -74,6 +78,7 @@ impl Default for UringOptions {
             registered_buffers: 64,
             registered_buffer_size: 128 * 1024,
             size_bytes: None,
+            preallocate: true,
         }
     }
 }
@@ -150,7 +155,7 @@ impl UringDevice {
     pub fn open(path: impl AsRef<Path>, opts: UringOptions) -> Result<UringDevice, DeviceError> {
         let path = path.as_ref();
         check_options(path, &opts)?;
-        let (file, size_bytes) = open_file(path, opts.size_bytes)?;
+        let (file, size_bytes) = open_file(path, opts.size_bytes, opts.preallocate)?;
         probe_direct_io(path, &file, size_bytes)?;
 
         let entries = u32::try_from(opts.queue_depth).expect("checked queue depth");
@@ -419,7 +424,11 @@ fn check_options(path: &Path, opts: &UringOptions) -> Result<(), DeviceError> {
 }
 
 /// Opens the file or block device and works out the device size.
-fn open_file(path: &Path, size_bytes: Option<u64>) -> Result<(File, u64), DeviceError> {
+fn open_file(
+    path: &Path,
+    size_bytes: Option<u64>,
+    preallocate: bool,
+) -> Result<(File, u64), DeviceError> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -456,7 +465,9 @@ fn open_file(path: &Path, size_bytes: Option<u64>) -> Result<(File, u64), Device
         match size_bytes {
             Some(want) => {
                 if meta.len() < want {
-                    extend(&file, want).map_err(|e| {
+                    let grown =
+                        if preallocate { allocate(&file, want) } else { file.set_len(want) };
+                    grown.map_err(|e| {
                         open_error(path, format!("extending the file to {want} bytes failed: {e}"))
                     })?;
                 }
@@ -478,7 +489,7 @@ fn open_file(path: &Path, size_bytes: Option<u64>) -> Result<(File, u64), Device
 
 /// Allocates the file up to `size` so a full disk shows up now, not as a failed write;
 /// falls back to a sparse extension where `fallocate` is unsupported.
-fn extend(file: &File, size: u64) -> io::Result<()> {
+fn allocate(file: &File, size: u64) -> io::Result<()> {
     let len = libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
     // SAFETY: plain syscall on an open descriptor.
     let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
@@ -632,6 +643,7 @@ mod tests {
             registered_buffers: pooled,
             registered_buffer_size: 64 * 1024,
             size_bytes: Some(size),
+            preallocate: true,
         };
         UringDevice::open(path, opts)
             .unwrap_or_else(|e| panic!("{e} (set PFS_TEST_DEV_DIR to a disk-backed directory)"))
@@ -909,5 +921,38 @@ mod tests {
             }
         }
         let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn preallocate_allocates_and_sparse_does_not() {
+        use std::os::unix::fs::MetadataExt;
+        const SIZE: u64 = 8 << 20;
+        let allocated = |path: &Path| std::fs::metadata(path).unwrap().blocks() * 512;
+        let full = test_path("prealloc");
+        let dev = open(&full, SIZE, 4, 0);
+        assert_eq!(dev.size_bytes(), SIZE);
+        assert!(allocated(&full) >= SIZE, "fallocate left {} bytes", allocated(&full));
+        drop(dev);
+
+        let sparse = test_path("sparse");
+        let opts =
+            UringOptions { size_bytes: Some(SIZE), preallocate: false, ..UringOptions::default() };
+        let mut dev = UringDevice::open(&sparse, opts).unwrap();
+        assert_eq!(dev.size_bytes(), SIZE);
+        assert_eq!(std::fs::metadata(&sparse).unwrap().len(), SIZE);
+        assert!(allocated(&sparse) < SIZE / 4, "sparse file holds {} bytes", allocated(&sparse));
+        // Writing anywhere allocates only what was written, and reads back.
+        let mut buf = AlignedBuf::zeroed(4096);
+        fill(&mut buf, 7);
+        let want = buf.to_vec();
+        expect_ok(&run_all(&mut dev, vec![req(IoKind::Write, SIZE - 4096, buf)]));
+        let done =
+            run_all(&mut dev, vec![req(IoKind::Read, SIZE - 4096, AlignedBuf::zeroed(4096))]);
+        expect_ok(&done);
+        assert_eq!(done[0].buf.to_vec(), want);
+        assert!(allocated(&sparse) < SIZE / 4);
+        drop(dev);
+        let _ = std::fs::remove_file(&full);
+        let _ = std::fs::remove_file(&sparse);
     }
 }
