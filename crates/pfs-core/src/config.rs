@@ -179,8 +179,9 @@ pub struct ServerConfig {
     pub device_size_bytes: u64,
     /// When the data file is created or grown to `device_size_bytes`: allocate all
     /// of it now (`fallocate`), so a full disk stops the server at start; `false`
-    /// leaves the file sparse, taking space only as data is written, and a full
-    /// disk then fails writes with ENOSPC. No effect on block devices.
+    /// allocates only each zone's metadata and WAL, file data takes space as it is
+    /// written, and a full disk then fails data writes with ENOSPC (fsync and
+    /// metadata keep working). No effect on block devices.
     pub preallocate: bool,
     /// Worker threads, each owning one shard.
     pub workers: u32,

@@ -22,7 +22,7 @@ pub const SECTOR_SIZE: usize = 4096;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
     /// The device reported an I/O error (errno).
-    #[error("device I/O error at offset {offset}: errno {errno}")]
+    #[error("device I/O error at offset {offset}: {}", std::io::Error::from_raw_os_error(*errno))]
     Io {
         /// Byte offset of the failed operation.
         offset: u64,
@@ -112,6 +112,16 @@ pub trait Device {
     /// Returns a buffer from `alloc_buf` so a pooled one can be reused.
     fn free_buf(&mut self, buf: AlignedBuf) {
         drop(buf);
+    }
+
+    /// Makes sure later writes to `offset..offset + len` cannot fail for lack of
+    /// space: a sparse file allocates those blocks now. A shard reserves its
+    /// metadata, checkpoints and WAL this way, so a full disk under a sparse file
+    /// fails data writes only and fsync still works. Devices that are not sparse
+    /// have nothing to do.
+    fn reserve(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        let _ = (offset, len);
+        Ok(())
     }
 }
 

@@ -467,9 +467,20 @@ fn open_file(
                 if meta.len() < want {
                     let grown =
                         if preallocate { allocate(&file, want) } else { file.set_len(want) };
-                    grown.map_err(|e| {
-                        open_error(path, format!("extending the file to {want} bytes failed: {e}"))
-                    })?;
+                    if let Err(e) = grown {
+                        // Give back what a partial fallocate took.
+                        let _ = file.set_len(meta.len());
+                        let hint = match (preallocate, e.raw_os_error()) {
+                            (true, Some(libc::ENOSPC)) => {
+                                " (preallocate = false makes a sparse file that fills as written)"
+                            }
+                            _ => "",
+                        };
+                        return Err(open_error(
+                            path,
+                            format!("extending the file to {want} bytes failed: {e}{hint}"),
+                        ));
+                    }
                 }
                 want
             }
@@ -490,16 +501,22 @@ fn open_file(
 /// Allocates the file up to `size` so a full disk shows up now, not as a failed write;
 /// falls back to a sparse extension where `fallocate` is unsupported.
 fn allocate(file: &File, size: u64) -> io::Result<()> {
-    let len = libc::off_t::try_from(size).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
-    // SAFETY: plain syscall on an open descriptor.
-    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
-    if rc == 0 {
-        return Ok(());
+    match allocate_range(file, 0, size) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => file.set_len(size),
+        other => other,
     }
-    let e = io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EOPNOTSUPP) => file.set_len(size),
-        _ => Err(e),
+}
+
+/// `fallocate` of `offset..offset + len` (extending the file when it ends before).
+fn allocate_range(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let off =
+        |v: u64| libc::off_t::try_from(v).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG));
+    // SAFETY: plain syscall on an open descriptor.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, off(offset)?, off(len)?) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -523,6 +540,19 @@ fn probe_direct_io(path: &Path, file: &File, size_bytes: u64) -> Result<(), Devi
 impl Device for UringDevice {
     fn size_bytes(&self) -> u64 {
         self.size_bytes
+    }
+
+    fn reserve(&mut self, offset: u64, len: u64) -> Result<(), DeviceError> {
+        let regular = self.file.metadata().map(|m| m.is_file()).unwrap_or(false);
+        if !regular || len == 0 {
+            return Ok(());
+        }
+        match allocate_range(&self.file, offset, len) {
+            Ok(()) => Ok(()),
+            // Nothing to reserve with: writes find out, as without this call.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+            Err(e) => Err(DeviceError::Io { offset, errno: e.raw_os_error().unwrap_or(libc::EIO) }),
+        }
     }
 
     fn queue_depth(&self) -> usize {

@@ -106,6 +106,17 @@ pub struct Shard<D: Device> {
     stats: ShardStats,
 }
 
+/// Reserves everything of the zone but its data pages (superblock, metadata,
+/// checkpoints, WAL), so only data writes can meet a full disk.
+fn reserve<D: Device>(io: &mut DevIo<D>, geo: &Geometry) -> Result<(), StoreError> {
+    let (offset, bytes) = (geo.zone_offset, geo.data_page * PAGE_SIZE);
+    io.device_mut().reserve(offset, bytes).map_err(|error| StoreError::Reserve {
+        bytes,
+        offset,
+        error,
+    })
+}
+
 impl<D: Device> Shard<D> {
     /// Formats a zone on `dev` (mkfs) and opens it.
     pub fn format(
@@ -123,6 +134,7 @@ impl<D: Device> Shard<D> {
             )));
         }
         let mut io = DevIo::new(dev);
+        reserve(&mut io, &geo)?;
         // Zero the headers and the metadata area (slots must read as empty), and the
         // start of the WAL.
         let mut reqs = vec![write_req(geo.offset(0), &geo.encode_superblock())];
@@ -179,6 +191,8 @@ impl<D: Device> Shard<D> {
                 geo.zone_offset
             )));
         }
+        // A zone formatted before reservations existed gets them now.
+        reserve(&mut io, &geo)?;
         let headers = [1usize, 2].map(|p| {
             geometry::CheckpointHeader::decode(
                 &sb[p * PAGE_SIZE as usize..(p + 1) * PAGE_SIZE as usize],
