@@ -35,8 +35,9 @@ enum Command {
         /// Workers (shards, one per core) per server.
         #[arg(long, default_value_t = default_workers())]
         workers: u32,
-        /// Size of each server's device file, in GiB (sparse: it takes only what is
-        /// written). Fixed on the first run.
+        /// Size of each server's device file, in GiB (sparse: each shard's metadata
+        /// and WAL are allocated at start, file data as it is written). Fixed on the
+        /// first run.
         #[arg(long, default_value_t = 16)]
         size_gib: u64,
         /// Where the master listens (other clients mount with this address).
