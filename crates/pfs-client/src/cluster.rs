@@ -626,6 +626,35 @@ impl Cluster {
         Ok(())
     }
 
+    /// Open handles of `ino` in this client.
+    fn open_files_of(&self, ino: InodeId) -> Vec<Arc<OpenFile>> {
+        let files = self.files.lock().expect("open files lock");
+        files.values().filter(|f| f.ino == ino).cloned().collect()
+    }
+
+    /// Makes this client's writes to `ino`, through any of its handles, count in
+    /// the size at home: waits for them and sends `ExtendSize`, so a process
+    /// always sees its own writes in `stat`. Write errors stay with their handle
+    /// for its next write, flush or close. Returns whether `ino` is open here.
+    fn publish_writes(&self, ino: InodeId) -> FsResult<bool> {
+        let files = self.open_files_of(ino);
+        for file in &files {
+            let mut st = file.state.lock().expect("open file lock");
+            while !st.pending.is_empty() {
+                self.complete_one(&mut st);
+            }
+            if st.extend_to > 0 && st.first_error.is_none() {
+                let size = st.extend_to;
+                match self.call_home(ino, Request::ExtendSize { ino, size })? {
+                    Reply::ExtendSize(a) => st.size = Some(a.size),
+                    other => return Err(unexpected(other)),
+                }
+                st.extend_to = 0;
+            }
+        }
+        Ok(!files.is_empty())
+    }
+
     /// Commits every shard `file` touched, and its home.
     fn commit_file(&self, file: &OpenFile, touched: &BTreeSet<(u32, u32)>) -> FsResult<()> {
         let fh = FileHandle(0);
@@ -667,14 +696,21 @@ impl Cluster {
         let mut shards = BTreeSet::new();
         let first = size / BLOCK_SIZE_BYTES;
         let last = old_size.div_ceil(BLOCK_SIZE_BYTES);
-        let all = (self.servers * self.workers) as usize;
-        for b in first..last {
-            let route = self.route(RouteKey::Data { ino, layout, block: BlockIndex(b) });
-            if !self.is_home(ino, &route) {
-                shards.insert((route.server.0, route.proc_worker.0));
-            }
-            if shards.len() == all {
-                break;
+        let home = home_of(ino, self.servers, self.workers);
+        let others = (self.servers * self.workers) as usize - 1;
+        // Hash the blocks only while that is cheaper than asking every shard: a
+        // sparse file of 1 PiB must not cost 2^34 hashes here.
+        if last - first > 16 * (others as u64 + 1) {
+            shards.extend(self.all_shards().filter(|&sw| sw != home).map(|(s, w)| (s.0, w.0)));
+        } else {
+            for b in first..last {
+                let route = self.route(RouteKey::Data { ino, layout, block: BlockIndex(b) });
+                if !self.is_home(ino, &route) {
+                    shards.insert((route.server.0, route.proc_worker.0));
+                }
+                if shards.len() == others {
+                    break;
+                }
             }
         }
         let mut sent = Vec::new();
@@ -704,7 +740,10 @@ impl FileSystem for Cluster {
         }
         let key = self.dentry_key(parent, name)?;
         let reply = self.call(key, Request::Lookup { parent, name: name.to_vec() })?;
-        let attr = self.entry_attr(reply)?;
+        let mut attr = self.entry_attr(reply)?;
+        if attr.kind == FileType::Regular && self.publish_writes(attr.ino)? {
+            attr = self.getattr(attr.ino)?;
+        }
         if caching && attr.kind == FileType::Directory {
             // Only names of directories are cached, and only under a read token.
             if let Some(expires) = self.read_token(parent)? {
@@ -722,6 +761,7 @@ impl FileSystem for Cluster {
     }
 
     fn getattr(&self, ino: InodeId) -> FsResult<FileAttr> {
+        self.publish_writes(ino)?;
         match self.call_home(ino, Request::GetAttr { ino })? {
             Reply::GetAttr(a) => Ok(a),
             other => Err(unexpected(other)),
@@ -740,6 +780,10 @@ impl FileSystem for Cluster {
         if let (Some(size), Some((old, layout))) = (set.size, before) {
             if old.kind == FileType::Regular && size < old.size {
                 self.truncate_elsewhere(ino, layout, size, old.size)?;
+            }
+            // Sizes the handles learned before are wrong now (reads clamp to them).
+            for file in self.open_files_of(ino) {
+                file.state.lock().expect("open file lock").size = None;
             }
         }
         Ok(attr)
@@ -991,12 +1035,16 @@ impl FileSystem for Cluster {
         }
         // Data on other shards reads as zeros past the end: clamp to the size.
         let file_size = {
-            let mut st = file.state.lock().expect("open file lock");
+            let st = file.state.lock().expect("open file lock");
             match st.size {
                 Some(s) if s >= offset + u64::from(size) => s,
                 _ => {
-                    let s = self.size_at_home(ino)?.max(st.extend_to);
-                    st.size = Some(s);
+                    // Other handles of this client may hold writes the home does
+                    // not count yet: publish them first (without this lock).
+                    drop(st);
+                    self.publish_writes(ino)?;
+                    let s = self.size_at_home(ino)?;
+                    file.state.lock().expect("open file lock").size = Some(s);
                     s
                 }
             }

@@ -11,14 +11,14 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pfs_client::api::{DirListing, READDIR_BATCH};
 use pfs_client::FileSystem;
@@ -52,6 +52,17 @@ pub fn errno(e: &FsError) -> Errno {
     match e {
         FsError::TimedOut => Errno::EIO,
         other => Errno::from_i32(other.errno()),
+    }
+}
+
+/// The errno for `e` from a call that names an inode, not a path: an inode that
+/// is gone is `ESTALE`, so the kernel looks the path up again. This keeps a
+/// rename over a file atomic to readers: a name the kernel still maps to the
+/// replaced inode is looked up anew and finds the new file, never `ENOENT`.
+fn stale(e: &FsError) -> Errno {
+    match e {
+        FsError::NotFound => Errno::ESTALE,
+        other => errno(other),
     }
 }
 
@@ -157,7 +168,7 @@ impl DirStream {
                 None => self.eof = true,
                 Some(last) => self.last = Some(last.name.clone()),
             }
-            self.window.extend(batch);
+            self.window.extend(batch.into_iter().filter(|e| !is_hidden_name(&e.name)));
         }
     }
 }
@@ -169,6 +180,9 @@ pub struct PfsFuse {
     dirs: Mutex<HashMap<u64, Arc<Mutex<DirStream>>>>,
     next_dir: AtomicU64,
     open: Mutex<OpenFiles>,
+    /// Opens hold it shared; an unlink or rename that may remove an open file
+    /// holds it exclusive, so no open slips between its check and its change.
+    gate: RwLock<()>,
     exit_when_unmounted: bool,
 }
 
@@ -179,12 +193,26 @@ pub struct PfsFuse {
 /// hidden name (`.pfs-hidden-<ino>`, as libfuse does with `.fuse_hidden`) and
 /// unlinks that at the last release. It only knows this mount's opens: a file
 /// another client holds open is freed at unlink.
+///
+/// A file replaced by a rename is hidden too, and removed only once the kernel
+/// also forgets its inode (`forget`): a process whose path walk reached the old
+/// inode just before the rename still opens it (the old file, as POSIX allows),
+/// where a removed inode would fail that open.
 #[derive(Debug, Default)]
 struct OpenFiles {
     /// Open handles per inode.
     count: HashMap<u64, u32>,
-    /// Inodes unlinked while open: their hidden name.
-    hidden: HashMap<u64, (InodeId, Vec<u8>)>,
+    /// Inodes without a visible name that this mount keeps alive.
+    hidden: HashMap<u64, Hidden>,
+}
+
+/// An inode kept under a hidden name.
+#[derive(Clone, Debug)]
+struct Hidden {
+    parent: InodeId,
+    name: Vec<u8>,
+    /// The kernel may still reach it (replaced by a rename, not yet forgotten).
+    kernel_holds: bool,
 }
 
 impl std::fmt::Debug for PfsFuse {
@@ -202,6 +230,7 @@ impl PfsFuse {
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
             open: Mutex::new(OpenFiles::default()),
+            gate: RwLock::new(()),
             exit_when_unmounted: false,
         }
     }
@@ -218,7 +247,7 @@ impl PfsFuse {
             Ok(a) => reply.entry_with_ttls(
                 &self.ttl.entry,
                 &self.ttl.attr,
-                &kernel_attr(&a),
+                &kernel_attr(&self.visible(a)),
                 Generation(0),
             ),
             Err(e) => reply.error(errno(&e)),
@@ -238,39 +267,135 @@ impl PfsFuse {
 
     /// Drops one open of `ino`; at the last, removes its hidden name if it has one.
     fn closed(&self, ino: INodeNo) {
-        let hidden = {
+        let maybe_last = {
             let mut o = self.open.lock().expect("open files lock");
+            let is_hidden = o.hidden.contains_key(&ino.0);
             match o.count.get_mut(&ino.0) {
                 Some(n) if *n > 1 => {
                     *n -= 1;
-                    None
+                    false
                 }
+                Some(_) if is_hidden => true,
                 Some(_) => {
                     o.count.remove(&ino.0);
-                    o.hidden.remove(&ino.0)
+                    false
                 }
-                None => None,
+                None => false,
             }
         };
-        if let Some((parent, name)) = hidden {
-            if let Err(e) = self.fs.unlink(parent, &name) {
-                log::warn!("removing {} after its last close: {e}", String::from_utf8_lossy(&name));
+        if maybe_last {
+            self.remove_hidden(ino.0, |o| match o.count.get_mut(&ino.0) {
+                Some(n) if *n > 1 => *n -= 1,
+                _ => {
+                    o.count.remove(&ino.0);
+                }
+            });
+        }
+    }
+
+    /// Applies `change` to the table, then removes `ino`'s hidden name if nothing
+    /// keeps it any more (no open handle, the kernel forgot it). Holds the gate,
+    /// so no open slips in between the check and the unlink.
+    fn remove_hidden(&self, ino: u64, change: impl FnOnce(&mut OpenFiles)) {
+        let _gate = self.gate.write().expect("open gate");
+        let gone = {
+            let mut o = self.open.lock().expect("open files lock");
+            change(&mut o);
+            let kept =
+                o.count.contains_key(&ino) || o.hidden.get(&ino).is_some_and(|h| h.kernel_holds);
+            if kept {
+                None
+            } else {
+                o.hidden.remove(&ino)
+            }
+        };
+        if let Some(h) = gone {
+            if let Err(e) = self.fs.unlink(h.parent, &h.name) {
+                log::warn!("removing {}: {e}", String::from_utf8_lossy(&h.name));
             }
         }
     }
 
     /// Unlink, keeping an open file's data until its last close.
     fn unlink_or_hide(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        let _gate = self.gate.write().expect("open gate");
         let attr = self.fs.lookup(parent, name)?;
         let mut o = self.open.lock().expect("open files lock");
         if attr.kind == FileType::Directory || !o.count.contains_key(&attr.ino.0) {
             drop(o);
             return self.fs.unlink(parent, name);
         }
-        let hidden = format!(".pfs-hidden-{}", attr.ino.0).into_bytes();
+        let hidden = hidden_name(attr.ino);
         self.fs.rename(parent, name, parent, &hidden, RenameFlags::empty())?;
-        o.hidden.insert(attr.ino.0, (parent, hidden));
+        o.hidden.insert(attr.ino.0, Hidden { parent, name: hidden, kernel_holds: false });
         Ok(())
+    }
+
+    /// Rename. One that replaces a file keeps that file alive while this mount
+    /// has it open or the kernel may still reach it, and the target name must
+    /// never be missing: exchange the two names atomically, then hide the old
+    /// file under a hidden name (see [`OpenFiles`]).
+    fn rename_keeping_replaced(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(), FsError> {
+        if flags != RenameFlags::empty() {
+            return self.fs.rename(parent, name, new_parent, new_name, flags);
+        }
+        let _gate = self.gate.write().expect("open gate");
+        let target = match self.fs.lookup(new_parent, new_name) {
+            Ok(t) if t.kind != FileType::Directory => t,
+            _ => return self.fs.rename(parent, name, new_parent, new_name, flags),
+        };
+        let source = self.fs.lookup(parent, name)?;
+        if source.ino == target.ino || source.kind == FileType::Directory {
+            // Same file (POSIX: do nothing), or a directory onto a file (an error).
+            return self.fs.rename(parent, name, new_parent, new_name, flags);
+        }
+        self.fs.rename(parent, name, new_parent, new_name, RenameFlags::EXCHANGE)?;
+        let hidden = hidden_name(target.ino);
+        self.fs.rename(parent, name, parent, &hidden, RenameFlags::empty())?;
+        let h = Hidden { parent, name: hidden, kernel_holds: true };
+        self.open.lock().expect("open files lock").hidden.insert(target.ino.0, h);
+        Ok(())
+    }
+
+    /// `a` as this mount's processes must see it: a file unlinked while open
+    /// has no names left, so `st_nlink` is 0.
+    fn visible(&self, mut a: FileAttr) -> FileAttr {
+        if a.kind == FileType::Regular
+            && self.open.lock().expect("open files lock").hidden.contains_key(&a.ino.0)
+        {
+            a.nlink = 0;
+        }
+        a
+    }
+
+    /// Rmdir; a directory whose only entries are files this mount hides (unlinked
+    /// while open) is empty to its users: those move to the root first.
+    fn rmdir_unhiding(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        match self.fs.rmdir(parent, name) {
+            Err(FsError::NotEmpty) => {}
+            other => return other,
+        }
+        let dir = self.fs.lookup(parent, name)?.ino;
+        let mut o = self.open.lock().expect("open files lock");
+        let inside: Vec<u64> =
+            o.hidden.iter().filter(|(_, h)| h.parent == dir).map(|(&ino, _)| ino).collect();
+        if inside.is_empty() {
+            return Err(FsError::NotEmpty);
+        }
+        for ino in inside {
+            let h = o.hidden.get_mut(&ino).expect("listed above");
+            self.fs.rename(dir, &h.name, InodeId::ROOT, &h.name, RenameFlags::empty())?;
+            h.parent = InodeId::ROOT;
+        }
+        drop(o);
+        self.fs.rmdir(parent, name)
     }
 
     fn dir(&self, fh: KHandle) -> Option<Arc<Mutex<DirStream>>> {
@@ -283,6 +408,21 @@ impl PfsFuse {
         let mut stream = stream.lock().expect("dir stream lock");
         stream.entry(&*self.fs, dir, i)
     }
+}
+
+/// Prefix of the names unlinked-but-open files live under until their last close.
+const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
+
+/// Whether `name` is such a hidden name: listings leave them out.
+fn is_hidden_name(name: &[u8]) -> bool {
+    name.starts_with(HIDDEN_PREFIX)
+}
+
+/// The hidden name of `ino` while it is unlinked but open.
+fn hidden_name(ino: InodeId) -> Vec<u8> {
+    let mut name = HIDDEN_PREFIX.to_vec();
+    name.extend_from_slice(ino.0.to_string().as_bytes());
+    name
 }
 
 /// `name` as bytes, or `EINVAL` for an empty one.
@@ -299,7 +439,28 @@ fn rename_flags(flags: fuser::RenameFlags) -> Result<RenameFlags, Errno> {
 }
 
 impl fuser::Filesystem for PfsFuse {
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel sends this when it drops the inode: a file replaced by a
+        // rename waited for it.
+        let held = self.open.lock().expect("open files lock").hidden.contains_key(&ino.0);
+        if held {
+            self.remove_hidden(ino.0, |o| {
+                if let Some(h) = o.hidden.get_mut(&ino.0) {
+                    h.kernel_holds = false;
+                }
+            });
+        }
+    }
+
     fn destroy(&mut self) {
+        // Unmounted: nothing can reach the hidden files any more.
+        let hidden: Vec<Hidden> =
+            self.open.lock().expect("open files lock").hidden.drain().map(|(_, h)| h).collect();
+        for h in hidden {
+            if let Err(e) = self.fs.unlink(h.parent, &h.name) {
+                log::warn!("removing {} at unmount: {e}", String::from_utf8_lossy(&h.name));
+            }
+        }
         if self.exit_when_unmounted {
             // Returning would let fuser umount the mountpoint path once more, and
             // that unmounts whatever was mounted there since `umount` returned.
@@ -339,8 +500,8 @@ impl fuser::Filesystem for PfsFuse {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
         match self.fs.getattr(InodeId(ino.0)) {
-            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a))),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -371,15 +532,15 @@ impl fuser::Filesystem for PfsFuse {
             mtime_ns: mtime.map(time_or_now),
         };
         match self.fs.setattr(InodeId(ino.0), &set) {
-            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&a)),
-            Err(e) => reply.error(errno(&e)),
+            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a))),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(InodeId(ino.0)) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -437,7 +598,7 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        Self::empty(reply, self.fs.rmdir(InodeId(parent.0), name));
+        Self::empty(reply, self.rmdir_unhiding(InodeId(parent.0), name));
     }
 
     fn symlink(
@@ -476,7 +637,13 @@ impl fuser::Filesystem for PfsFuse {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        let r = self.fs.rename(InodeId(parent.0), name, InodeId(newparent.0), newname, flags);
+        let r = self.rename_keeping_replaced(
+            InodeId(parent.0),
+            name,
+            InodeId(newparent.0),
+            newname,
+            flags,
+        );
         Self::empty(reply, r);
     }
 
@@ -494,6 +661,7 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _gate = self.gate.read().expect("open gate");
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
             // another client closed is read fresh (commit consistency).
@@ -501,7 +669,7 @@ impl fuser::Filesystem for PfsFuse {
                 self.opened(ino);
                 reply.opened(KHandle(fh.0), FopenFlags::empty())
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -677,6 +845,22 @@ impl fuser::Filesystem for PfsFuse {
         reply.ok();
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: KHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctls: programs probe with them (Python's isatty sends TCGETS on
+        // every open file), so answer as a regular file on ext4 does, quietly.
+        reply.error(Errno::ENOTTY);
+    }
+
     fn fsyncdir(
         &self,
         _req: &Request,
@@ -786,6 +970,7 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let perm = (mode & 0o7777) as u16;
+        let _gate = self.gate.read().expect("open gate");
         match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
             Ok((a, fh)) => {
                 self.opened(INodeNo(a.ino.0));

@@ -310,6 +310,15 @@ impl<D: Device> Worker<D> {
             work += self.poll_rmdirs();
         }
         work += self.flush_backlog();
+        if work == 0 && self.shard.has_trims() {
+            // Free a removed or truncated file's data one bounded record at a
+            // time, only when no request waits.
+            match self.shard.trim_step() {
+                Ok(n) => work += n,
+                Err(e) => log::error!("worker {}: freeing file data: {e}", self.id),
+            }
+            self.mark_dirty();
+        }
         if !self.after_commit.is_empty() {
             work += self.after_commit.len();
             self.commit_and_release();

@@ -17,8 +17,9 @@ use crate::inode::{Inode, Run};
 use crate::wal::record::Extent;
 use crate::wal::Change;
 
-/// Largest file size a shard accepts.
-pub const MAX_FILE_SIZE: u64 = 1 << 50;
+/// Largest file size a shard accepts (256 TiB): past it, writes and truncates
+/// fail with `EFBIG`.
+pub const MAX_FILE_SIZE: u64 = 1 << 48;
 /// Largest single write or read.
 pub const MAX_IO_BYTES: usize = 16 << 20;
 
@@ -32,6 +33,7 @@ impl<D: Device> Shard<D> {
             FileType::Directory => return Err(FsError::IsDir),
             _ => return Err(FsError::Invalid(format!("write to a {:?}", inode.kind))),
         }
+        self.settle(ino)?;
         self.begin()?;
         self.write_in_op(&mut inode, offset, data)?;
         self.finish()?;
@@ -51,6 +53,7 @@ impl<D: Device> Shard<D> {
         if self.has_inode(ino) {
             return self.write(ino, offset, data);
         }
+        self.settle(ino)?;
         self.begin()?;
         let mut inode = Self::homed_elsewhere(ino, layout, u64::MAX);
         let result = if layout == FileLayout::Io {
@@ -78,6 +81,7 @@ impl<D: Device> Shard<D> {
             return Ok(data);
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
+        self.settle(ino)?;
         self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)
     }
 
@@ -97,9 +101,10 @@ impl<D: Device> Shard<D> {
         if old_size > MAX_FILE_SIZE {
             return Err(FsError::FileTooLarge);
         }
+        self.settle(ino)?;
         self.begin()?;
         let mut inode = Self::homed_elsewhere(ino, layout, old_size);
-        self.free_data_from(&mut inode, size)?;
+        self.free_data_from(&mut inode, size, false)?;
         self.finish()
     }
 
@@ -145,6 +150,7 @@ impl<D: Device> Shard<D> {
             return Ok(Vec::new());
         }
         let len = len.min((inode.size - offset) as usize);
+        self.settle(ino)?;
         self.read_inode_data(&inode, offset, len)
     }
 
@@ -435,10 +441,7 @@ impl<D: Device> Shard<D> {
 
     /// Frees an extent's run once no extent of the file refers to it.
     fn release_extent_run(&mut self, inode: &mut Inode, run: Run) {
-        let ino = inode.ino;
-        let shared =
-            self.extents.range((ino, 0)..=(ino, u64::MAX)).any(|(_, e)| e.run.page == run.page);
-        if !shared {
+        if !self.run_refs.contains_key(&run.page) {
             self.pending_free.push(run);
             inode.pages -= run.pages as u64;
         }
@@ -450,20 +453,37 @@ impl<D: Device> Shard<D> {
             return Err(FsError::FileTooLarge);
         }
         if size < inode.size {
-            self.free_data_from(inode, size)?;
+            self.free_data_from(inode, size, false)?;
         }
         inode.size = size;
         Ok(())
     }
 
     /// Unmaps everything at or past byte `size` (the inode is updated in memory;
-    /// the caller logs it, or drops the inode).
-    pub(super) fn free_data_from(&mut self, inode: &mut Inode, size: u64) -> FsResult<()> {
+    /// the caller logs it, or drops the inode when `gone`, which frees its xattrs
+    /// too). What does not fit this record's free budget is left to a trim.
+    pub(super) fn free_data_from(
+        &mut self,
+        inode: &mut Inode,
+        size: u64,
+        gone: bool,
+    ) -> FsResult<()> {
+        let ino = inode.ino;
         if inode.file_layout == FileLayout::Io {
-            self.trim_extents(inode, size, u64::MAX)?;
+            // Cut the extent that straddles `size`; its run stays referenced.
+            let straddling = self
+                .extents
+                .range(..(ino, size))
+                .next_back()
+                .filter(|(&(i, off), e)| i == ino && off + e.len as u64 > size)
+                .map(|(&(_, off), &e)| (off, e));
+            if let Some((off, e)) = straddling {
+                self.log(Change::ExtentDel { ino, offset: off })?;
+                let left = Extent { len: (size - off) as u32, ..e };
+                self.log(Change::ExtentPut { ino, offset: off, extent: left })?;
+            }
         } else {
             let bs = self.geo.block_size as u64;
-            let first_gone = size.div_ceil(bs);
             // Keep a partial last block but cut its valid bytes.
             if size % bs != 0 {
                 let b = BlockIndex(size / bs);
@@ -472,21 +492,23 @@ impl<D: Device> Shard<D> {
                     if self.block_in_inode(inode, b) {
                         inode.first_block = Some(run);
                     } else {
-                        self.log(Change::BlockPut { ino: inode.ino, block: b, run })?;
+                        self.log(Change::BlockPut { ino, block: b, run })?;
                     }
                 }
             }
-            for b in first_gone..inode.size.div_ceil(bs) {
-                let block = BlockIndex(b);
-                let Some(run) = self.block_run(inode, block) else { continue };
-                self.pending_free.push(run);
-                inode.pages -= run.pages as u64;
-                if self.block_in_inode(inode, block) {
-                    inode.first_block = None;
-                } else {
-                    self.log(Change::BlockDel { ino: inode.ino, block })?;
+            if size == 0 && self.block_in_inode(inode, BlockIndex(0)) {
+                if let Some(run) = inode.first_block.take() {
+                    self.pending_free.push(run);
+                    inode.pages -= run.pages as u64;
                 }
             }
+        }
+        let mut pages = 0;
+        let done = self.free_past(ino, size, gone, &mut pages)?;
+        inode.pages -= pages.min(inode.pages);
+        if !done {
+            let from = self.trims.get(&ino).map_or(size, |&f| f.min(size));
+            self.log(Change::TrimPut { ino, from })?;
         }
         Ok(())
     }

@@ -503,6 +503,9 @@ impl<D: Device> Shard<D> {
                 FsError::Invalid("truncate of a special file".into())
             });
         }
+        if set.size.is_some() {
+            self.settle(ino)?;
+        }
         self.begin()?;
         let now = self.now();
         if let Some(size) = set.size {

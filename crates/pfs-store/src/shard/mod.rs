@@ -15,6 +15,7 @@ pub mod data;
 pub mod geometry;
 pub mod meta;
 mod tables;
+mod trim;
 pub mod txn;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -82,8 +83,14 @@ pub struct Shard<D: Device> {
     slot_bitmap: Bitmap,
     icache: Icache,
     page_bitmap: Bitmap,
-    blocks: HashMap<(InodeId, BlockIndex), Run>,
+    /// Ordered, so a file's blocks past a cut are found without scanning its size.
+    blocks: BTreeMap<(InodeId, BlockIndex), Run>,
     extents: BTreeMap<(InodeId, u64), Extent>,
+    /// Extents referring to each io-layout run (by first page): split extents
+    /// share a run, which is freed when the last goes. Derived from `extents`.
+    run_refs: HashMap<u64, u32>,
+    /// Data being freed in bounded steps: file -> first garbage byte (`trim`).
+    trims: BTreeMap<InodeId, u64>,
     xattrs: HashMap<InodeId, BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Open cross-shard transactions (intents and participant records).
     txns: BTreeMap<u64, Vec<u8>>,
@@ -97,8 +104,8 @@ pub struct Shard<D: Device> {
     pending_free: Vec<Run>,
     /// Data pages written since the last sync.
     data_unsynced: bool,
-    /// Changes of the operation in progress.
-    changes: Vec<Change>,
+    /// Changes of the operation in progress, and their encoding (its WAL record).
+    op_changes: usize,
     record: Vec<u8>,
     /// Set when memory and log may disagree (a device error inside an apply).
     failed: Option<String>,
@@ -278,8 +285,10 @@ impl<D: Device> Shard<D> {
             inode_slots: HashMap::new(),
             slot_bitmap: Bitmap::new(geo.inode_slots),
             page_bitmap: Bitmap::new(geo.data_pages),
-            blocks: HashMap::new(),
+            blocks: BTreeMap::new(),
             extents: BTreeMap::new(),
+            run_refs: HashMap::new(),
+            trims: BTreeMap::new(),
             xattrs: HashMap::new(),
             txns: BTreeMap::new(),
             sealed: HashMap::new(),
@@ -287,7 +296,7 @@ impl<D: Device> Shard<D> {
             table_bytes: 0,
             pending_free: Vec::new(),
             data_unsynced: false,
-            changes: Vec::new(),
+            op_changes: 0,
             record: Vec::with_capacity(MAX_RECORD_BYTES as usize),
             failed: None,
             now_ns: wall_clock_ns(),
@@ -415,7 +424,7 @@ impl<D: Device> Shard<D> {
     /// record, and a bounded commit group.
     fn begin(&mut self) -> FsResult<()> {
         self.check_failed()?;
-        assert!(self.changes.is_empty(), "operation started inside another");
+        assert!(self.op_changes == 0, "operation started inside another");
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.checkpoint()?;
         } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
@@ -434,18 +443,15 @@ impl<D: Device> Shard<D> {
             self.failed = Some(msg.clone());
             return Err(FsError::Io(msg));
         }
-        self.changes.push(change);
+        change.encode(&mut self.record);
+        self.op_changes += 1;
         Ok(())
     }
 
     /// Ends a mutating operation: appends its one WAL record.
     fn finish(&mut self) -> FsResult<()> {
-        if self.changes.is_empty() {
+        if self.op_changes == 0 {
             return Ok(());
-        }
-        self.record.clear();
-        for c in self.changes.drain(..) {
-            c.encode(&mut self.record);
         }
         assert!(
             self.record.len() as u64 <= MAX_RECORD_BYTES,
@@ -453,6 +459,8 @@ impl<D: Device> Shard<D> {
             self.record.len()
         );
         self.wal.append(&self.record);
+        self.record.clear();
+        self.op_changes = 0;
         Ok(())
     }
 
@@ -513,13 +521,26 @@ impl<D: Device> Shard<D> {
                 }
             }
             Change::ExtentPut { ino, offset, extent } => {
-                if self.extents.insert((*ino, *offset), *extent).is_none() {
-                    self.table_bytes += tables::EXTENT_BYTES;
+                match self.extents.insert((*ino, *offset), *extent) {
+                    Some(old) => self.unref_run(old.run.page),
+                    None => self.table_bytes += tables::EXTENT_BYTES,
                 }
+                *self.run_refs.entry(extent.run.page).or_default() += 1;
             }
             Change::ExtentDel { ino, offset } => {
-                if self.extents.remove(&(*ino, *offset)).is_some() {
+                if let Some(old) = self.extents.remove(&(*ino, *offset)) {
                     self.table_bytes -= tables::EXTENT_BYTES;
+                    self.unref_run(old.run.page);
+                }
+            }
+            Change::TrimPut { ino, from } => {
+                if self.trims.insert(*ino, *from).is_none() {
+                    self.table_bytes += tables::TRIM_BYTES;
+                }
+            }
+            Change::TrimDel { ino } => {
+                if self.trims.remove(ino).is_some() {
+                    self.table_bytes -= tables::TRIM_BYTES;
                 }
             }
             Change::XattrPut { ino, name, value } => {
@@ -557,6 +578,14 @@ impl<D: Device> Shard<D> {
             }
         }
         Ok(())
+    }
+
+    fn unref_run(&mut self, page: u64) {
+        let n = self.run_refs.get_mut(&page).expect("extent run without a reference count");
+        *n -= 1;
+        if *n == 0 {
+            self.run_refs.remove(&page);
+        }
     }
 
     fn unseal(&mut self, id: u64, data: &[u8]) {
@@ -646,13 +675,9 @@ impl<D: Device> Shard<D> {
     }
 
     /// Logs the removal of inode `ino` and frees its slot, data and xattrs.
+    /// Data and xattrs that do not fit this operation's record are left to a trim.
     pub(super) fn drop_inode(&mut self, inode: &Inode) -> FsResult<()> {
-        self.free_data_from(&mut inode.clone(), 0)?;
-        let names: Vec<Vec<u8>> =
-            self.xattrs.get(&inode.ino).map(|m| m.keys().cloned().collect()).unwrap_or_default();
-        for name in names {
-            self.log(Change::XattrDel { ino: inode.ino, name })?;
-        }
+        self.free_data_from(&mut inode.clone(), 0, true)?;
         let slot = *self.inode_slots.get(&inode.ino).expect("drop of an unknown inode");
         self.log(Change::InodeDel { ino: inode.ino, slot })?;
         self.slot_bitmap.clear_run(slot, 1);

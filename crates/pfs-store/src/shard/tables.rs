@@ -1,5 +1,6 @@
 //! Checkpoint encoding of the shard tables (layout in `docs/format.md`):
-//! six sections, each a `u64` count followed by its entries.
+//! seven sections, each a `u64` count followed by its entries. A checkpoint
+//! written before trims existed ends after the sixth; it loads with no trims.
 
 use pfs_core::{BlockIndex, InodeId};
 
@@ -16,6 +17,8 @@ pub const INODE_BYTES: u64 = 16;
 pub const BLOCK_BYTES: u64 = 32;
 /// Checkpoint bytes of one extent entry.
 pub const EXTENT_BYTES: u64 = 40;
+/// Checkpoint bytes of one trim entry.
+pub const TRIM_BYTES: u64 = 16;
 
 /// Checkpoint bytes of one dentry.
 pub fn dentry_bytes(name: &[u8]) -> u64 {
@@ -90,6 +93,11 @@ impl<D: Device> Shard<D> {
             put_u32(&mut out, data.len() as u32);
             out.extend_from_slice(data);
         }
+        put_u64(&mut out, self.trims.len() as u64);
+        for (ino, from) in &self.trims {
+            put_u64(&mut out, ino.0);
+            put_u64(&mut out, *from);
+        }
         out
     }
 
@@ -132,6 +140,7 @@ impl<D: Device> Shard<D> {
             let extent = Extent { len: take_u32(b)?, skip: take_u32(b)?, run: take_run(b)? };
             self.table_bytes += EXTENT_BYTES;
             self.extents.insert((ino, offset), extent);
+            *self.run_refs.entry(extent.run.page).or_default() += 1;
         }
         for _ in 0..count(b, 13)? {
             let ino = InodeId(take_u64(b)?);
@@ -150,6 +159,14 @@ impl<D: Device> Shard<D> {
                 *self.sealed.entry(dir).or_default() += 1;
             }
             self.txns.insert(id, data);
+        }
+        if !b.is_empty() {
+            for _ in 0..count(b, 16)? {
+                let ino = InodeId(take_u64(b)?);
+                let from = take_u64(b)?;
+                self.table_bytes += TRIM_BYTES;
+                self.trims.insert(ino, from);
+            }
         }
         if !b.is_empty() {
             return Err(StoreError::Corruption(format!(

@@ -13,9 +13,13 @@ fn small_opts() -> ShardOptions {
 }
 
 fn fresh() -> (Shard<MemDevice>, MemDevice) {
-    let dev = MemDevice::new(ZONE, 64);
+    fresh_sized(ZONE)
+}
+
+fn fresh_sized(zone: u64) -> (Shard<MemDevice>, MemDevice) {
+    let dev = MemDevice::new(zone, 64);
     let handle = dev.handle();
-    let shard = Shard::format(dev, &FormatOptions::new(ShardId(0), ZONE), small_opts()).unwrap();
+    let shard = Shard::format(dev, &FormatOptions::new(ShardId(0), zone), small_opts()).unwrap();
     (shard, handle)
 }
 
@@ -348,4 +352,126 @@ fn data_of_a_file_homed_on_another_shard() {
         s.truncate_data(local.ino, FileLayout::Block, 0, 0),
         Err(FsError::Invalid(_))
     ));
+}
+
+/// Blocks (or extents) enough that logging all their removals in one record
+/// would overflow the record limit (17 bytes each; 128 KiB).
+const MANY: u64 = 10_000;
+/// A zone with room for two files of `MANY` pages.
+const BIG_ZONE: u64 = 192 << 20;
+
+/// A file of `MANY` blocks holding one byte each (few pages, many map entries).
+fn many_block_file(s: &mut Shard<MemDevice>, name: &[u8], layout: FileLayout) -> InodeId {
+    let args = CreateArgs { layout: Some((Default::default(), layout)), ..CreateArgs::file(0o644) };
+    let f = s.create(ROOT, name, args).unwrap();
+    let bs = s.geometry().block_size as u64;
+    for b in 0..MANY {
+        s.write(f.ino, b * bs, &[7]).unwrap();
+    }
+    s.commit().unwrap();
+    f.ino
+}
+
+fn run_trims(s: &mut Shard<MemDevice>) -> usize {
+    let mut steps = 0;
+    while s.has_trims() {
+        assert!(s.trim_step().unwrap() > 0, "a trim step makes progress");
+        steps += 1;
+        assert!(steps <= MANY as usize, "trims do not end");
+    }
+    steps
+}
+
+#[test]
+fn removing_a_file_of_many_blocks_frees_them_in_bounded_records() {
+    for layout in [FileLayout::Block, FileLayout::Io] {
+        let (mut s, _) = fresh_sized(BIG_ZONE);
+        let free_before = s.statfs().blocks_free;
+        let ino = many_block_file(&mut s, b"big", layout);
+        s.setxattr(ino, b"user.k", b"v", XattrFlags::default()).unwrap();
+        assert!(s.statfs().blocks_free < free_before);
+        // Before the trim table this logged every block in one record and panicked.
+        s.unlink(ROOT, b"big").unwrap();
+        assert_eq!(s.getattr(ino).unwrap_err(), FsError::NotFound);
+        assert!(s.has_trims(), "{layout:?}: the rest is left to a trim");
+        let steps = run_trims(&mut s);
+        assert!(steps >= 1, "{layout:?}");
+        s.commit().unwrap();
+        assert_eq!(s.statfs().blocks_free, free_before, "{layout:?}: every page back");
+        let s = reopen(s);
+        assert_eq!(s.statfs().blocks_free, free_before, "{layout:?}: after reopen");
+        assert!(!s.has_trims());
+    }
+}
+
+#[test]
+fn a_trim_cut_by_a_crash_resumes_at_open() {
+    for seed in 0..4u64 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let free_before = s.statfs().blocks_free;
+        let bs = s.geometry().block_size as u64;
+        let layout = if seed % 2 == 0 { FileLayout::Block } else { FileLayout::Io };
+        let keep = many_block_file(&mut s, b"keep", layout);
+        let keep_used = free_before - s.statfs().blocks_free;
+        many_block_file(&mut s, b"big", layout);
+        s.unlink(ROOT, b"big").unwrap();
+        s.commit().unwrap();
+        drop(s);
+        let mut s = Shard::open(handle.crash(seed), 0, small_opts()).unwrap();
+        assert!(s.has_trims(), "seed {seed}: the trim is in the log");
+        run_trims(&mut s);
+        s.commit().unwrap();
+        assert_eq!(s.statfs().blocks_free, free_before - keep_used, "seed {seed}");
+        assert_eq!(s.read(keep, (MANY - 1) * bs, 1).unwrap(), [7], "seed {seed}");
+        let s = reopen(s);
+        assert_eq!(s.statfs().blocks_free, free_before - keep_used, "seed {seed}");
+    }
+}
+
+#[test]
+fn truncate_down_then_up_never_shows_old_data() {
+    for layout in [FileLayout::Block, FileLayout::Io] {
+        let (mut s, _) = fresh_sized(BIG_ZONE);
+        let free_before = s.statfs().blocks_free;
+        let bs = s.geometry().block_size as u64;
+        let ino = many_block_file(&mut s, b"f", layout);
+        let size = |size| SetAttr { size: Some(size), ..SetAttr::default() };
+        s.setattr(ino, size(10)).unwrap();
+        assert!(s.has_trims(), "{layout:?}");
+        // Growing the file again must not bring back the freed bytes.
+        s.setattr(ino, size(MANY * bs)).unwrap();
+        assert!(!s.has_trims(), "{layout:?}: the trim ran before the file grew");
+        assert_eq!(s.read(ino, (MANY - 1) * bs, 1).unwrap(), [0], "{layout:?}");
+        assert_eq!(s.read(ino, 0, 2).unwrap(), [7, 0], "{layout:?}");
+        s.write(ino, 3 * bs, b"new").unwrap();
+        assert_eq!(s.read(ino, 3 * bs - 1, 5).unwrap(), [0, b'n', b'e', b'w', 0]);
+        s.unlink(ROOT, b"f").unwrap();
+        run_trims(&mut s);
+        s.commit().unwrap();
+        assert_eq!(s.statfs().blocks_free, free_before, "{layout:?}");
+    }
+}
+
+#[test]
+fn huge_sizes_cost_nothing_and_past_the_limit_is_efbig() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    let size = |size| SetAttr { size: Some(size), ..SetAttr::default() };
+    assert_eq!(s.setattr(f.ino, size(data::MAX_FILE_SIZE + 1)).unwrap_err(), FsError::FileTooLarge);
+    assert_eq!(s.setattr(f.ino, size(999_999_999_999_999)).unwrap_err(), FsError::FileTooLarge);
+    assert_eq!(s.write(f.ino, data::MAX_FILE_SIZE, b"x").unwrap_err(), FsError::FileTooLarge);
+    // A file of the largest size with one byte at each end: every loop is
+    // bounded by the two blocks, not the 2^32 the size spans.
+    s.write(f.ino, 0, b"a").unwrap();
+    s.write(f.ino, data::MAX_FILE_SIZE - 1, b"z").unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().size, data::MAX_FILE_SIZE);
+    s.setattr(f.ino, size(1)).unwrap();
+    s.setattr(f.ino, size(data::MAX_FILE_SIZE)).unwrap();
+    assert_eq!(s.read(f.ino, data::MAX_FILE_SIZE - 1, 1).unwrap(), [0]);
+    s.unlink(ROOT, b"f").unwrap();
+    let elsewhere = InodeId::compose(ShardId(9), 1);
+    s.write_data(elsewhere, FileLayout::Block, data::MAX_FILE_SIZE - 1, b"z").unwrap();
+    s.truncate_data(elsewhere, FileLayout::Block, 0, data::MAX_FILE_SIZE).unwrap();
+    s.commit().unwrap();
+    assert_eq!(s.statfs().blocks_free, s.statfs().blocks);
 }

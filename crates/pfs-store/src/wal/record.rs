@@ -45,6 +45,10 @@ pub enum Change {
     TxnPut { id: u64, data: Vec<u8> },
     /// Forget cross-shard transaction `id`.
     TxnDel { id: u64 },
+    /// Data of `ino` at or past byte `from` is garbage, freed in bounded steps.
+    TrimPut { ino: InodeId, from: u64 },
+    /// The trim of `ino` is done.
+    TrimDel { ino: InodeId },
 }
 
 impl Change {
@@ -119,6 +123,15 @@ impl Change {
                 out.push(12);
                 put_u64(out, *id);
             }
+            Change::TrimPut { ino, from } => {
+                out.push(13);
+                put_u64(out, ino.0);
+                put_u64(out, *from);
+            }
+            Change::TrimDel { ino } => {
+                out.push(14);
+                put_u64(out, ino.0);
+            }
         }
     }
 
@@ -174,6 +187,8 @@ impl Change {
                 Change::TxnPut { id, data: take(buf, len)?.to_vec() }
             }
             12 => Change::TxnDel { id: take_u64(buf)? },
+            13 => Change::TrimPut { ino: InodeId(take_u64(buf)?), from: take_u64(buf)? },
+            14 => Change::TrimDel { ino: InodeId(take_u64(buf)?) },
             t => return Err(StoreError::Corruption(format!("unknown WAL change tag {t}"))),
         })
     }
@@ -263,6 +278,8 @@ mod tests {
             Change::XattrDel { ino: InodeId(9), name: b"user.k".to_vec() },
             Change::TxnPut { id: 77, data: vec![4; 40] },
             Change::TxnDel { id: 77 },
+            Change::TrimPut { ino: InodeId(9), from: 65536 },
+            Change::TrimDel { ino: InodeId(9) },
         ];
         let mut buf = Vec::new();
         for c in &changes {
