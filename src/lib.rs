@@ -7,8 +7,10 @@
 //! - [`layout`]: `pfs layout get|set`, layouts through extended attributes.
 //! - [`bench`]: `pfs bench`, the IO500-style workloads (mdtest, IOR, md-workbench,
 //!   HACC-IO) by N processes on a directory or through the native client.
+//! - [`fsx`]: `pfs fsx`, the model-checking file exerciser.
 
 pub mod bench;
+pub mod fsx;
 pub mod layout;
 pub mod status;
 pub mod up;

@@ -56,6 +56,11 @@ enum Command {
     /// with N processes on a directory or a pfs cluster, verify it, report rates.
     #[command(after_long_help = pfs::bench::HELP)]
     Bench(pfs::bench::BenchArgs),
+    /// Exercise files with seeded random operations (writes, reads, truncates,
+    /// fsync, reopen, O_APPEND, mmap, fallocate, rename) checked against an
+    /// in-memory model after each; prints the seed and the last operations and
+    /// fails on the first mismatch.
+    Fsx(pfs::fsx::FsxArgs),
     /// Print the cluster's servers, their health and usage, as the master sees them.
     Status {
         /// Client config file (TOML) naming the master and the key file.
@@ -133,6 +138,7 @@ fn run(cmd: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Bench(args) => pfs::bench::run(&args),
+        Command::Fsx(args) => pfs::fsx::run(&args),
         Command::Status { config, master, key } => {
             let mut cfg = match config {
                 Some(path) => ClientConfig::load(&path).map_err(|e| e.to_string())?,

@@ -1,6 +1,8 @@
 //! What the tests of the `pfs` binary share: starting `pfs up` and looking at
 //! the mount table.
 
+#![allow(dead_code)]
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -19,12 +21,18 @@ pub fn mounted(dir: &Path) -> bool {
 /// Starts `pfs up` (2 workers, 2 GiB, master on a free port) and waits for its
 /// "mounted" line; returns it and the master's address.
 pub fn up(data: &Path, mnt: &Path) -> (Child, String) {
+    up_with(data, mnt, &[])
+}
+
+/// [`up`] with more arguments (`-o allow_other`, `--size-gib 8`).
+pub fn up_with(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
     let mut child = Command::new(PFS)
         .args(["up", "--master-listen", "127.0.0.1:0", "--workers", "2", "--size-gib", "2"])
         .arg("--data")
         .arg(data)
         .arg("--mount")
         .arg(mnt)
+        .args(args)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

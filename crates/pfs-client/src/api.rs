@@ -5,7 +5,7 @@
 //! client is visible to others after its `flush` (close) or `fsync`.
 
 use pfs_core::wire::{RenameFlags, XattrSetMode};
-use pfs_core::{FileAttr, FileHandle, FileType, FsResult, InodeId, SetAttr, StatFs};
+use pfs_core::{FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr, StatFs};
 
 /// Entries a client asks one shard for in one readdir request.
 pub const READDIR_BATCH: usize = 1024;
@@ -91,6 +91,13 @@ pub trait FileSystem: Send + Sync + 'static {
     ) -> FsResult<FileAttr>;
     /// The target of symbolic link `ino`.
     fn readlink(&self, ino: InodeId) -> FsResult<Vec<u8>>;
+    /// Adds name `new_name` in `new_parent` for the non-directory `ino` (a hard
+    /// link); returns its attributes with the grown link count. A file system
+    /// without hard links answers `EPERM`, as link(2) documents.
+    fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> FsResult<FileAttr> {
+        let _ = (ino, new_parent, new_name);
+        Err(FsError::NotPermitted)
+    }
     /// Removes non-directory `name` from `parent`.
     fn unlink(&self, parent: InodeId, name: &[u8]) -> FsResult<()>;
     /// Removes empty directory `name` from `parent`.

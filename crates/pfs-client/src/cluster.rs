@@ -857,6 +857,41 @@ impl FileSystem for Cluster {
         self.entry_attr(reply)
     }
 
+    fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> FsResult<FileAttr> {
+        let kind = self.getattr(ino)?.kind;
+        if kind == FileType::Directory {
+            return Err(FsError::NotPermitted);
+        }
+        let to = self.route(self.dentry_key(new_parent, new_name)?);
+        let req = Request::Link { ino, kind, new_parent, new_name: new_name.to_vec() };
+        if (to.server, to.proc_worker) == home_of(ino, self.servers, self.workers) {
+            // Name and inode on one shard: one operation.
+            return match self.call_to(to.server, to.proc_worker, req)? {
+                Reply::Link(e) => Ok(e.attr),
+                other => Err(unexpected(other)),
+            };
+        }
+        // The name lives elsewhere: count the link at the home first, so a crash
+        // in between leaves a count too high (space kept), never a name without
+        // its count (a file freed while named). Undo it if the name fails.
+        let attr = match self.call_home(ino, Request::AddLink { ino })? {
+            Reply::AddLink(a) => a,
+            other => return Err(unexpected(other)),
+        };
+        match self.call_to(to.server, to.proc_worker, req) {
+            Ok(Reply::Link(_)) => Ok(attr),
+            result => {
+                if let Err(e) = self.call_home(ino, Request::DropInode { ino }) {
+                    log::warn!("undoing the link count of inode {ino} after a failed link: {e}");
+                }
+                match result {
+                    Ok(other) => Err(unexpected(other)),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
     fn readlink(&self, ino: InodeId) -> FsResult<Vec<u8>> {
         match self.call_home(ino, Request::ReadLink { ino })? {
             Reply::ReadLink(t) => Ok(t),
@@ -920,11 +955,20 @@ impl FileSystem for Cluster {
         let _target_token = if flags.contains(RenameFlags::EXCHANGE) {
             None
         } else {
-            match self.lookup(new_parent, new_name) {
-                Ok(t)
-                    if t.kind == FileType::Directory
-                        && self.lookup(parent, name).map(|a| a.ino) != Ok(t.ino) =>
-                {
+            let target = self.lookup(new_parent, new_name);
+            if let Ok(t) = &target {
+                // Two names of one file (hard links): POSIX says do nothing. The
+                // shards would not see it when the names live on different ones.
+                if self.lookup(parent, name).map(|a| a.ino) == Ok(t.ino) {
+                    return if flags.contains(RenameFlags::NOREPLACE) {
+                        Err(FsError::Exists)
+                    } else {
+                        Ok(())
+                    };
+                }
+            }
+            match target {
+                Ok(t) if t.kind == FileType::Directory => {
                     let token = self.write_token(t.ino)?;
                     if !self.readdir(t.ino, None, 1)?.is_empty() {
                         return Err(FsError::NotEmpty);

@@ -56,6 +56,9 @@ pub enum FsError {
     /// A device, network or corruption error; the text says what.
     #[error("I/O error: {0}")]
     Io(String),
+    /// A file already has the most links allowed.
+    #[error("too many links")]
+    TooManyLinks,
 }
 
 impl FsError {
@@ -79,6 +82,7 @@ impl FsError {
             FsError::TryAgain => libc::EAGAIN,
             FsError::TimedOut => libc::ETIMEDOUT,
             FsError::Io(_) => libc::EIO,
+            FsError::TooManyLinks => libc::EMLINK,
         }
     }
 
@@ -112,6 +116,7 @@ impl FsError {
             libc::EAGAIN => FsError::TryAgain,
             libc::ETIMEDOUT => FsError::TimedOut,
             libc::EIO => FsError::Io(detail.to_owned()),
+            libc::EMLINK => FsError::TooManyLinks,
             other => FsError::Io(format!("errno {other}: {detail}")),
         }
     }
@@ -152,6 +157,7 @@ mod tests {
             FsError::TryAgain,
             FsError::TimedOut,
             FsError::Io("disk".into()),
+            FsError::TooManyLinks,
         ];
         for e in all {
             assert_eq!(FsError::from_errno(e.errno(), e.detail()), e);

@@ -321,7 +321,13 @@ impl PfsFuse {
         let _gate = self.gate.write().expect("open gate");
         let attr = self.fs.lookup(parent, name)?;
         let mut o = self.open.lock().expect("open files lock");
-        if attr.kind == FileType::Directory || !o.count.contains_key(&attr.ino.0) {
+        // Only the last name of an open file is kept (hidden); other names are
+        // just removed, and one already hidden keeps the file alive.
+        if attr.kind == FileType::Directory
+            || !o.count.contains_key(&attr.ino.0)
+            || attr.nlink > 1
+            || o.hidden.contains_key(&attr.ino.0)
+        {
             drop(o);
             return self.fs.unlink(parent, name);
         }
@@ -348,11 +354,13 @@ impl PfsFuse {
         }
         let _gate = self.gate.write().expect("open gate");
         let target = match self.fs.lookup(new_parent, new_name) {
-            Ok(t) if t.kind != FileType::Directory => t,
+            // A file with other names lives on through them.
+            Ok(t) if t.kind != FileType::Directory && t.nlink <= 1 => t,
             _ => return self.fs.rename(parent, name, new_parent, new_name, flags),
         };
         let source = self.fs.lookup(parent, name)?;
-        if source.ino == target.ino || source.kind == FileType::Directory {
+        let held = self.open.lock().expect("open files lock").hidden.contains_key(&target.ino.0);
+        if source.ino == target.ino || source.kind == FileType::Directory || held {
             // Same file (POSIX: do nothing), or a directory onto a file (an error).
             return self.fs.rename(parent, name, new_parent, new_name, flags);
         }
@@ -650,14 +658,16 @@ impl fuser::Filesystem for PfsFuse {
     fn link(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        // Hard links are not supported: link(2) documents EPERM for a file system
-        // that does not support them.
-        reply.error(Errno::EPERM);
+        let name = match name_of(newname) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.entry(reply, self.fs.link(InodeId(ino.0), InodeId(newparent.0), name));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

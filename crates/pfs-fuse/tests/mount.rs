@@ -141,7 +141,16 @@ fn posix_ops(m: &Path, pfs: bool) {
     fs::write(p(&"n".repeat(255)), b"ok").unwrap();
     fs::create_dir_all(p("d/sub/deeper")).unwrap();
     assert_eq!(errno_of(fs::rename(p("d"), p("d/sub/deeper/d"))), libc::EINVAL);
-    assert_eq!(errno_of(fs::hard_link(p("f"), p("f-link"))), libc::EPERM);
+    if pfs {
+        fs::hard_link(p("f"), p("f-link")).unwrap();
+        assert_eq!(fs::metadata(p("f")).unwrap().nlink(), 2);
+        assert_eq!(fs::read(p("f-link")).unwrap(), b"hello world");
+        fs::remove_file(p("f-link")).unwrap();
+        assert_eq!(fs::metadata(p("f")).unwrap().nlink(), 1);
+        assert_eq!(errno_of(fs::hard_link(p("d"), p("d-link"))), libc::EPERM);
+    } else {
+        assert_eq!(errno_of(fs::hard_link(p("f"), p("f-link"))), libc::EPERM);
+    }
     assert_eq!(
         errno_of(fs::OpenOptions::new().write(true).create_new(true).open(p("f"))),
         libc::EEXIST

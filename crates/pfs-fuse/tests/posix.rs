@@ -32,6 +32,7 @@ fn main() {
         ("rename_over_is_atomic", rename_over_is_atomic),
         ("unlink_while_open", unlink_while_open),
         ("ioctl_is_enotty_and_quiet", ioctl_is_enotty_and_quiet),
+        ("hard_links", hard_links),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -276,4 +277,61 @@ fn ioctl_is_enotty_and_quiet(root: &Path) {
     for _ in 0..50 {
         sh(root, "python3 -c \"print(open('f').isatty())\" | grep -q False");
     }
+}
+
+/// Hard links: names in several directories (so on the inode's shard and on
+/// others), one link count on every name, the data freed with the last name.
+fn hard_links(root: &Path) {
+    let dirs: Vec<_> = (0..3).map(|i| root.join(format!("d{i}"))).collect();
+    for d in &dirs {
+        fs::create_dir(d).unwrap();
+    }
+    let before_free = free_bytes(root);
+    let before_inodes = inodes_used(root);
+    let first = dirs[0].join("f");
+    fs::write(&first, vec![3u8; 4 << 20]).unwrap();
+    let mut names = vec![first.clone()];
+    for i in 0..24 {
+        let name = dirs[i % 3].join(format!("link-{i}"));
+        fs::hard_link(&first, &name).unwrap();
+        names.push(name);
+    }
+    let ino = fs::metadata(&first).unwrap().ino();
+    for n in &names {
+        let md = fs::metadata(n).unwrap();
+        assert_eq!((md.ino(), md.nlink()), (ino, 25), "{n:?}");
+    }
+    // One file: a write through one name is read through another.
+    let f = fs::OpenOptions::new().write(true).open(&names[7]).unwrap();
+    f.write_all_at(b"through link 7", 0).unwrap();
+    drop(f);
+    assert_eq!(&fs::read(&names[19]).unwrap()[..14], b"through link 7");
+    assert_eq!(errno_of(fs::hard_link(&first, &names[3])), libc::EEXIST);
+    assert_eq!(errno_of(fs::hard_link(&dirs[1], root.join("dir-link"))), libc::EPERM);
+    // rename of one name onto another of the same file: nothing happens (POSIX).
+    fs::rename(&names[1], &names[2]).unwrap();
+    assert!(fs::metadata(&names[1]).is_ok() && fs::metadata(&names[2]).is_ok());
+    // Unlink while open, with other names left: the count drops, no hiding.
+    let open = fs::File::open(&names[5]).unwrap();
+    fs::remove_file(&names[5]).unwrap();
+    assert_eq!(open.metadata().unwrap().nlink(), 24);
+    for (k, n) in names.iter().enumerate().filter(|(k, _)| *k != 5) {
+        fs::remove_file(n).unwrap();
+        let left = 24 - k as u64 - u64::from(k < 5);
+        if left > 0 {
+            assert_eq!(open.metadata().unwrap().nlink(), left, "after removing {n:?}");
+        }
+    }
+    assert_eq!(open.metadata().unwrap().nlink(), 0);
+    let mut back = vec![0u8; 14];
+    open.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(back, b"through link 7", "the open file keeps its data");
+    drop(open);
+    for d in &dirs {
+        assert_eq!(fs::read_dir(d).unwrap().count(), 0, "{d:?} is empty");
+    }
+    let freed = wait_for(Duration::from_secs(20), || {
+        inodes_used(root) <= before_inodes && free_bytes(root) + (1 << 20) >= before_free
+    });
+    assert!(freed, "the file is freed with its last name");
 }

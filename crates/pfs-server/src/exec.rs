@@ -156,11 +156,15 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::Unlink { parent, name } => {
             let found = shard.lookup(parent, &name)?;
             let remote = !shard.has_inode(found.ino);
-            let (size, layout) = match shard.getattr(found.ino) {
+            let (mut size, layout) = match shard.getattr(found.ino) {
                 Ok(a) if a.kind == FileType::Regular => (a.size, shard.layouts(found.ino)?.1),
                 _ => (0, pfs_core::FileLayout::default()),
             };
             shard.unlink(parent, &name)?;
+            if shard.has_inode(found.ino) {
+                // Other names keep the file: its data elsewhere stays.
+                size = 0;
+            }
             Reply::Unlink { ino: found.ino, size, layout, remote }
         }
         Request::Rmdir { parent, name } => {
@@ -278,6 +282,16 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             let (size, layout) = shard.drop_orphan(ino)?;
             Reply::DropInode { size, layout }
         }
+        Request::Link { ino, kind, new_parent, new_name } => {
+            if shard.has_inode(ino) {
+                shard.link(ino, new_parent, &new_name)?;
+                Reply::Link(entry(shard, ino)?)
+            } else {
+                shard.link_name(ino, kind, new_parent, &new_name)?;
+                Reply::Link(remote_entry(ino, kind))
+            }
+        }
+        Request::AddLink { ino } => Reply::AddLink(shard.add_link(ino)?),
         Request::RenameCross { .. } => {
             return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
         }

@@ -84,11 +84,15 @@ pub enum Opcode {
     RmdirBigDir = 39,
     /// Coordinator to participant: seal a directory for an rmdir if empty here.
     SealDir = 40,
+    /// Add a name for an existing inode (a hard link), at the new name's shard.
+    Link = 41,
+    /// Grow an inode's link count at its home, for a new name on another shard.
+    AddLink = 42,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 40] = [
+    pub const ALL: [Opcode; 42] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -129,6 +133,8 @@ impl Opcode {
         Opcode::DropInode,
         Opcode::RmdirBigDir,
         Opcode::SealDir,
+        Opcode::Link,
+        Opcode::AddLink,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -151,7 +157,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(41), None);
+        assert_eq!(Opcode::from_u16(43), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

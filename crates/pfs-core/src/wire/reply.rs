@@ -38,8 +38,9 @@ pub enum Reply {
     Unlink {
         /// The removed inode.
         ino: InodeId,
-        /// Size of the removed file when it was a regular file, else 0: its data
-        /// on other shards (past the first block) is for the client to free.
+        /// Size of the removed file when it was a regular file freed by this
+        /// unlink, else 0 (it has other names): its data on other shards (past
+        /// the first block) is for the client to free.
         size: u64,
         /// Its data layout.
         layout: FileLayout,
@@ -137,13 +138,18 @@ pub enum Reply {
     TxnForget,
     /// The directory is sealed on this shard.
     SealDir,
-    /// The inode is freed; what its data was, for the client to free the rest.
+    /// One link is dropped. If it was the last, the inode is freed, and this is
+    /// what its data was, for the client to free the rest.
     DropInode {
-        /// Its size (0 unless a regular file).
+        /// Its size (0 unless a regular file that was freed).
         size: u64,
         /// Its data layout.
         layout: FileLayout,
     },
+    /// The new name; nlink 0 when the inode lives on another shard (ask there).
+    Link(Entry),
+    /// The attributes after the link count grew.
+    AddLink(FileAttr),
 }
 
 fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
@@ -198,6 +204,8 @@ impl Reply {
             Reply::XRenameTarget { .. } => Opcode::XRenameTarget,
             Reply::TxnForget => Opcode::TxnForget,
             Reply::DropInode { .. } => Opcode::DropInode,
+            Reply::Link(_) => Opcode::Link,
+            Reply::AddLink(_) => Opcode::AddLink,
             Reply::SealDir => Opcode::SealDir,
         }
     }
@@ -205,8 +213,14 @@ impl Reply {
     /// Appends the payload (no header).
     pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         match self {
-            Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => e.put(w),
-            Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::ExtendSize(a) => a.put(w),
+            Reply::Lookup(e)
+            | Reply::Mkdir(e)
+            | Reply::Mknod(e)
+            | Reply::Symlink(e)
+            | Reply::Link(e) => e.put(w),
+            Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::ExtendSize(a) | Reply::AddLink(a) => {
+                a.put(w)
+            }
             Reply::Create { entry, fh } => {
                 entry.put(w)?;
                 w.u64(fh.0);
@@ -364,6 +378,8 @@ impl Reply {
             Opcode::ReadData => Reply::ReadData(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
             Opcode::TruncateData => Reply::TruncateData,
             Opcode::ExtendSize => Reply::ExtendSize(FileAttr::get(r)?),
+            Opcode::Link => Reply::Link(Entry::get(r)?),
+            Opcode::AddLink => Reply::AddLink(FileAttr::get(r)?),
             Opcode::Register => Reply::Register {
                 server: ServerId(r.u32("server id")?),
                 epoch: r.u64("epoch")?,

@@ -361,8 +361,9 @@ pub enum Request {
         /// The transaction.
         txn: u64,
     },
-    /// Free inode `ino` (at its home) after its name, held by another shard, was
-    /// removed (`Unlink`/`Rmdir` replies say so with `remote`).
+    /// Drop one link of inode `ino` (at its home) after its name, held by another
+    /// shard, was removed (`Unlink`/`Rmdir` replies say so with `remote`); the
+    /// inode is freed when no link is left.
     DropInode {
         /// The inode.
         ino: InodeId,
@@ -382,6 +383,25 @@ pub enum Request {
         txn: u64,
         /// The directory.
         dir: InodeId,
+    },
+    /// Add name `new_name` in `new_parent` for the existing non-directory `ino`
+    /// (a hard link); sent to the shard of the new name. If `ino` lives there its
+    /// link count grows in the same operation; otherwise the client grew it at
+    /// the home first (`AddLink`).
+    Link {
+        /// The inode the name will point at.
+        ino: InodeId,
+        /// Its type (kept in the dentry).
+        kind: FileType,
+        /// The directory of the new name.
+        new_parent: InodeId,
+        /// The new name.
+        new_name: Vec<u8>,
+    },
+    /// Grow the link count of `ino` at its home for a name on another shard.
+    AddLink {
+        /// The inode.
+        ino: InodeId,
     },
 }
 
@@ -429,6 +449,8 @@ impl Request {
             Request::DropInode { .. } => Opcode::DropInode,
             Request::RmdirBigDir { .. } => Opcode::RmdirBigDir,
             Request::SealDir { .. } => Opcode::SealDir,
+            Request::Link { .. } => Opcode::Link,
+            Request::AddLink { .. } => Opcode::AddLink,
         }
     }
 
@@ -447,6 +469,7 @@ impl Request {
             | Request::ListXattr { ino }
             | Request::LayoutGet { ino }
             | Request::DropInode { ino }
+            | Request::AddLink { ino }
             | Request::TokenInvalidate { dir: ino } => {
                 w.u64(ino.0);
                 Ok(())
@@ -482,6 +505,12 @@ impl Request {
                 w.u32(*gid);
                 w.u32(*rdev);
                 Ok(())
+            }
+            Request::Link { ino, kind, new_parent, new_name } => {
+                w.u64(ino.0);
+                w.u8(*kind as u8);
+                w.u64(new_parent.0);
+                write_name(w, "new name", new_name)
             }
             Request::Symlink { parent, name, target, uid, gid } => {
                 w.u64(parent.0);
@@ -787,6 +816,13 @@ impl Request {
                 Request::RmdirBigDir { parent: ino(r)?, name: read_name(r, "name")? }
             }
             Opcode::SealDir => Request::SealDir { txn: r.u64("transaction id")?, dir: ino(r)? },
+            Opcode::Link => Request::Link {
+                ino: ino(r)?,
+                kind: read_kind(r)?,
+                new_parent: ino(r)?,
+                new_name: read_name(r, "new name")?,
+            },
+            Opcode::AddLink => Request::AddLink { ino: ino(r)? },
         })
     }
 }

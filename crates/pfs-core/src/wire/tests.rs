@@ -234,6 +234,10 @@ fn request() -> impl Strategy<Value = Request> {
         ino().prop_map(|ino| Request::DropInode { ino }),
         (ino(), name()).prop_map(|(parent, name)| Request::RmdirBigDir { parent, name }),
         (any::<u64>(), ino()).prop_map(|(txn, dir)| Request::SealDir { txn, dir }),
+        (ino(), kind(), ino(), name()).prop_map(|(ino, kind, new_parent, new_name)| {
+            Request::Link { ino, kind, new_parent, new_name }
+        }),
+        ino().prop_map(|ino| Request::AddLink { ino }),
     ]
 }
 
@@ -332,6 +336,8 @@ fn reply() -> impl Strategy<Value = Reply> {
         Just(Reply::TxnForget),
         (any::<u64>(), file_layout()).prop_map(|(size, layout)| Reply::DropInode { size, layout }),
         Just(Reply::SealDir),
+        entry().prop_map(Reply::Link),
+        attr().prop_map(Reply::AddLink),
     ]
 }
 

@@ -65,6 +65,20 @@ impl CreateArgs {
     }
 }
 
+/// Most links a file may have (ext4's limit); one more is `EMLINK`.
+pub const LINK_MAX: u32 = 65_000;
+
+/// Hard links name files only (`EPERM` for a directory, as Linux), up to `LINK_MAX`.
+fn check_linkable(inode: &Inode) -> FsResult<()> {
+    if inode.kind == FileType::Directory {
+        return Err(FsError::NotPermitted);
+    }
+    if inode.nlink >= LINK_MAX {
+        return Err(FsError::TooManyLinks);
+    }
+    Ok(())
+}
+
 /// `rename` flags (Linux `RENAME_NOREPLACE`, `RENAME_EXCHANGE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -271,6 +285,86 @@ impl<D: Device> Shard<D> {
         }
         self.begin()?;
         self.remove_entry(parent, &entry)?;
+        self.finish()
+    }
+
+    /// Adds name `name` in `parent` for the non-directory `ino`, which lives here
+    /// (a hard link): the dentry and the grown link count are one record.
+    pub fn link(&mut self, ino: InodeId, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
+        check_name(name)?;
+        let inode = self.inode(ino)?;
+        check_linkable(&inode)?;
+        self.put_link(parent, name, ino, inode.kind, Some(inode))?;
+        self.getattr(ino)
+    }
+
+    /// Adds name `name` in `parent` for `ino`, whose inode lives on another shard
+    /// that already counted the link (`add_link`).
+    pub fn link_name(
+        &mut self,
+        ino: InodeId,
+        kind: FileType,
+        parent: InodeId,
+        name: &[u8],
+    ) -> FsResult<()> {
+        check_name(name)?;
+        if kind == FileType::Directory {
+            return Err(FsError::NotPermitted);
+        }
+        self.put_link(parent, name, ino, kind, None)
+    }
+
+    /// Grows the link count of `ino` (at its home) for a name on another shard.
+    pub fn add_link(&mut self, ino: InodeId) -> FsResult<FileAttr> {
+        let mut inode = self.inode(ino)?;
+        check_linkable(&inode)?;
+        self.begin()?;
+        inode.nlink += 1;
+        inode.ctime_ns = self.now();
+        self.put_inode(&inode)?;
+        self.finish()?;
+        Ok(inode.attr(PAGE_SIZE))
+    }
+
+    fn put_link(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        ino: InodeId,
+        kind: FileType,
+        inode: Option<Inode>,
+    ) -> FsResult<()> {
+        if self.is_sealed(parent) {
+            return Err(FsError::TryAgain);
+        }
+        if self.dentries.get(parent, name).is_some() {
+            return Err(FsError::Exists);
+        }
+        let parent_inode = match self.inode(parent) {
+            Ok(p) if p.kind != FileType::Directory => return Err(FsError::NotDir),
+            Ok(p) if p.nlink == 0 => return Err(FsError::NotFound),
+            Ok(p) => Some(p),
+            Err(FsError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        self.reserve_table_bytes(tables::dentry_bytes(name))?;
+        self.begin()?;
+        let now = self.now();
+        self.log(Change::DentryPut {
+            parent,
+            name: name.to_vec(),
+            value: encode_dentry(ino, kind),
+        })?;
+        if let Some(mut i) = inode {
+            i.nlink += 1;
+            i.ctime_ns = now;
+            self.put_inode(&i)?;
+        }
+        if let Some(mut p) = parent_inode {
+            p.mtime_ns = now;
+            p.ctime_ns = now;
+            self.put_inode(&p)?;
+        }
         self.finish()
     }
 

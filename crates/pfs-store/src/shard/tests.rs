@@ -475,3 +475,34 @@ fn huge_sizes_cost_nothing_and_past_the_limit_is_efbig() {
     s.commit().unwrap();
     assert_eq!(s.statfs().blocks_free, s.statfs().blocks);
 }
+
+#[test]
+fn hard_links_count_names_and_free_at_the_last() {
+    let (mut s, handle) = fresh();
+    let free_before = s.statfs().blocks_free;
+    let d = s.create(ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    s.write(f.ino, 0, &[5u8; 100_000]).unwrap();
+    assert_eq!(s.link(f.ino, d.ino, b"g").unwrap().nlink, 2);
+    assert_eq!(s.link(f.ino, ROOT, b"f").unwrap_err(), FsError::Exists);
+    assert_eq!(s.link(d.ino, ROOT, b"d2").unwrap_err(), FsError::NotPermitted);
+    // A name on this shard for an inode elsewhere, counted there (add_link).
+    let far = InodeId::compose(ShardId(9), 7);
+    s.link_name(far, FileType::Regular, ROOT, b"far").unwrap();
+    assert_eq!(s.lookup(ROOT, b"far").unwrap().ino, far);
+    assert_eq!(s.add_link(f.ino).unwrap().nlink, 3);
+    assert_eq!(s.drop_orphan(f.ino).unwrap().0, 0, "one of three links dropped: lives on");
+    let s2 = reopen(s);
+    let mut s = s2;
+    assert_eq!(s.getattr(f.ino).unwrap().nlink, 2, "link counts survive a reopen");
+    s.unlink(ROOT, b"f").unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap().nlink, 1);
+    assert_eq!(s.read(f.ino, 0, 3).unwrap(), [5, 5, 5]);
+    s.unlink(d.ino, b"g").unwrap();
+    assert_eq!(s.getattr(f.ino).unwrap_err(), FsError::NotFound);
+    s.unlink(ROOT, b"far").unwrap();
+    s.commit().unwrap();
+    drop(s);
+    let s = Shard::open(handle.crash(3), 0, small_opts()).unwrap();
+    assert_eq!(s.statfs().blocks_free, free_before, "the last unlink freed the data");
+}

@@ -102,12 +102,22 @@ impl<D: Device> Shard<D> {
         self.finish()
     }
 
-    /// Frees inode `ino`, whose last name was removed on another shard; returns
-    /// its size and data layout so the caller frees data held elsewhere.
+    /// Drops one link of inode `ino`, whose name was removed on another shard,
+    /// and frees it when that was the last; returns the size and data layout of
+    /// a freed regular file (size 0 when it lives on) so the caller frees data
+    /// held elsewhere.
     pub fn drop_orphan(&mut self, ino: InodeId) -> FsResult<(u64, pfs_core::FileLayout)> {
-        let inode = self.inode(ino)?;
+        let mut inode = self.inode(ino)?;
         if inode.kind == FileType::Directory && self.dentries.child_count(ino) > 0 {
             return Err(FsError::NotEmpty);
+        }
+        if inode.kind != FileType::Directory && inode.nlink > 1 {
+            self.begin()?;
+            inode.nlink -= 1;
+            inode.ctime_ns = self.now();
+            self.put_inode(&inode)?;
+            self.finish()?;
+            return Ok((0, inode.file_layout));
         }
         let size = if inode.kind == FileType::Regular { inode.size } else { 0 };
         self.begin()?;

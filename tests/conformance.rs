@@ -1,0 +1,222 @@
+//! Conformance on a real `pfs up -o allow_other` mount: the `pfs fsx` exerciser
+//! (first on the in-memory FUSE file system, which checks the model itself, then
+//! on pfs with every data layout), and the pjdfstest POSIX suite against the list
+//! of files known to fail (`tests/pjdfstest-known-failures.txt`).
+//!
+//! `PFS_FSX_SEED` (first seed; default from the clock, printed), `PFS_FSX_SEEDS`
+//! (default 20) and `PFS_FSX_OPS` (default 5000) change the exerciser's run.
+//! Cases run one after another (harness = false): two cores.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{mounted, up_with, PFS};
+
+fn main() {
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let base = std::env::temp_dir().join(format!("pfs-conformance-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).unwrap();
+    let want = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    if want("fsx_model_on_memfs") {
+        timed("fsx_model_on_memfs", || fsx_model_on_memfs(&base));
+    }
+    let (data, mnt) = (base.join("data"), base.join("mnt"));
+    let (child, _) = up_with(&data, &mnt, &["-o", "allow_other"]);
+    let pfs = Up(Some(child), mnt.clone());
+    if want("fsx_on_pfs") {
+        timed("fsx_on_pfs", || fsx_on_pfs(&mnt));
+    }
+    if want("pjdfstest") {
+        timed("pjdfstest", || pjdfstest(&base, &mnt));
+    }
+    drop(pfs);
+    let _ = std::fs::remove_dir_all(&base);
+    println!("test result: ok");
+}
+
+fn timed(name: &str, case: impl FnOnce()) {
+    let t = Instant::now();
+    println!("test {name} ...");
+    case();
+    println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+}
+
+/// `pfs up`, interrupted (unmount and stop) on drop.
+struct Up(Option<Child>, PathBuf);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else { return };
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let end = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if child.try_wait().unwrap().is_none() {
+            let _ = child.kill();
+            let _ = Command::new("umount").arg("-l").arg(&self.1).status();
+        }
+        let _ = child.wait();
+    }
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")),
+        Err(_) => default,
+    }
+}
+
+/// Runs `pfs fsx` in `dir`; panics with its output on a mismatch.
+fn fsx(dir: &Path, seed: u64, ops: u64, layout: &str) {
+    let out = Command::new(PFS)
+        .arg("fsx")
+        .arg(dir)
+        .args(["--seed", &seed.to_string(), "--ops", &ops.to_string(), "--procs", "2"])
+        .args(["--max-len", &(2u64 << 20).to_string(), "--max-size", &(8u64 << 20).to_string()])
+        .args(["--layout", layout])
+        .output()
+        .unwrap();
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "pfs fsx seed {seed} layout {layout} failed:\n{text}");
+    assert!(text.contains("all match"), "{text}");
+}
+
+fn seeds() -> (u64, u64, u64) {
+    let first = env_u64("PFS_FSX_SEED", {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        t.as_secs() % 1_000_000
+    });
+    (first, env_u64("PFS_FSX_SEEDS", 20), env_u64("PFS_FSX_OPS", 5000))
+}
+
+/// The exerciser on the in-memory FUSE file system: a mismatch here is a bug of
+/// the model (or of FUSE), not of pfs.
+fn fsx_model_on_memfs(base: &Path) {
+    let mnt = base.join("memfs");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let pfs_fuse = Path::new(PFS).with_file_name("pfs-fuse");
+    let mut child = Command::new(&pfs_fuse)
+        .arg("memory")
+        .arg(&mnt)
+        .args(["-o", "key=/nonexistent", "-f"])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", pfs_fuse.display()));
+    let end = Instant::now() + Duration::from_secs(30);
+    while !mounted(&mnt) {
+        assert!(Instant::now() < end, "the memory file system never mounted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Two short seeds: the in-memory file system is a plain Vec per file, slow at
+    // the sizes pfs is exercised with.
+    let (first, _, _) = seeds();
+    println!("fsx on memfs: seeds {first}..{}", first + 2);
+    for seed in first..first + 2 {
+        fsx(&mnt, seed, 1500, "none");
+    }
+    assert!(Command::new("umount").arg(&mnt).status().unwrap().success());
+    let _ = child.wait();
+}
+
+/// The exerciser on pfs: each seed with one of the three data layouts.
+fn fsx_on_pfs(mnt: &Path) {
+    let (first, n, ops) = seeds();
+    println!("fsx on pfs: seeds {first}..{} x {ops} operations x 2 processes", first + n);
+    for seed in first..first + n {
+        let layout = ["block", "io", "file"][(seed % 3) as usize];
+        fsx(mnt, seed, ops, layout);
+    }
+}
+
+/// pjdfstest, built in a temporary directory from `third_party/pjdfstest`.
+fn pjdfstest(base: &Path, mnt: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("third_party/pjdfstest");
+    let build = base.join("pjdfstest");
+    let sh = |dir: &Path, cmd: &str| {
+        let out = Command::new("sh").arg("-c").arg(cmd).current_dir(dir).output().unwrap();
+        assert!(
+            out.status.success(),
+            "`{cmd}` failed (needs autoconf automake gcc make):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    sh(base, &format!("cp -r {} {}", src.display(), build.display()));
+    sh(&build, "autoreconf -ifs && ./configure && make pjdfstest");
+    let run = mnt.join("pjd");
+    std::fs::create_dir(&run).unwrap();
+    // `prove` exits non-zero when a file fails; the list below decides.
+    let out = Command::new("timeout")
+        .arg("1500")
+        .args(["prove", "-r"])
+        .arg(build.join("tests"))
+        .current_dir(&run)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_ne!(out.status.code(), Some(124), "pjdfstest hung (killed after 25 min):\n{report}");
+    assert!(report.contains("Files=238"), "pjdfstest did not run every file:\n{report}");
+    let failed = failed_files(&report, &build.join("tests"));
+    let known = known_failures();
+    let mut unexpected = Vec::new();
+    for (file, n) in &failed {
+        if !known.contains_key(file) {
+            unexpected.push(format!("{file} ({n} subtests)"));
+        }
+    }
+    let fixed: Vec<&String> = known
+        .iter()
+        .filter(|(f, flaky)| !**flaky && !failed.contains_key(*f))
+        .map(|(f, _)| f)
+        .collect();
+    println!("pjdfstest: {} files fail, all known: {:?}", failed.len(), failed.keys());
+    assert!(unexpected.is_empty(), "pjdfstest files that newly fail: {unexpected:?}\n{report}");
+    assert!(
+        fixed.is_empty(),
+        "pjdfstest files listed as failing now pass: remove them from \
+         tests/pjdfstest-known-failures.txt and docs/posix.md: {fixed:?}"
+    );
+}
+
+/// `prove`'s summary: failing file (relative to `tests`) -> failed subtests.
+fn failed_files(report: &str, tests: &Path) -> BTreeMap<String, u64> {
+    let prefix = format!("{}/", tests.display());
+    let mut out = BTreeMap::new();
+    for line in report.lines() {
+        let Some(rest) = line.strip_prefix(&prefix) else { continue };
+        let Some((file, summary)) = rest.split_once(char::is_whitespace) else { continue };
+        if let Some(n) = summary.split("Failed: ").nth(1) {
+            let n = n.trim_end_matches(')').trim().parse().unwrap_or(0);
+            out.insert(file.to_string(), n);
+        } else if summary.contains("Wstat") {
+            // Died or planned more tests than it ran.
+            out.insert(file.to_string(), 0);
+        }
+    }
+    out
+}
+
+/// The known-failures list: file -> whether it is only sometimes failing.
+fn known_failures() -> BTreeMap<String, bool> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pjdfstest-known-failures.txt");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        let (flaky, rest) = match line.strip_prefix('?') {
+            Some(r) => (true, r.trim_start()),
+            None => (false, line),
+        };
+        let file = rest.split_whitespace().next().unwrap();
+        out.insert(file.to_string(), flaky);
+    }
+    out
+}
