@@ -481,6 +481,22 @@ impl Cluster {
         }
     }
 
+    /// Updates `dir` at its home after one of its entries changed on the shard
+    /// `at`, when that is not the home (a bigdir name away from the directory's
+    /// inode): its times, and `nlink_delta` subdirectories. The change itself is
+    /// done, so a failure here (the directory removed meanwhile, a lost server)
+    /// only leaves its times or count stale: logged, not returned.
+    fn touch_parent(&self, dir: InodeId, at: &Route, nlink_delta: i32) {
+        if self.is_home(dir, at) {
+            return;
+        }
+        match self.call_home(dir, Request::AdjustDir { dir, nlink_delta }) {
+            Ok(Reply::AdjustDir) | Err(FsError::NotFound) => {}
+            Ok(other) => log::warn!("updating directory {dir}: {}", unexpected(other)),
+            Err(e) => log::warn!("updating directory {dir} after a change elsewhere: {e}"),
+        }
+    }
+
     /// The (server, worker) of every shard, in shard order.
     fn all_shards(&self) -> impl Iterator<Item = (ServerId, WorkerId)> + '_ {
         (0..self.servers)
@@ -777,6 +793,10 @@ impl FileSystem for Cluster {
             Reply::SetAttr(a) => a,
             other => return Err(unexpected(other)),
         };
+        if attr.kind == FileType::Directory {
+            // A cached lookup of this directory would hand the old mode back.
+            self.caches.dcache.lock().expect("dcache lock").invalidate_ino(ino);
+        }
         if let (Some(size), Some((old, layout))) = (set.size, before) {
             if old.kind == FileType::Regular && size < old.size {
                 self.truncate_elsewhere(ino, layout, size, old.size)?;
@@ -799,10 +819,12 @@ impl FileSystem for Cluster {
         flags: u32,
     ) -> FsResult<(FileAttr, FileHandle)> {
         let key = self.dentry_key(parent, name)?;
+        let at = self.route(key);
         let layout = self.layout_of(parent)?.file;
         let req = Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
-        match self.call(key, req)? {
+        match self.call_to(at.server, at.proc_worker, req)? {
             Reply::Create { entry, .. } => {
+                self.touch_parent(parent, &at, 0);
                 self.remember(entry.attr.ino, entry.layout);
                 let fh = self.new_handle(entry.attr.ino, entry.layout.file, Some(0))?;
                 Ok((entry.attr, fh))
@@ -822,8 +844,10 @@ impl FileSystem for Cluster {
         rdev: u32,
     ) -> FsResult<FileAttr> {
         let key = self.dentry_key(parent, name)?;
+        let at = self.route(key);
         let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
-        let reply = self.call(key, req)?;
+        let reply = self.call_to(at.server, at.proc_worker, req)?;
+        self.touch_parent(parent, &at, 0);
         self.entry_attr(reply)
     }
 
@@ -836,9 +860,11 @@ impl FileSystem for Cluster {
         gid: u32,
     ) -> FsResult<FileAttr> {
         let key = self.dentry_key(parent, name)?;
+        let at = self.route(key);
         let layout = self.layout_of(parent)?;
         let req = Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout };
-        let reply = self.call(key, req)?;
+        let reply = self.call_to(at.server, at.proc_worker, req)?;
+        self.touch_parent(parent, &at, 1);
         self.entry_attr(reply)
     }
 
@@ -851,9 +877,11 @@ impl FileSystem for Cluster {
         gid: u32,
     ) -> FsResult<FileAttr> {
         let key = self.dentry_key(parent, name)?;
+        let at = self.route(key);
         let req =
             Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
-        let reply = self.call(key, req)?;
+        let reply = self.call_to(at.server, at.proc_worker, req)?;
+        self.touch_parent(parent, &at, 0);
         self.entry_attr(reply)
     }
 
@@ -867,7 +895,10 @@ impl FileSystem for Cluster {
         if (to.server, to.proc_worker) == home_of(ino, self.servers, self.workers) {
             // Name and inode on one shard: one operation.
             return match self.call_to(to.server, to.proc_worker, req)? {
-                Reply::Link(e) => Ok(e.attr),
+                Reply::Link(e) => {
+                    self.touch_parent(new_parent, &to, 0);
+                    Ok(e.attr)
+                }
                 other => Err(unexpected(other)),
             };
         }
@@ -879,7 +910,10 @@ impl FileSystem for Cluster {
             other => return Err(unexpected(other)),
         };
         match self.call_to(to.server, to.proc_worker, req) {
-            Ok(Reply::Link(_)) => Ok(attr),
+            Ok(Reply::Link(_)) => {
+                self.touch_parent(new_parent, &to, 0);
+                Ok(attr)
+            }
             result => {
                 if let Err(e) = self.call_home(ino, Request::DropInode { ino }) {
                     log::warn!("undoing the link count of inode {ino} after a failed link: {e}");
@@ -909,10 +943,14 @@ impl FileSystem for Cluster {
         )? {
             // The home freed what it held; blocks on other shards go now.
             Reply::Unlink { ino, size, layout, remote: false } => {
+                self.touch_parent(parent, &route, 0);
                 self.truncate_elsewhere(ino, layout, 0, size)
             }
             // The name had moved here by a rename: free the inode at its home.
-            Reply::Unlink { ino, remote: true, .. } => self.drop_remote(ino),
+            Reply::Unlink { ino, remote: true, .. } => {
+                self.touch_parent(parent, &route, 0);
+                self.drop_remote(ino)
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -925,16 +963,21 @@ impl FileSystem for Cluster {
         let layout = self.layout_of(child.ino)?.dir;
         let _token = self.write_token(parent)?;
         let key = self.dentry_key(parent, name)?;
+        let at = self.route(key);
         // A bigdir's entries may be on any shard: its rmdir is a transaction that
         // checks them all (a regular one's are with its inode, on the name's shard).
         let req = match layout {
             DirLayout::BigDir => Request::RmdirBigDir { parent, name: name.to_vec() },
             DirLayout::Regular => Request::Rmdir { parent, name: name.to_vec() },
         };
-        match self.call(key, req)? {
-            Reply::Rmdir { remote: false, .. } => Ok(()),
-            Reply::Rmdir { ino, remote: true } => self.drop_remote(ino),
-            other => Err(unexpected(other)),
+        let remote = match self.call_to(at.server, at.proc_worker, req)? {
+            Reply::Rmdir { ino, remote } => remote.then_some(ino),
+            other => return Err(unexpected(other)),
+        };
+        self.touch_parent(parent, &at, -1);
+        match remote {
+            Some(ino) => self.drop_remote(ino),
+            None => Ok(()),
         }
     }
 
@@ -950,16 +993,18 @@ impl FileSystem for Cluster {
         let to = self.route(self.dentry_key(new_parent, new_name)?);
         // Either name may be a directory others cache: take both write tokens.
         let _tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
+        let source = self.lookup(parent, name)?;
+        let target = self.lookup(new_parent, new_name);
+        let exchange = flags.contains(RenameFlags::EXCHANGE);
         // A directory replaced by a rename must be empty. The target's shard only
         // sees its own slice of a bigdir, so the client checks every shard here.
-        let _target_token = if flags.contains(RenameFlags::EXCHANGE) {
+        let _target_token = if exchange {
             None
         } else {
-            let target = self.lookup(new_parent, new_name);
             if let Ok(t) = &target {
                 // Two names of one file (hard links): POSIX says do nothing. The
                 // shards would not see it when the names live on different ones.
-                if self.lookup(parent, name).map(|a| a.ino) == Ok(t.ino) {
+                if source.ino == t.ino {
                     return if flags.contains(RenameFlags::NOREPLACE) {
                         Err(FsError::Exists)
                     } else {
@@ -967,7 +1012,7 @@ impl FileSystem for Cluster {
                     };
                 }
             }
-            match target {
+            match &target {
                 Ok(t) if t.kind == FileType::Directory => {
                     let token = self.write_token(t.ino)?;
                     if !self.readdir(t.ino, None, 1)?.is_empty() {
@@ -994,9 +1039,26 @@ impl FileSystem for Cluster {
             }
         };
         match self.call_to(from.server, from.proc_worker, req)? {
-            Reply::Rename | Reply::RenameCross => Ok(()),
-            other => Err(unexpected(other)),
+            Reply::Rename | Reply::RenameCross => {}
+            other => return Err(unexpected(other)),
         }
+        // Subdirectories each parent gained (lost), for parents whose inode is
+        // not on the shard that changed their entry.
+        let is_dir = |a: &FileAttr| i32::from(a.kind == FileType::Directory);
+        let moved = is_dir(&source);
+        let replaced = target.as_ref().map_or(0, is_dir);
+        let (to_src, to_dst) = if exchange {
+            (replaced - moved, moved - replaced)
+        } else {
+            (-moved, moved - replaced)
+        };
+        if parent == new_parent && !self.is_home(parent, &from) && !self.is_home(parent, &to) {
+            self.touch_parent(parent, &from, to_src + to_dst);
+        } else {
+            self.touch_parent(parent, &from, to_src);
+            self.touch_parent(new_parent, &to, to_dst);
+        }
+        Ok(())
     }
 
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {

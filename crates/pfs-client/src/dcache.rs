@@ -102,6 +102,12 @@ impl DentryCache {
         self.map.retain(|(p, _), _| *p != parent);
     }
 
+    /// Drops every name of directory `ino` (its attributes changed: the cached
+    /// ones would be handed out stale). Scans the cache: for setattr, not lookups.
+    pub fn invalidate_ino(&mut self, ino: InodeId) {
+        self.map.retain(|_, s| s.dir.attr.ino != ino);
+    }
+
     /// Drops every name in `parent` and returns them (to tell the kernel).
     pub fn take_dir(&mut self, parent: InodeId) -> Vec<Vec<u8>> {
         let names: Vec<Vec<u8>> =
@@ -179,6 +185,17 @@ mod tests {
             c.insert(InodeId(1), b"d4", dir(14), later);
         }
         assert!(c.order.len() <= 32, "order queue stays bounded: {}", c.order.len());
+    }
+
+    #[test]
+    fn invalidation_by_inode() {
+        let mut c = DentryCache::new(8);
+        let until = Instant::now() + Duration::from_secs(60);
+        c.insert(InodeId(1), b"a", dir(10), until);
+        c.insert(InodeId(2), b"b", dir(11), until);
+        c.invalidate_ino(InodeId(10));
+        assert!(c.get(InodeId(1), b"a", Instant::now()).is_none());
+        assert!(c.get(InodeId(2), b"b", Instant::now()).is_some());
     }
 
     #[test]

@@ -33,6 +33,7 @@ fn main() {
         ("unlink_while_open", unlink_while_open),
         ("ioctl_is_enotty_and_quiet", ioctl_is_enotty_and_quiet),
         ("hard_links", hard_links),
+        ("bigdir_link_count_and_times", bigdir_link_count_and_times),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -334,4 +335,50 @@ fn hard_links(root: &Path) {
         inodes_used(root) <= before_inodes && free_bytes(root) + (1 << 20) >= before_free
     });
     assert!(freed, "the file is freed with its last name");
+}
+
+/// A bigdir's entries live on every shard, its inode on one: its link count
+/// (2 + subdirectories) and its mtime/ctime must follow changes made on any
+/// shard. It reported nlink 1, and times changed only for entries on its own
+/// shard (pjdfstest rename/24, rmdir/00, and open/00 depending on the names).
+fn bigdir_link_count_and_times(root: &Path) {
+    let b = root.join("b");
+    let c = root.join("c");
+    fs::create_dir(&b).unwrap();
+    fs::create_dir(&c).unwrap();
+    let nlink = |p: &Path| fs::metadata(p).unwrap().nlink();
+    assert_eq!(nlink(&b), 2);
+    for i in 0..20 {
+        fs::create_dir(b.join(format!("sub-{i}"))).unwrap();
+    }
+    assert_eq!(nlink(&b), 22);
+    for i in 0..5 {
+        fs::remove_dir(b.join(format!("sub-{i}"))).unwrap();
+    }
+    assert_eq!(nlink(&b), 17);
+    for i in 5..8 {
+        fs::rename(b.join(format!("sub-{i}")), c.join(format!("moved-{i}"))).unwrap();
+    }
+    assert_eq!((nlink(&b), nlink(&c)), (14, 5));
+    // A directory replaced by a rename goes: one subdirectory less.
+    fs::rename(b.join("sub-8"), b.join("sub-9")).unwrap();
+    assert_eq!(nlink(&b), 13);
+    let times = |p: &Path| {
+        let md = fs::metadata(p).unwrap();
+        (md.mtime(), md.mtime_nsec(), md.ctime(), md.ctime_nsec())
+    };
+    // Every create, unlink and rename in b changes its times, wherever the
+    // name lives.
+    for i in 0..16 {
+        let before = times(&b);
+        std::thread::sleep(Duration::from_millis(5));
+        let f = b.join(format!("file-{i}"));
+        fs::write(&f, b"x").unwrap();
+        let created = times(&b);
+        assert!(created.0 > before.0 || created.1 > before.1, "create of {f:?}");
+        std::thread::sleep(Duration::from_millis(5));
+        fs::remove_file(&f).unwrap();
+        let removed = times(&b);
+        assert!(removed.2 > created.2 || removed.3 > created.3, "unlink of {f:?}");
+    }
 }

@@ -41,22 +41,9 @@ pub fn is_mutation(req: &Request) -> bool {
     )
 }
 
-/// The attributes a client sees. A `bigdir` directory's subdirectories live on
-/// every shard, so its link count cannot count them: it reports 1, as btrfs does
-/// for every directory ("unknown": `find` does no leaf optimisation).
-fn client_attr<D: Device>(
-    shard: &mut Shard<D>,
-    mut attr: pfs_core::FileAttr,
-) -> FsResult<pfs_core::FileAttr> {
-    if attr.kind == FileType::Directory && shard.layouts(attr.ino)?.0 == DirLayout::BigDir {
-        attr.nlink = 1;
-    }
-    Ok(attr)
-}
-
 fn getattr<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<pfs_core::FileAttr> {
     let attr = shard.getattr(ino)?;
-    client_attr(shard, attr)
+    Ok(attr)
 }
 
 /// The entry (attributes and layouts) of an inode this shard holds.
@@ -114,7 +101,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::GetAttr { ino } => Reply::GetAttr(getattr(shard, ino)?),
         Request::SetAttr { ino, set } => {
             let attr = shard.setattr(ino, set)?;
-            Reply::SetAttr(client_attr(shard, attr)?)
+            Reply::SetAttr(attr)
         }
         Request::Create { parent, name, perm, uid, gid, flags: _, layout } => {
             let args = CreateArgs {
@@ -292,6 +279,10 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             }
         }
         Request::AddLink { ino } => Reply::AddLink(shard.add_link(ino)?),
+        Request::AdjustDir { dir, nlink_delta } => {
+            shard.touch_dir(dir, i64::from(nlink_delta))?;
+            Reply::AdjustDir
+        }
         Request::RenameCross { .. } => {
             return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
         }

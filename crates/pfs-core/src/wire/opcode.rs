@@ -88,11 +88,14 @@ pub enum Opcode {
     Link = 41,
     /// Grow an inode's link count at its home, for a new name on another shard.
     AddLink = 42,
+    /// Update a directory's link count and times at its home after a change of
+    /// its entries on another shard (a bigdir).
+    AdjustDir = 43,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 42] = [
+    pub const ALL: [Opcode; 43] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -135,6 +138,7 @@ impl Opcode {
         Opcode::SealDir,
         Opcode::Link,
         Opcode::AddLink,
+        Opcode::AdjustDir,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -157,7 +161,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(43), None);
+        assert_eq!(Opcode::from_u16(44), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

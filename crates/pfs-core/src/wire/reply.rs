@@ -150,6 +150,8 @@ pub enum Reply {
     Link(Entry),
     /// The attributes after the link count grew.
     AddLink(FileAttr),
+    /// The directory's count and times are updated.
+    AdjustDir,
 }
 
 fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
@@ -206,6 +208,7 @@ impl Reply {
             Reply::DropInode { .. } => Opcode::DropInode,
             Reply::Link(_) => Opcode::Link,
             Reply::AddLink(_) => Opcode::AddLink,
+            Reply::AdjustDir => Opcode::AdjustDir,
             Reply::SealDir => Opcode::SealDir,
         }
     }
@@ -255,6 +258,7 @@ impl Reply {
             | Reply::TruncateData
             | Reply::RenameCross
             | Reply::SealDir
+            | Reply::AdjustDir
             | Reply::TxnForget => Ok(()),
             Reply::ReadDir { entries, eof } => {
                 w.count("readdir entries", entries.len())?;
@@ -380,6 +384,7 @@ impl Reply {
             Opcode::ExtendSize => Reply::ExtendSize(FileAttr::get(r)?),
             Opcode::Link => Reply::Link(Entry::get(r)?),
             Opcode::AddLink => Reply::AddLink(FileAttr::get(r)?),
+            Opcode::AdjustDir => Reply::AdjustDir,
             Opcode::Register => Reply::Register {
                 server: ServerId(r.u32("server id")?),
                 epoch: r.u64("epoch")?,

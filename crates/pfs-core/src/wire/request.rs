@@ -403,6 +403,15 @@ pub enum Request {
         /// The inode.
         ino: InodeId,
     },
+    /// At `dir`'s home: an entry of `dir` was added or removed on another shard;
+    /// set its mtime and ctime, and add `nlink_delta` (subdirectories) to its
+    /// link count.
+    AdjustDir {
+        /// The directory.
+        dir: InodeId,
+        /// Subdirectories added (positive) or removed (negative), -2..=2.
+        nlink_delta: i32,
+    },
 }
 
 impl Request {
@@ -451,6 +460,7 @@ impl Request {
             Request::SealDir { .. } => Opcode::SealDir,
             Request::Link { .. } => Opcode::Link,
             Request::AddLink { .. } => Opcode::AddLink,
+            Request::AdjustDir { .. } => Opcode::AdjustDir,
         }
     }
 
@@ -504,6 +514,11 @@ impl Request {
                 w.u32(*uid);
                 w.u32(*gid);
                 w.u32(*rdev);
+                Ok(())
+            }
+            Request::AdjustDir { dir, nlink_delta } => {
+                w.u64(dir.0);
+                w.u32(*nlink_delta as u32);
                 Ok(())
             }
             Request::Link { ino, kind, new_parent, new_name } => {
@@ -823,6 +838,17 @@ impl Request {
                 new_name: read_name(r, "new name")?,
             },
             Opcode::AddLink => Request::AddLink { ino: ino(r)? },
+            Opcode::AdjustDir => {
+                let dir = ino(r)?;
+                let nlink_delta = r.u32("link count change")? as i32;
+                if !(-2..=2).contains(&nlink_delta) {
+                    return Err(WireError::BadValue {
+                        what: "link count change",
+                        value: u64::from(nlink_delta as u32),
+                    });
+                }
+                Request::AdjustDir { dir, nlink_delta }
+            }
         })
     }
 }

@@ -238,6 +238,7 @@ fn request() -> impl Strategy<Value = Request> {
             Request::Link { ino, kind, new_parent, new_name }
         }),
         ino().prop_map(|ino| Request::AddLink { ino }),
+        (ino(), -2i32..=2).prop_map(|(dir, nlink_delta)| Request::AdjustDir { dir, nlink_delta }),
     ]
 }
 
@@ -338,6 +339,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         Just(Reply::SealDir),
         entry().prop_map(Reply::Link),
         attr().prop_map(Reply::AddLink),
+        Just(Reply::AdjustDir),
     ]
 }
 

@@ -547,10 +547,27 @@ impl<D: Device> Shard<D> {
         }
     }
 
+    /// At a directory's home: an entry of it changed on another shard (a
+    /// bigdir); sets its times and adds `nlink_delta` subdirectories. A
+    /// directory gone meanwhile is not an error.
+    pub fn touch_dir(&mut self, dir: InodeId, nlink_delta: i64) -> FsResult<()> {
+        match self.inode(dir) {
+            Ok(d) if d.kind == FileType::Directory => {}
+            Ok(_) => return Err(FsError::NotDir),
+            Err(FsError::NotFound) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        self.begin()?;
+        let now = self.now();
+        self.adjust_dir(dir, nlink_delta, now)?;
+        self.finish()
+    }
+
     pub(super) fn adjust_dir(&mut self, dir: InodeId, nlink_delta: i64, now: i64) -> FsResult<()> {
         match self.inode(dir) {
             Ok(mut d) => {
-                d.nlink = (d.nlink as i64 + nlink_delta) as u32;
+                // Never below 2 ("." and its name), whatever a client sends.
+                d.nlink = (d.nlink as i64 + nlink_delta).clamp(2, u32::MAX as i64) as u32;
                 d.mtime_ns = now;
                 d.ctime_ns = now;
                 self.put_inode(&d)

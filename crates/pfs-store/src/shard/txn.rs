@@ -180,8 +180,10 @@ impl<D: Device> Shard<D> {
             }
             let (ino, kind) = decode_dentry(src_value);
             self.reparent(ino, new_parent, now)?;
-            let moved_dir = kind == FileType::Directory && replacement.is_none();
-            self.adjust_dir(src_parent, -(moved_dir as i64), now)?;
+            // Subdirectories: the moved one left; an exchanged one came back.
+            let is_dir = |k: FileType| i64::from(k == FileType::Directory);
+            let back = replacement.map_or(0, |v| is_dir(decode_dentry(v).1));
+            self.adjust_dir(src_parent, back - is_dir(kind), now)?;
         }
         self.log(Change::TxnDel { id })?;
         self.finish()
@@ -253,8 +255,11 @@ impl<D: Device> Shard<D> {
         }
         self.log(Change::DentryPut { parent, name: name.to_vec(), value })?;
         self.reparent(moved, parent, now)?;
-        let new_dir = moved_kind == FileType::Directory && !exchange && old.is_none();
-        self.adjust_dir(parent, new_dir as i64, now)?;
+        // Subdirectories: the moved one arrived; a replaced one left (in
+        // remove_entry above), an exchanged one goes to the source side.
+        let is_dir = |k: FileType| i64::from(k == FileType::Directory);
+        let swapped = if exchange { old.as_ref().map_or(0, |d| is_dir(d.kind)) } else { 0 };
+        self.adjust_dir(parent, is_dir(moved_kind) - swapped, now)?;
         self.log(Change::TxnPut { id: key, data: record })?;
         self.finish()?;
         Ok(answer)
