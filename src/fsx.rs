@@ -46,6 +46,10 @@ pub struct FsxArgs {
     /// Operations kept to print on a mismatch.
     #[arg(long, default_value_t = 24)]
     pub history: usize,
+    /// Compare the whole file with the model every N operations (each
+    /// operation's own range is always checked).
+    #[arg(long, default_value_t = 250)]
+    pub check_every: u64,
     /// Run as process P of the run (set by the parent; not for users).
     #[arg(long, hide = true)]
     pub proc_index: Option<u32>,
@@ -75,6 +79,10 @@ pub fn run(args: &FsxArgs) -> Result<(), String> {
         t.map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     let dir = args.dir.join(format!("fsx-{seed}"));
+    // A run left by a failure must not seed this one with its data.
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("remove {}: {e}", dir.display()))?;
+    }
     fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
     if args.layout != "none" {
         set_layout(&dir, &args.layout)?;
@@ -86,6 +94,8 @@ pub fn run(args: &FsxArgs) -> Result<(), String> {
         args.layout,
         dir.display()
     );
+    let shared = dir.join("shared");
+    File::create(&shared).map_err(|e| format!("create {}: {e}", shared.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("own executable: {e}"))?;
     let mut children = Vec::new();
     for p in 0..args.procs {
@@ -96,6 +106,7 @@ pub fn run(args: &FsxArgs) -> Result<(), String> {
             .args(["--procs", &args.procs.to_string(), "--max-len", &args.max_len.to_string()])
             .args(["--max-size", &args.max_size.to_string()])
             .args(["--history", &args.history.to_string(), "--proc-index", &p.to_string()])
+            .args(["--check-every", &args.check_every.to_string()])
             .spawn()
             .map_err(|e| format!("start process {p}: {e}"))?;
         children.push(child);
@@ -178,6 +189,7 @@ struct Exerciser {
     shared_model: Vec<u8>,
     history: VecDeque<String>,
     history_max: usize,
+    check_every: u64,
     /// Fill byte of the next write: every write is told apart from the last.
     stamp: u8,
 }
@@ -198,8 +210,6 @@ impl Exerciser {
         let shared = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
             .open(&shared_path)
             .map_err(|e| format!("open {}: {e}", shared_path.display()))?;
         Ok(Exerciser {
@@ -217,6 +227,7 @@ impl Exerciser {
             shared_model: Vec::new(),
             history: VecDeque::new(),
             history_max: args.history.max(1),
+            check_every: args.check_every.max(1),
             stamp: 0,
         })
     }
@@ -272,7 +283,7 @@ impl Exerciser {
             _ => self.op_shared_read(i),
         }?;
         self.check_size(&format!("after #{i}"))?;
-        if i % 250 == 249 {
+        if i % self.check_every == self.check_every - 1 {
             self.check_all(&format!("full check after #{i}"))?;
         }
         Ok(())

@@ -706,7 +706,10 @@ impl Cluster {
         size: u64,
         old_size: u64,
     ) -> FsResult<()> {
-        if layout == FileLayout::File || old_size <= size.max(BLOCK_SIZE_BYTES) {
+        // Block 0 of a `block` file is at the home (which cut it already); an
+        // `io` file's every block, block 0 included, is hashed over the shards.
+        let home_holds = if layout == FileLayout::Block { BLOCK_SIZE_BYTES } else { 0 };
+        if layout == FileLayout::File || old_size <= size.max(home_holds) {
             return Ok(());
         }
         let mut shards = BTreeSet::new();
