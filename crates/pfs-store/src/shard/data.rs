@@ -27,13 +27,18 @@ impl<D: Device> Shard<D> {
     /// Writes `data` at `offset` of file `ino`; returns the bytes written. The data
     /// is durable after the next `commit` (fsync / close).
     pub fn write(&mut self, ino: InodeId, offset: u64, data: &[u8]) -> FsResult<usize> {
-        let mut inode = self.inode(ino)?;
+        let inode = self.inode(ino)?;
         match inode.kind {
             FileType::Regular => {}
             FileType::Directory => return Err(FsError::IsDir),
             _ => return Err(FsError::Invalid(format!("write to a {:?}", inode.kind))),
         }
         self.settle(ino)?;
+        if inode.file_layout == FileLayout::Io {
+            self.pretrim(ino, offset, data.len() as u64)?;
+        }
+        // Reloaded: settling and pre-trimming may have changed its page count.
+        let mut inode = self.inode(ino)?;
         self.begin()?;
         self.write_in_op(&mut inode, offset, data)?;
         self.finish()?;
@@ -54,6 +59,9 @@ impl<D: Device> Shard<D> {
             return self.write(ino, offset, data);
         }
         self.settle(ino)?;
+        if layout == FileLayout::Io {
+            self.pretrim(ino, offset, data.len() as u64)?;
+        }
         self.begin()?;
         let mut inode = Self::homed_elsewhere(ino, layout, u64::MAX);
         let result = if layout == FileLayout::Io {

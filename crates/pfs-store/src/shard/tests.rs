@@ -506,3 +506,24 @@ fn hard_links_count_names_and_free_at_the_last() {
     let s = Shard::open(handle.crash(3), 0, small_opts()).unwrap();
     assert_eq!(s.statfs().blocks_free, free_before, "the last unlink freed the data");
 }
+
+#[test]
+fn an_io_write_over_many_extents_keeps_its_record_bounded() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let free_before = s.statfs().blocks_free;
+    let args =
+        CreateArgs { layout: Some((Default::default(), FileLayout::Io)), ..CreateArgs::file(0o644) };
+    let f = s.create(ROOT, b"f", args).unwrap();
+    // 10,000 one-byte extents: removing them in the write's own record would
+    // take 170 KB, over the 128 KiB limit (the shard panicked).
+    for i in 0..MANY {
+        s.write(f.ino, i * 2, &[1]).unwrap();
+    }
+    s.write(f.ino, 0, &vec![9u8; (2 * MANY) as usize]).unwrap();
+    assert_eq!(s.read(f.ino, 0, (2 * MANY) as usize).unwrap(), vec![9u8; (2 * MANY) as usize]);
+    s.unlink(ROOT, b"f").unwrap();
+    run_trims(&mut s);
+    s.commit().unwrap();
+    let s = reopen(s);
+    assert_eq!(s.statfs().blocks_free, free_before);
+}

@@ -26,6 +26,10 @@ use crate::wal::Change;
 /// leaves room under the record limit for the operation's other changes.
 pub const FREE_BUDGET_BYTES: usize = 48 << 10;
 
+/// Older extents an `io` write may remove in its own record (17 bytes each in
+/// the WAL); more are removed first by [`Shard::pretrim`].
+pub const PRETRIM_EXTENTS: usize = 2048;
+
 impl<D: Device> Shard<D> {
     /// Whether data is waiting to be freed in the background.
     pub fn has_trims(&self) -> bool {
@@ -75,6 +79,43 @@ impl<D: Device> Shard<D> {
         let n = self.op_changes;
         self.finish()?;
         Ok(n)
+    }
+
+    /// Before an `io`-layout write of `len` bytes at `offset`: while more older
+    /// extents lie wholly inside the range than one record may remove
+    /// ([`PRETRIM_EXTENTS`]), removes them in records of their own, so the
+    /// write's record stays bounded (a file of millions of 1-byte extents
+    /// overwritten by one 1 MiB write). A crash between those records and the
+    /// write leaves zeros where the unacknowledged write was going.
+    pub(super) fn pretrim(&mut self, ino: InodeId, offset: u64, len: u64) -> FsResult<()> {
+        let end = offset.saturating_add(len);
+        // Each round removes PRETRIM_EXTENTS extents, so this ends.
+        loop {
+            let covered: Vec<(u64, crate::wal::record::Extent)> = self
+                .extents
+                .range((ino, offset)..(ino, end))
+                .filter(|(&(_, off), e)| off + u64::from(e.len) <= end)
+                .take(PRETRIM_EXTENTS + 1)
+                .map(|(&(_, off), &e)| (off, e))
+                .collect();
+            if covered.len() <= PRETRIM_EXTENTS {
+                return Ok(());
+            }
+            self.begin()?;
+            let mut pages = 0u64;
+            for &(off, e) in &covered[..PRETRIM_EXTENTS] {
+                self.log(Change::ExtentDel { ino, offset: off })?;
+                if !self.run_refs.contains_key(&e.run.page) {
+                    self.pending_free.push(e.run);
+                    pages += u64::from(e.run.pages);
+                }
+            }
+            if let Ok(mut inode) = self.inode(ino) {
+                inode.pages -= pages.min(inode.pages);
+                self.put_inode(&inode)?;
+            }
+            self.finish()?;
+        }
     }
 
     /// Inside an operation: unmaps whole blocks and extents of `ino` at or past
