@@ -511,8 +511,10 @@ fn hard_links_count_names_and_free_at_the_last() {
 fn an_io_write_over_many_extents_keeps_its_record_bounded() {
     let (mut s, _) = fresh_sized(BIG_ZONE);
     let free_before = s.statfs().blocks_free;
-    let args =
-        CreateArgs { layout: Some((Default::default(), FileLayout::Io)), ..CreateArgs::file(0o644) };
+    let args = CreateArgs {
+        layout: Some((Default::default(), FileLayout::Io)),
+        ..CreateArgs::file(0o644)
+    };
     let f = s.create(ROOT, b"f", args).unwrap();
     // 10,000 one-byte extents: removing them in the write's own record would
     // take 170 KB, over the 128 KiB limit (the shard panicked).
