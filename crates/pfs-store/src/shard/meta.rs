@@ -233,13 +233,7 @@ impl<D: Device> Shard<D> {
         }
         self.reserve_table_bytes(tables::dentry_bytes(name) + tables::INODE_BYTES)?;
         let now = self.now();
-        let parent_inode = match self.inode(parent) {
-            Ok(p) if p.kind != FileType::Directory => return Err(FsError::NotDir),
-            Ok(p) if p.nlink == 0 => return Err(FsError::NotFound),
-            Ok(p) => Some(p),
-            Err(FsError::NotFound) => None,
-            Err(e) => return Err(e),
-        };
+        let parent_inode = self.new_entry_parent(parent)?;
         let (dir_layout, file_layout) =
             args.layout.or(parent_inode.map(|p| (p.dir_layout, p.file_layout))).unwrap_or_default();
         let child = Inode {
@@ -326,6 +320,18 @@ impl<D: Device> Shard<D> {
         Ok(inode.attr(PAGE_SIZE))
     }
 
+    /// The inode of `parent` for a new entry in it: `None` when it lives on
+    /// another shard (a bigdir name), `NotDir` or `NotFound` (removed) otherwise.
+    fn new_entry_parent(&mut self, parent: InodeId) -> FsResult<Option<Inode>> {
+        match self.inode(parent) {
+            Ok(p) if p.kind != FileType::Directory => Err(FsError::NotDir),
+            Ok(p) if p.nlink == 0 => Err(FsError::NotFound),
+            Ok(p) => Ok(Some(p)),
+            Err(FsError::NotFound) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn put_link(
         &mut self,
         parent: InodeId,
@@ -340,13 +346,7 @@ impl<D: Device> Shard<D> {
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
         }
-        let parent_inode = match self.inode(parent) {
-            Ok(p) if p.kind != FileType::Directory => return Err(FsError::NotDir),
-            Ok(p) if p.nlink == 0 => return Err(FsError::NotFound),
-            Ok(p) => Some(p),
-            Err(FsError::NotFound) => None,
-            Err(e) => return Err(e),
-        };
+        let parent_inode = self.new_entry_parent(parent)?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
         self.begin()?;
         let now = self.now();
