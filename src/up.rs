@@ -67,6 +67,11 @@ impl LocalCluster {
             .map_err(|e| format!("cannot connect to the local cluster: {e}"))
     }
 
+    /// Fail-stop handles of the servers, in order.
+    pub fn fail_stops(&self) -> Vec<pfs_server::FailStop> {
+        self.servers.iter().map(|s| s.fail_stop()).collect()
+    }
+
     /// Stops the servers (drain, checkpoint), then the master.
     pub fn stop(mut self) -> Result<(), String> {
         let mut first = Ok(());
@@ -191,7 +196,26 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     );
     println!("pfs up: cluster key {}", cluster.key_file.display());
     println!("pfs up: mounted on {} (Ctrl-C unmounts and stops)", mountpoint.display());
-    let served = mount.run(stop);
+    // A server that fail-stops (a failed sync, a panicked worker) takes the
+    // mount down with it: pfs up exits non-zero with the reason, and the next
+    // run recovers the shards from their logs.
+    let watcher = {
+        let (stop, fail_stops) = (stop.clone(), cluster.fail_stops());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                for (i, f) in fail_stops.iter().enumerate() {
+                    if let Some(why) = f.reason() {
+                        eprintln!("pfs up: server {i} stopped ({why}); unmounting");
+                        stop.store(true, std::sync::atomic::Ordering::Release);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let served = mount.run(stop.clone());
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let _ = watcher.join();
     println!("pfs up: unmounted {}, stopping the servers", mountpoint.display());
     let stopped = cluster.stop();
     served?;

@@ -122,8 +122,15 @@ pub trait FileSystem: Send + Sync + 'static {
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32>;
     /// Waits until every write through `fh` finished (called on each close).
     fn flush(&self, ino: InodeId, fh: FileHandle) -> FsResult<()>;
-    /// Makes `ino`'s data (and metadata unless `datasync`) durable.
+    /// Makes `ino`'s data (and metadata unless `datasync`) durable: every write
+    /// this client made to it through any handle, its size, and the name it was
+    /// created or renamed to. `EIO` when a server restarted after it had
+    /// acknowledged some of that and before it was durable.
     fn fsync(&self, ino: InodeId, fh: FileHandle, datasync: bool) -> FsResult<()>;
+    /// Makes every change to directory `dir`'s entries acknowledged so far
+    /// durable (creates, unlinks, renames into and out of it), wherever its
+    /// entries live.
+    fn fsyncdir(&self, dir: InodeId, fh: FileHandle, datasync: bool) -> FsResult<()>;
     /// Closes `fh` (after the last close of a file descriptor).
     fn release(&self, ino: InodeId, fh: FileHandle) -> FsResult<()>;
     /// Usage of the whole file system.

@@ -26,6 +26,7 @@ use pfs_net::ClusterKey;
 use crate::api::{DirListing, FileSystem, Invalidation, Invalidator};
 use crate::conn::{rpc_options, Conn, Sent};
 use crate::dcache::{CachedDir, DentryCache};
+use crate::unsynced::{Taken, Unsynced};
 
 /// File block size of every shard (`FormatOptions::block_size`).
 pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
@@ -33,6 +34,9 @@ pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
 const LAYOUT_CACHE_MAX: usize = 1 << 16;
 /// Most files one client keeps open.
 pub const OPEN_FILES_MAX: usize = 1 << 16;
+/// Most inodes with changes not yet committed that one client tracks; past it,
+/// the client commits everything it changed before it goes on.
+pub const UNSYNCED_INODES_MAX: usize = 1 << 16;
 
 /// How a [`Cluster`] client connects and behaves.
 #[derive(Clone, Debug)]
@@ -121,6 +125,7 @@ impl ClusterOptions {
 #[derive(Debug)]
 struct Pending {
     server: usize,
+    worker: u32,
     sent: Sent,
 }
 
@@ -155,6 +160,8 @@ pub struct Cluster {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     next_fh: AtomicU64,
     caches: Arc<Caches>,
+    /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
+    unsynced: Mutex<Unsynced>,
     stop: Arc<AtomicBool>,
     notifier: Option<std::thread::JoinHandle<()>>,
 }
@@ -245,6 +252,45 @@ pub fn fetch_view(master: SocketAddr, key: &ClusterKey, timeout: Duration) -> Fs
     }
 }
 
+/// The inodes a change acknowledged with `reply` leaves not yet durable on the
+/// shard that made it: the directories whose entries it changed, the inodes it
+/// changed, and a new entry's inode (so `fsync` of a new file covers its name,
+/// as ext4's does).
+fn dirtied(req: &Request, reply: &Reply) -> Vec<InodeId> {
+    let mut out = match req {
+        Request::Create { parent, .. }
+        | Request::Mkdir { parent, .. }
+        | Request::Mknod { parent, .. }
+        | Request::Symlink { parent, .. }
+        | Request::Unlink { parent, .. }
+        | Request::Rmdir { parent, .. }
+        | Request::RmdirBigDir { parent, .. } => vec![*parent],
+        Request::Rename { parent, new_parent, .. }
+        | Request::RenameCross { parent, new_parent, .. } => vec![*parent, *new_parent],
+        Request::Link { ino, new_parent, .. } => vec![*ino, *new_parent],
+        Request::SetAttr { ino, .. }
+        | Request::Write { ino, .. }
+        | Request::WriteData { ino, .. }
+        | Request::TruncateData { ino, .. }
+        | Request::ExtendSize { ino, .. }
+        | Request::SetXattr { ino, .. }
+        | Request::RemoveXattr { ino, .. }
+        | Request::LayoutSet { ino, .. }
+        | Request::AddLink { ino }
+        | Request::DropInode { ino } => vec![*ino],
+        Request::AdjustDir { dir, .. } => vec![*dir],
+        _ => Vec::new(),
+    };
+    match reply {
+        Reply::Create { entry, .. }
+        | Reply::Mkdir(entry)
+        | Reply::Mknod(entry)
+        | Reply::Symlink(entry) => out.push(entry.attr.ino),
+        _ => {}
+    }
+    out
+}
+
 fn unexpected(reply: Reply) -> FsError {
     FsError::Io(format!("unexpected reply {:?}", reply.opcode()))
 }
@@ -328,6 +374,7 @@ impl Cluster {
             files: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             caches,
+            unsynced: Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)),
             stop,
             notifier: Some(notifier),
             opts,
@@ -363,18 +410,128 @@ impl Cluster {
 
     /// Sends `req` to a shard and waits; `TryAgain` (a full table, an rmdir
     /// deciding on the directory) is retried with back-off within the timeout.
+    /// A change it acknowledged is noted as not yet durable (`unsynced`).
     fn call_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<Reply> {
+        self.call_noting(server, worker, req, &[])
+    }
+
+    /// [`call_to`](Self::call_to) that also notes a change to `also` (an inode
+    /// the request does not name, such as the file a rename moves).
+    fn call_noting(
+        &self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+        also: &[InodeId],
+    ) -> FsResult<Reply> {
         let deadline = Instant::now() + self.opts.request_timeout;
         let mut pause = Duration::from_micros(100);
+        let mutation = req.is_mutation();
         loop {
             let (s, sent) = self.send_to(server, worker, req.clone())?;
-            match self.conns[s].wait(sent) {
+            match self.conns[s].wait_boot(sent) {
                 Err(FsError::TryAgain) if Instant::now() + pause < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
-                other => return other,
+                Ok((reply, boot)) => {
+                    if mutation {
+                        let mut inos = dirtied(&req, &reply);
+                        inos.extend_from_slice(also);
+                        self.note_unsynced(&inos, server.0, worker.0, boot);
+                    }
+                    return Ok(reply);
+                }
+                Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Notes changes to `inos` acknowledged by a shard with boot id `boot`.
+    fn note_unsynced(&self, inos: &[InodeId], server: u32, worker: u32, boot: u64) {
+        for &ino in inos {
+            if self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot) {
+                continue;
+            }
+            // Full: commit everything this client changed, then note.
+            let all = self.unsynced.lock().expect("unsynced lock").take_all();
+            if let Err(e) = self.commit_marks(all, &[]) {
+                log::warn!("committing {UNSYNCED_INODES_MAX} files' changes: {e}");
+            }
+            self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot);
+        }
+    }
+
+    /// Asks each shard of `taken` (and of `also`) to commit, in parallel. Marks
+    /// whose shard answered from the boot that acknowledged them are done; one
+    /// that answered from a later boot (the server restarted), or a mark already
+    /// `lost`, makes its inode lost. Marks whose commit could not be asked for go
+    /// back to the table. Returns the lost inodes, or the first error.
+    fn commit_marks(
+        &self,
+        taken: Taken,
+        also: &[(ServerId, WorkerId)],
+    ) -> FsResult<BTreeSet<InodeId>> {
+        let mut shards: BTreeSet<(u32, u32)> =
+            taken.iter().map(|(_, m)| (m.server, m.worker)).collect();
+        shards.extend(also.iter().map(|(s, w)| (s.0, w.0)));
+        let mut sent = Vec::with_capacity(shards.len());
+        let mut first_error = None;
+        for &(s, w) in &shards {
+            let req = Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false };
+            match self.send_to(ServerId(s), WorkerId(w), req) {
+                Ok(x) => sent.push(((s, w), Some(x))),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    sent.push(((s, w), None));
+                }
+            }
+        }
+        let mut boots = HashMap::new();
+        for (shard, x) in sent {
+            let Some((conn, x)) = x else { continue };
+            match self.conns[conn].wait_boot(x) {
+                Ok((_, boot)) => {
+                    boots.insert(shard, boot);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let mut lost = BTreeSet::new();
+        let mut back = Vec::new();
+        for (ino, m) in taken {
+            match boots.get(&(m.server, m.worker)) {
+                Some(&boot) if !m.lost && boot == m.boot => {}
+                Some(_) => {
+                    lost.insert(ino);
+                }
+                None => back.push((ino, m)),
+            }
+        }
+        if !back.is_empty() {
+            self.unsynced.lock().expect("unsynced lock").restore(back);
+        }
+        // Lost changes are reported to whoever syncs that inode, not dropped.
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(lost)
+    }
+
+    /// Makes every acknowledged change of this client to `inos` durable, and
+    /// commits the shards `also` (other clients' changes there included).
+    /// `EIO` when a server restarted after acknowledging some of them.
+    fn sync_inodes(&self, inos: &[InodeId], also: &[(ServerId, WorkerId)]) -> FsResult<()> {
+        let taken = self.unsynced.lock().expect("unsynced lock").take(inos);
+        let lost = self.commit_marks(taken, also)?;
+        match lost.first() {
+            None => Ok(()),
+            Some(ino) => Err(FsError::Io(format!(
+                "a server restarted after it acknowledged changes to inode {ino} that were not \
+                 yet durable: they may be lost"
+            ))),
         }
     }
 
@@ -568,13 +725,16 @@ impl Cluster {
         out
     }
 
-    /// Completes the oldest pending write of `state`.
-    fn complete_one(&self, state: &mut OpenState) {
+    /// Completes the oldest pending write of `state` (a write to `ino`).
+    fn complete_one(&self, ino: InodeId, state: &mut OpenState) {
         if let Some(p) = state.pending.pop_front() {
-            let result = self.conns[p.server].wait(p.sent);
+            let result = self.conns[p.server].wait_boot(p.sent);
             self.conns[p.server].release_pipelined();
-            if let Err(e) = result {
-                state.first_error.get_or_insert(e);
+            match result {
+                Ok((_, boot)) => self.note_unsynced(&[ino], p.server as u32, p.worker, boot),
+                Err(e) => {
+                    state.first_error.get_or_insert(e);
+                }
             }
         }
     }
@@ -590,7 +750,7 @@ impl Cluster {
         let mut pause = Duration::from_micros(50);
         while !conn.reserve_pipelined(limit) {
             if !st.pending.is_empty() {
-                self.complete_one(st);
+                self.complete_one(file.ino, st);
                 continue;
             }
             let others: Vec<Arc<OpenFile>> = self
@@ -606,7 +766,7 @@ impl Cluster {
                 // A file whose lock is taken has a running owner, who reaps.
                 if let Ok(mut theirs) = other.state.try_lock() {
                     while theirs.pending.iter().any(|p| p.server == s) {
-                        self.complete_one(&mut theirs);
+                        self.complete_one(other.ino, &mut theirs);
                         reaped = true;
                     }
                 }
@@ -626,7 +786,7 @@ impl Cluster {
     fn drain(&self, file: &OpenFile) -> FsResult<()> {
         let mut st = file.state.lock().expect("open file lock");
         while !st.pending.is_empty() {
-            self.complete_one(&mut st);
+            self.complete_one(file.ino, &mut st);
         }
         if let Some(e) = st.first_error.take() {
             return Err(e);
@@ -657,7 +817,7 @@ impl Cluster {
         for file in &files {
             let mut st = file.state.lock().expect("open file lock");
             while !st.pending.is_empty() {
-                self.complete_one(&mut st);
+                self.complete_one(ino, &mut st);
             }
             if st.extend_to > 0 && st.first_error.is_none() {
                 let size = st.extend_to;
@@ -669,25 +829,6 @@ impl Cluster {
             }
         }
         Ok(!files.is_empty())
-    }
-
-    /// Commits every shard `file` touched, and its home.
-    fn commit_file(&self, file: &OpenFile, touched: &BTreeSet<(u32, u32)>) -> FsResult<()> {
-        let fh = FileHandle(0);
-        let (hs, hw) = home_of(file.ino, self.servers, self.workers);
-        let mut sent = Vec::new();
-        for &(s, w) in touched.iter().filter(|&&(s, w)| (ServerId(s), WorkerId(w)) != (hs, hw)) {
-            let req = Request::Fsync { ino: file.ino, fh, datasync: true };
-            sent.push(self.send_to(ServerId(s), WorkerId(w), req)?);
-        }
-        let home = self.send_to(hs, hw, Request::Fsync { ino: file.ino, fh, datasync: false })?;
-        let mut result = self.conns[home.0].wait(home.1).map(drop);
-        for (s, x) in sent {
-            if let Err(e) = self.conns[s].wait(x) {
-                result = result.and(Err(e));
-            }
-        }
-        result
     }
 
     /// The current size of `ino` at its home.
@@ -1041,7 +1182,8 @@ impl FileSystem for Cluster {
                 target_worker: to.proc_worker,
             }
         };
-        match self.call_to(from.server, from.proc_worker, req)? {
+        // The moved file's fsync covers its new name too (as for a new file).
+        match self.call_noting(from.server, from.proc_worker, req, &[source.ino])? {
             Reply::Rename | Reply::RenameCross => {}
             other => return Err(unexpected(other)),
         }
@@ -1204,7 +1346,7 @@ impl FileSystem for Cluster {
                 Request::WriteData { ino, layout, offset: o, data: bytes }
             };
             while st.pending.len() >= self.opts.max_unfinished_writes.max(1) {
-                self.complete_one(&mut st);
+                self.complete_one(ino, &mut st);
             }
             self.reserve_pipelined(r.server.0 as usize, &file, &mut st);
             let (s, sent) = match self.send_to(r.server, r.proc_worker, req) {
@@ -1215,9 +1357,9 @@ impl FileSystem for Cluster {
                 }
             };
             st.touched.insert((r.server.0, r.proc_worker.0));
-            st.pending.push_back(Pending { server: s, sent });
+            st.pending.push_back(Pending { server: s, worker: r.proc_worker.0, sent });
             if self.opts.strict {
-                self.complete_one(&mut st);
+                self.complete_one(ino, &mut st);
             }
         }
         if let Some(size) = st.size.as_mut() {
@@ -1234,11 +1376,23 @@ impl FileSystem for Cluster {
         self.drain(&file)
     }
 
-    fn fsync(&self, _ino: InodeId, fh: FileHandle, _datasync: bool) -> FsResult<()> {
+    fn fsync(&self, ino: InodeId, fh: FileHandle, _datasync: bool) -> FsResult<()> {
+        // Every write of this client to the file, through any handle, counts.
+        self.publish_writes(ino)?;
         let file = self.open_file(fh)?;
         self.drain(&file)?;
-        let touched = file.state.lock().expect("open file lock").touched.clone();
-        self.commit_file(&file, &touched)
+        self.sync_inodes(&[file.ino], &[])
+    }
+
+    fn fsyncdir(&self, dir: InodeId, _fh: FileHandle, _datasync: bool) -> FsResult<()> {
+        // The directory's entries: this client's changes wherever they are, and
+        // every shard that holds entries of it, for other clients' changes
+        // acknowledged before this call (a bigdir's are on every shard).
+        let also: Vec<(ServerId, WorkerId)> = match self.layout_of(dir)?.dir {
+            DirLayout::BigDir => self.all_shards().collect(),
+            DirLayout::Regular => vec![home_of(dir, self.servers, self.workers)],
+        };
+        self.sync_inodes(&[dir], &also)
     }
 
     fn release(&self, _ino: InodeId, fh: FileHandle) -> FsResult<()> {
@@ -1251,7 +1405,7 @@ impl FileSystem for Cluster {
         if touched.is_empty() {
             return drained;
         }
-        drained.and(self.commit_file(&file, &touched))
+        drained.and(self.sync_inodes(&[file.ino], &[]))
     }
 
     fn statfs(&self) -> FsResult<StatFs> {

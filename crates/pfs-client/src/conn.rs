@@ -121,12 +121,17 @@ impl Conn {
 
     /// Waits for the reply to `sent`; an error reply becomes `Err`.
     pub fn wait(&self, sent: Sent) -> FsResult<Reply> {
+        self.wait_boot(sent).map(|(r, _)| r)
+    }
+
+    /// [`wait`](Self::wait), and the boot id of the server process that answered.
+    pub fn wait_boot(&self, sent: Sent) -> FsResult<(Reply, u64)> {
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
-            match rpc.poll(sent.id) {
-                Ok(Some(frame)) => {
+            match rpc.poll_boot(sent.id) {
+                Ok(Some((frame, boot))) => {
                     return match frame.body {
-                        Body::Reply(r) => Ok(r),
+                        Body::Reply(r) => Ok((r, boot)),
                         Body::Error { error, .. } => Err(error),
                         Body::Request(r) => Err(FsError::Io(format!(
                             "{} answered with a request ({:?})",

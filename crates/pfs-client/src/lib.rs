@@ -8,12 +8,15 @@
 //! - [`cluster`]: [`Cluster`], the client of a running cluster: view, routing,
 //!   data split by block, pipelined writes.
 //! - [`conn`]: one shared connection to one server.
+//! - [`unsynced`]: the changes this client had acknowledged and not yet committed,
+//!   for `fsync` and `fsyncdir`.
 
 pub mod api;
 pub mod cluster;
 pub mod conn;
 pub mod dcache;
 pub mod pipeline;
+pub mod unsynced;
 
 pub use api::{DirListing, FileSystem, Invalidation, Invalidator};
 pub use cluster::{Cluster, ClusterOptions};

@@ -3,6 +3,7 @@
 //! - [`ids`]: newtype identifiers (`InodeId`, `ShardId`, `WorkerId`, ...).
 //! - [`attr`]: `FileType`, `FileAttr`, `SetAttr`, `StatFs`.
 //! - [`error`]: `FsError`, the one error a client sees, and its errno.
+//! - [`failpoint`]: named failures a test sets off in a real process.
 //! - [`layout`]: `DirLayout` and `FileLayout`.
 //! - [`routing`]: the characteristic value `Lambda` of a request and its `Route`.
 //! - [`wire`]: frames, requests and replies, and their byte encoding.
@@ -11,6 +12,7 @@
 pub mod attr;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod ids;
 pub mod layout;
 pub mod routing;

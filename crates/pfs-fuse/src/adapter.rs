@@ -875,13 +875,11 @@ impl fuser::Filesystem for PfsFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: KHandle,
-        _datasync: bool,
+        fh: KHandle,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Every namespace change is committed before it is answered; fsyncdir only
-        // checks the directory still exists.
-        Self::empty(reply, self.fs.getattr(InodeId(ino.0)).map(|_| ()));
+        Self::empty(reply, self.fs.fsyncdir(InodeId(ino.0), FileHandle(fh.0), datasync));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -479,6 +479,10 @@ impl FileSystem for MemFs {
         self.lock().node(ino).map(|_| ())
     }
 
+    fn fsyncdir(&self, dir: InodeId, _fh: FileHandle, _datasync: bool) -> FsResult<()> {
+        self.lock().node(dir).map(|_| ())
+    }
+
     fn release(&self, _ino: InodeId, _fh: FileHandle) -> FsResult<()> {
         Ok(())
     }

@@ -4,15 +4,28 @@
 //! client -> server  Hello      client nonce (32) | wanted features (u32)
 //! server -> client  Challenge  server nonce (32) | server proof (32) | features (u32)
 //! client -> server  Proof      client proof (32)
-//! server -> client  Accept     credits (u32) | features (u32) | shm name (u16 len, bytes)
+//! server -> client  Accept     credits (u32) | features (u32) | boot id (u64) |
+//!                              shm name (u16 len, bytes)
 //!                or Refuse     reason (UTF-8)
 //! then, for RDMA (WANT_RDMA asked, OFFERS_RDMA granted):
 //! client -> server  RdmaInfo   its queue pair address and sizes (`rdma::ConnInfo`)
 //! server -> client  RdmaInfo   the server's, or Refuse
 //! client -> server  RdmaReady  the client's queue pair can receive
 //! proof = HMAC-SHA256(key, role | client nonce | server nonce), role "pfs-net server v1"
-//! or "pfs-net client v1"
+//! for the server's proof, and for the connecting side "pfs-net client v1", or
+//! "pfs-net peer-server v1" when its Hello has [`PEER_IS_SERVER`]
 //! ```
+//!
+//! **Roles.** A server that connects to another (cross-shard transactions) sets
+//! [`PEER_IS_SERVER`], and its proof covers that role, so the bit cannot be
+//! flipped on the way. Servers refuse server-internal requests on connections
+//! without it. Every holder of the cluster key can still claim the role: the
+//! key authenticates the cluster, not the kind of member.
+//!
+//! **Boot id.** The Accept carries the server process's boot id, random per
+//! start: a client that sees it change knows the server restarted, and that
+//! changes it had acknowledged but not yet committed may be lost (the write
+//! verifier of NFS).
 //!
 //! Both sides prove the key, with fresh nonces from both, so a recorded handshake
 //! cannot be replayed. A side that cannot check the other's proof says so in its
@@ -53,9 +66,22 @@ pub const OFFERS_RDMA: u32 = 2;
 /// Hello feature: the client will use slot RPC on this connection (it announces
 /// its inbox first; [`crate::link`]).
 pub const WANT_SLOTS: u32 = 4;
+/// Hello feature: the connecting side is a storage server (a peer in a
+/// cross-shard transaction), not a client.
+pub const PEER_IS_SERVER: u32 = 8;
 
 const SERVER_ROLE: &[u8] = b"pfs-net server v1";
 const CLIENT_ROLE: &[u8] = b"pfs-net client v1";
+const PEER_SERVER_ROLE: &[u8] = b"pfs-net peer-server v1";
+
+/// The role the connecting side proves, from its Hello features.
+fn connecting_role(features: u32) -> &'static [u8] {
+    if features & PEER_IS_SERVER != 0 {
+        PEER_SERVER_ROLE
+    } else {
+        CLIENT_ROLE
+    }
+}
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -137,6 +163,8 @@ pub struct AcceptInfo {
     pub credits: u32,
     /// [`OFFERS_SHM`], [`OFFERS_RDMA`].
     pub features: u32,
+    /// The server process's boot id (random per start).
+    pub boot: u64,
     /// Abstract unix socket name of the shared-memory listener, if offered.
     pub shm_name: String,
 }
@@ -144,30 +172,33 @@ pub struct AcceptInfo {
 impl AcceptInfo {
     /// The Accept payload.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut p = Vec::with_capacity(10 + self.shm_name.len());
+        let mut p = Vec::with_capacity(18 + self.shm_name.len());
         p.extend_from_slice(&self.credits.to_le_bytes());
         p.extend_from_slice(&self.features.to_le_bytes());
+        p.extend_from_slice(&self.boot.to_le_bytes());
         p.extend_from_slice(&(self.shm_name.len() as u16).to_le_bytes());
         p.extend_from_slice(self.shm_name.as_bytes());
         p
     }
 
     fn decode(p: &[u8]) -> Result<AcceptInfo, String> {
-        if p.len() < 10 {
-            return Err(format!("accept message of {} bytes, expected at least 10", p.len()));
+        const FIXED: usize = 18;
+        if p.len() < FIXED {
+            return Err(format!("accept message of {} bytes, expected at least {FIXED}", p.len()));
         }
         let credits = u32::from_le_bytes(p[0..4].try_into().expect("4"));
         let features = u32::from_le_bytes(p[4..8].try_into().expect("4"));
-        let name_len = u16::from_le_bytes([p[8], p[9]]) as usize;
-        if p.len() != 10 + name_len {
-            return Err(format!("accept message names {name_len} bytes, has {}", p.len() - 10));
+        let boot = u64::from_le_bytes(p[8..16].try_into().expect("8"));
+        let name_len = u16::from_le_bytes([p[16], p[17]]) as usize;
+        if p.len() != FIXED + name_len {
+            return Err(format!("accept message names {name_len} bytes, has {}", p.len() - FIXED));
         }
-        let shm_name = String::from_utf8(p[10..].to_vec())
+        let shm_name = String::from_utf8(p[FIXED..].to_vec())
             .map_err(|_| "accept message: shm name is not UTF-8".to_owned())?;
         if credits == 0 {
             return Err("accept message grants 0 credits".into());
         }
-        Ok(AcceptInfo { credits, features, shm_name })
+        Ok(AcceptInfo { credits, features, boot, shm_name })
     }
 }
 
@@ -245,7 +276,7 @@ pub fn client_handshake<S: Read + Write>(
     let server_ok = key.check(SERVER_ROLE, &cn, sn, server_proof);
     // Answer even when the server's proof is wrong: the server then names us in its
     // log as the side that did not prove the key, and says so in its refusal.
-    let proof = key.prove(CLIENT_ROLE, &cn, sn);
+    let proof = key.prove(connecting_role(features), &cn, sn);
     s.write_all(&message(Kind::Proof, &proof))
         .map_err(|e| NetError::io("send proof to", peer, e))?;
     let (kind, p) = read_message(s, peer)?;
@@ -307,9 +338,15 @@ pub(crate) struct ServerHandshake {
     wants_shm: bool,
     wants_rdma: bool,
     wants_slots: bool,
+    peer_is_server: bool,
 }
 
 impl ServerHandshake {
+    /// The peer said it is a server ([`PEER_IS_SERVER`]) and proved it with the key.
+    pub(crate) fn peer_is_server(&self) -> bool {
+        self.state == ServerState::Done && self.peer_is_server
+    }
+
     /// A handshake waiting for the client's Hello.
     pub(crate) fn new() -> ServerHandshake {
         ServerHandshake {
@@ -319,6 +356,7 @@ impl ServerHandshake {
             wants_shm: false,
             wants_rdma: false,
             wants_slots: false,
+            peer_is_server: false,
         }
     }
 
@@ -346,6 +384,7 @@ impl ServerHandshake {
                 self.wants_shm = features & WANT_SHM != 0;
                 self.wants_rdma = features & WANT_RDMA != 0;
                 self.wants_slots = features & WANT_SLOTS != 0;
+                self.peer_is_server = features & PEER_IS_SERVER != 0;
                 if random_bytes(&mut self.server_nonce).is_err() {
                     return ServerStep::Refuse("server has no randomness".into());
                 }
@@ -360,7 +399,8 @@ impl ServerHandshake {
                 ServerStep::Reply(message(Kind::Challenge, &c))
             }
             (ServerState::AwaitProof, Kind::Proof) if p.len() == NONCE_BYTES => {
-                if !key.check(CLIENT_ROLE, &self.client_nonce, &self.server_nonce, p) {
+                let role = if self.peer_is_server { PEER_SERVER_ROLE } else { CLIENT_ROLE };
+                if !key.check(role, &self.client_nonce, &self.server_nonce, p) {
                     return ServerStep::Refuse(
                         NetError::KeyMismatch { peer: peer.to_owned() }.to_string(),
                     );

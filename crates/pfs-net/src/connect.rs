@@ -48,6 +48,8 @@ pub struct ConnectOptions {
     /// Slot RPC ([`crate::link`]) over tcp and shm; RDMA links always use it (with
     /// [`RdmaConfig::slots`] slots).
     pub slot_rpc: Option<SlotRpc>,
+    /// This side is a storage server ([`auth::PEER_IS_SERVER`]), not a client.
+    pub as_server: bool,
 }
 
 impl Default for ConnectOptions {
@@ -59,7 +61,17 @@ impl Default for ConnectOptions {
             ring_bytes: DEFAULT_RING_BYTES,
             rdma: RdmaConfig::default(),
             slot_rpc: None,
+            as_server: false,
         }
+    }
+}
+
+/// The Hello features every handshake of `opts` carries besides its own.
+fn role_bits(opts: &ConnectOptions) -> u32 {
+    if opts.as_server {
+        auth::PEER_IS_SERVER
+    } else {
+        0
     }
 }
 
@@ -82,7 +94,11 @@ pub fn connect(
         transport = TransportKind::Tcp;
     }
     let slots = opts.slot_rpc;
-    let link = |qp: Qp| Link::client(qp, slots, opts.timeout);
+    let link = |qp: Qp, boot: u64| {
+        let mut link = Link::client(qp, slots, opts.timeout)?;
+        link.set_server_boot(boot);
+        Ok(link)
+    };
     let wants = if slots.is_some() { WANT_SLOTS } else { 0 };
     let local = addr.ip().is_loopback();
     if transport == TransportKind::Shm && !local {
@@ -98,11 +114,12 @@ pub fn connect(
         // The server closes this probe connection; come back over shared memory.
         drop(stream);
         match connect_shm(addr, &info.shm_name, key, opts) {
-            Ok(qp) => return link(qp),
+            Ok((qp, boot)) => return link(qp, boot),
             Err(e) if transport == TransportKind::Auto => {
                 log::warn!("shared memory to {peer} failed ({e}); using tcp");
                 let (stream, info) = tcp_handshake(addr, key, opts, wants)?;
-                return link(Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?);
+                let qp = Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?;
+                return link(qp, info.boot);
             }
             Err(e) => return Err(e),
         }
@@ -113,7 +130,7 @@ pub fn connect(
             reason: format!("{peer} does not offer shared memory"),
         });
     }
-    link(Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?)
+    link(Qp::new(peer, Pipe::Tcp(stream), opts.limits, info.credits, None)?, info.boot)
 }
 
 /// An RDMA link with slot RPC; `Unavailable` (with the reason) when this host or
@@ -124,9 +141,12 @@ fn connect_rdma(
     key: &ClusterKey,
     opts: &ConnectOptions,
 ) -> Result<Link, NetError> {
-    let qp = crate::rdma::connect(addr, key, opts)?;
+    let device = crate::rdma::RdmaDevice::open(&opts.rdma)?;
+    let (qp, boot) = crate::rdma::connect_booted(addr, key, opts, device)?;
     let slots = SlotRpc { slots: opts.rdma.slots, inline_bytes: qp.max_send_bytes() };
-    Link::client(qp, Some(slots), opts.timeout)
+    let mut link = Link::client(qp, Some(slots), opts.timeout)?;
+    link.set_server_boot(boot);
+    Ok(link)
 }
 
 #[cfg(not(feature = "rdma"))]
@@ -149,7 +169,8 @@ pub(crate) fn tcp_handshake(
     s.set_read_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
     s.set_write_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
     s.set_nodelay(true).map_err(|e| NetError::io("configure", &peer, e))?;
-    let info = client_handshake(&mut s, key, &peer, features).map_err(|e| with_timeout(e, opts))?;
+    let info = client_handshake(&mut s, key, &peer, features | role_bits(opts))
+        .map_err(|e| with_timeout(e, opts))?;
     Ok((s, info))
 }
 
@@ -167,14 +188,14 @@ fn connect_shm(
     name: &str,
     key: &ClusterKey,
     opts: &ConnectOptions,
-) -> Result<Qp, NetError> {
+) -> Result<(Qp, u64), NetError> {
     let peer = format!("{addr} (shm)");
     let sa = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
         .map_err(|e| NetError::io("name shm socket", &peer, e))?;
     let mut s = UnixStream::connect_addr(&sa).map_err(|e| NetError::io("connect to", &peer, e))?;
     s.set_read_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
     s.set_write_timeout(Some(opts.timeout)).map_err(|e| NetError::io("configure", &peer, e))?;
-    let wants = if opts.slot_rpc.is_some() { WANT_SLOTS } else { 0 };
+    let wants = if opts.slot_rpc.is_some() { WANT_SLOTS } else { 0 } | role_bits(opts);
     let info = client_handshake(&mut s, key, &peer, wants).map_err(|e| with_timeout(e, opts))?;
     let pipe_sock = s.try_clone().map_err(|e| NetError::io("clone socket to", &peer, e))?;
     let (pipe, fds) = ShmPipe::create(pipe_sock, opts.ring_bytes)
@@ -187,7 +208,7 @@ fn connect_shm(
     let h = NetHeader::decode(&head).map_err(|r| NetError::protocol(&peer, r))?;
     match h.kind {
         Kind::Accept if h.len == 0 => {
-            Qp::new(peer, Pipe::Shm(pipe), opts.limits, info.credits, None)
+            Ok((Qp::new(peer, Pipe::Shm(pipe), opts.limits, info.credits, None)?, info.boot))
         }
         Kind::Refuse if h.len <= auth::MAX_HANDSHAKE_PAYLOAD => {
             let mut reason = vec![0u8; h.len as usize];

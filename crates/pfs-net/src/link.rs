@@ -143,6 +143,10 @@ pub struct Link {
     scratch: Vec<Completion>,
     /// Frames written one-sided into the peer's inbox, and taken out of ours.
     one_sided: (u64, u64),
+    /// Server side: the peer proved the server role ([`crate::auth::PEER_IS_SERVER`]).
+    peer_is_server: bool,
+    /// Client side: the boot id the server's Accept carried.
+    server_boot: u64,
 }
 
 impl From<Qp> for Inner {
@@ -173,7 +177,29 @@ impl Link {
             spare: Vec::new(),
             scratch: Vec::with_capacity(POLL_BATCH),
             one_sided: (0, 0),
+            peer_is_server: false,
+            server_boot: 0,
         }
+    }
+
+    /// Server side: whether the peer proved it is a server (a peer in a
+    /// cross-shard transaction) rather than a client.
+    pub fn peer_is_server(&self) -> bool {
+        self.peer_is_server
+    }
+
+    pub(crate) fn set_peer_is_server(&mut self, yes: bool) {
+        self.peer_is_server = yes;
+    }
+
+    /// Client side: the boot id of the server process this link reaches; it
+    /// changes when the server restarts.
+    pub fn server_boot(&self) -> u64 {
+        self.server_boot
+    }
+
+    pub(crate) fn set_server_boot(&mut self, boot: u64) {
+        self.server_boot = boot;
     }
 
     /// The server's side of an accepted connection; `wants_slots` from the Hello.

@@ -54,12 +54,33 @@ pub struct ListenerConfig {
     /// Offer RDMA queue pairs on this device; without the `rdma` feature or a usable
     /// device a warning says why and nothing is offered.
     pub rdma: Option<RdmaConfig>,
+    /// The boot id every Accept carries (random per `new`; a server sets its own).
+    pub boot: u64,
+}
+
+/// A random non-zero boot id.
+pub fn new_boot_id() -> u64 {
+    let mut b = [0u8; 8];
+    loop {
+        if crate::poller::random_bytes(&mut b).is_err() {
+            // No randomness: the clock still differs between two starts.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64);
+            b = (t ^ u64::from(std::process::id()) << 32).to_le_bytes();
+        }
+        let id = u64::from_le_bytes(b);
+        if id != 0 {
+            return id;
+        }
+    }
 }
 
 impl ListenerConfig {
     /// Defaults: 1024 connections, 128 credits, shm offered, 5 s handshake.
     pub fn new(addr: SocketAddr, key: ClusterKey) -> ListenerConfig {
         ListenerConfig {
+            boot: new_boot_id(),
             addr,
             key,
             max_connections: 1024,
@@ -146,8 +167,12 @@ impl Listener {
         let local = tcp.local_addr().map_err(|e| NetError::io("query", &at, e))?;
         let epoll = Epoll::new().map_err(|e| NetError::io("create epoll for", &at, e))?;
         epoll.add(tcp.as_raw_fd(), READ, TOKEN_TCP).map_err(|e| NetError::io("watch", &at, e))?;
-        let mut accept_info =
-            AcceptInfo { credits: cfg.credits, features: 0, shm_name: String::new() };
+        let mut accept_info = AcceptInfo {
+            credits: cfg.credits,
+            features: 0,
+            boot: cfg.boot,
+            shm_name: String::new(),
+        };
         let unix = if cfg.shm {
             let name = shm_socket_name(local);
             let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
@@ -429,7 +454,7 @@ fn step(
         };
         if p.awaiting_attach {
             return attach(p, msg, cfg, live)
-                .map(|qp| Outcome::Done(Some(Box::new(Link::server(qp, p.wants_slots)))))
+                .map(|qp| Outcome::Done(Some(Box::new(server_link(qp, p)))))
                 .map_err(Some);
         }
         #[cfg(feature = "rdma")]
@@ -455,7 +480,7 @@ fn step(
                     continue;
                 }
                 SetupStep::Done(qp) if p.have == 0 => {
-                    return Ok(Outcome::Done(Some(Box::new(Link::server(*qp, p.wants_slots)))))
+                    return Ok(Outcome::Done(Some(Box::new(server_link(*qp, p)))))
                 }
                 SetupStep::Done(_) => {
                     return Err(Some(format!(
@@ -503,12 +528,19 @@ fn step(
                     Stream::Tcp(s) => {
                         let s = s.try_clone().map_err(|e| Some(format!("clone socket: {e}")))?;
                         let qp = make_qp(p.peer.clone(), Pipe::Tcp(s), cfg, live).map_err(Some)?;
-                        return Ok(Outcome::Done(Some(Box::new(Link::server(qp, wants_slots)))));
+                        return Ok(Outcome::Done(Some(Box::new(server_link(qp, p)))));
                     }
                 }
             }
         }
     }
+}
+
+/// The server's side of an accepted link, with the role its peer proved.
+fn server_link(qp: impl Into<crate::link::Inner>, p: &Pending) -> Link {
+    let mut link = Link::server(qp, p.wants_slots);
+    link.set_peer_is_server(p.hs.peer_is_server());
+    link
 }
 
 fn make_qp(

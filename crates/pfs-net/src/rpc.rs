@@ -63,8 +63,11 @@ impl Default for RpcOptions {
 #[derive(Debug)]
 enum SlotState {
     Free,
-    Waiting { deadline: Instant },
-    Ready(Vec<u8>),
+    Waiting {
+        deadline: Instant,
+    },
+    /// The reply, and the boot id of the server link it came on.
+    Ready(Vec<u8>, u64),
     Failed(String),
 }
 
@@ -129,6 +132,12 @@ impl RpcClient {
     /// The queue pair, while connected.
     pub fn qp(&self) -> Option<&Link> {
         self.qp.as_ref()
+    }
+
+    /// The boot id of the server process the current link reaches (`None` while
+    /// disconnected); it changes when the server restarts.
+    pub fn server_boot(&self) -> Option<u64> {
+        self.qp.as_ref().map(Link::server_boot)
     }
 
     /// Requests that may be in flight at once.
@@ -245,6 +254,12 @@ impl RpcClient {
 
     /// Makes progress without blocking; returns the reply to `id` once it is here.
     pub fn poll(&mut self, id: RequestId) -> Result<Option<Frame>, NetError> {
+        Ok(self.poll_boot(id)?.map(|(f, _)| f))
+    }
+
+    /// [`poll`](Self::poll), and the boot id of the server process that sent the
+    /// reply (from the handshake of the link it came on).
+    pub fn poll_boot(&mut self, id: RequestId) -> Result<Option<(Frame, u64)>, NetError> {
         self.progress();
         let slot = (id.0 & ((1 << SLOT_BITS) - 1)) as usize;
         let s = match self.slots.get_mut(slot) {
@@ -264,18 +279,18 @@ impl RpcClient {
                     as u64,
                 reason: reason.clone(),
             }),
-            SlotState::Ready(_) => Ok(()),
+            SlotState::Ready(..) => Ok(()),
             SlotState::Free => unreachable!("checked above"),
         };
         let state = std::mem::replace(&mut s.state, SlotState::Free);
         self.free.push(slot as u32);
         self.in_flight -= 1;
         result?;
-        let SlotState::Ready(buf) = state else { unreachable!("ready") };
+        let SlotState::Ready(buf, boot) = state else { unreachable!("ready") };
         let decoded = Frame::decode(&buf);
         self.recycle(buf);
         match decoded {
-            Ok(frame) => Ok(Some(frame)),
+            Ok(frame) => Ok(Some((frame, boot))),
             Err(source) => {
                 let e = NetError::Wire { peer: self.peer.clone(), source };
                 if let Some(qp) = self.qp.as_mut() {
@@ -401,9 +416,10 @@ impl RpcClient {
             return;
         }
         let slot = (h.request_id.0 & ((1 << SLOT_BITS) - 1)) as usize;
+        let boot = self.server_boot().unwrap_or(0);
         match self.slots.get_mut(slot) {
             Some(s) if s.id == h.request_id.0 && matches!(s.state, SlotState::Waiting { .. }) => {
-                s.state = SlotState::Ready(buf);
+                s.state = SlotState::Ready(buf, boot);
             }
             _ => {
                 log::debug!(

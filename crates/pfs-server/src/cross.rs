@@ -195,6 +195,8 @@ impl Peers {
                 ..RpcOptions::default()
             };
             o.connect.timeout = Duration::from_millis(500);
+            // Proves the server role: peers run internal requests only for servers.
+            o.connect.as_server = true;
             let c = RpcClient::connect(addr, self.key.clone(), o).map_err(|e| e.to_string())?;
             self.conns[s] = Some(c);
         }

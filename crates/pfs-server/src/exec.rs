@@ -25,20 +25,7 @@ pub enum Durability {
 
 /// Whether a request changes the shard (so the worker schedules a commit).
 pub fn is_mutation(req: &Request) -> bool {
-    !matches!(
-        req,
-        Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::ReadLink { .. }
-            | Request::ReadDir { .. }
-            | Request::Open { .. }
-            | Request::Read { .. }
-            | Request::ReadData { .. }
-            | Request::StatFs
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-            | Request::LayoutGet { .. }
-    )
+    req.is_mutation()
 }
 
 fn getattr<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<pfs_core::FileAttr> {
@@ -84,7 +71,11 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
         | Request::SealDir { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
-    (run(shard, req), durability)
+    let result = run(shard, req);
+    // An operation cut halfway by a device error fails the shard (the worker
+    // then stops the server) rather than leave memory ahead of the log.
+    shard.end_request();
+    (result, durability)
 }
 
 fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {

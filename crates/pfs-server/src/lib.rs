@@ -26,6 +26,7 @@ pub mod worker;
 
 pub use master::{start_master, MasterHandle, MasterState};
 pub use server::{start, ServerHandle};
+pub use worker::FailStop;
 
 /// Why a server or master could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -45,4 +46,8 @@ pub enum ServerError {
     /// A worker failed.
     #[error("worker: {0}")]
     Worker(String),
+    /// A shard stopped acknowledging or a worker panicked, so the whole server
+    /// stopped (fail-stop); restart it and its shards recover from their logs.
+    #[error("fail-stop: {0}")]
+    FailStop(String),
 }

@@ -18,7 +18,9 @@ use pfs_store::{FormatOptions, Shard, ShardOptions};
 
 use crate::cross::Peers;
 use crate::memcpy::MemcpyPool;
-use crate::worker::{ring_mesh, ClientRegistry, Doorbell, UsageCell, Worker, WorkerOptions};
+use crate::worker::{
+    ring_mesh, ClientRegistry, Doorbell, FailStop, UsageCell, Worker, WorkerOptions,
+};
 use crate::ServerError;
 
 /// Zones start at multiples of this, so `O_DIRECT` alignment always holds.
@@ -37,6 +39,7 @@ pub struct ServerHandle {
     id: ServerId,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    fail_stop: FailStop,
     bells: Arc<Vec<Doorbell>>,
     workers: Vec<JoinHandle<Result<(), String>>>,
     helpers: Vec<JoinHandle<()>>,
@@ -58,6 +61,18 @@ impl ServerHandle {
     /// A flag that stops the server when set (for signal handlers).
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         self.stop.clone()
+    }
+
+    /// Why the server fail-stopped (a shard that stopped acknowledging, a worker
+    /// panic), once it did; it is then stopping by itself, and `join`/`stop`
+    /// return [`ServerError::FailStop`].
+    pub fn failure(&self) -> Option<String> {
+        self.fail_stop.reason()
+    }
+
+    /// A handle on the fail-stop state, for a supervisor thread to watch.
+    pub fn fail_stop(&self) -> FailStop {
+        self.fail_stop.clone()
     }
 
     /// Stops accepting, drains, commits and checkpoints every shard, and waits.
@@ -92,6 +107,9 @@ impl ServerHandle {
         }
         if let Some(pool) = self.memcpy {
             pool.join();
+        }
+        if let Some(why) = self.fail_stop.reason() {
+            return Err(ServerError::FailStop(why));
         }
         match first_error {
             Some(e) => Err(e),
@@ -313,6 +331,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     }
 
     let stop = Arc::new(AtomicBool::new(false));
+    let fail_stop = FailStop::new(stop.clone());
     let bells: Vec<Doorbell> = (0..workers)
         .map(|_| Doorbell::new())
         .collect::<Result<_, _>>()
@@ -358,13 +377,24 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             Peers::new(key.clone(), view.clone()),
             clients.clone(),
             ports.pop().expect("one per worker"),
+            fail_stop.clone(),
         )
         .map_err(|e| ServerError::Net(e.to_string()))?;
+        let fail_stop = fail_stop.clone();
         let h = std::thread::Builder::new()
             .name(format!("pfs-worker-{w}"))
             .spawn(move || {
                 pin_to_core(w);
-                worker.run().map(drop)
+                // A panic is a bug: the shard's memory may be anywhere. Stop the
+                // whole server rather than serve with a dead shard.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
+                    Ok(r) => r.map(drop),
+                    Err(payload) => {
+                        let why = format!("worker {w} panicked: {}", panic_text(&payload));
+                        fail_stop.trip(why.clone());
+                        Err(why)
+                    }
+                }
             })
             .map_err(|e| ServerError::Worker(format!("cannot start worker {w}: {e}")))?;
         handles.push(h);
@@ -396,11 +426,23 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         id,
         addr,
         stop,
+        fail_stop,
         bells,
         workers: handles,
         helpers: vec![acceptor, heartbeat],
         memcpy,
     })
+}
+
+/// The message a panic carried.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
 }
 
 /// Hands accepted connections to workers in turn (link-reduced: each connection

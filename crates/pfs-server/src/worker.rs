@@ -121,11 +121,58 @@ pub struct WorkerOptions {
 pub type ClientRegistry =
     Arc<std::sync::Mutex<std::collections::HashMap<ClientId, (u16, ConnRef)>>>;
 
+/// Why the server fail-stopped, set by the first worker that had to: its shard
+/// stopped acknowledging (a failed sync, an operation cut by a device error) or
+/// the worker panicked. The whole server stops, without checkpointing that
+/// shard, and exits non-zero so systemd restarts it and recovery runs.
+#[derive(Clone, Debug, Default)]
+pub struct FailStop {
+    why: Arc<std::sync::Mutex<Option<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FailStop {
+    /// A fail-stop that sets `stop`.
+    pub fn new(stop: Arc<AtomicBool>) -> FailStop {
+        FailStop { why: Arc::default(), stop }
+    }
+
+    /// Records `why` (the first reason wins), logs it and stops the server.
+    pub fn trip(&self, why: String) {
+        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            log::error!(
+                "fail-stop: {why}; the server stops without checkpointing that shard, \
+                 and recovery from its log runs at the next start"
+            );
+            *slot = Some(why);
+        }
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// The reason, once tripped.
+    pub fn reason(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 struct ConnState {
     qp: Link,
     gen: u32,
     /// The client id its requests carry, once seen.
     client: Option<ClientId>,
+    /// The peer proved the server role in its handshake.
+    peer_is_server: bool,
+    /// Internal requests refused on this connection (logged once).
+    refused_internal: u64,
+}
+
+/// Requests only servers send each other (cross-shard transactions). A client
+/// that sends one gets `EPERM` and the server logs it: a buggy or hostile
+/// client could otherwise seal directories or apply half a rename.
+fn server_internal(opcode: u16) -> bool {
+    use pfs_core::Opcode;
+    [Opcode::XRenameTarget, Opcode::TxnForget, Opcode::SealDir].iter().any(|o| *o as u16 == opcode)
 }
 
 /// One worker; [`run`](Worker::run) is its thread's body.
@@ -160,6 +207,7 @@ pub struct Worker<D: Device> {
     pub(crate) txn_seq: u64,
     tokens: Tokens,
     clients: ClientRegistry,
+    fail_stop: FailStop,
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -212,6 +260,7 @@ impl<D: Device> Worker<D> {
         peers: Peers,
         clients: ClientRegistry,
         memcpy: Option<MemcpyPort>,
+        fail_stop: FailStop,
     ) -> std::io::Result<Worker<D>> {
         let epoll = Epoll::new()?;
         epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
@@ -241,6 +290,7 @@ impl<D: Device> Worker<D> {
             txn_seq: wall_clock_ns() as u64 / 1000,
             tokens: Tokens::new(opts.token_lease),
             clients,
+            fail_stop,
         };
         w.publish_usage();
         w.recover_cross();
@@ -254,6 +304,10 @@ impl<D: Device> Worker<D> {
             self.now = Instant::now();
             self.shard.set_now(wall_clock_ns());
             let work = self.round();
+            if let Some(why) = self.shard.failure() {
+                self.fail_stop.trip(format!("worker {}: {why}", self.id));
+                break;
+            }
             if work > 0 {
                 idle_from = None;
                 continue;
@@ -277,6 +331,14 @@ impl<D: Device> Worker<D> {
             self.park();
             idle_from = None;
         }
+        if let Some(why) = self.shard.failure() {
+            // Nothing more is acknowledged: held replies fail, and the shard is
+            // left as the log has it for recovery.
+            let why = format!("worker {}: {why}", self.id);
+            self.fail_stop.trip(why.clone());
+            self.commit_and_release();
+            return Err(why);
+        }
         // Drain: answer what already arrived (and what the memcpy pool still
         // copies), then make everything durable.
         let drain_end = Instant::now() + Duration::from_secs(2);
@@ -287,6 +349,11 @@ impl<D: Device> Worker<D> {
             }
         }
         self.commit_and_release();
+        if let Some(why) = self.shard.failure() {
+            let why = format!("worker {}: {why}", self.id);
+            self.fail_stop.trip(why.clone());
+            return Err(why);
+        }
         self.shard.checkpoint().map_err(|e| format!("worker {}: checkpoint: {e}", self.id))?;
         log::info!("worker {}: checkpointed, stopping", self.id);
         Ok(self.shard)
@@ -319,6 +386,8 @@ impl<D: Device> Worker<D> {
             }
             self.mark_dirty();
         }
+        // Cross-shard steps and trims run shard operations outside `exec`.
+        self.shard.end_request();
         if !self.after_commit.is_empty() {
             work += self.after_commit.len();
             self.commit_and_release();
@@ -353,7 +422,9 @@ impl<D: Device> Worker<D> {
             log::info!("worker {}: serving {} over {:?}", self.id, qp.peer(), qp.backend());
             let gen = self.next_gen;
             self.next_gen = self.next_gen.wrapping_add(1).max(1);
-            self.conns[slot] = Some(ConnState { qp, gen, client: None });
+            let peer_is_server = qp.peer_is_server();
+            self.conns[slot] =
+                Some(ConnState { qp, gen, client: None, peer_is_server, refused_internal: 0 });
         }
         n
     }
@@ -412,6 +483,25 @@ impl<D: Device> Worker<D> {
                     state.client = Some(header.client);
                     let mut reg = self.clients.lock().expect("client registry lock");
                     reg.insert(header.client, (self.id, conn));
+                }
+            }
+        }
+        if server_internal(header.opcode) {
+            if let Some(state) = self.conns[conn.slot as usize].as_mut() {
+                if !state.peer_is_server {
+                    state.refused_internal += 1;
+                    if state.refused_internal == 1 {
+                        log::warn!(
+                            "worker {}: refused server-internal request (opcode {}) from client {} \
+                             at {}: only servers send it (later ones are refused silently)",
+                            self.id,
+                            header.opcode,
+                            header.client,
+                            state.qp.peer()
+                        );
+                    }
+                    let reply = error_reply(header, FsError::NotPermitted);
+                    return self.send_reply(conn, reply);
                 }
             }
         }
@@ -529,6 +619,9 @@ impl<D: Device> Worker<D> {
                     Some(reply.to_bytes().expect("an error frame always encodes"))
                 }
             };
+        }
+        if pfs_core::failpoint::fire("worker.panic") {
+            panic!("failpoint worker.panic, before {op:?}");
         }
         let mutates = is_mutation(&req);
         let (result, durability) = execute(&mut self.shard, req);

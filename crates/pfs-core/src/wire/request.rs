@@ -415,6 +415,25 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether the request may change a shard (the server then schedules a
+    /// commit, and the client counts it as not yet durable until one).
+    pub fn is_mutation(&self) -> bool {
+        !matches!(
+            self,
+            Request::Lookup { .. }
+                | Request::GetAttr { .. }
+                | Request::ReadLink { .. }
+                | Request::ReadDir { .. }
+                | Request::Open { .. }
+                | Request::Read { .. }
+                | Request::ReadData { .. }
+                | Request::StatFs
+                | Request::GetXattr { .. }
+                | Request::ListXattr { .. }
+                | Request::LayoutGet { .. }
+        )
+    }
+
     /// This request's opcode.
     pub fn opcode(&self) -> Opcode {
         match self {

@@ -37,7 +37,7 @@ pub use info::{ConnInfo, RegionAd};
 #[cfg(feature = "rdma")]
 pub use setup::{connect, connect_with};
 #[cfg(feature = "rdma")]
-pub(crate) use setup::{Offer, ServerSetup, SetupStep};
+pub(crate) use setup::{connect_booted, Offer, ServerSetup, SetupStep};
 #[cfg(feature = "rdma")]
 pub use verbs::RdmaQp;
 

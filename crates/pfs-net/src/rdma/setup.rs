@@ -48,6 +48,16 @@ pub fn connect_with(
     opts: &ConnectOptions,
     device: Arc<RdmaDevice>,
 ) -> Result<RdmaQp, NetError> {
+    connect_booted(addr, key, opts, device).map(|(qp, _)| qp)
+}
+
+/// [`connect_with`], and the boot id the server's Accept carried.
+pub(crate) fn connect_booted(
+    addr: SocketAddr,
+    key: &ClusterKey,
+    opts: &ConnectOptions,
+    device: Arc<RdmaDevice>,
+) -> Result<(RdmaQp, u64), NetError> {
     let peer = addr.to_string();
     let (mut stream, accept) = tcp_handshake(addr, key, opts, WANT_RDMA | WANT_SLOTS)?;
     if accept.features & OFFERS_RDMA == 0 {
@@ -79,7 +89,7 @@ pub fn connect_with(
         .map_err(|e| NetError::io("send rdma ready to", &peer, e))?;
     qp.attach_control(stream, None)?;
     log::info!("rdma connection to {peer}: client id {}", theirs.imm_client);
-    Ok(qp)
+    Ok((qp, accept.boot))
 }
 
 /// What a listener offers RDMA with.

@@ -14,7 +14,9 @@
 //! write on, writes and syncs complete `Ok` but change nothing.
 //!
 //! **Faults**: [`Fault`] rules fail matching requests with `EIO`; a failed request changes
-//! nothing and other requests are unaffected.
+//! nothing and other requests are unaffected, except a failed `Sync`: as Linux does after
+//! a writeback error, it forgets the writes it should have made durable. They stay
+//! readable, a later `Sync` succeeds, and a crash loses them all the same.
 //!
 //! **Bad requests** (misaligned, empty, or past the end) complete with
 //! [`DeviceError::BadRequest`] instead of panicking: a server should survive a bad
@@ -277,6 +279,9 @@ impl State {
         let result = self
             .check(kind, offset, buf.len())
             .and_then(|()| self.take_fault(kind, offset, buf.len()));
+        if kind == IoKind::Sync && result.is_err() && !dead {
+            self.unsynced.clear();
+        }
         if result.is_ok() && !(dead && kind != IoKind::Read) {
             let (start, len) = (offset as usize, buf.len());
             match kind {
@@ -574,15 +579,19 @@ mod tests {
     }
 
     #[test]
-    fn failed_sync_leaves_writes_unsynced() {
+    fn failed_sync_forgets_the_writes_it_should_have_made_durable() {
         let mut dev = MemDevice::new(8 * S, 4);
         dev.inject(Fault::next(IoKind::Sync, 1));
         run_ok(&mut dev, vec![write(0, &pattern(1, 1))]);
         let done = run_all(&mut dev, vec![sync()]);
         assert!(done[0].result.is_err());
         assert_eq!(dev.peek_durable(0, 1), vec![0]);
+        // As on Linux after a writeback error: the retry succeeds, the data is
+        // still readable, and it is not durable.
         run_ok(&mut dev, vec![sync()]);
-        assert_eq!(dev.peek_durable(0, 1), vec![1]);
+        assert_eq!(dev.peek(0, 1), vec![1]);
+        assert_eq!(dev.peek_durable(0, 1), vec![0]);
+        assert_eq!(dev.crash(1).peek(0, 1), vec![0]);
     }
 
     #[test]

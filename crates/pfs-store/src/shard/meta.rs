@@ -23,6 +23,7 @@ pub const XATTR_FILE_LAYOUT: &[u8] = b"user.pfs.file_layout";
 pub const XATTR_VALUE_MAX: usize = 64 << 10;
 /// Longest symbolic link target.
 pub const SYMLINK_MAX: usize = 4095;
+const _: () = assert!(SYMLINK_MAX as u64 <= super::geometry::PAGE_SIZE, "a target fits one page");
 
 /// One directory entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -198,6 +199,12 @@ impl<D: Device> Shard<D> {
                 "symlink target of {} bytes: allowed 1..={SYMLINK_MAX}",
                 target.len()
             )));
+        }
+        // The target takes one page (`SYMLINK_MAX` < a page). Check for it before
+        // anything is logged: a symlink is created whole or not at all. (A device
+        // error on the target's write fails the shard instead: `end_request`.)
+        if self.page_bitmap.free() == 0 {
+            return Err(FsError::NoSpace);
         }
         let args =
             CreateArgs { kind: FileType::Symlink, perm: 0o777, uid, gid, rdev: 0, layout: None };

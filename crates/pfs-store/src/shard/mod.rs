@@ -340,6 +340,20 @@ impl<D: Device> Shard<D> {
     /// commit, then writes and syncs the pending WAL records (group commit).
     pub fn commit(&mut self) -> FsResult<()> {
         self.check_failed()?;
+        let result = self.commit_inner();
+        if let Err(e) = &result {
+            // A failed sync may have dropped writes the device will never report
+            // again (the fsync problem PostgreSQL met in 2018): a later sync that
+            // succeeds proves nothing. Stop acknowledging until recovery from the log.
+            self.fail(format!("commit failed, the shard must be recovered from its log: {e}"));
+        }
+        result
+    }
+
+    fn commit_inner(&mut self) -> FsResult<()> {
+        if pfs_core::failpoint::fire("shard.commit") {
+            return Err(FsError::Io("device sync failed (failpoint shard.commit)".into()));
+        }
         if self.data_unsynced {
             self.sync()?;
             self.data_unsynced = false;
@@ -363,6 +377,14 @@ impl<D: Device> Shard<D> {
             return Err(StoreError::Corruption(f.clone()));
         }
         self.commit().map_err(|e| StoreError::Corruption(e.to_string()))?;
+        let result = self.checkpoint_inner();
+        if let Err(e) = &result {
+            self.fail(format!("checkpoint failed, the shard must be recovered from its log: {e}"));
+        }
+        result
+    }
+
+    fn checkpoint_inner(&mut self) -> Result<(), StoreError> {
         self.icache.flush_all(&mut self.io)?;
         let tables = self.encode_tables();
         assert!(
@@ -423,8 +445,8 @@ impl<D: Device> Shard<D> {
     /// Starts a mutating operation: room in the WAL and the checkpoint for its
     /// record, and a bounded commit group.
     fn begin(&mut self) -> FsResult<()> {
+        self.end_request();
         self.check_failed()?;
-        assert!(self.op_changes == 0, "operation started inside another");
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.checkpoint()?;
         } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
@@ -440,7 +462,7 @@ impl<D: Device> Shard<D> {
         let lsn = self.wal.next_lsn();
         if let Err(e) = self.apply(&change, lsn) {
             let msg = format!("device error while applying a change, shard must be reopened: {e}");
-            self.failed = Some(msg.clone());
+            self.fail(msg.clone());
             return Err(FsError::Io(msg));
         }
         change.encode(&mut self.record);
@@ -462,6 +484,35 @@ impl<D: Device> Shard<D> {
         self.record.clear();
         self.op_changes = 0;
         Ok(())
+    }
+
+    /// Ends whatever operation a request left open. One that failed after it
+    /// applied part of its changes leaves memory ahead of the log; rather than
+    /// log half an operation, the shard fails: it stops acknowledging, and
+    /// recovery from the log brings back the state before that operation. Called
+    /// after every request (`exec`), and by `begin`.
+    pub fn end_request(&mut self) {
+        if self.op_changes > 0 {
+            self.fail(format!(
+                "an operation failed after {} of its changes were applied; \
+                 the shard must be recovered from its log",
+                self.op_changes
+            ));
+            self.record.clear();
+            self.op_changes = 0;
+        }
+    }
+
+    /// Why the shard stopped acknowledging, if it did: the server must stop
+    /// (fail-stop) and recover it from the log.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            self.failed = Some(format!("shard {}: {why}", self.id()));
+        }
     }
 
     fn check_failed(&self) -> FsResult<()> {

@@ -529,3 +529,79 @@ fn an_io_write_over_many_extents_keeps_its_record_bounded() {
     let s = reopen(s);
     assert_eq!(s.statfs().blocks_free, free_before);
 }
+
+#[test]
+fn failed_sync_fails_the_shard_until_it_is_recovered() {
+    use crate::device::{Fault, IoKind};
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"kept", CreateArgs::file(0o644)).unwrap();
+    s.write(f.ino, 0, b"durable").unwrap();
+    s.commit().unwrap();
+    s.write(f.ino, 0, b"DROPPED").unwrap();
+    s.create(ROOT, b"dropped", CreateArgs::file(0o644)).unwrap();
+    handle.inject(Fault::next(IoKind::Sync, 1));
+    assert!(matches!(s.commit(), Err(FsError::Io(_))));
+    let why = s.failure().expect("a failed sync fails the shard").to_owned();
+    assert!(why.contains("commit failed"), "{why}");
+    // The device would sync now, but the failed sync forgot writes: a commit that
+    // succeeded now would acknowledge what is lost. The shard refuses instead.
+    assert!(matches!(s.commit(), Err(FsError::Io(_))));
+    assert!(matches!(s.create(ROOT, b"later", CreateArgs::file(0o644)), Err(FsError::Io(_))));
+    assert!(s.checkpoint().is_err());
+    // Recovery from the log: the state of the last good commit.
+    let mut s = Shard::open(handle.crash(7), 0, small_opts()).unwrap();
+    assert!(s.failure().is_none());
+    assert_eq!(s.read(f.ino, 0, 7).unwrap(), b"durable");
+    assert_eq!(s.lookup(ROOT, b"dropped").unwrap_err(), FsError::NotFound);
+    s.create(ROOT, b"later", CreateArgs::file(0o644)).unwrap();
+    s.commit().unwrap();
+}
+
+#[test]
+fn symlink_on_a_full_zone_leaves_no_trace() {
+    let dev = MemDevice::new(8 << 20, 64);
+    let mut fo = FormatOptions::new(ShardId(0), 8 << 20);
+    fo.wal_bytes = Some(1 << 20);
+    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let f = s.create(ROOT, b"filler", CreateArgs::file(0o644)).unwrap();
+    let big = vec![7u8; 1 << 20];
+    let mut off = 0;
+    while s.write(f.ino, off, &big).is_ok() {
+        off += big.len() as u64;
+    }
+    // Fill the last pages one file of one page at a time.
+    for i in 0.. {
+        let p = s.create(ROOT, format!("p{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+        if s.write(p.ino, 0, &[1u8; 4096]).is_err() {
+            break;
+        }
+    }
+    assert_eq!(s.symlink(ROOT, b"ln", b"/target", 0, 0).unwrap_err(), FsError::NoSpace);
+    assert_eq!(s.lookup(ROOT, b"ln").unwrap_err(), FsError::NotFound);
+    // The next operation starts cleanly (this was an assertion failure).
+    s.create(ROOT, b"after", CreateArgs::file(0o644)).unwrap();
+    assert!(s.failure().is_none());
+    let mut s = reopen(s);
+    assert_eq!(s.lookup(ROOT, b"ln").unwrap_err(), FsError::NotFound);
+    s.lookup(ROOT, b"after").unwrap();
+}
+
+#[test]
+fn an_operation_cut_by_a_device_error_fails_the_shard_not_the_process() {
+    use crate::device::{Fault, IoKind};
+    let (mut s, handle) = fresh();
+    s.commit().unwrap();
+    // The target's data write fails after the inode and name were applied.
+    handle.inject(Fault::next(IoKind::Write, 1));
+    assert!(matches!(s.symlink(ROOT, b"ln", b"/t", 0, 0), Err(FsError::Io(_))));
+    s.end_request();
+    assert!(
+        s.failure().is_some_and(|w| w.contains("an operation failed after")),
+        "{:?}",
+        s.failure()
+    );
+    assert!(matches!(s.create(ROOT, b"x", CreateArgs::file(0o644)), Err(FsError::Io(_))));
+    let mut s = Shard::open(handle.crash(3), 0, small_opts()).unwrap();
+    assert_eq!(s.lookup(ROOT, b"ln").unwrap_err(), FsError::NotFound);
+    s.symlink(ROOT, b"ln", b"/t", 0, 0).unwrap();
+}

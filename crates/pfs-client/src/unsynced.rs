@@ -1,0 +1,148 @@
+//! What this client changed that no commit has covered yet: for each inode, the
+//! shards holding acknowledged and not yet durable changes to it, and the boot
+//! id of each shard's server when the first of them was acknowledged.
+//!
+//! `fsync` and `fsyncdir` take an inode's marks, ask each shard to commit, and
+//! compare the boot id the commit's reply came with: a server that restarted in
+//! between may have lost what it had acknowledged (a crash loses up to one
+//! commit interval), so the call fails with `EIO` instead of claiming
+//! durability; this is the write verifier of NFS. The marks of one inode are at
+//! most one per shard, and the table holds at most `max_inodes` inodes; when it
+//! is full the client commits everything it holds first ([`Unsynced::take_all`]).
+
+use std::collections::HashMap;
+
+use pfs_core::InodeId;
+
+/// One shard holding unsynced changes to an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    /// Server index in the view.
+    pub server: u32,
+    /// Worker (shard) on that server.
+    pub worker: u32,
+    /// Boot id of the server when the first change was acknowledged.
+    pub boot: u64,
+    /// A later change came from another boot: the earlier ones may be lost.
+    pub lost: bool,
+}
+
+/// The table; see the module docs.
+#[derive(Debug)]
+pub struct Unsynced {
+    by_ino: HashMap<InodeId, Vec<Mark>>,
+    max_inodes: usize,
+}
+
+/// Marks taken for a commit: (inode, mark).
+pub type Taken = Vec<(InodeId, Mark)>;
+
+impl Unsynced {
+    /// An empty table of at most `max_inodes` inodes (at least 1).
+    pub fn new(max_inodes: usize) -> Unsynced {
+        Unsynced { by_ino: HashMap::new(), max_inodes: max_inodes.max(1) }
+    }
+
+    /// Notes a change to `ino` acknowledged by shard (`server`, `worker`) whose
+    /// server has boot id `boot`. `false` when the table is full and `ino` is
+    /// not in it: commit everything ([`take_all`](Self::take_all)), then note again.
+    pub fn note(&mut self, ino: InodeId, server: u32, worker: u32, boot: u64) -> bool {
+        if !self.by_ino.contains_key(&ino) && self.by_ino.len() >= self.max_inodes {
+            return false;
+        }
+        let marks = self.by_ino.entry(ino).or_default();
+        match marks.iter_mut().find(|m| (m.server, m.worker) == (server, worker)) {
+            Some(m) if m.boot != boot => m.lost = true,
+            Some(_) => {}
+            None => marks.push(Mark { server, worker, boot, lost: false }),
+        }
+        true
+    }
+
+    /// Takes the marks of `inos`.
+    pub fn take(&mut self, inos: &[InodeId]) -> Taken {
+        let mut out = Vec::new();
+        for ino in inos {
+            if let Some(marks) = self.by_ino.remove(ino) {
+                out.extend(marks.into_iter().map(|m| (*ino, m)));
+            }
+        }
+        out
+    }
+
+    /// Takes every mark.
+    pub fn take_all(&mut self) -> Taken {
+        self.by_ino
+            .drain()
+            .flat_map(|(ino, marks)| marks.into_iter().map(move |m| (ino, m)))
+            .collect()
+    }
+
+    /// Puts marks back (their commit could not be asked for); they merge with
+    /// marks noted since. Past the table's limit they are kept anyway: they
+    /// came out of it, so the table never holds more than it did.
+    pub fn restore(&mut self, taken: Taken) {
+        for (ino, m) in taken {
+            let marks = self.by_ino.entry(ino).or_default();
+            match marks.iter_mut().find(|x| (x.server, x.worker) == (m.server, m.worker)) {
+                Some(x) => {
+                    x.lost |= m.lost || x.boot != m.boot;
+                    x.boot = m.boot;
+                }
+                None => marks.push(m),
+            }
+        }
+    }
+
+    /// Inodes with marks.
+    pub fn len(&self) -> usize {
+        self.by_ino.len()
+    }
+
+    /// No marks at all.
+    pub fn is_empty(&self) -> bool {
+        self.by_ino.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_boot_marks_the_first_changes_lost() {
+        let mut u = Unsynced::new(4);
+        let (a, b) = (InodeId(10), InodeId(11));
+        assert!(u.note(a, 0, 1, 7));
+        assert!(u.note(a, 0, 1, 7));
+        assert!(u.note(a, 1, 0, 9));
+        assert!(u.note(b, 0, 1, 8));
+        let t = u.take(&[a]);
+        assert_eq!(t.len(), 2);
+        assert!(t.iter().all(|(_, m)| !m.lost));
+        let t = u.take(&[b]);
+        assert_eq!(t, vec![(b, Mark { server: 0, worker: 1, boot: 8, lost: false })]);
+        assert!(u.is_empty());
+        u.note(a, 0, 0, 1);
+        u.note(a, 0, 0, 2);
+        assert!(u.take(&[a])[0].1.lost);
+    }
+
+    #[test]
+    fn full_table_says_so_and_restore_merges() {
+        let mut u = Unsynced::new(2);
+        assert!(u.note(InodeId(1), 0, 0, 5));
+        assert!(u.note(InodeId(2), 0, 0, 5));
+        assert!(!u.note(InodeId(3), 0, 0, 5), "full");
+        assert!(u.note(InodeId(2), 0, 1, 5), "a known inode still takes marks");
+        let all = u.take_all();
+        assert_eq!(all.len(), 3);
+        assert!(u.note(InodeId(3), 0, 0, 5));
+        u.note(InodeId(1), 0, 0, 6);
+        u.restore(all);
+        assert_eq!(u.len(), 3);
+        let one = u.take(&[InodeId(1)]);
+        assert_eq!(one.len(), 1);
+        assert!(one[0].1.lost, "boots 5 and 6 on one shard");
+    }
+}
