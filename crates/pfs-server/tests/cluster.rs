@@ -15,191 +15,19 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::content;
-use pfs_client::{Cluster, ClusterOptions, FileSystem};
+use common::procs::{child_client, spawn_child, wait_timeout, ClusterProcs, CHILD_ROLE};
+use pfs_client::FileSystem;
 use pfs_core::wire::RenameFlags;
 use pfs_core::{FileType, FsError, InodeId, SetAttr};
-use pfs_net::ClusterKey;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const SERVERS: u32 = 3;
 const WORKERS: u32 = 2;
-const SERVER_BIN: &str = env!("CARGO_BIN_EXE_pfs-server");
-
-fn free_port(ip: &str) -> u16 {
-    TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
-}
-
-struct ClusterProcs {
-    dir: PathBuf,
-    master_addr: SocketAddr,
-    master: Child,
-    servers: Vec<Option<Child>>,
-}
-
-impl ClusterProcs {
-    fn start(dir: &Path) -> ClusterProcs {
-        let key = dir.join("cluster.key");
-        ClusterKey::generate(&key).unwrap();
-        let master_addr: SocketAddr =
-            format!("127.0.0.1:{}", free_port("127.0.0.1")).parse().unwrap();
-        std::fs::write(
-            dir.join("master.toml"),
-            format!(
-                "listen = \"{master_addr}\"\nkey_file = \"{}\"\nservers = {SERVERS}\nstate_path = \"{}\"\n\
-                 heartbeat_interval_ms = 200\ndown_after_ms = 1000\n",
-                key.display(),
-                dir.join("master.state").display()
-            ),
-        )
-        .unwrap();
-        let master = spawn(
-            dir,
-            "master",
-            &["master", "--config", dir.join("master.toml").to_str().unwrap()],
-        );
-        for n in 0..SERVERS {
-            let ip = format!("127.0.0.{}", n + 2);
-            let cfg = format!(
-                "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\npreallocate = false\nworkers = {WORKERS}\n\
-                 key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = 8388608\nicache_blocks = 256\n\
-                 idle_spin_us = 50\n",
-                free_port(&ip),
-                dir.join(format!("server-{n}.img")).display(),
-                common::DEVICE_BYTES,
-                key.display()
-            );
-            std::fs::write(dir.join(format!("server-{n}.toml")), cfg).unwrap();
-        }
-        let mut c = ClusterProcs { dir: dir.to_owned(), master_addr, master, servers: Vec::new() };
-        for n in 0..SERVERS {
-            // One after the other, so server n gets id n.
-            let child = c.spawn_server(n);
-            c.servers.push(Some(child));
-            c.wait_registered(n + 1);
-        }
-        c
-    }
-
-    fn spawn_server(&self, n: u32) -> Child {
-        let cfg = self.dir.join(format!("server-{n}.toml"));
-        spawn(&self.dir, &format!("server-{n}"), &["serve", "--config", cfg.to_str().unwrap()])
-    }
-
-    fn wait_registered(&self, count: u32) {
-        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(v) =
-                pfs_client::cluster::fetch_view(self.master_addr, &key, Duration::from_secs(2))
-            {
-                if v.servers.len() as u32 >= count && v.servers.iter().all(|s| s.up) {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "{count} servers did not register within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn client(&self) -> Cluster {
-        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
-        let mut o = ClusterOptions::new(self.master_addr, key);
-        o.connect_timeout = Duration::from_secs(20);
-        o.request_timeout = Duration::from_secs(3);
-        Cluster::connect(o).unwrap()
-    }
-
-    fn kill_server(&mut self, n: usize) {
-        let mut child = self.servers[n].take().unwrap();
-        // SAFETY: plain syscall on our own child's pid.
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        child.wait().unwrap();
-    }
-
-    fn stop(mut self) {
-        for s in self.servers.iter_mut().flatten() {
-            // SIGTERM: drain and checkpoint, exit 0.
-            // SAFETY: plain syscall on our own child's pid.
-            unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
-        }
-        for (n, s) in self.servers.iter_mut().enumerate() {
-            if let Some(s) = s {
-                let status =
-                    wait_timeout(s, Duration::from_secs(20)).expect("server stops on SIGTERM");
-                assert!(status.success(), "server {n} exited with {status} on SIGTERM");
-            }
-        }
-        // SAFETY: as above.
-        unsafe { libc::kill(self.master.id() as i32, libc::SIGTERM) };
-        let status = wait_timeout(&mut self.master, Duration::from_secs(10)).expect("master stops");
-        assert!(status.success(), "master exited with {status}");
-    }
-}
-
-fn spawn(dir: &Path, name: &str, args: &[&str]) -> Child {
-    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    Command::new(SERVER_BIN)
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap()
-}
-
-fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    None
-}
-
-/// Runs this binary again in role `role`; its stdout lines arrive on the channel.
-fn spawn_child(c: &ClusterProcs, role: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("PFS_CLUSTER_CHILD", role)
-        .env("PFS_MASTER", c.master_addr.to_string())
-        .env("PFS_KEY", c.dir.join("cluster.key"))
-        .env("PFS_DIR", &c.dir)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (child, rx)
-}
-
-// ---- child roles ----
-
-fn child_client() -> Cluster {
-    let master: SocketAddr = std::env::var("PFS_MASTER").unwrap().parse().unwrap();
-    let key = ClusterKey::load(Path::new(&std::env::var("PFS_KEY").unwrap())).unwrap();
-    let mut o = ClusterOptions::new(master, key);
-    o.connect_timeout = Duration::from_secs(20);
-    o.request_timeout = Duration::from_secs(3);
-    Cluster::connect(o).unwrap()
-}
 
 fn write_all(
     fs: &dyn FileSystem,
@@ -409,7 +237,7 @@ fn sigkill_a_server(c: &mut ClusterProcs) {
             killed = true;
         }
         if killed && !restarted && failed >= 3 {
-            c.servers[1] = Some(c.spawn_server(1));
+            c.servers[1] = Some(c.spawn_server(1, &[]));
             restarted = true;
         }
     }
@@ -433,7 +261,7 @@ fn sigkill_a_server(c: &mut ClusterProcs) {
 }
 
 fn main() {
-    if let Ok(role) = std::env::var("PFS_CLUSTER_CHILD") {
+    if let Ok(role) = std::env::var(CHILD_ROLE) {
         match role.split_once(':') {
             Some(("mixed", id)) => child_mixed(id.parse().unwrap()),
             None if role == "durable" => child_durable(),
@@ -442,7 +270,7 @@ fn main() {
         return;
     }
     let dir = common::test_dir("cluster-procs");
-    let mut c = ClusterProcs::start(&dir);
+    let mut c = ClusterProcs::start(&dir, SERVERS, WORKERS);
     mixed_workload(&c);
     sigkill_a_server(&mut c);
     c.stop();

@@ -1,0 +1,216 @@
+//! A real cluster of processes on 127.0.0.x: a master and `pfs-server`
+//! processes, plus client processes (the test binary run again in a child role).
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pfs_client::{Cluster, ClusterOptions};
+use pfs_net::ClusterKey;
+
+const SERVER_BIN: &str = env!("CARGO_BIN_EXE_pfs-server");
+
+/// The environment variable that tells the test binary which child role to run.
+pub const CHILD_ROLE: &str = "PFS_CLUSTER_CHILD";
+
+pub fn free_port(ip: &str) -> u16 {
+    TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
+}
+
+pub struct ClusterProcs {
+    pub dir: PathBuf,
+    pub master_addr: SocketAddr,
+    pub master: Child,
+    pub servers: Vec<Option<Child>>,
+    pub count: u32,
+}
+
+impl ClusterProcs {
+    /// A master and `servers` servers of `workers` workers each, server n on
+    /// 127.0.0.(n+2).
+    pub fn start(dir: &Path, servers: u32, workers: u32) -> ClusterProcs {
+        let key = dir.join("cluster.key");
+        ClusterKey::generate(&key).unwrap();
+        let master_addr: SocketAddr =
+            format!("127.0.0.1:{}", free_port("127.0.0.1")).parse().unwrap();
+        std::fs::write(
+            dir.join("master.toml"),
+            format!(
+                "listen = \"{master_addr}\"\nkey_file = \"{}\"\nservers = {servers}\nstate_path = \"{}\"\n\
+                 heartbeat_interval_ms = 200\ndown_after_ms = 1000\n",
+                key.display(),
+                dir.join("master.state").display()
+            ),
+        )
+        .unwrap();
+        let master = spawn(
+            dir,
+            "master",
+            &["master", "--config", dir.join("master.toml").to_str().unwrap()],
+            &[],
+        );
+        for n in 0..servers {
+            let ip = format!("127.0.0.{}", n + 2);
+            let cfg = format!(
+                "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\npreallocate = false\nworkers = {workers}\n\
+                 key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = 8388608\nicache_blocks = 256\n\
+                 idle_spin_us = 50\n",
+                free_port(&ip),
+                dir.join(format!("server-{n}.img")).display(),
+                super::DEVICE_BYTES,
+                key.display()
+            );
+            std::fs::write(dir.join(format!("server-{n}.toml")), cfg).unwrap();
+        }
+        let mut c = ClusterProcs {
+            dir: dir.to_owned(),
+            master_addr,
+            master,
+            servers: Vec::new(),
+            count: servers,
+        };
+        for n in 0..servers {
+            // One after the other, so server n gets id n.
+            let child = c.spawn_server(n, &[]);
+            c.servers.push(Some(child));
+            c.wait_registered(n + 1);
+        }
+        c
+    }
+
+    /// Starts server `n` with extra environment variables (failpoints).
+    pub fn spawn_server(&self, n: u32, env: &[(&str, &str)]) -> Child {
+        let cfg = self.dir.join(format!("server-{n}.toml"));
+        spawn(&self.dir, &format!("server-{n}"), &["serve", "--config", cfg.to_str().unwrap()], env)
+    }
+
+    /// Waits until `count` servers are registered and up.
+    pub fn wait_registered(&self, count: u32) {
+        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(v) =
+                pfs_client::cluster::fetch_view(self.master_addr, &key, Duration::from_secs(2))
+            {
+                if v.servers.len() as u32 >= count && v.servers.iter().all(|s| s.up) {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "{count} servers did not register within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// A client with a 3 s request timeout. A server that was just restarted
+    /// may still be starting: connecting is retried for up to 30 s.
+    pub fn client(&self) -> Cluster {
+        let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
+        let mut o = ClusterOptions::new(self.master_addr, key);
+        o.connect_timeout = Duration::from_secs(20);
+        o.request_timeout = Duration::from_secs(3);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Cluster::connect(o.clone()) {
+                Ok(c) => return c,
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!("client: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("no client within 30 s: {e}"),
+            }
+        }
+    }
+
+    pub fn kill_server(&mut self, n: usize) {
+        let mut child = self.servers[n].take().unwrap();
+        kill(&child);
+        child.wait().unwrap();
+    }
+
+    pub fn stop(mut self) {
+        for s in self.servers.iter_mut().flatten() {
+            // SIGTERM: drain and checkpoint, exit 0.
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+        }
+        for (n, s) in self.servers.iter_mut().enumerate() {
+            if let Some(s) = s {
+                let status =
+                    wait_timeout(s, Duration::from_secs(20)).expect("server stops on SIGTERM");
+                assert!(status.success(), "server {n} exited with {status} on SIGTERM");
+            }
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(self.master.id() as i32, libc::SIGTERM) };
+        let status = wait_timeout(&mut self.master, Duration::from_secs(10)).expect("master stops");
+        assert!(status.success(), "master exited with {status}");
+    }
+}
+
+/// SIGKILL to `child`.
+pub fn kill(child: &Child) {
+    // SAFETY: plain syscall on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+}
+
+/// Starts `pfs-server args` with its output in `dir/name.log` (appended).
+pub fn spawn(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .unwrap();
+    let mut cmd = Command::new(SERVER_BIN);
+    cmd.args(args).env("RUST_LOG", "info").stdout(log.try_clone().unwrap()).stderr(log);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+pub fn wait_timeout(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(s) = child.try_wait().unwrap() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    None
+}
+
+/// Runs this binary again in role `role`; its stdout lines arrive on the channel.
+pub fn spawn_child(c: &ClusterProcs, role: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(CHILD_ROLE, role)
+        .env("PFS_MASTER", c.master_addr.to_string())
+        .env("PFS_KEY", c.dir.join("cluster.key"))
+        .env("PFS_DIR", &c.dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// The client of a child role (from the environment `spawn_child` set).
+pub fn child_client() -> Cluster {
+    let master: SocketAddr = std::env::var("PFS_MASTER").unwrap().parse().unwrap();
+    let key = ClusterKey::load(Path::new(&std::env::var("PFS_KEY").unwrap())).unwrap();
+    let mut o = ClusterOptions::new(master, key);
+    o.connect_timeout = Duration::from_secs(20);
+    o.request_timeout = Duration::from_secs(3);
+    Cluster::connect(o).unwrap()
+}

@@ -1,0 +1,510 @@
+//! The SIGKILL soak: real server processes killed at random moments under a
+//! mixed workload from two client processes, restarted, and checked.
+//!
+//! Each round, two clients (this binary in the `soak` child role) run random
+//! operations in their own two directories: `c<id>` (a bigdir, entries on every
+//! shard) and `r<id>` (a regular directory, entries at its home), so renames
+//! between them cross shards. Before an operation a client prints `U <path>` for
+//! every name it may change; once the operation is durable (fsync of the file,
+//! fsyncdir of the directories) it prints the outcome: `D file <path> <len>
+//! <crc>`, `D dir <path>`, `D absent <path>`, or `D same <path>` for an
+//! operation that was refused and changed nothing. Operations left without
+//! fsync leave their names uncertain until the next durable outcome.
+//!
+//! After a random 0.3 to 2.5 s the parent kills a random server (sometimes all
+//! of them) and both clients with SIGKILL, restarts the servers, and checks with
+//! a fresh client: every name with a durable outcome has exactly that state and
+//! content, and no directory holds a name the clients never used.
+//!
+//! `PFS_SOAK_ROUNDS` (default 10) sets the rounds, `PFS_SOAK_SEED` the seed
+//! (printed). `harness = false`: `main` runs the rounds or a child role.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::procs::{child_client, kill, spawn_child, ClusterProcs, CHILD_ROLE};
+use pfs_client::{Cluster, FileSystem};
+use pfs_core::wire::{RenameFlags, XattrSetMode};
+use pfs_core::{FileType, FsError, InodeId, SetAttr};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const SERVERS: u32 = 2;
+const WORKERS: u32 = 2;
+const CLIENTS: u64 = 2;
+const FILES: u32 = 12;
+const SUBDIRS: u32 = 4;
+
+/// The state a name must have after a crash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Known {
+    Absent,
+    Dir,
+    File(u64, u32),
+}
+
+#[derive(Clone, Debug)]
+struct Name {
+    known: Known,
+    uncertain: bool,
+    /// `uncertain` before the operation under way (restored by `D same`).
+    before: bool,
+}
+
+impl Name {
+    fn durable(known: Known) -> Name {
+        Name { known, uncertain: false, before: false }
+    }
+}
+
+fn data_for(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn read_all(fs: &dyn FileSystem, ino: InodeId) -> Result<Vec<u8>, FsError> {
+    let fh = fs.open(ino, 0)?;
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20)?;
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(ino, fh)?;
+    Ok(out)
+}
+
+// ---- the client ----
+
+struct Worker {
+    fs: Cluster,
+    id: u64,
+    rng: StdRng,
+    out: std::io::StdoutLock<'static>,
+    dirs: [(InodeId, String); 2],
+    ops: u64,
+}
+
+impl Worker {
+    fn say(&mut self, line: String) {
+        writeln!(self.out, "{line}").unwrap();
+        self.out.flush().unwrap();
+    }
+
+    fn uncertain(&mut self, path: &str) {
+        self.say(format!("U {path}"));
+    }
+
+    fn pick_file(&mut self) -> (InodeId, String, String) {
+        let (dir, dname) = self.dirs[self.rng.gen_range(0..2)].clone();
+        let name = format!("f{}", self.rng.gen_range(0..FILES));
+        let path = format!("{dname}/{name}");
+        (dir, name, path)
+    }
+
+    fn write_file(&mut self, ino: InodeId, data: &[u8]) -> Result<(), FsError> {
+        let fh = self.fs.open(ino, 0)?;
+        let mut r = Ok(());
+        for (k, chunk) in data.chunks(200_000).enumerate() {
+            if let Err(e) = self.fs.write(ino, fh, (k * 200_000) as u64, chunk) {
+                r = Err(e);
+                break;
+            }
+        }
+        let r = r.and_then(|()| self.fs.fsync(ino, fh, false));
+        r.and(self.fs.release(ino, fh))
+    }
+
+    /// create tmp, write, fsync, close, rename over the name, fsyncdir.
+    fn put(&mut self) -> Result<(), FsError> {
+        let (dir, name, path) = self.pick_file();
+        let tmp = format!("{name}.tmp");
+        let tmp_path = format!("{}/{tmp}", self.dirs.iter().find(|d| d.0 == dir).unwrap().1);
+        self.uncertain(&path);
+        self.uncertain(&tmp_path);
+        let len = match self.rng.gen_range(0..10) {
+            0 => 0,
+            1 => self.rng.gen_range(300_000..1_100_000),
+            _ => self.rng.gen_range(1..70_000),
+        };
+        self.ops += 1;
+        let data = data_for(self.id << 40 | self.ops, len);
+        let attr = match self.fs.create(dir, tmp.as_bytes(), 0o644, 0, 0, 0) {
+            Ok((a, fh)) => {
+                self.fs.release(a.ino, fh)?;
+                a
+            }
+            Err(FsError::Exists) => self.fs.lookup(dir, tmp.as_bytes())?,
+            Err(e) => return Err(e),
+        };
+        self.fs.setattr(attr.ino, &SetAttr { size: Some(0), ..SetAttr::default() })?;
+        self.write_file(attr.ino, &data)?;
+        self.fs.rename(dir, tmp.as_bytes(), dir, name.as_bytes(), RenameFlags::empty())?;
+        self.fs.fsyncdir(dir, pfs_core::FileHandle(0), false)?;
+        self.say(format!("D file {path} {} {:08x}", data.len(), crc32c::crc32c(&data)));
+        self.say(format!("D absent {tmp_path}"));
+        Ok(())
+    }
+
+    /// Rewrites part of an existing file in place, or cuts it, then fsync.
+    fn change(&mut self) -> Result<(), FsError> {
+        let (dir, name, path) = self.pick_file();
+        self.uncertain(&path);
+        let attr = match self.fs.lookup(dir, name.as_bytes()) {
+            Ok(a) => a,
+            Err(FsError::NotFound) => {
+                self.say(format!("D same {path}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let mut data = read_all(&self.fs, attr.ino)?;
+        let fh = self.fs.open(attr.ino, 0)?;
+        if self.rng.gen_bool(0.5) {
+            let at = self.rng.gen_range(0..=data.len());
+            self.ops += 1;
+            let patch = data_for(self.id << 40 | self.ops, self.rng.gen_range(1..100_000));
+            self.fs.write(attr.ino, fh, at as u64, &patch)?;
+            if data.len() < at + patch.len() {
+                data.resize(at + patch.len(), 0);
+            }
+            data[at..at + patch.len()].copy_from_slice(&patch);
+        } else {
+            let size = self.rng.gen_range(0..=data.len());
+            self.fs
+                .setattr(attr.ino, &SetAttr { size: Some(size as u64), ..SetAttr::default() })?;
+            data.truncate(size);
+        }
+        self.fs.fsync(attr.ino, fh, false)?;
+        self.fs.release(attr.ino, fh)?;
+        self.say(format!("D file {path} {} {:08x}", data.len(), crc32c::crc32c(&data)));
+        Ok(())
+    }
+
+    /// Renames one name over another, usually across the two directories.
+    fn rename(&mut self, sync: bool) -> Result<(), FsError> {
+        let (from_dir, from, from_path) = self.pick_file();
+        let (to_dir, to, to_path) = self.pick_file();
+        if from_path == to_path {
+            return Ok(());
+        }
+        // Both names become uncertain; the model keeps what the source was.
+        self.say(format!("M {from_path} {to_path}"));
+        match self.fs.rename(from_dir, from.as_bytes(), to_dir, to.as_bytes(), RenameFlags::empty())
+        {
+            Ok(()) => {}
+            Err(FsError::NotFound) => {
+                self.say(format!("D same {from_path}"));
+                self.say(format!("D same {to_path}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        if sync {
+            self.fs.fsyncdir(from_dir, pfs_core::FileHandle(0), false)?;
+            self.fs.fsyncdir(to_dir, pfs_core::FileHandle(0), false)?;
+            self.say(format!("D moved {from_path} {to_path}"));
+        }
+        Ok(())
+    }
+
+    fn unlink(&mut self, sync: bool) -> Result<(), FsError> {
+        let (dir, name, path) = self.pick_file();
+        self.uncertain(&path);
+        match self.fs.unlink(dir, name.as_bytes()) {
+            Ok(()) => {}
+            Err(FsError::NotFound) => {
+                self.say(format!("D same {path}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        if sync {
+            self.fs.fsyncdir(dir, pfs_core::FileHandle(0), false)?;
+            self.say(format!("D absent {path}"));
+        }
+        Ok(())
+    }
+
+    /// mkdir or rmdir of a subdirectory of the bigdir.
+    fn subdir(&mut self) -> Result<(), FsError> {
+        let (dir, dname) = self.dirs[0].clone();
+        let name = format!("d{}", self.rng.gen_range(0..SUBDIRS));
+        let path = format!("{dname}/{name}");
+        self.uncertain(&path);
+        let made = match self.fs.mkdir(dir, name.as_bytes(), 0o755, 0, 0) {
+            Ok(_) => true,
+            Err(FsError::Exists) => false,
+            Err(e) => return Err(e),
+        };
+        if !made {
+            self.fs.rmdir(dir, name.as_bytes())?;
+        }
+        self.fs.fsyncdir(dir, pfs_core::FileHandle(0), false)?;
+        let state = if made { "dir" } else { "absent" };
+        self.say(format!("D {state} {path}"));
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<(), FsError> {
+        match self.rng.gen_range(0..20) {
+            0..=6 => self.put(),
+            7..=9 => self.change(),
+            10..=12 => self.rename(true),
+            13 => self.rename(false),
+            14 | 15 => self.unlink(true),
+            16 => self.unlink(false),
+            _ => self.subdir(),
+        }
+    }
+}
+
+fn child_soak(id: u64, seed: u64) {
+    let fs = child_client();
+    let c = fs.lookup(InodeId::ROOT, format!("c{id}").as_bytes()).unwrap().ino;
+    let r = fs.lookup(InodeId::ROOT, format!("r{id}").as_bytes()).unwrap().ino;
+    let out = Box::leak(Box::new(std::io::stdout())).lock();
+    let mut w = Worker {
+        fs,
+        id,
+        rng: StdRng::seed_from_u64(seed),
+        out,
+        dirs: [(c, format!("c{id}")), (r, format!("r{id}"))],
+        ops: seed << 20,
+    };
+    // Runs until killed; errors (a server going down) are reported and the
+    // names the operation touched stay uncertain.
+    loop {
+        if let Err(e) = w.step() {
+            w.say(format!("E {e}"));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+// ---- the parent ----
+
+/// Applies one client line to the model; `moves` keeps the source's state of
+/// each rename under way.
+fn apply(
+    model: &mut BTreeMap<String, Name>,
+    moves: &mut BTreeMap<(String, String), Name>,
+    line: &str,
+) -> Result<(), String> {
+    let f: Vec<&str> = line.split(' ').collect();
+    let name = |model: &mut BTreeMap<String, Name>, p: &str| -> Name {
+        model.entry(p.to_owned()).or_insert(Name::durable(Known::Absent)).clone()
+    };
+    let start_op = |model: &mut BTreeMap<String, Name>, p: &str| {
+        let n = model.entry(p.to_owned()).or_insert(Name::durable(Known::Absent));
+        n.before = n.uncertain;
+        n.uncertain = true;
+    };
+    match f.as_slice() {
+        ["U", p] => start_op(model, p),
+        ["D", "same", p] => {
+            let n = model.get_mut(*p).ok_or_else(|| format!("{line:?} without its U line"))?;
+            n.uncertain = n.before;
+        }
+        ["D", "absent", p] => {
+            model.insert(p.to_string(), Name::durable(Known::Absent));
+        }
+        ["D", "dir", p] => {
+            model.insert(p.to_string(), Name::durable(Known::Dir));
+        }
+        ["D", "file", p, len, crc] => {
+            let len = len.parse().map_err(|_| format!("bad line {line:?}"))?;
+            let crc = u32::from_str_radix(crc, 16).map_err(|_| format!("bad line {line:?}"))?;
+            model.insert(p.to_string(), Name::durable(Known::File(len, crc)));
+        }
+        ["M", from, to] => {
+            let src = name(model, from);
+            moves.insert((from.to_string(), to.to_string()), src);
+            start_op(model, from);
+            start_op(model, to);
+        }
+        ["D", "moved", from, to] => {
+            let src = moves
+                .remove(&(from.to_string(), to.to_string()))
+                .ok_or_else(|| format!("{line:?} without its M line"))?;
+            if src.uncertain {
+                // What moved was not known durable: the target is as uncertain.
+                model.get_mut(*to).map(|n| n.uncertain = true);
+            } else {
+                model.insert(to.to_string(), Name::durable(src.known));
+            }
+            model.insert(from.to_string(), Name::durable(Known::Absent));
+        }
+        ["E", ..] => {}
+        _ => return Err(format!("unknown line {line:?}")),
+    }
+    Ok(())
+}
+
+/// The last lines that named each path, for the failure message.
+type History = BTreeMap<String, Vec<String>>;
+
+fn remember(history: &mut History, round: u32, line: &str) {
+    for p in line.split(' ').filter(|w| w.contains('/')) {
+        let h = history.entry(p.to_owned()).or_default();
+        if h.len() >= 12 {
+            h.remove(0);
+        }
+        h.push(format!("round {round}: {line}"));
+    }
+}
+
+/// Checks the cluster against the model; returns how many names were checked.
+fn check(fs: &Cluster, model: &BTreeMap<String, Name>, history: &History, round: u32) -> usize {
+    let mut checked = 0;
+    for (path, n) in model {
+        if n.uncertain {
+            continue;
+        }
+        checked += 1;
+        let mut dir = InodeId::ROOT;
+        let parts: Vec<&str> = path.split('/').collect();
+        for p in &parts[..parts.len() - 1] {
+            dir = fs.lookup(dir, p.as_bytes()).unwrap().ino;
+        }
+        let last = parts[parts.len() - 1];
+        let found = fs.lookup(dir, last.as_bytes());
+        match (&n.known, found) {
+            (Known::Absent, Err(FsError::NotFound)) => {}
+            (Known::Dir, Ok(a)) if a.kind == FileType::Directory => {}
+            (Known::File(len, crc), Ok(a)) if a.kind == FileType::Regular => {
+                let data = read_all(fs, a.ino).unwrap();
+                assert_eq!(
+                    (data.len() as u64, crc32c::crc32c(&data)),
+                    (*len, *crc),
+                    "round {round}: {path} has other content than its last fsync acknowledged; \
+                     its history: {:#?}",
+                    history.get(path)
+                );
+            }
+            (want, got) => panic!(
+                "round {round}: {path} should be {want:?} (durably acknowledged), found {got:?}; \
+                 its history: {:#?}",
+                history.get(path)
+            ),
+        }
+    }
+    // Nothing appears that no client made.
+    for id in 0..CLIENTS {
+        for d in [format!("c{id}"), format!("r{id}")] {
+            let ino = fs.lookup(InodeId::ROOT, d.as_bytes()).unwrap().ino;
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let page = fs.readdir(ino, after.as_deref(), 64).unwrap();
+                let Some(last) = page.last() else { break };
+                after = Some(last.name.clone());
+                for e in page {
+                    let path = format!("{d}/{}", String::from_utf8_lossy(&e.name));
+                    assert!(
+                        model.contains_key(&path),
+                        "round {round}: {path} exists, and no client ever made it"
+                    );
+                }
+            }
+        }
+    }
+    checked
+}
+
+fn setup(c: &ClusterProcs) {
+    let fs = c.client();
+    for id in 0..CLIENTS {
+        // Under the root, a bigdir, new directories are bigdirs too.
+        fs.mkdir(InodeId::ROOT, format!("c{id}").as_bytes(), 0o755, 0, 0).unwrap();
+        let r = fs.mkdir(InodeId::ROOT, format!("r{id}").as_bytes(), 0o755, 0, 0).unwrap();
+        fs.setxattr(r.ino, b"user.pfs.dir_layout", b"regular", XattrSetMode::Any).unwrap();
+        fs.fsyncdir(r.ino, pfs_core::FileHandle(0), false).unwrap();
+    }
+    fs.fsyncdir(InodeId::ROOT, pfs_core::FileHandle(0), false).unwrap();
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(CHILD_ROLE) {
+        let f: Vec<&str> = role.split(':').collect();
+        match f.as_slice() {
+            ["soak", id, seed] => child_soak(id.parse().unwrap(), seed.parse().unwrap()),
+            _ => panic!("unknown child role {role}"),
+        }
+        return;
+    }
+    let rounds: u32 =
+        std::env::var("PFS_SOAK_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let seed: u64 = std::env::var("PFS_SOAK_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| rand::thread_rng().gen());
+    println!("soak: {rounds} rounds, seed {seed} (PFS_SOAK_SEED={seed} replays the choices)");
+    let dir = common::test_dir("soak");
+    let mut c = ClusterProcs::start(&dir, SERVERS, WORKERS);
+    setup(&c);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut model: BTreeMap<String, Name> = BTreeMap::new();
+    let mut history = History::new();
+    let (mut durable_ops, mut checked_total, mut kills) = (0u64, 0usize, 0u32);
+    let started = Instant::now();
+    for round in 1..=rounds {
+        let kids: Vec<_> = (0..CLIENTS)
+            .map(|id| spawn_child(&c, &format!("soak:{id}:{}", rng.gen::<u32>())))
+            .collect();
+        let run_for = Duration::from_millis(rng.gen_range(300..2500));
+        std::thread::sleep(run_for);
+        let victims: BTreeSet<usize> = match rng.gen_range(0..4) {
+            0 => (0..SERVERS as usize).collect(),
+            _ => [rng.gen_range(0..SERVERS as usize)].into(),
+        };
+        for &v in &victims {
+            c.kill_server(v);
+            kills += 1;
+        }
+        for (child, _) in &kids {
+            kill(child);
+        }
+        for (mut child, rx) in kids {
+            child.wait().unwrap();
+            let mut moves = BTreeMap::new();
+            for line in rx.iter() {
+                if line.starts_with("D ") {
+                    durable_ops += 1;
+                }
+                remember(&mut history, round, &line);
+                apply(&mut model, &mut moves, &line)
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            }
+        }
+        for &v in &victims {
+            c.servers[v] = Some(c.spawn_server(v as u32, &[]));
+        }
+        c.wait_registered(SERVERS);
+        let fs = c.client();
+        let checked = check(&fs, &model, &history, round);
+        checked_total += checked;
+        println!(
+            "soak round {round}: killed server(s) {victims:?} after {run_for:?}; \
+             {checked} durable names intact"
+        );
+    }
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "soak: {rounds} rounds, {kills} server kills, {durable_ops} durable operations \
+         acknowledged, {checked_total} name checks, 0 lost, in {:?}",
+        started.elapsed()
+    );
+}
