@@ -341,7 +341,9 @@ fn apply(
                 .ok_or_else(|| format!("{line:?} without its M line"))?;
             if src.uncertain {
                 // What moved was not known durable: the target is as uncertain.
-                model.get_mut(*to).map(|n| n.uncertain = true);
+                if let Some(n) = model.get_mut(*to) {
+                    n.uncertain = true;
+                }
             } else {
                 model.insert(to.to_string(), Name::durable(src.known));
             }
