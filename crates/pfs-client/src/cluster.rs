@@ -488,11 +488,23 @@ impl Cluster {
             }
         }
         let mut boots = HashMap::new();
-        for (shard, x) in sent {
+        for ((s, w), x) in sent {
             let Some((conn, x)) = x else { continue };
-            match self.conns[conn].wait_boot(x) {
+            // A commit changes nothing by itself, so unlike other requests it is
+            // sent again once when its connection had dropped (a restarted
+            // server): the answer then tells which boot holds the changes.
+            let result = match self.conns[conn].wait_boot(x) {
+                Err(FsError::Io(_)) => {
+                    let req =
+                        Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false };
+                    self.send_to(ServerId(s), WorkerId(w), req)
+                        .and_then(|(conn, x)| self.conns[conn].wait_boot(x))
+                }
+                other => other,
+            };
+            match result {
                 Ok((_, boot)) => {
-                    boots.insert(shard, boot);
+                    boots.insert((s, w), boot);
                 }
                 Err(e) => {
                     first_error.get_or_insert(e);

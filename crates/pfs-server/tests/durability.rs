@@ -1,0 +1,172 @@
+//! Durability contracts on real server processes (docs/reliability.md):
+//!
+//! - A worker panic and a failed commit fail-stop the whole server: it exits
+//!   non-zero with the reason in its log, and after a restart what was durable is
+//!   there (failpoints `worker.panic` and `shard.commit`, `PFS_FAILPOINTS`).
+//! - A client whose acknowledged changes were not yet durable when their server
+//!   restarted gets `EIO` from `fsync` and from close, once.
+//! - Servers refuse server-internal requests from clients with `EPERM`, log it,
+//!   and go on serving.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::procs::{wait_timeout, ClusterProcs};
+use pfs_client::conn::{rpc_options, Conn};
+use pfs_client::FileSystem;
+use pfs_core::wire::{Reply, Request};
+use pfs_core::{ClientId, FileHandle, FsError, InodeId};
+use pfs_net::ClusterKey;
+
+fn log_of(c: &ClusterProcs, n: u32) -> String {
+    std::fs::read_to_string(c.dir.join(format!("server-{n}.log"))).unwrap()
+}
+
+fn write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> InodeId {
+    let (a, fh) = fs.create(InodeId::ROOT, name, 0o644, 0, 0, 0).unwrap();
+    fs.write(a.ino, fh, 0, data).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.release(a.ino, fh).unwrap();
+    fs.fsyncdir(InodeId::ROOT, FileHandle(0), false).unwrap();
+    a.ino
+}
+
+fn read_back(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
+    let a = fs.lookup(InodeId::ROOT, name).unwrap();
+    let fh = fs.open(a.ino, 0).unwrap();
+    let data = fs.read(a.ino, fh, 0, 1 << 20).unwrap();
+    fs.release(a.ino, fh).unwrap();
+    data
+}
+
+/// Restarts server 0 with `failpoints`, drives requests until it stops by
+/// itself, and returns its exit status and log.
+fn run_until_fail_stop(
+    c: &mut ClusterProcs,
+    failpoints: &str,
+) -> (std::process::ExitStatus, String) {
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[("PFS_FAILPOINTS", failpoints)]));
+    c.wait_registered(1);
+    let fs = c.client();
+    for i in 0..2000 {
+        let name = format!("busy{i}");
+        if let Ok((a, fh)) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0) {
+            let _ = fs.write(a.ino, fh, 0, b"some bytes");
+            let _ = fs.fsync(a.ino, fh, false);
+            let _ = fs.release(a.ino, fh);
+        }
+        if c.servers[0].as_mut().unwrap().try_wait().unwrap().is_some() {
+            break;
+        }
+    }
+    drop(fs);
+    let mut child = c.servers[0].take().unwrap();
+    let status =
+        wait_timeout(&mut child, Duration::from_secs(30)).expect("the server stops by itself");
+    (status, log_of(c, 0))
+}
+
+#[test]
+fn a_worker_panic_and_a_failed_commit_stop_the_server_and_lose_nothing_durable() {
+    let dir = common::test_dir("failstop");
+    let mut c = ClusterProcs::start(&dir, 1, 2);
+    let fs = c.client();
+    write_synced(&fs, b"kept", b"durable before the failure");
+    drop(fs);
+
+    let (status, log) = run_until_fail_stop(&mut c, "worker.panic=40");
+    assert!(!status.success(), "a panicked worker must stop the server non-zero: {status}");
+    assert!(log.contains("fail-stop: worker") && log.contains("panicked"), "log says why:\n{log}");
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    assert_eq!(read_back(&c.client(), b"kept"), b"durable before the failure");
+
+    let (status, log) = run_until_fail_stop(&mut c, "shard.commit=30");
+    assert!(!status.success(), "a failed commit must stop the server non-zero: {status}");
+    assert!(log.contains("commit failed"), "log says why:\n{log}");
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let fs = c.client();
+    assert_eq!(read_back(&fs, b"kept"), b"durable before the failure");
+    write_synced(&fs, b"after", b"serving again");
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fsync_and_close_fail_after_a_restart_that_may_have_lost_acknowledged_writes() {
+    let dir = common::test_dir("bootid");
+    let mut c = ClusterProcs::start(&dir, 1, 2);
+    let fs = c.client();
+    let (a, fh) = fs.create(InodeId::ROOT, b"f", 0o644, 0, 0, 0).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.write(a.ino, fh, 0, b"acknowledged, not yet durable").unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let err = fs.fsync(a.ino, fh, false).unwrap_err();
+    assert!(
+        matches!(&err, FsError::Io(m) if m.contains("restarted")),
+        "fsync after the restart: {err:?}"
+    );
+    // Reported once: what is written from now on is durable again.
+    fs.write(a.ino, fh, 0, b"written again").unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.release(a.ino, fh).unwrap();
+
+    // Close (which commits a handle that wrote) says the same.
+    let fh = fs.open(a.ino, 0).unwrap();
+    fs.write(a.ino, fh, 0, b"acknowledged again").unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let err = fs.release(a.ino, fh).unwrap_err();
+    assert!(matches!(&err, FsError::Io(m) if m.contains("restarted")), "close: {err:?}");
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn servers_refuse_internal_requests_from_clients() {
+    let dir = common::test_dir("internal");
+    let c = ClusterProcs::start(&dir, 1, 2);
+    let key = ClusterKey::load(&dir.join("cluster.key")).unwrap();
+    let view =
+        pfs_client::cluster::fetch_view(c.master_addr, &key, Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
+    let t = Duration::from_secs(5);
+    let conn = Conn::connect(addr, key, rpc_options(ClientId(77), t, t)).unwrap();
+    for req in [Request::SealDir { txn: 1, dir: InodeId::ROOT }, Request::TxnForget { txn: 1 }] {
+        assert_eq!(conn.call(req, 0, t).unwrap_err(), FsError::NotPermitted);
+    }
+    // The connection and the server go on serving.
+    assert!(matches!(conn.call(Request::StatFs, 0, t).unwrap(), Reply::StatFs(_)));
+    // Servers themselves still run cross-shard operations (they prove the role).
+    let fs = c.client();
+    let d = fs.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    fs.rmdir(InodeId::ROOT, b"d").unwrap();
+    let _ = d;
+    for i in 0..20 {
+        let (a, fh) = fs.create(InodeId::ROOT, format!("x{i}").as_bytes(), 0o644, 0, 0, 0).unwrap();
+        fs.release(a.ino, fh).unwrap();
+        fs.rename(
+            InodeId::ROOT,
+            format!("x{i}").as_bytes(),
+            InodeId::ROOT,
+            format!("y{i}").as_bytes(),
+            pfs_core::wire::RenameFlags::empty(),
+        )
+        .unwrap();
+    }
+    assert!(log_of(&c, 0).contains("refused server-internal request"));
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
