@@ -11,7 +11,7 @@ use crate::icache::INODES_PER_BLOCK;
 /// Bytes per page of every area.
 pub const PAGE_SIZE: u64 = SECTOR_SIZE as u64;
 /// Format version written in the superblock and checkpoint headers.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 const SUPER_MAGIC: &[u8; 8] = b"PFSZONE\0";
 const CKPT_MAGIC: &[u8; 8] = b"PFSCKPT\0";
 
@@ -32,6 +32,25 @@ pub struct FormatOptions {
     pub wal_bytes: Option<u64>,
     /// Whether this zone holds the root directory.
     pub create_root: bool,
+    /// The format id salting every checksum of the zone's log and checkpoint
+    /// headers; random when `None` (the usual case: tests fix it).
+    pub format_id: Option<u64>,
+}
+
+/// A random non-zero 64-bit number from the kernel (the clock and pid if the
+/// kernel has none to give).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most `b.len()` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let mut x = u64::from_le_bytes(b);
+    if n != 8 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        x = t ^ (u64::from(std::process::id()) << 32);
+    }
+    x.max(1)
 }
 
 impl FormatOptions {
@@ -45,6 +64,7 @@ impl FormatOptions {
             inode_slots: None,
             wal_bytes: None,
             create_root: true,
+            format_id: None,
         }
     }
 }
@@ -78,6 +98,9 @@ pub struct Geometry {
     pub data_page: u64,
     /// Data pages.
     pub data_pages: u64,
+    /// Random id of this format, salting the checksums of the WAL records and
+    /// checkpoint headers: after a reformat nothing of the old format passes.
+    pub format_id: u64,
 }
 
 impl Geometry {
@@ -139,6 +162,7 @@ impl Geometry {
             wal_pages,
             data_page,
             data_pages: pages - data_page,
+            format_id: opts.format_id.unwrap_or_else(random_u64),
         })
     }
 
@@ -175,6 +199,7 @@ impl Geometry {
             self.wal_pages,
             self.data_page,
             self.data_pages,
+            self.format_id,
         ] {
             b.extend_from_slice(&v.to_le_bytes());
         }
@@ -185,7 +210,7 @@ impl Geometry {
 
     /// Reads a superblock image, checking magic, version and checksum.
     pub fn decode_superblock(b: &[u8]) -> Result<Geometry, StoreError> {
-        const LEN: usize = 8 + 4 + 4 + 16 + 8 + 80;
+        const LEN: usize = 8 + 4 + 4 + 16 + 8 + 88;
         let corrupt = |m: &str| Err(StoreError::Corruption(format!("superblock: {m}")));
         if &b[..8] != SUPER_MAGIC {
             return corrupt("bad magic (not a pfs zone, or not formatted)");
@@ -194,7 +219,11 @@ impl Geometry {
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
         let version = u32_at(8);
         if version != FORMAT_VERSION {
-            return corrupt(&format!("format version {version}, expected {FORMAT_VERSION}"));
+            return corrupt(&format!(
+                "format version {version}, and this pfs reads version {FORMAT_VERSION}: the zone \
+                 was formatted by another pfs release (copy its files out with that release, or \
+                 reformat: pfs mkfs)"
+            ));
         }
         if crc32c::crc32c(&b[..LEN]) != u32_at(LEN) {
             return corrupt("checksum mismatch");
@@ -216,6 +245,7 @@ impl Geometry {
             wal_pages: u64_at(96),
             data_page: u64_at(104),
             data_pages: u64_at(112),
+            format_id: u64_at(120),
         };
         if g.data_page + g.data_pages != g.zone_bytes / PAGE_SIZE {
             return corrupt("areas do not add up to the zone size");
@@ -242,8 +272,8 @@ pub struct CheckpointHeader {
 }
 
 impl CheckpointHeader {
-    /// The header image.
-    pub fn encode(&self) -> Vec<u8> {
+    /// The header image; its checksum is salted with the zone's `format_id`.
+    pub fn encode(&self, format_id: u64) -> Vec<u8> {
         let mut b = Vec::with_capacity(64);
         b.extend_from_slice(CKPT_MAGIC);
         b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -253,21 +283,22 @@ impl CheckpointHeader {
         b.extend_from_slice(&self.tables_crc.to_le_bytes());
         b.extend_from_slice(&self.next_ino_seq.to_le_bytes());
         b.extend_from_slice(&self.first_lsn.to_le_bytes());
-        let crc = crc32c::crc32c(&b);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&format_id.to_le_bytes()), &b);
         b.extend_from_slice(&crc.to_le_bytes());
         b
     }
 
-    /// Decodes a header image; `None` if it is not a valid header (never written,
-    /// or torn).
-    pub fn decode(b: &[u8]) -> Option<CheckpointHeader> {
+    /// Decodes a header image; `None` if it is not a valid header of the format
+    /// `format_id` (never written, torn, or left from an earlier format).
+    pub fn decode(b: &[u8], format_id: u64) -> Option<CheckpointHeader> {
         const LEN: usize = 8 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
         if &b[..8] != CKPT_MAGIC {
             return None;
         }
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().expect("8"));
-        if u32_at(8) != FORMAT_VERSION || crc32c::crc32c(&b[..LEN]) != u32_at(LEN) {
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&format_id.to_le_bytes()), &b[..LEN]);
+        if u32_at(8) != FORMAT_VERSION || crc != u32_at(LEN) {
             return None;
         }
         Some(CheckpointHeader {
@@ -313,10 +344,11 @@ mod tests {
             next_ino_seq: 12,
             first_lsn: 3,
         };
-        let mut img = h.encode();
+        let mut img = h.encode(0xabc);
         img.resize(PAGE_SIZE as usize, 0);
-        assert_eq!(CheckpointHeader::decode(&img), Some(h));
+        assert_eq!(CheckpointHeader::decode(&img, 0xabc), Some(h));
+        assert_eq!(CheckpointHeader::decode(&img, 0xabd), None, "another format's header");
         img[20] ^= 1;
-        assert_eq!(CheckpointHeader::decode(&img), None);
+        assert_eq!(CheckpointHeader::decode(&img, 0xabc), None);
     }
 }

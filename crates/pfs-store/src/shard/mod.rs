@@ -203,6 +203,7 @@ impl<D: Device> Shard<D> {
         let headers = [1usize, 2].map(|p| {
             geometry::CheckpointHeader::decode(
                 &sb[p * PAGE_SIZE as usize..(p + 1) * PAGE_SIZE as usize],
+                geo.format_id,
             )
         });
         let header = headers
@@ -234,6 +235,7 @@ impl<D: Device> Shard<D> {
             geo.wal_pages * PAGE_SIZE,
             header.gen,
             header.first_lsn,
+            geo.format_id,
         )?;
         // Replayed records are durable: their Icache blocks may be written back.
         let last_lsn = header.first_lsn + scanned.records.len() as u64;
@@ -250,6 +252,7 @@ impl<D: Device> Shard<D> {
             header.gen,
             last_lsn,
             opts_group(&shard.opts),
+            geo.format_id,
         );
         shard.rebuild_bitmaps()?;
         // A fresh generation: records beyond the cut can never be mistaken for new ones.
@@ -279,6 +282,7 @@ impl<D: Device> Shard<D> {
                 gen,
                 first_lsn,
                 opts_group(&opts),
+                geo.format_id,
             ),
             io,
             dentries: Cart::new(),
@@ -414,8 +418,10 @@ impl<D: Device> Shard<D> {
             c.result?;
         }
         self.sync()?;
-        for c in self.io.run(vec![write_req(self.geo.offset(1 + region as u64), &header.encode())])
-        {
+        for c in self.io.run(vec![write_req(
+            self.geo.offset(1 + region as u64),
+            &header.encode(self.geo.format_id),
+        )]) {
             c.result?;
         }
         self.sync()?;
@@ -425,6 +431,7 @@ impl<D: Device> Shard<D> {
             gen,
             header.first_lsn,
             opts_group(&self.opts),
+            self.geo.format_id,
         );
         self.stats.checkpoints += 1;
         Ok(())

@@ -6,8 +6,10 @@
 //! - this file: the log area, append, commit, scan.
 //!
 //! Record framing (see `docs/format.md`): `len u32 | crc32c u32 | gen u64 | lsn u64 |
-//! payload[len]`, crc over gen, lsn and payload. `gen` is the checkpoint generation
-//! the log belongs to, so records left from before the last truncation never replay.
+//! payload[len]`, crc over the zone's format id (the salt, not stored in the
+//! record), len, gen, lsn and payload. `gen` is the checkpoint generation the log
+//! belongs to, so records left from before the last truncation never replay; the
+//! salt does the same for records left from before a reformat.
 
 pub mod record;
 
@@ -37,6 +39,16 @@ pub struct Wal {
     /// Most bytes that may wait for a commit (bounded group).
     pending_max: usize,
     durable_lsn_value: u64,
+    /// The zone's format id, salting every record's checksum.
+    salt: u64,
+}
+
+/// A record's checksum: over the salt, the length, gen and lsn, and the payload.
+fn record_crc(salt: u64, header: &[u8], payload: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(&salt.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc, &header[0..4]);
+    let crc = crc32c::crc32c_append(crc, &header[8..24]);
+    crc32c::crc32c_append(crc, payload)
 }
 
 /// What a scan of the log found.
@@ -49,13 +61,15 @@ pub struct Scanned {
 }
 
 impl Wal {
-    /// An empty log of generation `gen` over `area_bytes` at `area_offset`.
+    /// An empty log of generation `gen` over `area_bytes` at `area_offset`, its
+    /// records salted with `salt`.
     pub fn new(
         area_offset: u64,
         area_bytes: u64,
         gen: u64,
         first_lsn: u64,
         pending_max: usize,
+        salt: u64,
     ) -> Wal {
         assert!(area_bytes % SECTOR_SIZE as u64 == 0 && area_bytes > 0);
         Wal {
@@ -69,23 +83,26 @@ impl Wal {
             pending_start: 0,
             pending_max,
             durable_lsn_value: first_lsn.saturating_sub(1),
+            salt,
         }
     }
 
     /// Reads the whole area and returns the valid records of generation `gen`
-    /// starting at `first_lsn`; stops at the first record that fails a check.
+    /// salted with `salt`, starting at `first_lsn`; stops at the first record
+    /// that fails a check.
     pub fn scan<D: Device>(
         io: &mut DevIo<D>,
         area_offset: u64,
         area_bytes: u64,
         gen: u64,
         first_lsn: u64,
+        salt: u64,
     ) -> Result<Scanned, StoreError> {
         let bytes = io.read_bytes(area_offset, area_bytes)?;
         let mut records = Vec::new();
         let mut pos = 0usize;
         let mut lsn = first_lsn;
-        while let Some((payload, next)) = parse_record(&bytes, pos, gen, lsn) {
+        while let Some((payload, next)) = parse_record(&bytes, pos, gen, lsn, salt) {
             records.push((lsn, payload.to_vec()));
             pos = next;
             lsn += 1;
@@ -145,8 +162,7 @@ impl Wal {
         header[0..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         header[8..16].copy_from_slice(&self.gen.to_le_bytes());
         header[16..24].copy_from_slice(&lsn.to_le_bytes());
-        let mut crc = crc32c::crc32c(&header[8..24]);
-        crc = crc32c::crc32c_append(crc, payload);
+        let crc = record_crc(self.salt, &header, payload);
         header[4..8].copy_from_slice(&crc.to_le_bytes());
         self.pending.extend_from_slice(&header);
         self.pending.extend_from_slice(payload);
@@ -183,7 +199,7 @@ impl Wal {
 
 /// The payload of the record at `pos` if it is valid and of `gen`/`lsn`, and the
 /// position after it.
-fn parse_record(bytes: &[u8], pos: usize, gen: u64, lsn: u64) -> Option<(&[u8], usize)> {
+fn parse_record(bytes: &[u8], pos: usize, gen: u64, lsn: u64, salt: u64) -> Option<(&[u8], usize)> {
     let header = bytes.get(pos..pos + RECORD_HEADER)?;
     let len = u32::from_le_bytes(header[0..4].try_into().ok()?) as usize;
     let crc = u32::from_le_bytes(header[4..8].try_into().ok()?);
@@ -193,8 +209,7 @@ fn parse_record(bytes: &[u8], pos: usize, gen: u64, lsn: u64) -> Option<(&[u8], 
         return None;
     }
     let payload = bytes.get(pos + RECORD_HEADER..(pos + RECORD_HEADER).checked_add(len)?)?;
-    let want = crc32c::crc32c_append(crc32c::crc32c(&header[8..24]), payload);
-    (want == crc).then_some((payload, pos + RECORD_HEADER + len))
+    (record_crc(salt, header, payload) == crc).then_some((payload, pos + RECORD_HEADER + len))
 }
 
 #[cfg(test)]
@@ -203,15 +218,16 @@ mod tests {
     use crate::device::MemDevice;
 
     const AREA: u64 = 64 * SECTOR_SIZE as u64;
+    const SALT: u64 = 0x5a17;
 
     fn scan(io: &mut DevIo<MemDevice>, gen: u64) -> Scanned {
-        Wal::scan(io, 0, AREA, gen, 1).unwrap()
+        Wal::scan(io, 0, AREA, gen, 1, SALT).unwrap()
     }
 
     #[test]
     fn group_commit_then_scan_returns_every_record() {
         let mut io = DevIo::new(MemDevice::new(AREA, 8));
-        let mut wal = Wal::new(0, AREA, 3, 1, 1 << 20);
+        let mut wal = Wal::new(0, AREA, 3, 1, 1 << 20, SALT);
         for i in 0..100u32 {
             wal.append(&i.to_le_bytes().repeat(i as usize % 50 + 1));
         }
@@ -220,6 +236,51 @@ mod tests {
         assert_eq!(s.records.len(), 100);
         assert_eq!(s.records[7].1, 7u32.to_le_bytes().repeat(8));
         assert!(scan(&mut io, 4).records.is_empty(), "another generation's records never replay");
+        let other = Wal::scan(&mut io, 0, AREA, 3, 1, SALT + 1).unwrap();
+        assert!(other.records.is_empty(), "another format's records never replay");
+    }
+
+    #[test]
+    fn a_reformatted_log_never_continues_into_the_old_one() {
+        // Records of 1 KiB, four per sector. The old format wrote eight; the new
+        // one (same generation and lsns, as after a reformat) writes four, ending
+        // on a sector boundary, so the old fifth record sits where the new log
+        // goes on. Only the salt tells them apart.
+        let mut io = DevIo::new(MemDevice::new(AREA, 8));
+        let payload = [3u8; SECTOR_SIZE / 4 - RECORD_HEADER];
+        let mut old = Wal::new(0, AREA, 1, 1, 1 << 20, SALT);
+        for _ in 0..8 {
+            old.append(&payload);
+        }
+        old.commit(&mut io).unwrap();
+        let mut new = Wal::new(0, AREA, 1, 1, 1 << 20, SALT + 1);
+        for _ in 0..4 {
+            new.append(&payload);
+        }
+        new.commit(&mut io).unwrap();
+        let s = Wal::scan(&mut io, 0, AREA, 1, 1, SALT + 1).unwrap();
+        assert_eq!(s.records.len(), 4, "records of the old format replayed");
+        assert_eq!(s.tail, SECTOR_SIZE as u64);
+    }
+
+    #[test]
+    fn the_length_is_covered_by_the_checksum() {
+        let mut io = DevIo::new(MemDevice::new(AREA, 8));
+        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20, SALT);
+        wal.append(&[7u8; 100]);
+        wal.commit(&mut io).unwrap();
+        let mut bytes = io.device().peek(0, SECTOR_SIZE);
+        // A shorter length over the same bytes: gen, lsn and a prefix of the
+        // payload still match, and only the length's coverage catches it.
+        bytes[0..4].copy_from_slice(&50u32.to_le_bytes());
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Write,
+            offset: 0,
+            buf: AlignedBuf::from_slice(&bytes),
+        };
+        io.run(vec![req]).pop().unwrap().result.unwrap();
+        assert!(scan(&mut io, 1).records.is_empty());
     }
 
     #[test]
@@ -227,7 +288,7 @@ mod tests {
         let dev = MemDevice::new(AREA, 8);
         let handle = dev.handle();
         let mut io = DevIo::new(dev);
-        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20);
+        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20, SALT);
         wal.append(b"first");
         wal.commit(&mut io).unwrap();
         let durable_tail = wal.tail;
@@ -244,17 +305,17 @@ mod tests {
             buf: AlignedBuf::from_slice(&bytes),
         };
         io2.run(vec![req]).pop().unwrap().result.unwrap();
-        let s = Wal::scan(&mut io2, 0, AREA, 1, 1).unwrap();
+        let s = Wal::scan(&mut io2, 0, AREA, 1, 1, SALT).unwrap();
         assert_eq!(s.records, vec![(1, b"first".to_vec())]);
         assert_eq!(s.tail, durable_tail);
         // Resume after the cut: the next record replaces the torn one.
-        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20);
+        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20, SALT);
         let partial =
             bytes[(s.tail - s.tail % SECTOR_SIZE as u64) as usize..s.tail as usize].to_vec();
         wal.resume(s.tail, 2, &partial);
         wal.append(b"second");
         wal.commit(&mut io2).unwrap();
-        let s = Wal::scan(&mut io2, 0, AREA, 1, 1).unwrap();
+        let s = Wal::scan(&mut io2, 0, AREA, 1, 1, SALT).unwrap();
         assert_eq!(s.records, vec![(1, b"first".to_vec()), (2, b"second".to_vec())]);
     }
 
@@ -263,7 +324,7 @@ mod tests {
         let dev = MemDevice::new(AREA, 8);
         let handle = dev.handle();
         let mut io = DevIo::new(dev);
-        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20);
+        let mut wal = Wal::new(0, AREA, 1, 1, 1 << 20, SALT);
         wal.append(b"durable");
         wal.commit(&mut io).unwrap();
         handle.freeze_after_writes(1); // the group's write lands, its sync does not
@@ -273,7 +334,7 @@ mod tests {
         wal.commit(&mut io).unwrap();
         for seed in 0..30 {
             let mut io = DevIo::new(handle.crash(seed));
-            let s = Wal::scan(&mut io, 0, AREA, 1, 1).unwrap();
+            let s = Wal::scan(&mut io, 0, AREA, 1, 1, SALT).unwrap();
             assert_eq!(s.records[0].1, b"durable");
             assert!(
                 s.records[1..].iter().all(|(_, p)| p == &[5u8; 3000]),
