@@ -8,8 +8,10 @@
 //! - [`bench`]: `pfs bench`, the IO500-style workloads (mdtest, IOR, md-workbench,
 //!   HACC-IO) by N processes on a directory or through the native client.
 //! - [`fsx`]: `pfs fsx`, the model-checking file exerciser.
+//! - [`fsck`]: `pfs fsck`, the offline checker of servers' shards.
 
 pub mod bench;
+pub mod fsck;
 pub mod fsx;
 pub mod layout;
 pub mod status;

@@ -126,22 +126,46 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
     let master = pfs_server::start_master(&mcfg).map_err(|e| format!("master: {e}"))?;
     let mut cluster = LocalCluster { master: Some(master), servers: Vec::new(), key_file };
     for i in 0..shape.servers {
-        let scfg = ServerConfig {
-            listen: "127.0.0.1:0".into(),
-            data_path: data.join(format!("server-{i}.img")),
-            device_size_bytes: shape.size_bytes,
-            // Sparse, as the help promises: a trial cluster takes only what is written.
-            preallocate: false,
-            workers: shape.workers,
-            key_file: cluster.key_file.clone(),
-            master: cluster.master_addr().to_string(),
-            ..ServerConfig::default()
-        };
+        let scfg = server_config(data, &shape, i, &cluster.key_file, &cluster.master_addr());
         let s = pfs_server::start(&scfg, Duration::from_secs(30))
             .map_err(|e| format!("server {i} ({}): {e}", scfg.data_path.display()))?;
         cluster.servers.push(s);
     }
     Ok(cluster)
+}
+
+/// The config of server `i` of a `pfs up` data directory.
+fn server_config(
+    data: &Path,
+    shape: &Shape,
+    i: u32,
+    key_file: &Path,
+    master: &std::net::SocketAddr,
+) -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".into(),
+        data_path: data.join(format!("server-{i}.img")),
+        device_size_bytes: shape.size_bytes,
+        // Sparse, as the help promises: a trial cluster takes only what is written.
+        preallocate: false,
+        workers: shape.workers,
+        key_file: key_file.to_owned(),
+        master: master.to_string(),
+        ..ServerConfig::default()
+    }
+}
+
+/// The server configs of an existing `pfs up` data directory (for `pfs fsck`).
+pub fn server_configs(data: &Path) -> Result<Vec<ServerConfig>, String> {
+    let path = data.join("up.toml");
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        format!("{}: {e} (is {} a pfs up data directory?)", path.display(), data.display())
+    })?;
+    let shape: Shape = toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Not contacted by fsck; the config only needs a valid address.
+    let master: std::net::SocketAddr = "127.0.0.1:1".parse().expect("an address");
+    let key = data.join("cluster.key");
+    Ok((0..shape.servers).map(|i| server_config(data, &shape, i, &key, &master)).collect())
 }
 
 /// Reads `up.toml`, or writes it on the first run; a different shape on an

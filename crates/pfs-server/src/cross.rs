@@ -490,13 +490,31 @@ impl<D: Device> Worker<D> {
     }
 
     /// Queues a `TxnForget` of `txn` to a participant, re-sent until answered.
+    /// It goes out only after the commit that makes the coordinator's end of the
+    /// transaction (its `TxnDel`) durable ([`release_forgets`](Self::release_forgets)):
+    /// a participant that forgot first could be asked again by a recovery that
+    /// reruns the intent, and would apply the rename a second time, over
+    /// whatever renamed onto the target since. (The SIGKILL soak found this.)
     pub(crate) fn queue_forget(&mut self, server: ServerId, worker: WorkerId, txn: u64) {
-        if self.forgets.len() >= FORGETS_MAX {
-            // The participant keeps a small record; better than unbounded growth.
-            log::warn!("worker {}: too many unanswered forgets; dropping the oldest", self.id);
-            self.forgets.remove(0);
+        self.forgets_after_commit.push(Forget {
+            server,
+            worker,
+            txn,
+            sent: None,
+            retry_at: self.now,
+        });
+    }
+
+    /// After a commit succeeded: the forgets it made safe may go.
+    pub(crate) fn release_forgets(&mut self) {
+        for f in std::mem::take(&mut self.forgets_after_commit) {
+            if self.forgets.len() >= FORGETS_MAX {
+                // The participant keeps a small record; better than unbounded growth.
+                log::warn!("worker {}: too many unanswered forgets; dropping the oldest", self.id);
+                self.forgets.remove(0);
+            }
+            self.forgets.push(Forget { retry_at: self.now, ..f });
         }
-        self.forgets.push(Forget { server, worker, txn, sent: None, retry_at: self.now });
     }
 
     /// Sends a reply frame with `body` to a waiting client.

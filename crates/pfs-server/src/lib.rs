@@ -4,6 +4,7 @@
 //!   finish, recovery) and the connections to other servers.
 //! - [`rmdir`]: rmdir of a `bigdir` directory, sealed on every shard first.
 //! - [`exec`]: one wire request run on a shard (the only request-to-shard mapping).
+//! - [`fsck`]: the offline checker of stopped servers' shards (`pfs fsck`).
 //! - [`worker`]: a worker thread: its shard, its connections, the SPSC rings to
 //!   the other workers, group commit, adaptive polling.
 //! - [`server`]: start-up (zones, format or recovery, registration), the acceptor
@@ -16,6 +17,7 @@
 
 pub mod cross;
 pub mod exec;
+pub mod fsck;
 pub mod master;
 pub mod memcpy;
 pub mod rmdir;

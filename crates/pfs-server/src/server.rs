@@ -42,6 +42,8 @@ pub struct ServerHandle {
     fail_stop: FailStop,
     bells: Arc<Vec<Doorbell>>,
     workers: Vec<JoinHandle<Result<(), String>>>,
+    /// The exclusive lock on the data file, held while the server runs.
+    _lock: std::fs::File,
     helpers: Vec<JoinHandle<()>>,
     /// Stops once the workers (its only users) are gone.
     memcpy: Option<MemcpyPool>,
@@ -215,11 +217,55 @@ fn register(
     Err(ServerError::Master(format!("cannot reach master {master}: {last}")))
 }
 
-/// Starts a server as configured; `register_timeout` bounds the wait for the master.
-pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHandle, ServerError> {
-    use pfs_core::config::ConfigFile;
-    cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
-    let key = ClusterKey::load(&cfg.key_file).map_err(|e| ServerError::Config(e.to_string()))?;
+/// The zones of a server's data file or device, probed.
+struct Zones {
+    devices: Vec<UringDevice>,
+    /// The server id the zones belong to; `None`: none is formatted yet.
+    known: Option<ServerId>,
+    zone_bytes: u64,
+}
+
+/// Takes an exclusive lock on the data file or device for the life of the
+/// returned file, so two servers (or a server and `pfs fsck`) never open it at
+/// once.
+fn lock_data(cfg: &ServerConfig) -> Result<std::fs::File, ServerError> {
+    use std::os::fd::AsRawFd;
+    let path = &cfg.data_path;
+    let file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        // Not there yet: the server creates it at the configured size.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if cfg.device_size_bytes == 0 {
+                return Err(ServerError::Config(format!(
+                    "data_path {} does not exist: set device_size_bytes to create a file of that size",
+                    path.display()
+                )));
+            }
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    ServerError::Storage(format!("cannot create {}: {e}", dir.display()))
+                })?;
+            }
+            std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| {
+                ServerError::Storage(format!("cannot create {}: {e}", path.display()))
+            })?
+        }
+        Err(e) => return Err(ServerError::Storage(format!("cannot open {}: {e}", path.display()))),
+    };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(ServerError::Storage(format!(
+            "{} is in use by another process (a running server, or pfs fsck): {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(file)
+}
+
+/// Opens one device per worker and reads every zone's superblock: all
+/// formatted (a restart) or none (a new server).
+fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
     let workers = cfg.workers as usize;
     let size = device_size(cfg)?;
     let zone_bytes = size / workers as u64 / ZONE_ALIGN_BYTES * ZONE_ALIGN_BYTES;
@@ -230,8 +276,6 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             cfg.data_path.display()
         )));
     }
-
-    // Probe every zone: all formatted (a restart) or none (a new server).
     let mut devices = Vec::with_capacity(workers);
     let mut found = Vec::with_capacity(workers);
     for w in 0..workers {
@@ -266,6 +310,51 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             )))
         }
     };
+    Ok(Zones { devices, known, zone_bytes })
+}
+
+/// Opens every shard of a stopped server for `pfs fsck`: locks the data file,
+/// recovers each zone from its log (as a start would), and returns them with
+/// the lock, which must be held while they are used.
+pub fn open_for_check(
+    cfg: &ServerConfig,
+) -> Result<(Vec<Shard<UringDevice>>, std::fs::File), ServerError> {
+    use pfs_core::config::ConfigFile;
+    cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
+    if !cfg.data_path.exists() {
+        return Err(ServerError::Storage(format!("{} does not exist", cfg.data_path.display())));
+    }
+    let lock = lock_data(cfg)?;
+    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
+    if known.is_none() {
+        return Err(ServerError::Storage(format!(
+            "{} is not formatted (pfs mkfs formats it)",
+            cfg.data_path.display()
+        )));
+    }
+    let sopts = ShardOptions {
+        icache_blocks: cfg.icache_blocks as usize,
+        dirty_ratio: cfg.dirty_ratio,
+        ..ShardOptions::default()
+    };
+    let mut shards = Vec::with_capacity(devices.len());
+    for (w, dev) in devices.into_iter().enumerate() {
+        let shard = Shard::open(dev, w as u64 * zone_bytes, sopts.clone()).map_err(|e| {
+            ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
+        })?;
+        shards.push(shard);
+    }
+    Ok((shards, lock))
+}
+
+/// Starts a server as configured; `register_timeout` bounds the wait for the master.
+pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHandle, ServerError> {
+    use pfs_core::config::ConfigFile;
+    cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
+    let key = ClusterKey::load(&cfg.key_file).map_err(|e| ServerError::Config(e.to_string()))?;
+    let workers = cfg.workers as usize;
+    let lock = lock_data(cfg)?;
+    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
 
     let listen = resolve("listen", &cfg.listen)?;
     let mut lcfg = ListenerConfig::new(listen, key.clone());
@@ -427,6 +516,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         addr,
         stop,
         fail_stop,
+        _lock: lock,
         bells,
         workers: handles,
         helpers: vec![acceptor, heartbeat],

@@ -199,6 +199,10 @@ pub struct Worker<D: Device> {
     pub(crate) cross: Vec<CrossOp>,
     /// `TxnForget` requests sent and not yet answered.
     pub(crate) forgets: Vec<Forget>,
+    /// `TxnForget` requests waiting for the commit of their coordinator's end
+    /// of the transaction (at most one per cross-shard operation finished since
+    /// the last commit).
+    pub(crate) forgets_after_commit: Vec<Forget>,
     /// `bigdir` rmdirs this worker coordinates.
     pub(crate) rmdirs: Vec<RmdirOp>,
     pub(crate) peers: Peers,
@@ -284,6 +288,7 @@ impl<D: Device> Worker<D> {
             now: Instant::now(),
             cross: Vec::new(),
             forgets: Vec::new(),
+            forgets_after_commit: Vec::new(),
             rmdirs: Vec::new(),
             peers,
             memcpy,
@@ -677,6 +682,9 @@ impl<D: Device> Worker<D> {
     /// Commits the shard and sends every reply that waited for it.
     fn commit_and_release(&mut self) {
         let result = self.shard.commit();
+        if result.is_ok() {
+            self.release_forgets();
+        }
         self.dirty_since = None;
         self.publish_usage();
         let held = std::mem::take(&mut self.after_commit);

@@ -111,17 +111,7 @@ impl ClusterProcs {
         let mut o = ClusterOptions::new(self.master_addr, key);
         o.connect_timeout = Duration::from_secs(20);
         o.request_timeout = Duration::from_secs(3);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match Cluster::connect(o.clone()) {
-                Ok(c) => return c,
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!("client: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Err(e) => panic!("no client within 30 s: {e}"),
-            }
-        }
+        connect_retrying(o)
     }
 
     pub fn kill_server(&mut self, n: usize) {
@@ -147,6 +137,41 @@ impl ClusterProcs {
         unsafe { libc::kill(self.master.id() as i32, libc::SIGTERM) };
         let status = wait_timeout(&mut self.master, Duration::from_secs(10)).expect("master stops");
         assert!(status.success(), "master exited with {status}");
+    }
+}
+
+impl Drop for ClusterProcs {
+    /// A test that fails leaves no server or master behind.
+    fn drop(&mut self) {
+        for c in self.servers.iter_mut().flatten().chain(std::iter::once(&mut self.master)) {
+            if matches!(c.try_wait(), Ok(None)) {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl ClusterProcs {
+    /// Stops every server with SIGTERM (drain, checkpoint) and waits.
+    pub fn stop_servers(&mut self) {
+        for s in self.servers.iter().flatten() {
+            // SAFETY: plain syscall on our own child's pid.
+            unsafe { libc::kill(s.id() as i32, libc::SIGTERM) };
+        }
+        for (n, s) in self.servers.iter_mut().enumerate() {
+            if let Some(mut child) = s.take() {
+                let status =
+                    wait_timeout(&mut child, Duration::from_secs(20)).expect("server stops");
+                assert!(status.success(), "server {n} exited with {status} on SIGTERM");
+            }
+        }
+    }
+
+    /// The config of server `n`.
+    pub fn server_config(&self, n: u32) -> pfs_core::ServerConfig {
+        use pfs_core::config::ConfigFile;
+        pfs_core::ServerConfig::load(&self.dir.join(format!("server-{n}.toml"))).unwrap()
     }
 }
 
@@ -212,5 +237,21 @@ pub fn child_client() -> Cluster {
     let mut o = ClusterOptions::new(master, key);
     o.connect_timeout = Duration::from_secs(20);
     o.request_timeout = Duration::from_secs(3);
-    Cluster::connect(o).unwrap()
+    connect_retrying(o)
+}
+
+/// Connects, retrying for up to 30 s: a server just restarted may still be
+/// starting while the master lists it as up.
+fn connect_retrying(o: ClusterOptions) -> Cluster {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Cluster::connect(o.clone()) {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("client: {e}; retrying");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("no client within 30 s: {e}"),
+        }
+    }
 }

@@ -11,6 +11,7 @@
 //! [`Shard::log`], which both changes memory and appends to the operation's WAL
 //! record, so live operation and replay share one code path.
 
+pub mod check;
 pub mod data;
 pub mod geometry;
 pub mod meta;

@@ -1,0 +1,418 @@
+//! `pfs fsck`: the offline checker of stopped servers' shards (the `pfs`
+//! command reads its arguments and calls [`run`]).
+//!
+//! Each zone is opened as a server start would (its log replayed), then every
+//! shard's census (`pfs_store::shard::check`) is checked against the others:
+//!
+//! - every name's inode exists (on the shard that allocated it), and its
+//!   directory exists and is a directory;
+//! - link counts match the names: a file's count is its names, a directory's
+//!   is 2 + its subdirectories, and a directory has one name (the root none);
+//! - no inode without a name (an orphan), no data of an inode that exists
+//!   nowhere and is not being freed;
+//! - no participant record of a cross-shard transaction whose coordinator
+//!   forgot it (leaked), and what each shard finds alone (a name whose type
+//!   differs from its inode's, attributes of a missing inode).
+//!
+//! Checks that need a shard not given (another server's device) are counted as
+//! not verifiable. `--repair` removes dangling names, sets link counts, frees
+//! orphans and their data, and forgets leaked records, each as a logged
+//! operation; then it checks again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::Write;
+
+use pfs_core::{FileType, InodeId, ServerConfig, ShardId};
+use pfs_store::device::UringDevice;
+use pfs_store::shard::check::{Census, CensusInode, CensusName};
+use pfs_store::Shard;
+
+/// Writes one line of the report (a failed write of the report is ignored).
+macro_rules! say {
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// One repair, as a logged shard operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Repair {
+    RemoveName { shard: ShardId, parent: InodeId, name: Vec<u8> },
+    SetNlink { shard: ShardId, ino: InodeId, nlink: u32 },
+    DropInode { shard: ShardId, ino: InodeId },
+    FreeData { shard: ShardId, ino: InodeId },
+    ForgetTxn { shard: ShardId, id: u64 },
+}
+
+/// A problem, and its repair when there is a safe one.
+#[derive(Clone, Debug)]
+struct Finding {
+    what: String,
+    repair: Option<Repair>,
+}
+
+/// What one pass found.
+#[derive(Debug, Default)]
+struct Report {
+    findings: Vec<Finding>,
+    notes: Vec<String>,
+    unverified: u64,
+    inodes: usize,
+    names: usize,
+}
+
+/// The shard that holds inode `ino` (the one that allocated it; the root is on 0).
+fn home(ino: InodeId) -> ShardId {
+    ino.shard().unwrap_or(ShardId(0))
+}
+
+fn show(name: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(name))
+}
+
+/// Checks the censuses of the shards given (see the module docs).
+fn analyse(censuses: &[Census]) -> Report {
+    let mut r = Report::default();
+    let present: BTreeSet<ShardId> = censuses.iter().map(|c| c.shard).collect();
+    let all_present = present.iter().enumerate().all(|(i, s)| s.0 as usize == i);
+    let mut inodes: HashMap<InodeId, (ShardId, &CensusInode)> = HashMap::new();
+    let mut names_of: HashMap<InodeId, Vec<(ShardId, &CensusName)>> = HashMap::new();
+    let mut subdirs: HashMap<InodeId, u32> = HashMap::new();
+    for c in censuses {
+        for i in &c.inodes {
+            inodes.insert(i.ino, (c.shard, i));
+        }
+        for n in &c.names {
+            names_of.entry(n.ino).or_default().push((c.shard, n));
+            if n.kind == FileType::Directory {
+                *subdirs.entry(n.parent).or_default() += 1;
+            }
+        }
+        r.inodes += c.inodes.len();
+        r.names += c.names.len();
+        for p in &c.problems {
+            r.findings.push(Finding { what: format!("shard {}: {p}", c.shard), repair: None });
+        }
+    }
+    for c in censuses {
+        for n in &c.names {
+            let remove =
+                Repair::RemoveName { shard: c.shard, parent: n.parent, name: n.name.clone() };
+            if present.contains(&home(n.ino)) {
+                if !inodes.contains_key(&n.ino) {
+                    r.findings.push(Finding {
+                        what: format!(
+                            "shard {}: name {} in directory {} names inode {}, which does not exist",
+                            c.shard,
+                            show(&n.name),
+                            n.parent,
+                            n.ino
+                        ),
+                        repair: Some(remove.clone()),
+                    });
+                    continue;
+                }
+            } else {
+                r.unverified += 1;
+            }
+            if present.contains(&home(n.parent)) {
+                match inodes.get(&n.parent) {
+                    None => r.findings.push(Finding {
+                        what: format!(
+                            "shard {}: name {} is in directory {}, which does not exist",
+                            c.shard,
+                            show(&n.name),
+                            n.parent
+                        ),
+                        repair: Some(remove),
+                    }),
+                    Some((_, p)) if p.kind != FileType::Directory => r.findings.push(Finding {
+                        what: format!(
+                            "shard {}: name {} is in inode {}, a {:?}",
+                            c.shard,
+                            show(&n.name),
+                            n.parent,
+                            p.kind
+                        ),
+                        repair: Some(remove),
+                    }),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    if all_present {
+        let mut sorted: Vec<_> = inodes.values().collect();
+        sorted.sort_by_key(|(_, i)| i.ino);
+        for (shard, i) in sorted {
+            let names = names_of.get(&i.ino).map_or(0, Vec::len) as u32;
+            let shard = *shard;
+            if i.ino == InodeId::ROOT {
+                if names > 0 {
+                    r.findings.push(Finding {
+                        what: format!("the root has {names} names"),
+                        repair: None,
+                    });
+                }
+            } else if names == 0 {
+                r.findings.push(Finding {
+                    what: format!(
+                        "shard {shard}: inode {} (a {:?}, link count {}) has no name: an orphan",
+                        i.ino, i.kind, i.nlink
+                    ),
+                    repair: Some(Repair::DropInode { shard, ino: i.ino }),
+                });
+                continue;
+            }
+            let want = if i.kind == FileType::Directory {
+                if i.ino != InodeId::ROOT && names != 1 {
+                    r.findings.push(Finding {
+                        what: format!("shard {shard}: directory {} has {names} names", i.ino),
+                        repair: None,
+                    });
+                }
+                2 + subdirs.get(&i.ino).copied().unwrap_or(0)
+            } else {
+                names
+            };
+            if i.nlink != want {
+                r.findings.push(Finding {
+                    what: format!(
+                        "shard {shard}: inode {} (a {:?}) has link count {}, its names say {want}",
+                        i.ino, i.kind, i.nlink
+                    ),
+                    repair: Some(Repair::SetNlink { shard, ino: i.ino, nlink: want }),
+                });
+            }
+        }
+    } else {
+        r.notes
+            .push("not every shard was given: link counts and orphans were not checked".to_owned());
+    }
+    for c in censuses {
+        for (&ino, &pages) in &c.data {
+            if present.contains(&home(ino)) && !inodes.contains_key(&ino) && !c.trims.contains(&ino)
+            {
+                r.findings.push(Finding {
+                    what: format!(
+                        "shard {}: {pages} data pages of inode {ino}, which does not exist",
+                        c.shard
+                    ),
+                    repair: Some(Repair::FreeData { shard: c.shard, ino }),
+                });
+            }
+        }
+        if !c.trims.is_empty() {
+            r.notes.push(format!(
+                "shard {}: {} files' data still being freed (finishes when the server runs)",
+                c.shard,
+                c.trims.len()
+            ));
+        }
+        for (id, _) in &c.txns {
+            const PARTICIPANT: u64 = 1 << 63;
+            let coordinator = ShardId(((id & !PARTICIPANT) >> 48) as u32);
+            if id & PARTICIPANT == 0 {
+                r.notes.push(format!(
+                    "shard {}: cross-shard operation {id:#x} unfinished (the server completes it \
+                     when it starts)",
+                    c.shard
+                ));
+            } else if !present.contains(&coordinator) {
+                r.unverified += 1;
+            } else {
+                let intent = id & !PARTICIPANT;
+                let known = censuses
+                    .iter()
+                    .filter(|x| x.shard == coordinator)
+                    .any(|x| x.txns.iter().any(|(i, _)| *i == intent));
+                if !known {
+                    r.findings.push(Finding {
+                        what: format!(
+                            "shard {}: participant record {id:#x} of a transaction its \
+                             coordinator (shard {coordinator}) no longer has",
+                            c.shard
+                        ),
+                        repair: Some(Repair::ForgetTxn { shard: c.shard, id: *id }),
+                    });
+                }
+            }
+        }
+    }
+    r
+}
+
+fn apply(shard: &mut Shard<UringDevice>, repair: &Repair) -> Result<(), String> {
+    let r = match repair {
+        Repair::RemoveName { parent, name, .. } => shard.repair_remove_name(*parent, name),
+        Repair::SetNlink { ino, nlink, .. } => shard.repair_set_nlink(*ino, *nlink),
+        Repair::DropInode { ino, .. } => shard.repair_drop_inode(*ino),
+        Repair::FreeData { ino, .. } => shard.repair_free_data(*ino),
+        Repair::ForgetTxn { id, .. } => shard.txn_forget(*id),
+    };
+    r.map_err(|e| format!("repair {repair:?}: {e}"))
+}
+
+fn repair_shard(r: &Repair) -> ShardId {
+    match r {
+        Repair::RemoveName { shard, .. }
+        | Repair::SetNlink { shard, .. }
+        | Repair::DropInode { shard, .. }
+        | Repair::FreeData { shard, .. }
+        | Repair::ForgetTxn { shard, .. } => *shard,
+    }
+}
+
+/// Checks (and with `repair`, repairs) the shards of the stopped servers
+/// `configs`, writing the report to `out`; `Ok(true)` when the file system is
+/// clean (after the repairs).
+pub fn run(configs: &[ServerConfig], repair: bool, out: &mut dyn Write) -> Result<bool, String> {
+    let mut shards: Vec<Shard<UringDevice>> = Vec::new();
+    let mut locks = Vec::new();
+    for cfg in configs {
+        let (s, lock) = crate::server::open_for_check(cfg)
+            .map_err(|e| format!("{}: {e}", cfg.data_path.display()))?;
+        shards.extend(s);
+        locks.push(lock);
+    }
+    shards.sort_by_key(|s| s.id());
+    say!(out, "pfs fsck: {} shards of {} server(s), logs replayed", shards.len(), configs.len());
+    let mut repaired = 0usize;
+    // A repair can uncover more (a name removed leaves its inode an orphan),
+    // so repair and check again, a bounded number of times.
+    for pass in 0..4 {
+        let censuses: Vec<Census> = shards
+            .iter_mut()
+            .map(|s| s.census().map_err(|e| format!("shard {}: {e}", s.id())))
+            .collect::<Result<_, _>>()?;
+        let report = analyse(&censuses);
+        if pass == 0 {
+            say!(out, "pfs fsck: {} inodes, {} names", report.inodes, report.names);
+            for n in &report.notes {
+                say!(out, "note: {n}");
+            }
+            if report.unverified > 0 {
+                say!(
+                    out,
+                    "note: {} references lead to shards not given here and were not checked",
+                    report.unverified
+                );
+            }
+        }
+        if report.findings.is_empty() {
+            if repaired > 0 {
+                say!(out, "pfs fsck: {repaired} repairs made; clean now");
+            } else {
+                say!(out, "pfs fsck: clean");
+            }
+            return Ok(true);
+        }
+        for f in &report.findings {
+            let fix = if f.repair.is_some() { "" } else { " (no safe repair)" };
+            say!(out, "problem: {}{fix}", f.what);
+        }
+        if !repair {
+            say!(
+                out,
+                "pfs fsck: {} problems; `pfs fsck --repair` repairs {} of them",
+                report.findings.len(),
+                report.findings.iter().filter(|f| f.repair.is_some()).count()
+            );
+            return Ok(false);
+        }
+        let repairs: Vec<&Repair> =
+            report.findings.iter().filter_map(|f| f.repair.as_ref()).collect();
+        if repairs.is_empty() {
+            break;
+        }
+        let index: BTreeMap<ShardId, usize> =
+            shards.iter().enumerate().map(|(i, s)| (s.id(), i)).collect();
+        for rep in repairs {
+            let i = index[&repair_shard(rep)];
+            apply(&mut shards[i], rep)?;
+            repaired += 1;
+        }
+        for s in &mut shards {
+            s.checkpoint().map_err(|e| format!("shard {}: {e}", s.id()))?;
+        }
+    }
+    say!(out, "pfs fsck: problems remain that have no safe repair");
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ino(shard: u32, seq: u64) -> InodeId {
+        InodeId::compose(ShardId(shard), seq)
+    }
+
+    fn inode(ino: InodeId, kind: FileType, nlink: u32) -> CensusInode {
+        CensusInode { ino, kind, nlink, parent: InodeId::ROOT }
+    }
+
+    fn name(parent: InodeId, n: &str, ino: InodeId, kind: FileType) -> CensusName {
+        CensusName { parent, name: n.as_bytes().to_vec(), ino, kind }
+    }
+
+    #[test]
+    fn each_kind_of_problem_is_found_with_its_repair() {
+        use FileType::{Directory as D, Regular as F};
+        let (dir, file, lost, ghost, freeing) =
+            (ino(0, 2), ino(0, 3), ino(1, 2), ino(1, 9), ino(1, 8));
+        let gone_dir = ino(1, 7);
+        let s0 = Census {
+            shard: ShardId(0),
+            inodes: vec![inode(InodeId::ROOT, D, 3), inode(dir, D, 2), inode(file, F, 2)],
+            names: vec![name(InodeId::ROOT, "d", dir, D), name(dir, "f", file, F)],
+            txns: vec![((1 << 63) | 5, vec![])],
+            ..Census::default()
+        };
+        let s1 = Census {
+            shard: ShardId(1),
+            inodes: vec![inode(lost, F, 1)],
+            names: vec![name(gone_dir, "x", file, F), name(dir, "y", ghost, F)],
+            data: [(ghost, 4), (freeing, 2)].into(),
+            trims: [freeing].into(),
+            ..Census::default()
+        };
+        let r = analyse(&[s0, s1]);
+        let repairs: Vec<Repair> = r.findings.iter().filter_map(|f| f.repair.clone()).collect();
+        let want = [
+            Repair::RemoveName { shard: ShardId(1), parent: gone_dir, name: b"x".to_vec() },
+            Repair::RemoveName { shard: ShardId(1), parent: dir, name: b"y".to_vec() },
+            Repair::SetNlink { shard: ShardId(0), ino: InodeId::ROOT, nlink: 3 },
+            Repair::DropInode { shard: ShardId(1), ino: lost },
+            Repair::FreeData { shard: ShardId(1), ino: ghost },
+            Repair::ForgetTxn { shard: ShardId(0), id: (1 << 63) | 5 },
+        ];
+        // The root has one subdirectory: 2 + 1 = 3 is right, so no SetNlink for it.
+        for w in &want[..2] {
+            assert!(repairs.contains(w), "{w:?} missing from {repairs:?}");
+        }
+        assert!(!repairs.contains(&want[2]), "the root's count is right");
+        for w in &want[3..] {
+            assert!(repairs.contains(w), "{w:?} missing from {repairs:?}");
+        }
+        // `file` has two names ("f", and "x" in the missing directory) and count 2.
+        assert!(!repairs.iter().any(|r| matches!(r, Repair::SetNlink { ino, .. } if *ino == file)));
+        assert!(!repairs
+            .iter()
+            .any(|r| matches!(r, Repair::FreeData { ino, .. } if *ino == freeing)));
+        assert_eq!(repairs.len(), 5, "{repairs:?}");
+    }
+
+    #[test]
+    fn shards_not_given_are_not_checked_but_counted() {
+        let s1 = Census {
+            shard: ShardId(1),
+            names: vec![name(ino(0, 2), "a", ino(0, 3), FileType::Regular)],
+            ..Census::default()
+        };
+        let r = analyse(&[s1]);
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        assert_eq!(r.unverified, 1);
+        assert!(r.notes.iter().any(|n| n.contains("not every shard")));
+    }
+}
