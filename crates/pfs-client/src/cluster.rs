@@ -1195,10 +1195,10 @@ impl FileSystem for Cluster {
             }
         };
         // The moved file's fsync covers its new name too (as for a new file).
-        match self.call_noting(from.server, from.proc_worker, req, &[source.ino])? {
-            Reply::Rename | Reply::RenameCross => {}
+        let freed = match self.call_noting(from.server, from.proc_worker, req, &[source.ino])? {
+            Reply::Rename { replaced } | Reply::RenameCross { replaced } => replaced,
             other => return Err(unexpected(other)),
-        }
+        };
         // Subdirectories each parent gained (lost), for parents whose inode is
         // not on the shard that changed their entry.
         let is_dir = |a: &FileAttr| i32::from(a.kind == FileType::Directory);
@@ -1215,7 +1215,13 @@ impl FileSystem for Cluster {
             self.touch_parent(parent, &from, to_src);
             self.touch_parent(new_parent, &to, to_dst);
         }
-        Ok(())
+        // The replaced file goes as after an unlink: its inode at its home when
+        // that is another shard, its data on the other shards.
+        match freed {
+            Some(r) if r.remote => self.drop_remote(r.ino),
+            Some(r) => self.truncate_elsewhere(r.ino, r.layout, 0, r.size),
+            None => Ok(()),
+        }
     }
 
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {

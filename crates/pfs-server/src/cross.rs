@@ -402,7 +402,7 @@ impl<D: Device> Worker<D> {
     fn finish_cross(&mut self, mut op: CrossOp, result: Result<Reply, FsError>) {
         let i = &op.intent;
         let body = match result {
-            Ok(Reply::XRenameTarget { old }) => {
+            Ok(Reply::XRenameTarget { old, replaced }) => {
                 let replacement = (old != 0).then_some(old);
                 match self.shard.xrename_finish(
                     op.txn,
@@ -416,7 +416,7 @@ impl<D: Device> Worker<D> {
                         self.mark_dirty();
                         let (server, worker) = i.target;
                         self.queue_forget(server, worker, op.txn);
-                        Body::Reply(Reply::RenameCross)
+                        Body::Reply(Reply::RenameCross { replaced })
                     }
                     Err(error) => Body::Error { op: pfs_core::Opcode::RenameCross, error },
                 }

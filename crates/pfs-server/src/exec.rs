@@ -156,8 +156,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
                 noreplace: flags.contains(pfs_core::wire::RenameFlags::NOREPLACE),
                 exchange: flags.contains(pfs_core::wire::RenameFlags::EXCHANGE),
             };
-            shard.rename(parent, &name, new_parent, &new_name, flags)?;
-            Reply::Rename
+            let replaced = shard.rename(parent, &name, new_parent, &new_name, flags)?;
+            Reply::Rename { replaced }
         }
         Request::ReadDir { ino, after, max_entries, max_bytes, plus } => {
             readdir(shard, ino, &after, max_entries, max_bytes, plus)?
@@ -242,8 +242,9 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::XRenameTarget { txn, parent, name, value, flags } => {
             let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
             let exchange = flags.contains(pfs_core::wire::RenameFlags::EXCHANGE);
-            let old = shard.xrename_target(txn, parent, &name, value, noreplace, exchange)?;
-            Reply::XRenameTarget { old: old.unwrap_or(0) }
+            let (old, replaced) =
+                shard.xrename_target(txn, parent, &name, value, noreplace, exchange)?;
+            Reply::XRenameTarget { old: old.unwrap_or(0), replaced }
         }
         Request::TxnForget { txn } => {
             shard.txn_forget(txn | pfs_store::shard::txn::PARTICIPANT_BIT)?;
@@ -403,7 +404,7 @@ mod tests {
             new_name: b"a2".to_vec(),
             flags: WireRenameFlags::NOREPLACE,
         };
-        assert_eq!(ok(&mut s, noreplace), Reply::Rename);
+        assert_eq!(ok(&mut s, noreplace), Reply::Rename { replaced: None });
         let master = execute(&mut s, Request::GetView).0.unwrap_err();
         assert!(master.to_string().contains("master"), "{master}");
         let (_, d) = execute(

@@ -412,3 +412,53 @@ fn slot_rpc_carries_data_metadata_and_invalidations_over_tcp_and_shm() {
     master.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The checkpoint pattern (write a temporary file, rename it over the old one)
+/// in a bigdir, where the old file's inode and data live on other shards than
+/// its name: every replaced file must be freed, or the cluster fills up.
+#[test]
+fn renames_over_files_free_what_they_replace_on_every_shard() {
+    let dir = test_dir("rename-frees");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 2)).unwrap();
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            let cfg = server_config(&dir, &key_file, master.addr(), n, 2, 0);
+            pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+        })
+        .collect();
+    let fs = client(master.addr(), &key);
+    let before = fs.statfs().unwrap();
+    let data = vec![7u8; 300_000];
+    for round in 0..6 {
+        for i in 0..20 {
+            write_file(&fs, InodeId::ROOT, &format!("ckpt{i}.tmp"), &data);
+            fs.rename(
+                InodeId::ROOT,
+                format!("ckpt{i}.tmp").as_bytes(),
+                InodeId::ROOT,
+                format!("ckpt{i}").as_bytes(),
+                RenameFlags::empty(),
+            )
+            .unwrap_or_else(|e| panic!("round {round}, file {i}: {e}"));
+        }
+    }
+    let after = fs.statfs().unwrap();
+    // 20 files remain; each rename freed the one it replaced (inode and pages).
+    assert_eq!(before.files_free - after.files_free, 20, "inodes leaked: {before:?} -> {after:?}");
+    let pages_per_file = (data.len() as u64).div_ceil(after.block_size as u64);
+    let used = before.blocks_free - after.blocks_free;
+    assert!(
+        used <= 20 * (pages_per_file + 16),
+        "{used} blocks in use for 20 files of {pages_per_file}: replaced files leaked their data"
+    );
+    for i in 0..20 {
+        let a = fs.lookup(InodeId::ROOT, format!("ckpt{i}").as_bytes()).unwrap();
+        assert_eq!(read_file(&fs, a.ino), data);
+    }
+    drop(fs);
+    for s in servers {
+        s.stop().unwrap();
+    }
+    master.stop();
+}

@@ -28,7 +28,7 @@ pub use cluster::{ServerInfo, Usage, View};
 pub use error::WireError;
 pub use frame::{stamp, Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY};
 pub use opcode::Opcode;
-pub use reply::Reply;
+pub use reply::{Replaced, Reply};
 pub use request::Request;
 pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode, XattrSetMode};
 

@@ -56,7 +56,10 @@ pub enum Reply {
         remote: bool,
     },
     /// The rename is done.
-    Rename,
+    Rename {
+        /// The inode whose name the rename replaced, for the client to free.
+        replaced: Option<Replaced>,
+    },
     /// Entries after the request's cookie.
     ReadDir {
         /// The entries, in cookie order.
@@ -128,11 +131,16 @@ pub enum Reply {
     /// The cluster view.
     GetView(View),
     /// The cross-shard rename is done.
-    RenameCross,
+    RenameCross {
+        /// The inode whose name the rename replaced, for the client to free.
+        replaced: Option<Replaced>,
+    },
     /// The participant applied; for an exchange, the target's old entry (0: none).
     XRenameTarget {
         /// The target's old dentry value, 0 when there was none to hand back.
         old: u64,
+        /// The inode whose name it replaced (not for an exchange).
+        replaced: Option<Replaced>,
     },
     /// The participant forgot the transaction.
     TxnForget,
@@ -152,6 +160,47 @@ pub enum Reply {
     AddLink(FileAttr),
     /// The directory's count and times are updated.
     AdjustDir,
+}
+
+/// The inode whose name a rename replaced: like an unlink's reply, what the
+/// client must free elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replaced {
+    /// The inode.
+    pub ino: InodeId,
+    /// Size of a regular file the rename freed (its data on other shards is for
+    /// the client to free), 0 when it lives on or is not a file.
+    pub size: u64,
+    /// Its data layout.
+    pub layout: FileLayout,
+    /// The inode lives on another shard: the client drops one link there
+    /// (`DropInode`).
+    pub remote: bool,
+}
+
+fn put_replaced(w: &mut Writer<'_>, replaced: &Option<Replaced>) {
+    match replaced {
+        None => w.bool(false),
+        Some(x) => {
+            w.bool(true);
+            w.u64(x.ino.0);
+            w.u64(x.size);
+            w.u8(x.layout as u8);
+            w.bool(x.remote);
+        }
+    }
+}
+
+fn get_replaced(r: &mut Reader<'_>) -> Result<Option<Replaced>, WireError> {
+    if !r.bool("replaced flag")? {
+        return Ok(None);
+    }
+    Ok(Some(Replaced {
+        ino: InodeId(r.u64("replaced inode")?),
+        size: r.u64("replaced size")?,
+        layout: read_file_layout(r)?,
+        remote: r.bool("replaced inode remote")?,
+    }))
 }
 
 fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
@@ -178,7 +227,7 @@ impl Reply {
             Reply::ReadLink(_) => Opcode::ReadLink,
             Reply::Unlink { .. } => Opcode::Unlink,
             Reply::Rmdir { .. } => Opcode::Rmdir,
-            Reply::Rename => Opcode::Rename,
+            Reply::Rename { .. } => Opcode::Rename,
             Reply::ReadDir { .. } => Opcode::ReadDir,
             Reply::Open { .. } => Opcode::Open,
             Reply::Release => Opcode::Release,
@@ -202,7 +251,7 @@ impl Reply {
             Reply::Register { .. } => Opcode::Register,
             Reply::Heartbeat { .. } => Opcode::Heartbeat,
             Reply::GetView(_) => Opcode::GetView,
-            Reply::RenameCross => Opcode::RenameCross,
+            Reply::RenameCross { .. } => Opcode::RenameCross,
             Reply::XRenameTarget { .. } => Opcode::XRenameTarget,
             Reply::TxnForget => Opcode::TxnForget,
             Reply::DropInode { .. } => Opcode::DropInode,
@@ -247,8 +296,11 @@ impl Reply {
                 w.u8(*layout as u8);
                 Ok(())
             }
-            Reply::Rename
-            | Reply::Release
+            Reply::Rename { replaced } | Reply::RenameCross { replaced } => {
+                put_replaced(w, replaced);
+                Ok(())
+            }
+            Reply::Release
             | Reply::Fsync
             | Reply::SetXattr
             | Reply::RemoveXattr
@@ -256,7 +308,6 @@ impl Reply {
             | Reply::TokenRelease
             | Reply::TokenInvalidate
             | Reply::TruncateData
-            | Reply::RenameCross
             | Reply::SealDir
             | Reply::AdjustDir
             | Reply::TxnForget => Ok(()),
@@ -304,8 +355,9 @@ impl Reply {
                 Ok(())
             }
             Reply::GetView(view) => view.put(w),
-            Reply::XRenameTarget { old } => {
+            Reply::XRenameTarget { old, replaced } => {
                 w.u64(*old);
+                put_replaced(w, replaced);
                 Ok(())
             }
         }
@@ -340,7 +392,7 @@ impl Reply {
             Opcode::DropInode => {
                 Reply::DropInode { size: r.u64("dropped size")?, layout: read_file_layout(r)? }
             }
-            Opcode::Rename => Reply::Rename,
+            Opcode::Rename => Reply::Rename { replaced: get_replaced(r)? },
             Opcode::Release => Reply::Release,
             Opcode::Fsync => Reply::Fsync,
             Opcode::SetXattr => Reply::SetXattr,
@@ -392,8 +444,10 @@ impl Reply {
             },
             Opcode::Heartbeat => Reply::Heartbeat { epoch: r.u64("epoch")? },
             Opcode::GetView => Reply::GetView(View::get(r)?),
-            Opcode::RenameCross => Reply::RenameCross,
-            Opcode::XRenameTarget => Reply::XRenameTarget { old: r.u64("old dentry value")? },
+            Opcode::RenameCross => Reply::RenameCross { replaced: get_replaced(r)? },
+            Opcode::XRenameTarget => {
+                Reply::XRenameTarget { old: r.u64("old dentry value")?, replaced: get_replaced(r)? }
+            }
             Opcode::TxnForget => Reply::TxnForget,
             Opcode::SealDir => Reply::SealDir,
             // An rmdir of a bigdir is answered with an `Rmdir` reply.

@@ -289,6 +289,17 @@ fn statfs() -> impl Strategy<Value = StatFs> {
     )
 }
 
+fn replaced() -> impl Strategy<Value = Option<crate::wire::Replaced>> {
+    proptest::option::of((any::<u64>(), any::<u64>(), file_layout(), any::<bool>()).prop_map(
+        |(ino, size, layout, remote)| crate::wire::Replaced {
+            ino: InodeId(ino),
+            size,
+            layout,
+            remote,
+        },
+    ))
+}
+
 fn reply() -> impl Strategy<Value = Reply> {
     prop_oneof![
         entry().prop_map(Reply::Lookup),
@@ -302,7 +313,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         (ino(), any::<u64>(), file_layout(), any::<bool>())
             .prop_map(|(ino, size, layout, remote)| Reply::Unlink { ino, size, layout, remote }),
         (ino(), any::<bool>()).prop_map(|(ino, remote)| Reply::Rmdir { ino, remote }),
-        Just(Reply::Rename),
+        replaced().prop_map(|replaced| Reply::Rename { replaced }),
         (vec(dir_entry(), 0..8), any::<bool>())
             .prop_map(|(entries, eof)| Reply::ReadDir { entries, eof }),
         fh().prop_map(|fh| Reply::Open { fh }),
@@ -332,8 +343,9 @@ fn reply() -> impl Strategy<Value = Reply> {
         }),
         any::<u64>().prop_map(|epoch| Reply::Heartbeat { epoch }),
         view().prop_map(Reply::GetView),
-        Just(Reply::RenameCross),
-        any::<u64>().prop_map(|old| Reply::XRenameTarget { old }),
+        replaced().prop_map(|replaced| Reply::RenameCross { replaced }),
+        (any::<u64>(), replaced())
+            .prop_map(|(old, replaced)| Reply::XRenameTarget { old, replaced }),
         Just(Reply::TxnForget),
         (any::<u64>(), file_layout()).prop_map(|(size, layout)| Reply::DropInode { size, layout }),
         Just(Reply::SealDir),

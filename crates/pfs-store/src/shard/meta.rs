@@ -13,6 +13,7 @@ use super::{tables, Shard, PAGE_SIZE};
 use crate::device::Device;
 use crate::inode::Inode;
 use crate::wal::Change;
+pub use pfs_core::wire::Replaced;
 
 const KIND_SHIFT: u32 = 56;
 /// Extended attribute naming a directory's child layout.
@@ -389,8 +390,11 @@ impl<D: Device> Shard<D> {
         self.finish()
     }
 
-    /// Logs the removal of `entry` from `parent`, dropping its inode when local.
-    pub(super) fn remove_entry(&mut self, parent: InodeId, entry: &DirEntry) -> FsResult<()> {
+    /// Logs the removal of `entry` from `parent`, dropping its inode when local
+    /// (one link of it, when it has more). Returns what the caller's client must
+    /// free elsewhere: the inode at its home when it is not here (`remote`), or
+    /// the data on other shards of a regular file freed here (`size`).
+    pub(super) fn remove_entry(&mut self, parent: InodeId, entry: &DirEntry) -> FsResult<Replaced> {
         let now = self.now();
         let child = match self.inode(entry.ino) {
             Ok(c) => Some(c),
@@ -403,8 +407,15 @@ impl<D: Device> Shard<D> {
             Err(e) => return Err(e),
         };
         self.log(Change::DentryDel { parent, name: entry.name.clone() })?;
+        let mut removed =
+            Replaced { ino: entry.ino, size: 0, layout: FileLayout::default(), remote: true };
         if let Some(mut c) = child {
+            removed.remote = false;
+            removed.layout = c.file_layout;
             if c.kind == FileType::Directory || c.nlink <= 1 {
+                if c.kind == FileType::Regular {
+                    removed.size = c.size;
+                }
                 self.drop_inode(&c)?;
             } else {
                 c.nlink -= 1;
@@ -420,10 +431,12 @@ impl<D: Device> Shard<D> {
             }
             self.put_inode(&p)?;
         }
-        Ok(())
+        Ok(removed)
     }
 
     /// Renames within this shard, with POSIX replace rules and Linux flags.
+    /// Returns the inode whose name it replaced, for the client to free what of
+    /// it lives elsewhere (as after an unlink).
     pub fn rename(
         &mut self,
         src_parent: InodeId,
@@ -431,7 +444,7 @@ impl<D: Device> Shard<D> {
         dst_parent: InodeId,
         dst_name: &[u8],
         flags: RenameFlags,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Replaced>> {
         check_name(dst_name)?;
         if flags.noreplace && flags.exchange {
             return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
@@ -450,7 +463,7 @@ impl<D: Device> Shard<D> {
         }
         if let Some(d) = &dst {
             if d.ino == src.ino {
-                return Ok(()); // Same inode: POSIX says do nothing.
+                return Ok(None); // Same inode: POSIX says do nothing.
             }
             if flags.noreplace {
                 return Err(FsError::Exists);
@@ -476,6 +489,7 @@ impl<D: Device> Shard<D> {
         self.begin()?;
         let now = self.now();
         let src_value = encode_dentry(src.ino, src.kind);
+        let mut replaced = None;
         match (&dst, flags.exchange) {
             (Some(d), true) => {
                 self.log(Change::DentryPut {
@@ -503,7 +517,7 @@ impl<D: Device> Shard<D> {
             _ => {
                 if let Some(d) = &dst {
                     // The replaced entry goes away like an unlink or rmdir.
-                    self.remove_entry(dst_parent, d)?;
+                    replaced = Some(self.remove_entry(dst_parent, d)?);
                 }
                 self.log(Change::DentryDel { parent: src_parent, name: src_name.to_vec() })?;
                 self.log(Change::DentryPut {
@@ -521,7 +535,8 @@ impl<D: Device> Shard<D> {
                 }
             }
         }
-        self.finish()
+        self.finish()?;
+        Ok(replaced)
     }
 
     /// Whether `dir` is `ino` or one of its ancestors (as far as this shard knows).

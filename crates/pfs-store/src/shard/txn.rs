@@ -10,7 +10,7 @@
 
 use pfs_core::{FileType, FsError, FsResult, InodeId};
 
-use super::meta::{check_name, decode_dentry, encode_dentry, DirEntry};
+use super::meta::{check_name, decode_dentry, encode_dentry, DirEntry, Replaced};
 use super::{tables, Shard};
 use crate::device::Device;
 use crate::wal::Change;
@@ -191,7 +191,8 @@ impl<D: Device> Shard<D> {
 
     /// Participant: puts `value` (the moved entry) at `parent/name` for
     /// transaction `id`, replacing what is there under the POSIX rules (or, when
-    /// `exchange`, swapping). Returns the target's old entry for an exchange.
+    /// `exchange`, swapping). Returns the target's old entry for an exchange, and
+    /// the inode whose name it replaced otherwise (for the client to free).
     /// The answer is recorded with the change, so calling again with the same id
     /// returns it without applying twice.
     pub fn xrename_target(
@@ -202,7 +203,7 @@ impl<D: Device> Shard<D> {
         value: u64,
         noreplace: bool,
         exchange: bool,
-    ) -> FsResult<Option<u64>> {
+    ) -> FsResult<(Option<u64>, Option<Replaced>)> {
         let key = id | PARTICIPANT_BIT;
         if let Some(done) = self.txns.get(&key) {
             return Ok(decode_answer(done));
@@ -243,16 +244,18 @@ impl<D: Device> Shard<D> {
         }
         let answer =
             if exchange { old.as_ref().map(|d| encode_dentry(d.ino, d.kind)) } else { None };
-        let record = encode_answer(answer);
-        self.txn_room(&record)?;
+        // The record's size does not depend on what it holds.
+        self.txn_room(&encode_answer(answer, None))?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
         self.begin()?;
         let now = self.now();
+        let mut replaced = None;
         if let Some(d) = &old {
             if !exchange && d.ino != moved {
-                self.remove_entry(parent, d)?;
+                replaced = Some(self.remove_entry(parent, d)?);
             }
         }
+        let record = encode_answer(answer, replaced);
         self.log(Change::DentryPut { parent, name: name.to_vec(), value })?;
         self.reparent(moved, parent, now)?;
         // Subdirectories: the moved one arrived; a replaced one left (in
@@ -262,17 +265,43 @@ impl<D: Device> Shard<D> {
         self.adjust_dir(parent, is_dir(moved_kind) - swapped, now)?;
         self.log(Change::TxnPut { id: key, data: record })?;
         self.finish()?;
-        Ok(answer)
+        Ok((answer, replaced))
     }
 }
 
-fn encode_answer(answer: Option<u64>) -> Vec<u8> {
-    answer.unwrap_or(0).to_le_bytes().to_vec()
+/// A participant's answer record: the exchanged entry (0: none), then the
+/// replaced inode (`docs/format.md`, "Cross-shard transaction records").
+fn encode_answer(answer: Option<u64>, replaced: Option<Replaced>) -> Vec<u8> {
+    let mut out = answer.unwrap_or(0).to_le_bytes().to_vec();
+    let r = replaced.unwrap_or(Replaced {
+        ino: InodeId(0),
+        size: 0,
+        layout: pfs_core::FileLayout::default(),
+        remote: false,
+    });
+    out.extend_from_slice(&r.ino.0.to_le_bytes());
+    out.extend_from_slice(&r.size.to_le_bytes());
+    out.push(r.layout as u8);
+    out.push(u8::from(r.remote));
+    out
 }
 
-fn decode_answer(data: &[u8]) -> Option<u64> {
-    let v = u64::from_le_bytes(data.get(..8)?.try_into().ok()?);
-    (v != 0).then_some(v)
+/// Reads an answer record; one of 8 bytes (written before replaced inodes were
+/// recorded) has none.
+fn decode_answer(data: &[u8]) -> (Option<u64>, Option<Replaced>) {
+    let u64_at =
+        |o: usize| data.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+    let answer = u64_at(0).filter(|&v| v != 0);
+    let replaced = match (u64_at(8), u64_at(16), data.get(24), data.get(25)) {
+        (Some(ino), Some(size), Some(&layout), Some(&remote)) if ino != 0 => Some(Replaced {
+            ino: InodeId(ino),
+            size,
+            layout: pfs_core::FileLayout::from_u8(layout).unwrap_or_default(),
+            remote: remote != 0,
+        }),
+        _ => None,
+    };
+    (answer, replaced)
 }
 
 #[cfg(test)]
@@ -281,6 +310,20 @@ mod tests {
     use crate::device::MemDevice;
     use crate::{CreateArgs, FormatOptions, ShardOptions};
     use pfs_core::ShardId;
+
+    fn victim_layout() -> pfs_core::FileLayout {
+        CreateArgs::file(0o644).layout.map(|l| l.1).unwrap_or_default()
+    }
+
+    #[test]
+    fn answer_records_of_both_formats_decode() {
+        let r =
+            Replaced { ino: InodeId(9), size: 5, layout: pfs_core::FileLayout::Io, remote: true };
+        assert_eq!(decode_answer(&encode_answer(Some(4), Some(r))), (Some(4), Some(r)));
+        assert_eq!(decode_answer(&encode_answer(None, None)), (None, None));
+        // Written before replaced inodes were recorded: 8 bytes.
+        assert_eq!(decode_answer(&7u64.to_le_bytes()), (Some(7), None));
+    }
 
     fn shard(id: u32) -> (MemDevice, Shard<MemDevice>) {
         let dev = MemDevice::new(64 << 20, 64);
@@ -299,10 +342,20 @@ mod tests {
         let src = a.xrename_begin(5, InodeId::ROOT, b"src", b"intent").unwrap();
         assert_eq!(a.txn(5), Some(&b"intent"[..]));
         let value = encode_dentry(src.ino, src.kind);
-        assert_eq!(b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(), None);
-        // The victim is gone with its inode; a re-sent dispatch changes nothing.
+        // The victim is gone with its inode, which was here: nothing remote to
+        // drop, and it had no data. A re-sent dispatch changes nothing and
+        // answers the same.
+        let freed = Replaced { ino: victim.ino, size: 0, layout: victim_layout(), remote: false };
+        let answer = (None, Some(freed));
+        assert_eq!(
+            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(),
+            answer
+        );
         assert!(!b.has_inode(victim.ino));
-        assert_eq!(b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(), None);
+        assert_eq!(
+            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(),
+            answer
+        );
         assert_eq!(b.lookup(InodeId::ROOT, b"dst").unwrap().ino, file.ino);
         b.commit().unwrap();
         a.xrename_finish(5, InodeId::ROOT, b"src", value, InodeId::ROOT, None).unwrap();
@@ -369,8 +422,9 @@ mod tests {
         let y = b.create(InodeId::ROOT, b"y", CreateArgs::dir(0o755)).unwrap();
         let src = a.xrename_begin(3, InodeId::ROOT, b"x", b"i").unwrap();
         let value = encode_dentry(src.ino, src.kind);
-        let old = b.xrename_target(3, InodeId::ROOT, b"y", value, false, true).unwrap();
+        let (old, freed) = b.xrename_target(3, InodeId::ROOT, b"y", value, false, true).unwrap();
         assert_eq!(old, Some(encode_dentry(y.ino, FileType::Directory)));
+        assert_eq!(freed, None, "an exchange replaces nothing");
         a.xrename_finish(3, InodeId::ROOT, b"x", value, InodeId::ROOT, old).unwrap();
         assert_eq!(a.lookup(InodeId::ROOT, b"x").unwrap().ino, y.ino);
         assert_eq!(b.lookup(InodeId::ROOT, b"y").unwrap().ino, x.ino);
