@@ -9,10 +9,12 @@
 //!   HACC-IO) by N processes on a directory or through the native client.
 //! - [`fsx`]: `pfs fsx`, the model-checking file exerciser.
 //! - [`fsck`]: `pfs fsck`, the offline checker of servers' shards.
+//! - [`mkfs`]: `pfs mkfs`, formatting a server's device ahead of its first start.
 
 pub mod bench;
 pub mod fsck;
 pub mod fsx;
 pub mod layout;
+pub mod mkfs;
 pub mod status;
 pub mod up;

@@ -67,6 +67,11 @@ enum Command {
     /// Exits 0 when clean, 1 with the list of problems; --repair fixes what is
     /// safe to fix, as logged operations.
     Fsck(pfs::fsck::FsckArgs),
+    /// Format a storage server's device as a given server id before its first
+    /// start (a server also formats an empty device by itself), or format every
+    /// device of a pfs up data directory again. Refuses a device holding pfs
+    /// zones unless --force (everything on it is lost).
+    Mkfs(pfs::mkfs::MkfsArgs),
     /// Print the cluster's servers, their health and usage, as the master sees them.
     Status {
         /// Client config file (TOML) naming the master and the key file.
@@ -144,6 +149,7 @@ fn run(cmd: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Bench(args) => pfs::bench::run(&args),
+        Command::Mkfs(args) => pfs::mkfs::run(&args),
         Command::Fsck(args) => match pfs::fsck::run(&args)? {
             true => Ok(()),
             false => Err("the file system has problems (listed above)".into()),

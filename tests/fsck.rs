@@ -2,7 +2,9 @@
 //! runs, clean after a clean stop, and after damage made on purpose (an orphan
 //! inode, a wrong link count, a name in a directory that does not exist, a
 //! leaked transaction record) it lists each problem, exits 1, repairs them with
-//! `--repair`, and is clean again; the files left are intact.
+//! `--repair`, and is clean again; the files left are intact. `pfs mkfs` then
+//! refuses to format the devices without `--force`, and with it leaves an empty,
+//! clean file system.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
@@ -135,6 +137,33 @@ fn fsck_is_clean_after_a_clean_stop_and_repairs_what_is_damaged() {
     assert!(!mnt.join("orphan").exists());
     assert_eq!(std::fs::read(mnt.join("counted")).unwrap(), b"y");
     assert_eq!(std::fs::read(mnt.join("d/e/link")).unwrap(), vec![1u8; 3000]);
+    fs.stop();
+
+    // pfs mkfs refuses formatted devices unless --force, then leaves an empty,
+    // clean file system that pfs up mounts.
+    let mkfs = |force: bool| {
+        let mut cmd = Command::new(PFS);
+        cmd.args(["mkfs", "--data"]).arg(&data);
+        if force {
+            cmd.arg("--force");
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let (ok, text) = mkfs(false);
+    assert!(!ok && text.contains("--force") && text.contains("holds the zones"), "{text}");
+    let (ok, text) = mkfs(true);
+    assert!(ok && text.contains("formatted") && text.contains("as server 0"), "{text}");
+    let (out, text) = fsck(&data, false);
+    assert!(out.status.success() && text.contains("1 inodes, 0 names"), "{text}");
+    let fs = Up::start(&data, &mnt);
+    assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "a new file system is empty");
+    std::fs::write(mnt.join("new"), b"z").unwrap();
     fs.stop();
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -27,7 +27,7 @@ pub mod tokens;
 pub mod worker;
 
 pub use master::{start_master, MasterHandle, MasterState};
-pub use server::{start, ServerHandle};
+pub use server::{mkfs, start, ServerHandle};
 pub use worker::FailStop;
 
 /// Why a server or master could not start or stopped with an error.

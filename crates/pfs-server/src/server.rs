@@ -347,6 +347,58 @@ pub fn open_for_check(
     Ok((shards, lock))
 }
 
+/// Formats zone `w` of server `id` (shard `id * workers + w`; shard 0 holds the
+/// root directory) with a fresh format id.
+fn format_zone(
+    cfg: &ServerConfig,
+    dev: UringDevice,
+    id: ServerId,
+    w: usize,
+    zone_bytes: u64,
+    sopts: &ShardOptions,
+) -> Result<Shard<UringDevice>, ServerError> {
+    let offset = w as u64 * zone_bytes;
+    let g = ShardId(id.0 * cfg.workers + w as u32);
+    let mut f = FormatOptions::new(g, zone_bytes);
+    f.zone_offset = offset;
+    f.create_root = g.0 == 0;
+    f.wal_bytes = Some(cfg.wal_size_bytes.min(zone_bytes / 8));
+    log::info!("formatting zone {w} ({zone_bytes} bytes at {offset}) as shard {g}");
+    Shard::format(dev, &f, sopts.clone())
+        .map_err(|e| ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display())))
+}
+
+/// `pfs mkfs`: formats every zone of the server `cfg` describes as server
+/// `id`, so it registers as that server at its first start. A device that
+/// holds pfs zones already is refused unless `force`; then everything on it is
+/// lost. Returns the shards formatted.
+pub fn mkfs(cfg: &ServerConfig, id: ServerId, force: bool) -> Result<Vec<ShardId>, ServerError> {
+    use pfs_core::config::ConfigFile;
+    cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
+    let _lock = lock_data(cfg)?;
+    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
+    if let Some(k) = known {
+        if !force {
+            return Err(ServerError::Storage(format!(
+                "{} holds the zones of server {k}: formatting loses every file on it; \
+                 add --force to format anyway",
+                cfg.data_path.display()
+            )));
+        }
+    }
+    let sopts = ShardOptions {
+        icache_blocks: cfg.icache_blocks as usize,
+        dirty_ratio: cfg.dirty_ratio,
+        ..ShardOptions::default()
+    };
+    let mut out = Vec::with_capacity(devices.len());
+    for (w, dev) in devices.into_iter().enumerate() {
+        let shard = format_zone(cfg, dev, id, w, zone_bytes, &sopts)?;
+        out.push(shard.id());
+    }
+    Ok(out)
+}
+
 /// Starts a server as configured; `register_timeout` bounds the wait for the master.
 pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHandle, ServerError> {
     use pfs_core::config::ConfigFile;
@@ -396,19 +448,12 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     for (w, dev) in devices.into_iter().enumerate() {
         let offset = w as u64 * zone_bytes;
         let shard = if known.is_some() {
-            Shard::open(dev, offset, sopts.clone())
+            Shard::open(dev, offset, sopts.clone()).map_err(|e| {
+                ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
+            })?
         } else {
-            let g = ShardId(id.0 * workers as u32 + w as u32);
-            let mut f = FormatOptions::new(g, zone_bytes);
-            f.zone_offset = offset;
-            f.create_root = g.0 == 0;
-            f.wal_bytes = Some(cfg.wal_size_bytes.min(zone_bytes / 8));
-            log::info!("formatting zone {w} ({zone_bytes} bytes at {offset}) as shard {g}");
-            Shard::format(dev, &f, sopts.clone())
-        }
-        .map_err(|e| {
-            ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
-        })?;
+            format_zone(cfg, dev, id, w, zone_bytes, &sopts)?
+        };
         if known.is_some() {
             log::info!(
                 "worker {w}: recovered shard {} ({} WAL records replayed)",

@@ -630,3 +630,121 @@ fn header_layout_is_as_documented() {
     assert_eq!(u32::from_le_bytes(bytes[28..32].try_into().unwrap()), crc);
     assert_eq!(&bytes[32..], [1, 0, 0, 0, 0, 0, 0, 0, 3, 0, b'e', b't', b'c']);
 }
+
+/// A small xorshift generator for the mutation loop (proptest is too slow for
+/// a million cases).
+struct Xs(u64);
+
+impl Xs {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Mutates `bytes` in one of several ways; with `fix` the length field and
+/// checksum are made to match again, so the payload decoders see the damage.
+fn mutate(rng: &mut Xs, bytes: &mut Vec<u8>, other: &[u8]) {
+    if bytes.is_empty() {
+        bytes.push(rng.next() as u8);
+        return;
+    }
+    match rng.below(7) {
+        0 => {
+            for _ in 0..1 + rng.below(8) {
+                let at = rng.below(bytes.len());
+                bytes[at] ^= 1 << rng.below(8);
+            }
+        }
+        1 => {
+            let at = rng.below(bytes.len());
+            bytes[at] = rng.next() as u8;
+        }
+        2 => {
+            let cut = rng.below(bytes.len());
+            bytes.truncate(cut);
+        }
+        3 => {
+            for _ in 0..1 + rng.below(64) {
+                bytes.push(rng.next() as u8);
+            }
+        }
+        4 if bytes.len() > HEADER_LEN => {
+            // Lengths inside the payload: overwrite up to 4 bytes with an extreme.
+            let at = HEADER_LEN + rng.below(bytes.len() - HEADER_LEN);
+            let end = (at + 4).min(bytes.len());
+            bytes[at..end].fill(if rng.below(2) == 0 { 0xff } else { 0 });
+        }
+        5 if !other.is_empty() => {
+            // Splice: a header of one message, the payload of another.
+            let at = HEADER_LEN.min(bytes.len());
+            bytes.truncate(at);
+            bytes.extend_from_slice(&other[HEADER_LEN.min(other.len())..]);
+        }
+        _ => {
+            let at = rng.below(bytes.len());
+            let n = rng.below(16).min(bytes.len() - at);
+            bytes.drain(at..at + n);
+        }
+    }
+    if bytes.len() >= HEADER_LEN && rng.below(4) != 0 {
+        let len = (bytes.len() - HEADER_LEN) as u32;
+        bytes[24..28].copy_from_slice(&len.to_le_bytes());
+        reseal(bytes);
+    }
+}
+
+#[test]
+fn a_million_mutated_frames_decode_or_are_refused() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let seed: u64 = std::env::var("PFS_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos() as u64 | 1);
+    let iters: usize =
+        std::env::var("PFS_FUZZ_FRAMES").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    println!("fuzz: {iters} mutated frames, seed {seed} (PFS_FUZZ_SEED={seed} replays)");
+    let mut seed_bytes = [0u8; 32];
+    seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(
+        Config::default(),
+        TestRng::from_seed(RngAlgorithm::ChaCha, &seed_bytes),
+    );
+    let corpus: Vec<Vec<u8>> = (0..2000)
+        .map(|_| frame().new_tree(&mut runner).unwrap().current().to_bytes().unwrap())
+        .collect();
+    let mut rng = Xs(seed);
+    let (mut decoded, mut refused) = (0u64, 0u64);
+    for i in 0..iters {
+        let mut bytes = corpus[rng.below(corpus.len())].clone();
+        let other = &corpus[rng.below(corpus.len())];
+        for _ in 0..1 + rng.below(3) {
+            mutate(&mut rng, &mut bytes, other);
+        }
+        match Frame::decode(&bytes) {
+            Err(e) => {
+                assert!(
+                    !e.to_string().is_empty(),
+                    "seed {seed}, case {i}: an error names its cause"
+                );
+                refused += 1;
+            }
+            Ok(f) => {
+                // What decodes is a message that encodes and decodes to itself.
+                let again = f.to_bytes().unwrap_or_else(|e| {
+                    panic!("seed {seed}, case {i}: decoded {f:?} but cannot encode it: {e}")
+                });
+                assert_eq!(Frame::decode(&again).unwrap(), f, "seed {seed}, case {i}");
+                decoded += 1;
+            }
+        }
+    }
+    println!("fuzz: {decoded} decoded to valid messages, {refused} refused, no panic");
+    assert!(decoded > 0 && refused > 0, "the mutations reach both outcomes");
+}
