@@ -360,6 +360,20 @@ impl<D: Device> Worker<D> {
                 None => None,
                 Some(id) => match self.peers.poll(op.intent.target.0, id) {
                     Ok(None) => None,
+                    // An I/O error (the participant's commit failed, it is
+                    // stopping) says nothing of whether its side is durable:
+                    // not a refusal. Ask again; a recovered participant answers
+                    // from its record, or checks and applies anew.
+                    Ok(Some(Err(e @ (FsError::Io(_) | FsError::TimedOut)))) => {
+                        log::warn!(
+                            "worker {}: rename {:#x}: participant answered {e}; asking again",
+                            self.id,
+                            op.txn
+                        );
+                        op.sent = None;
+                        op.retry_at = self.now + RETRY_AFTER;
+                        None
+                    }
                     Ok(Some(result)) => Some(result),
                     Err(e) => {
                         log::warn!(

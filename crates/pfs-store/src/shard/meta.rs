@@ -335,9 +335,18 @@ impl<D: Device> Shard<D> {
             Ok(p) if p.kind != FileType::Directory => Err(FsError::NotDir),
             Ok(p) if p.nlink == 0 => Err(FsError::NotFound),
             Ok(p) => Ok(Some(p)),
+            // This shard allocated `parent` (inodes never move or get reused):
+            // missing here means removed, not elsewhere.
+            Err(FsError::NotFound) if self.is_home_of(parent) => Err(FsError::NotFound),
             Err(FsError::NotFound) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether `ino` was allocated by this shard (the root: by shard 0), so it
+    /// lives here if it lives at all.
+    pub(super) fn is_home_of(&self, ino: InodeId) -> bool {
+        ino.shard().unwrap_or(pfs_core::ShardId(0)) == self.id()
     }
 
     fn put_link(

@@ -605,3 +605,23 @@ fn an_operation_cut_by_a_device_error_fails_the_shard_not_the_process() {
     assert_eq!(s.lookup(ROOT, b"ln").unwrap_err(), FsError::NotFound);
     s.symlink(ROOT, b"ln", b"/t", 0, 0).unwrap();
 }
+
+#[test]
+fn create_into_a_removed_directory_of_this_shard_is_enoent() {
+    let (mut s, _) = fresh();
+    let d = s.create(ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+    s.rmdir(ROOT, b"d").unwrap();
+    // A stale handle of the removed directory: its inode was this shard's, so it
+    // is gone, not on another shard. Nothing is created.
+    for r in [
+        s.create(d.ino, b"x", CreateArgs::file(0o644)).map(drop),
+        s.create(d.ino, b"sub", CreateArgs::dir(0o755)).map(drop),
+        s.symlink(d.ino, b"l", b"/t", 0, 0).map(drop),
+    ] {
+        assert_eq!(r.unwrap_err(), FsError::NotFound);
+    }
+    assert!(s.readdir(d.ino, None, 10).unwrap().is_empty());
+    // A directory of another shard (a bigdir's name here) still takes names.
+    let elsewhere = InodeId::compose(ShardId(5), 3);
+    s.create(elsewhere, b"x", CreateArgs::file(0o644)).unwrap();
+}
