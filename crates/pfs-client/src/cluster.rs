@@ -26,7 +26,7 @@ use pfs_net::ClusterKey;
 use crate::api::{DirListing, FileSystem, Invalidation, Invalidator};
 use crate::conn::{rpc_options, Conn, Sent};
 use crate::dcache::{CachedDir, DentryCache};
-use crate::unsynced::{Taken, Unsynced};
+use crate::unsynced::{Mark, Taken, Unsynced};
 
 /// File block size of every shard (`FormatOptions::block_size`).
 pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
@@ -455,7 +455,7 @@ impl Cluster {
             }
             // Full: commit everything this client changed, then note.
             let all = self.unsynced.lock().expect("unsynced lock").take_all();
-            if let Err(e) = self.commit_marks(all, &[]) {
+            if let Err(e) = self.commit_marks(all, &[], true) {
                 log::warn!("committing {UNSYNCED_INODES_MAX} files' changes: {e}");
             }
             self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot);
@@ -466,11 +466,14 @@ impl Cluster {
     /// whose shard answered from the boot that acknowledged them are done; one
     /// that answered from a later boot (the server restarted), or a mark already
     /// `lost`, makes its inode lost. Marks whose commit could not be asked for go
-    /// back to the table. Returns the lost inodes, or the first error.
+    /// back to the table. Returns the lost inodes for the caller to report, or
+    /// the first error; with `keep_lost`, or on an error, lost marks go back to
+    /// the table too (marked lost), so whoever syncs that inode next is told.
     fn commit_marks(
         &self,
         taken: Taken,
         also: &[(ServerId, WorkerId)],
+        keep_lost: bool,
     ) -> FsResult<BTreeSet<InodeId>> {
         let mut shards: BTreeSet<(u32, u32)> =
             taken.iter().map(|(_, m)| (m.server, m.worker)).collect();
@@ -511,25 +514,28 @@ impl Cluster {
                 }
             }
         }
-        let mut lost = BTreeSet::new();
+        let mut lost = Vec::new();
         let mut back = Vec::new();
         for (ino, m) in taken {
             match boots.get(&(m.server, m.worker)) {
                 Some(&boot) if !m.lost && boot == m.boot => {}
-                Some(_) => {
-                    lost.insert(ino);
-                }
+                Some(_) => lost.push((ino, Mark { lost: true, ..m })),
                 None => back.push((ino, m)),
             }
+        }
+        // Lost changes are reported to whoever syncs that inode, never dropped.
+        let report = !keep_lost && first_error.is_none();
+        let lost_inodes: BTreeSet<InodeId> = lost.iter().map(|(ino, _)| *ino).collect();
+        if !report {
+            back.extend(lost);
         }
         if !back.is_empty() {
             self.unsynced.lock().expect("unsynced lock").restore(back);
         }
-        // Lost changes are reported to whoever syncs that inode, not dropped.
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok(lost)
+        Ok(if report { lost_inodes } else { BTreeSet::new() })
     }
 
     /// Makes every acknowledged change of this client to `inos` durable, and
@@ -537,7 +543,7 @@ impl Cluster {
     /// `EIO` when a server restarted after acknowledging some of them.
     fn sync_inodes(&self, inos: &[InodeId], also: &[(ServerId, WorkerId)]) -> FsResult<()> {
         let taken = self.unsynced.lock().expect("unsynced lock").take(inos);
-        let lost = self.commit_marks(taken, also)?;
+        let lost = self.commit_marks(taken, also, false)?;
         match lost.first() {
             None => Ok(()),
             Some(ino) => Err(FsError::Io(format!(
