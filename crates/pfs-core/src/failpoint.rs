@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `shard.commit` | `Shard::commit` | the commit fails as a failed device sync would |
 //! | `worker.panic` | a worker, before it runs a request | the worker panics |
+//! | `device.read`, `device.write`, `device.sync` | the shard's device path (`DevIo::run`) | that request fails with `EIO`, as a failing device's would |
 //!
 //! A malformed variable is reported once on stderr and ignored.
 

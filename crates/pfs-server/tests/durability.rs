@@ -170,3 +170,76 @@ fn servers_refuse_internal_requests_from_clients() {
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Creates, writes and fsyncs `name`; the first error is returned as is.
+fn try_write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> Result<(), FsError> {
+    let (a, fh) = fs.create(InodeId::ROOT, name, 0o644, 0, 0, 0)?;
+    let r = fs.write(a.ino, fh, 0, data).and_then(|_| fs.fsync(a.ino, fh, false));
+    let closed = fs.release(a.ino, fh);
+    r?;
+    closed?;
+    fs.fsyncdir(InodeId::ROOT, FileHandle(0), false)
+}
+
+/// A device that fails a write or a sync in the middle of the work: the client
+/// gets `EIO` (never a wrong answer), the server goes on or fail-stops (a failed
+/// data write leaves no trace and is survivable; a failed log write or sync is
+/// not), and after a restart every file whose fsync succeeded is intact.
+#[test]
+fn device_errors_reach_the_client_as_eio_and_lose_nothing_acknowledged() {
+    let dir = common::test_dir("devfault");
+    let mut c = ClusterProcs::start(&dir, 1, 2);
+    let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
+    for spec in ["device.write=40", "device.write=150", "device.sync=12", "device.sync=40"] {
+        c.kill_server(0);
+        c.servers[0] = Some(c.spawn_server(0, &[("PFS_FAILPOINTS", spec)]));
+        c.wait_registered(1);
+        let fs = c.client();
+        let mut surfaced = None;
+        for i in 0..400 {
+            let name = format!("{spec}-{i}");
+            let data = common::content(i * 31 + kept.len() as u64);
+            match try_write_synced(&fs, name.as_bytes(), &data) {
+                Ok(()) => kept.push((name, data)),
+                Err(e) => {
+                    surfaced = Some(e);
+                    break;
+                }
+            }
+        }
+        let e = surfaced.unwrap_or_else(|| panic!("{spec}: the injected fault never surfaced"));
+        assert!(matches!(e, FsError::Io(_)), "{spec}: the client got {e:?}, not EIO");
+        drop(fs);
+        // Fail-stopped or not, restart without the fault and check.
+        let mut child = c.servers[0].take().unwrap();
+        let stopped = child.try_wait().unwrap();
+        if stopped.is_none() {
+            common::procs::kill(&child);
+        }
+        child.wait().unwrap();
+        c.servers[0] = Some(c.spawn_server(0, &[]));
+        c.wait_registered(1);
+        let fs = c.client();
+        for (name, data) in &kept {
+            assert_eq!(&read_back_all(&fs, name.as_bytes()), data, "{spec}: {name} after restart");
+        }
+        println!("{spec}: EIO reached the client; server fail-stopped: {}", stopped.is_some());
+    }
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn read_back_all(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
+    let a = fs.lookup(InodeId::ROOT, name).unwrap();
+    let fh = fs.open(a.ino, 0).unwrap();
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(a.ino, fh, out.len() as u64, 1 << 20).unwrap();
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(a.ino, fh).unwrap();
+    out
+}

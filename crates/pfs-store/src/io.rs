@@ -38,13 +38,43 @@ impl<D: Device> DevIo<D> {
 
     /// Runs `reqs` to completion; returns their completions in order. Asynchronous
     /// completions that arrive meanwhile are kept for `take_async`.
+    ///
+    /// Failpoints `device.read`, `device.write` and `device.sync`
+    /// (`pfs_core::failpoint`) fail a request of that kind with `EIO`, as a
+    /// failing device would, without submitting it.
     pub fn run(&mut self, reqs: Vec<IoRequest>) -> Vec<IoCompletion> {
+        let mut injected: Vec<Option<IoCompletion>> = Vec::new();
+        let mut submit = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let point = match req.kind {
+                IoKind::Read => "device.read",
+                IoKind::Write => "device.write",
+                IoKind::Sync => "device.sync",
+            };
+            if pfs_core::failpoint::fire(point) {
+                let errno = libc::EIO;
+                let result = Err(DeviceError::Io { offset: req.offset, errno });
+                let IoRequest { tag, kind, offset, buf } = req;
+                injected.push(Some(IoCompletion { tag, kind, offset, buf, result }));
+            } else {
+                injected.push(None);
+                submit.push(req);
+            }
+        }
         let (async_done, in_flight) = (&mut self.async_done, &mut self.async_in_flight);
-        run_batch(&mut self.dev, reqs, |mut c| {
+        let done = run_batch(&mut self.dev, submit, |mut c| {
             c.tag &= !ASYNC_TAG;
             *in_flight -= 1;
             async_done.push(c);
-        })
+        });
+        if injected.iter().all(Option::is_none) {
+            return done;
+        }
+        let mut done = done.into_iter();
+        injected
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| done.next().expect("one completion per request")))
+            .collect()
     }
 
     /// Reads `len` bytes (a multiple of the sector size) at byte `offset`, in
