@@ -165,5 +165,23 @@ fn fsck_is_clean_after_a_clean_stop_and_repairs_what_is_damaged() {
     assert_eq!(std::fs::read_dir(&mnt).unwrap().count(), 0, "a new file system is empty");
     std::fs::write(mnt.join("new"), b"z").unwrap();
     fs.stop();
+
+    // A zone of another format version: refused by name everywhere, and only
+    // `pfs mkfs --force` formats over it.
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut img =
+            std::fs::OpenOptions::new().write(true).open(data.join("server-0.img")).unwrap();
+        img.seek(SeekFrom::Start(8)).unwrap();
+        img.write_all(&2u32.to_le_bytes()).unwrap();
+    }
+    let (out, text) = fsck(&data, false);
+    assert!(!out.status.success() && text.contains("format version 2"), "{text}");
+    let (ok, text) = mkfs(false);
+    assert!(!ok && text.contains("format version 2") && text.contains("--force"), "{text}");
+    let (ok, text) = mkfs(true);
+    assert!(ok && text.contains("formatted"), "{text}");
+    let (out, text) = fsck(&data, false);
+    assert!(out.status.success() && text.contains("pfs fsck: clean"), "{text}");
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -263,9 +263,8 @@ fn lock_data(cfg: &ServerConfig) -> Result<std::fs::File, ServerError> {
     Ok(file)
 }
 
-/// Opens one device per worker and reads every zone's superblock: all
-/// formatted (a restart) or none (a new server).
-fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
+/// The size of each worker's zone, checked.
+fn zone_size(cfg: &ServerConfig) -> Result<(u64, u64), ServerError> {
     let workers = cfg.workers as usize;
     let size = device_size(cfg)?;
     let zone_bytes = size / workers as u64 / ZONE_ALIGN_BYTES * ZONE_ALIGN_BYTES;
@@ -276,6 +275,26 @@ fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
             cfg.data_path.display()
         )));
     }
+    Ok((size, zone_bytes))
+}
+
+/// One device per worker, without looking at what the zones hold.
+fn open_devices(cfg: &ServerConfig) -> Result<(Vec<UringDevice>, u64), ServerError> {
+    let (size, zone_bytes) = zone_size(cfg)?;
+    let devices = (0..cfg.workers)
+        .map(|_| {
+            UringDevice::open(&cfg.data_path, uring_options(cfg, size))
+                .map_err(|e| ServerError::Storage(e.to_string()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((devices, zone_bytes))
+}
+
+/// Opens one device per worker and reads every zone's superblock: all
+/// formatted (a restart) or none (a new server).
+fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
+    let workers = cfg.workers as usize;
+    let (size, zone_bytes) = zone_size(cfg)?;
     let mut devices = Vec::with_capacity(workers);
     let mut found = Vec::with_capacity(workers);
     for w in 0..workers {
@@ -376,16 +395,28 @@ pub fn mkfs(cfg: &ServerConfig, id: ServerId, force: bool) -> Result<Vec<ShardId
     use pfs_core::config::ConfigFile;
     cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
     let _lock = lock_data(cfg)?;
-    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
-    if let Some(k) = known {
-        if !force {
+    let (devices, zone_bytes) = match probe_zones(cfg) {
+        Ok(Zones { known: Some(k), .. }) if !force => {
             return Err(ServerError::Storage(format!(
                 "{} holds the zones of server {k}: formatting loses every file on it; \
                  add --force to format anyway",
                 cfg.data_path.display()
-            )));
+            )))
         }
-    }
+        Ok(Zones { devices, zone_bytes, .. }) => (devices, zone_bytes),
+        // Zones pfs cannot read (another format version, damage): with --force
+        // they are formatted like any other.
+        Err(ServerError::Storage(why)) if force => {
+            log::warn!("formatting over what cannot be read: {why}");
+            open_devices(cfg)?
+        }
+        Err(ServerError::Storage(why)) => {
+            return Err(ServerError::Storage(format!(
+                "{why}; add --force to format it anyway (everything on it is lost)"
+            )))
+        }
+        Err(e) => return Err(e),
+    };
     let sopts = ShardOptions {
         icache_blocks: cfg.icache_blocks as usize,
         dirty_ratio: cfg.dirty_ratio,
