@@ -262,6 +262,9 @@ impl<D: Device> Worker<D> {
         if self.cross.len() >= CROSS_MAX {
             return Err(FsError::TryAgain);
         }
+        if self.is_moving(src_parent, &src_name) {
+            return Err(FsError::TryAgain);
+        }
         if new_name.is_empty() || new_name.len() > pfs_core::NAME_MAX {
             return Err(if new_name.is_empty() {
                 FsError::Invalid("empty name".into())
@@ -529,6 +532,15 @@ impl<D: Device> Worker<D> {
             }
             self.forgets.push(Forget { retry_at: self.now, ..f });
         }
+    }
+
+    /// Whether `parent/name` is the source of a cross-shard rename under way
+    /// here. Until it ends, the name is locked: an unlink or rename of it could
+    /// free or move the inode the new name is about to point to, or a late
+    /// recovered rename could land over later changes (the SIGKILL soak found a
+    /// name left pointing to a freed inode that way).
+    pub(crate) fn is_moving(&self, parent: InodeId, name: &[u8]) -> bool {
+        self.cross.iter().any(|op| op.intent.src_parent == parent && op.intent.src_name == name)
     }
 
     /// Sends a reply frame with `body` to a waiting client.

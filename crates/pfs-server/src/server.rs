@@ -263,6 +263,15 @@ fn lock_data(cfg: &ServerConfig) -> Result<std::fs::File, ServerError> {
     Ok(file)
 }
 
+/// The shard options a server config asks for.
+fn shard_options(cfg: &ServerConfig) -> ShardOptions {
+    ShardOptions {
+        icache_blocks: cfg.icache_blocks as usize,
+        dirty_ratio: cfg.dirty_ratio,
+        ..ShardOptions::default()
+    }
+}
+
 /// The size of each worker's zone, checked.
 fn zone_size(cfg: &ServerConfig) -> Result<(u64, u64), ServerError> {
     let workers = cfg.workers as usize;
@@ -351,11 +360,7 @@ pub fn open_for_check(
             cfg.data_path.display()
         )));
     }
-    let sopts = ShardOptions {
-        icache_blocks: cfg.icache_blocks as usize,
-        dirty_ratio: cfg.dirty_ratio,
-        ..ShardOptions::default()
-    };
+    let sopts = shard_options(cfg);
     let mut shards = Vec::with_capacity(devices.len());
     for (w, dev) in devices.into_iter().enumerate() {
         let shard = Shard::open(dev, w as u64 * zone_bytes, sopts.clone()).map_err(|e| {
@@ -417,11 +422,7 @@ pub fn mkfs(cfg: &ServerConfig, id: ServerId, force: bool) -> Result<Vec<ShardId
         }
         Err(e) => return Err(e),
     };
-    let sopts = ShardOptions {
-        icache_blocks: cfg.icache_blocks as usize,
-        dirty_ratio: cfg.dirty_ratio,
-        ..ShardOptions::default()
-    };
+    let sopts = shard_options(cfg);
     let mut out = Vec::with_capacity(devices.len());
     for (w, dev) in devices.into_iter().enumerate() {
         let shard = format_zone(cfg, dev, id, w, zone_bytes, &sopts)?;
@@ -470,11 +471,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         )));
     }
 
-    let sopts = ShardOptions {
-        icache_blocks: cfg.icache_blocks as usize,
-        dirty_ratio: cfg.dirty_ratio,
-        ..ShardOptions::default()
-    };
+    let sopts = shard_options(cfg);
     let mut shards = Vec::with_capacity(workers);
     for (w, dev) in devices.into_iter().enumerate() {
         let offset = w as u64 * zone_bytes;

@@ -625,6 +625,25 @@ impl<D: Device> Worker<D> {
                 }
             };
         }
+        // Names that are the source of a cross-shard rename under way wait.
+        let locked = !self.cross.is_empty()
+            && match &req {
+                Request::Unlink { parent, name } | Request::Rmdir { parent, name } => {
+                    self.is_moving(*parent, name)
+                }
+                Request::Rename { parent, name, new_parent, new_name, .. } => {
+                    self.is_moving(*parent, name) || self.is_moving(*new_parent, new_name)
+                }
+                _ => false,
+            };
+        if locked {
+            let reply = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Error { op, error: FsError::TryAgain },
+            };
+            return Some(reply.to_bytes().expect("an error frame always encodes"));
+        }
         if pfs_core::failpoint::fire("worker.panic") {
             panic!("failpoint worker.panic, before {op:?}");
         }

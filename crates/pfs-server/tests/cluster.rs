@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use common::content;
 use common::procs::{child_client, spawn_child, wait_timeout, ClusterProcs, CHILD_ROLE};
+use common::read_all;
 use pfs_client::FileSystem;
 use pfs_core::wire::RenameFlags;
 use pfs_core::{FileType, FsError, InodeId, SetAttr};
@@ -45,20 +46,6 @@ fn write_all(
     }
     let closed = fs.release(attr.ino, fh);
     r.and(closed)
-}
-
-fn read_all(fs: &dyn FileSystem, ino: InodeId) -> Result<Vec<u8>, FsError> {
-    let fh = fs.open(ino, 0)?;
-    let mut out = Vec::new();
-    loop {
-        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20)?;
-        if chunk.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&chunk);
-    }
-    fs.release(ino, fh)?;
-    Ok(out)
 }
 
 /// Mixed workload in directory `c<id>` checked against a model; prints the model.

@@ -33,12 +33,9 @@ fn write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> InodeId {
     a.ino
 }
 
+/// The whole content of `name` in the root.
 fn read_back(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
-    let a = fs.lookup(InodeId::ROOT, name).unwrap();
-    let fh = fs.open(a.ino, 0).unwrap();
-    let data = fs.read(a.ino, fh, 0, 1 << 20).unwrap();
-    fs.release(a.ino, fh).unwrap();
-    data
+    common::read_all(fs, fs.lookup(InodeId::ROOT, name).unwrap().ino).unwrap()
 }
 
 /// Restarts server 0 with `failpoints`, drives requests until it stops by
@@ -221,25 +218,10 @@ fn device_errors_reach_the_client_as_eio_and_lose_nothing_acknowledged() {
         c.wait_registered(1);
         let fs = c.client();
         for (name, data) in &kept {
-            assert_eq!(&read_back_all(&fs, name.as_bytes()), data, "{spec}: {name} after restart");
+            assert_eq!(&read_back(&fs, name.as_bytes()), data, "{spec}: {name} after restart");
         }
         println!("{spec}: EIO reached the client; server fail-stopped: {}", stopped.is_some());
     }
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn read_back_all(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
-    let a = fs.lookup(InodeId::ROOT, name).unwrap();
-    let fh = fs.open(a.ino, 0).unwrap();
-    let mut out = Vec::new();
-    loop {
-        let chunk = fs.read(a.ino, fh, out.len() as u64, 1 << 20).unwrap();
-        if chunk.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&chunk);
-    }
-    fs.release(a.ino, fh).unwrap();
-    out
 }

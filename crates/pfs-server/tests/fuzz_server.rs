@@ -106,15 +106,10 @@ fn a_hundred_thousand_mutated_frames_leave_the_server_serving() {
         .unwrap_or(100_000);
     println!("fuzz: {frames} frames to a live server, seed {seed} (PFS_FUZZ_SEED={seed} replays)");
     let dir = test_dir("fuzz-server");
-    let (key_file, key) = key(&dir);
-    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
-    let server = pfs_server::start(
-        &server_config(&dir, &key_file, master.addr(), 0, 2, 0),
-        Duration::from_secs(10),
-    )
-    .unwrap();
+    let cluster = Local::start(&dir, 1, 2);
+    let (server, key) = (&cluster.servers[0], cluster.key.clone());
     let addr = server.addr();
-    let fs = client(master.addr(), &key);
+    let fs = cluster.client();
     let corpus = corpus();
     let mut x = seed;
     let mut next = move || {
@@ -205,7 +200,6 @@ fn a_hundred_thousand_mutated_frames_leave_the_server_serving() {
         "the mutations reach both the decoders and the header checks"
     );
     drop(fs);
-    server.stop().unwrap();
-    master.stop();
+    cluster.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

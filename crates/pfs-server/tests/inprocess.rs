@@ -20,17 +20,7 @@ fn write_file(fs: &dyn FileSystem, parent: InodeId, name: &str, data: &[u8]) -> 
 }
 
 fn read_file(fs: &dyn FileSystem, ino: InodeId) -> Vec<u8> {
-    let fh = fs.open(ino, 0).unwrap();
-    let mut out = Vec::new();
-    loop {
-        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20).unwrap();
-        if chunk.is_empty() {
-            break;
-        }
-        out.extend_from_slice(&chunk);
-    }
-    fs.release(ino, fh).unwrap();
-    out
+    read_all(fs, ino).unwrap()
 }
 
 #[test]
@@ -419,15 +409,8 @@ fn slot_rpc_carries_data_metadata_and_invalidations_over_tcp_and_shm() {
 #[test]
 fn renames_over_files_free_what_they_replace_on_every_shard() {
     let dir = test_dir("rename-frees");
-    let (key_file, key) = key(&dir);
-    let master = pfs_server::start_master(&master_config(&dir, &key_file, 2)).unwrap();
-    let servers: Vec<_> = (0..2)
-        .map(|n| {
-            let cfg = server_config(&dir, &key_file, master.addr(), n, 2, 0);
-            pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
-        })
-        .collect();
-    let fs = client(master.addr(), &key);
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
     let before = fs.statfs().unwrap();
     let data = vec![7u8; 300_000];
     for round in 0..6 {
@@ -457,8 +440,5 @@ fn renames_over_files_free_what_they_replace_on_every_shard() {
         assert_eq!(read_file(&fs, a.ino), data);
     }
     drop(fs);
-    for s in servers {
-        s.stop().unwrap();
-    }
-    master.stop();
+    cluster.stop();
 }

@@ -85,3 +85,56 @@ pub fn content(i: u64) -> Vec<u8> {
     let len = (i * 7919 % 300_000) as usize;
     (0..len).map(|j| (i as usize * 31 + j * 7 + j / 4096) as u8).collect()
 }
+
+/// A master and `servers` servers of `workers` workers each, in this process.
+pub struct Local {
+    pub master: pfs_server::MasterHandle,
+    pub servers: Vec<pfs_server::ServerHandle>,
+    pub key: ClusterKey,
+}
+
+impl Local {
+    /// Starts them on data files under `dir`.
+    pub fn start(dir: &Path, servers: u32, workers: u32) -> Local {
+        let (key_file, key) = key(dir);
+        let master = pfs_server::start_master(&master_config(dir, &key_file, servers)).unwrap();
+        let servers = (0..servers)
+            .map(|n| {
+                let cfg = server_config(dir, &key_file, master.addr(), n, workers, 0);
+                pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+            })
+            .collect();
+        Local { master, servers, key }
+    }
+
+    /// A native client of this cluster.
+    pub fn client(&self) -> Cluster {
+        client(self.master.addr(), &self.key)
+    }
+
+    /// Stops the servers cleanly, then the master.
+    pub fn stop(self) {
+        for s in self.servers {
+            s.stop().unwrap();
+        }
+        self.master.stop();
+    }
+}
+
+/// The whole content of file `ino`.
+pub fn read_all(
+    fs: &dyn pfs_client::FileSystem,
+    ino: pfs_core::InodeId,
+) -> Result<Vec<u8>, pfs_core::FsError> {
+    let fh = fs.open(ino, 0)?;
+    let mut out = Vec::new();
+    loop {
+        let chunk = fs.read(ino, fh, out.len() as u64, 1 << 20)?;
+        if chunk.is_empty() {
+            break;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    fs.release(ino, fh)?;
+    Ok(out)
+}
