@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use pfs_core::routing::home_of;
 use pfs_core::wire::{InodeLayout, RenameFlags, Reply, Request, TokenMode, View, XattrSetMode};
 use pfs_core::{
-    BlockIndex, ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, FsResult,
-    InodeId, Route, RouteKey, ServerId, SetAttr, StatFs, WorkerId,
+    ClientId, DirLayout, FileAttr, FileHandle, FileLayout, FileType, FsError, FsResult, InodeId,
+    Route, RouteKey, ServerId, SetAttr, StatFs, WorkerId,
 };
 use pfs_net::ClusterKey;
 
@@ -648,24 +648,17 @@ impl Cluster {
         }
     }
 
-    /// Frees inode `ino` at its home after its name went away elsewhere.
-    fn drop_remote(&self, ino: InodeId) -> FsResult<()> {
-        match self.call_home(ino, Request::DropInode { ino })? {
-            Reply::DropInode { size, layout } => self.truncate_elsewhere(ino, layout, 0, size),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Updates `dir` at its home after one of its entries changed on the shard
-    /// `at`, when that is not the home (a bigdir name away from the directory's
-    /// inode): its times, and `nlink_delta` subdirectories. The change itself is
-    /// done, so a failure here (the directory removed meanwhile, a lost server)
-    /// only leaves its times or count stale: logged, not returned.
-    fn touch_parent(&self, dir: InodeId, at: &Route, nlink_delta: i32) {
+    /// Updates the times of `dir` at its home after one of its entries changed
+    /// on the shard `at`, when that is not the home (a bigdir name away from
+    /// the directory's inode), so a `stat` right after sees them. A change of
+    /// its link count travels from that shard as a follow-up, durable with the
+    /// change (docs/cluster.md). A failure here (the directory removed
+    /// meanwhile, a lost server) leaves its times stale: logged, not returned.
+    fn touch_parent(&self, dir: InodeId, at: &Route) {
         if self.is_home(dir, at) {
             return;
         }
-        match self.call_home(dir, Request::AdjustDir { dir, nlink_delta }) {
+        match self.call_home(dir, Request::AdjustDir { dir, nlink_delta: 0 }) {
             Ok(Reply::AdjustDir) | Err(FsError::NotFound) => {}
             Ok(other) => log::warn!("updating directory {dir}: {}", unexpected(other)),
             Err(e) => log::warn!("updating directory {dir} after a change elsewhere: {e}"),
@@ -856,54 +849,6 @@ impl Cluster {
             other => Err(unexpected(other)),
         }
     }
-
-    /// Frees `ino`'s data past `size` on every data-only shard that may hold some.
-    fn truncate_elsewhere(
-        &self,
-        ino: InodeId,
-        layout: FileLayout,
-        size: u64,
-        old_size: u64,
-    ) -> FsResult<()> {
-        // Block 0 of a `block` file is at the home (which cut it already); an
-        // `io` file's every block, block 0 included, is hashed over the shards.
-        let home_holds = if layout == FileLayout::Block { BLOCK_SIZE_BYTES } else { 0 };
-        if layout == FileLayout::File || old_size <= size.max(home_holds) {
-            return Ok(());
-        }
-        let mut shards = BTreeSet::new();
-        let first = size / BLOCK_SIZE_BYTES;
-        let last = old_size.div_ceil(BLOCK_SIZE_BYTES);
-        let home = home_of(ino, self.servers, self.workers);
-        let others = (self.servers * self.workers) as usize - 1;
-        // Hash the blocks only while that is cheaper than asking every shard: a
-        // sparse file of 1 PiB must not cost 2^34 hashes here.
-        if last - first > 16 * (others as u64 + 1) {
-            shards.extend(self.all_shards().filter(|&sw| sw != home).map(|(s, w)| (s.0, w.0)));
-        } else {
-            for b in first..last {
-                let route = self.route(RouteKey::Data { ino, layout, block: BlockIndex(b) });
-                if !self.is_home(ino, &route) {
-                    shards.insert((route.server.0, route.proc_worker.0));
-                }
-                if shards.len() == others {
-                    break;
-                }
-            }
-        }
-        let mut sent = Vec::new();
-        for (s, w) in shards {
-            let req = Request::TruncateData { ino, layout, size, old_size };
-            sent.push(self.send_to(ServerId(s), WorkerId(w), req)?);
-        }
-        let mut result = Ok(());
-        for (s, x) in sent {
-            if let Err(e) = self.conns[s].wait(x) {
-                result = result.and(Err(e));
-            }
-        }
-        result
-    }
 }
 
 impl FileSystem for Cluster {
@@ -947,10 +892,10 @@ impl FileSystem for Cluster {
     }
 
     fn setattr(&self, ino: InodeId, set: &SetAttr) -> FsResult<FileAttr> {
-        let before = match set.size {
-            Some(_) => Some((self.getattr(ino)?, self.layout_of(ino)?.file)),
-            None => None,
-        };
+        if set.size.is_some() {
+            // Writes still in flight land before the cut, not after it.
+            self.publish_writes(ino)?;
+        }
         let attr = match self.call_home(ino, Request::SetAttr { ino, set: *set })? {
             Reply::SetAttr(a) => a,
             other => return Err(unexpected(other)),
@@ -959,10 +904,9 @@ impl FileSystem for Cluster {
             // A cached lookup of this directory would hand the old mode back.
             self.caches.dcache.lock().expect("dcache lock").invalidate_ino(ino);
         }
-        if let (Some(size), Some((old, layout))) = (set.size, before) {
-            if old.kind == FileType::Regular && size < old.size {
-                self.truncate_elsewhere(ino, layout, size, old.size)?;
-            }
+        // Data past a cut on other shards is freed by the home (a follow-up)
+        // before it answers.
+        if set.size.is_some() {
             // Sizes the handles learned before are wrong now (reads clamp to them).
             for file in self.open_files_of(ino) {
                 file.state.lock().expect("open file lock").size = None;
@@ -986,7 +930,7 @@ impl FileSystem for Cluster {
         let req = Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
         match self.call_to(at.server, at.proc_worker, req)? {
             Reply::Create { entry, .. } => {
-                self.touch_parent(parent, &at, 0);
+                self.touch_parent(parent, &at);
                 self.remember(entry.attr.ino, entry.layout);
                 let fh = self.new_handle(entry.attr.ino, entry.layout.file, Some(0))?;
                 Ok((entry.attr, fh))
@@ -1009,7 +953,7 @@ impl FileSystem for Cluster {
         let at = self.route(key);
         let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
         let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at, 0);
+        self.touch_parent(parent, &at);
         self.entry_attr(reply)
     }
 
@@ -1026,7 +970,7 @@ impl FileSystem for Cluster {
         let layout = self.layout_of(parent)?;
         let req = Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout };
         let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at, 1);
+        self.touch_parent(parent, &at);
         self.entry_attr(reply)
     }
 
@@ -1043,7 +987,7 @@ impl FileSystem for Cluster {
         let req =
             Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
         let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at, 0);
+        self.touch_parent(parent, &at);
         self.entry_attr(reply)
     }
 
@@ -1054,37 +998,19 @@ impl FileSystem for Cluster {
         }
         let to = self.route(self.dentry_key(new_parent, new_name)?);
         let req = Request::Link { ino, kind, new_parent, new_name: new_name.to_vec() };
-        if (to.server, to.proc_worker) == home_of(ino, self.servers, self.workers) {
-            // Name and inode on one shard: one operation.
-            return match self.call_to(to.server, to.proc_worker, req)? {
-                Reply::Link(e) => {
-                    self.touch_parent(new_parent, &to, 0);
-                    Ok(e.attr)
+        // The new name's shard counts the link in the same operation when the
+        // inode lives there, and otherwise by a follow-up to its home that it
+        // waits for before answering.
+        match self.call_to(to.server, to.proc_worker, req)? {
+            Reply::Link(e) => {
+                self.touch_parent(new_parent, &to);
+                if e.attr.nlink == 0 {
+                    // Counted at the home: ask there.
+                    return self.getattr(ino);
                 }
-                other => Err(unexpected(other)),
-            };
-        }
-        // The name lives elsewhere: count the link at the home first, so a crash
-        // in between leaves a count too high (space kept), never a name without
-        // its count (a file freed while named). Undo it if the name fails.
-        let attr = match self.call_home(ino, Request::AddLink { ino })? {
-            Reply::AddLink(a) => a,
-            other => return Err(unexpected(other)),
-        };
-        match self.call_to(to.server, to.proc_worker, req) {
-            Ok(Reply::Link(_)) => {
-                self.touch_parent(new_parent, &to, 0);
-                Ok(attr)
+                Ok(e.attr)
             }
-            result => {
-                if let Err(e) = self.call_home(ino, Request::DropInode { ino }) {
-                    log::warn!("undoing the link count of inode {ino} after a failed link: {e}");
-                }
-                match result {
-                    Ok(other) => Err(unexpected(other)),
-                    Err(e) => Err(e),
-                }
-            }
+            other => Err(unexpected(other)),
         }
     }
 
@@ -1098,20 +1024,16 @@ impl FileSystem for Cluster {
     fn unlink(&self, parent: InodeId, name: &[u8]) -> FsResult<()> {
         let key = self.dentry_key(parent, name)?;
         let route = self.route(key);
+        // The name's shard frees what lives elsewhere (the inode at its home
+        // when the name was moved, data on other shards) by follow-ups.
         match self.call_to(
             route.server,
             route.proc_worker,
             Request::Unlink { parent, name: name.to_vec() },
         )? {
-            // The home freed what it held; blocks on other shards go now.
-            Reply::Unlink { ino, size, layout, remote: false } => {
-                self.touch_parent(parent, &route, 0);
-                self.truncate_elsewhere(ino, layout, 0, size)
-            }
-            // The name had moved here by a rename: free the inode at its home.
-            Reply::Unlink { ino, remote: true, .. } => {
-                self.touch_parent(parent, &route, 0);
-                self.drop_remote(ino)
+            Reply::Unlink { .. } => {
+                self.touch_parent(parent, &route);
+                Ok(())
             }
             other => Err(unexpected(other)),
         }
@@ -1132,15 +1054,12 @@ impl FileSystem for Cluster {
             DirLayout::BigDir => Request::RmdirBigDir { parent, name: name.to_vec() },
             DirLayout::Regular => Request::Rmdir { parent, name: name.to_vec() },
         };
-        let remote = match self.call_to(at.server, at.proc_worker, req)? {
-            Reply::Rmdir { ino, remote } => remote.then_some(ino),
+        match self.call_to(at.server, at.proc_worker, req)? {
+            Reply::Rmdir { .. } => {}
             other => return Err(unexpected(other)),
-        };
-        self.touch_parent(parent, &at, -1);
-        match remote {
-            Some(ino) => self.drop_remote(ino),
-            None => Ok(()),
         }
+        self.touch_parent(parent, &at);
+        Ok(())
     }
 
     fn rename(
@@ -1201,33 +1120,17 @@ impl FileSystem for Cluster {
             }
         };
         // The moved file's fsync covers its new name too (as for a new file).
-        let freed = match self.call_noting(from.server, from.proc_worker, req, &[source.ino])? {
-            Reply::Rename { replaced } | Reply::RenameCross { replaced } => replaced,
+        // A replaced file is freed by the shards as after an unlink, and the
+        // parents' link counts follow (follow-ups, docs/cluster.md).
+        match self.call_noting(from.server, from.proc_worker, req, &[source.ino])? {
+            Reply::Rename { .. } | Reply::RenameCross { .. } => {}
             other => return Err(unexpected(other)),
-        };
-        // Subdirectories each parent gained (lost), for parents whose inode is
-        // not on the shard that changed their entry.
-        let is_dir = |a: &FileAttr| i32::from(a.kind == FileType::Directory);
-        let moved = is_dir(&source);
-        let replaced = target.as_ref().map_or(0, is_dir);
-        let (to_src, to_dst) = if exchange {
-            (replaced - moved, moved - replaced)
-        } else {
-            (-moved, moved - replaced)
-        };
-        if parent == new_parent && !self.is_home(parent, &from) && !self.is_home(parent, &to) {
-            self.touch_parent(parent, &from, to_src + to_dst);
-        } else {
-            self.touch_parent(parent, &from, to_src);
-            self.touch_parent(new_parent, &to, to_dst);
         }
-        // The replaced file goes as after an unlink: its inode at its home when
-        // that is another shard, its data on the other shards.
-        match freed {
-            Some(r) if r.remote => self.drop_remote(r.ino),
-            Some(r) => self.truncate_elsewhere(r.ino, r.layout, 0, r.size),
-            None => Ok(()),
+        self.touch_parent(parent, &from);
+        if new_parent != parent {
+            self.touch_parent(new_parent, &to);
         }
+        Ok(())
     }
 
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {

@@ -138,6 +138,46 @@ pub fn shard_of(server: ServerId, worker: WorkerId, workers: u32) -> crate::Shar
     crate::ShardId(server.0 * workers + worker.0)
 }
 
+/// Every shard but `ino`'s home that may hold bytes `size..old_size` of a file
+/// of `layout` with blocks of `block_size` bytes, in shard order: where a
+/// truncate or the removal of the file must free data. Block 0 of a `block`
+/// file and all of a `file` file are at the home. A range of more blocks than
+/// 16 per shard names every shard rather than hash each block (a sparse file
+/// of 1 PiB must not cost 2^34 hashes).
+pub fn data_shards(
+    ino: InodeId,
+    layout: FileLayout,
+    size: u64,
+    old_size: u64,
+    block_size: u64,
+    servers: u32,
+    workers: u32,
+) -> Vec<(ServerId, WorkerId)> {
+    let home = home_of(ino, servers, workers);
+    let home_holds = if layout == FileLayout::Block { block_size } else { 0 };
+    if layout == FileLayout::File || block_size == 0 || old_size <= size.max(home_holds) {
+        return Vec::new();
+    }
+    let all = (0..servers).flat_map(|s| (0..workers).map(move |w| (ServerId(s), WorkerId(w))));
+    let others = (servers as usize * workers as usize).saturating_sub(1);
+    let (first, last) = (size / block_size, old_size.div_ceil(block_size));
+    if last - first > 16 * (others as u64 + 1) {
+        return all.filter(|&sw| sw != home).collect();
+    }
+    let mut found = std::collections::BTreeSet::new();
+    for b in first..last {
+        let key = RouteKey::Data { ino, layout, block: BlockIndex(b) };
+        let r = Route::new(key.lambda(servers, workers), ClientId(0), servers, workers);
+        if (r.server, r.proc_worker) != home {
+            found.insert((r.server.0, r.proc_worker.0));
+        }
+        if found.len() == others {
+            break;
+        }
+    }
+    found.into_iter().map(|(s, w)| (ServerId(s), WorkerId(w))).collect()
+}
+
 /// Where one request goes: a server, the worker holding the client's connection there,
 /// and the worker that owns the shard and runs the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

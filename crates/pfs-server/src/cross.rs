@@ -28,8 +28,6 @@ pub const CROSS_MAX: usize = 256;
 /// How long a client waits for a cross-shard rename before it gets an error
 /// (the rename then still completes in the background).
 const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
-/// Most `TxnForget` messages waiting for an answer per worker.
-const FORGETS_MAX: usize = 4096;
 /// Pause before re-sending to a participant that could not be reached.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
@@ -101,16 +99,6 @@ impl Intent {
             target,
         })
     }
-}
-
-/// A participant to be told that a transaction ended.
-#[derive(Clone, Copy, Debug)]
-pub struct Forget {
-    server: ServerId,
-    worker: WorkerId,
-    txn: u64,
-    pub(crate) sent: Option<RequestId>,
-    retry_at: Instant,
 }
 
 /// Who waits for a rename's outcome.
@@ -240,11 +228,10 @@ impl Peers {
 }
 
 impl<D: Device> Worker<D> {
-    /// A new transaction id: this shard in the top bits, then a counter started
-    /// from the clock, so ids do not repeat across restarts.
-    pub(crate) fn new_txn(&mut self) -> u64 {
-        self.txn_seq += 1;
-        (u64::from(self.shard.id().0) << 48) | (self.txn_seq & ((1 << 48) - 1))
+    /// A new transaction id: this shard in the top bits, then a counter whose
+    /// floor the shard logs, so ids never repeat across restarts.
+    pub(crate) fn new_txn(&mut self) -> Result<u64, FsError> {
+        self.shard.new_txn_id()
     }
 
     /// Step 1 for a client's `RenameCross`; the reply comes later.
@@ -282,7 +269,7 @@ impl<D: Device> Worker<D> {
             flags,
             target,
         };
-        let txn = self.new_txn();
+        let txn = self.new_txn()?;
         self.shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
         // The intent must be durable before the participant changes anything.
         self.shard.commit()?;
@@ -298,7 +285,9 @@ impl<D: Device> Worker<D> {
             if txn & pfs_store::shard::txn::PARTICIPANT_BIT != 0 {
                 continue;
             }
-            self.txn_seq = self.txn_seq.max(txn & ((1 << 48) - 1));
+            if pfs_store::shard::follow::decode_follow(txn, &data).is_some() {
+                continue; // Sent by the outbox (follow.rs).
+            }
             if data.first() == Some(&crate::rmdir::RMDIR_INTENT) {
                 self.recover_rmdir(txn, &data);
                 continue;
@@ -351,7 +340,7 @@ impl<D: Device> Worker<D> {
 
     /// Advances every rename in progress; returns the work done.
     pub(crate) fn poll_cross(&mut self) -> usize {
-        let mut work = self.poll_forgets();
+        let mut work = 0;
         let mut i = 0;
         while i < self.cross.len() {
             let mut op = self.cross.swap_remove(i);
@@ -421,6 +410,13 @@ impl<D: Device> Worker<D> {
         let body = match result {
             Ok(Reply::XRenameTarget { old, replaced }) => {
                 let replacement = (old != 0).then_some(old);
+                let participant =
+                    pfs_core::routing::shard_of(i.target.0, i.target.1, self.workers());
+                // The participant forgets its record by a follow-up logged with
+                // this step: only once it is durable (a participant that forgot
+                // first could be asked again by a recovery rerunning the intent,
+                // and would apply the rename a second time; the SIGKILL soak
+                // found that).
                 match self.shard.xrename_finish(
                     op.txn,
                     i.src_parent,
@@ -428,20 +424,35 @@ impl<D: Device> Worker<D> {
                     i.value,
                     i.new_parent,
                     replacement,
+                    participant,
                 ) {
                     Ok(()) => {
                         self.mark_dirty();
-                        let (server, worker) = i.target;
-                        self.queue_forget(server, worker, op.txn);
                         Body::Reply(Reply::RenameCross { replaced })
                     }
-                    Err(error) => Body::Error { op: pfs_core::Opcode::RenameCross, error },
+                    Err(error) => {
+                        // The intent stays: the next start finishes it.
+                        log::error!(
+                            "worker {}: rename {:#x}: cannot remove the source name: {error}",
+                            self.id,
+                            op.txn
+                        );
+                        Body::Error { op: pfs_core::Opcode::RenameCross, error }
+                    }
                 }
             }
-            Ok(other) => Body::Error {
-                op: pfs_core::Opcode::RenameCross,
-                error: FsError::Io(format!("participant answered {:?}", other.opcode())),
-            },
+            Ok(other) => {
+                log::error!(
+                    "worker {}: rename {:#x}: participant answered {:?}",
+                    self.id,
+                    op.txn,
+                    other.opcode()
+                );
+                Body::Error {
+                    op: pfs_core::Opcode::RenameCross,
+                    error: FsError::Io(format!("participant answered {:?}", other.opcode())),
+                }
+            }
             Err(refusal) => {
                 // The participant changed nothing: drop the intent.
                 if let Err(e) = self.shard.txn_forget(op.txn) {
@@ -453,84 +464,6 @@ impl<D: Device> Worker<D> {
         };
         if let Some(w) = op.waiter.take() {
             self.answer(w, body);
-        }
-    }
-
-    fn poll_forgets(&mut self) -> usize {
-        let mut work = 0;
-        let mut i = 0;
-        while i < self.forgets.len() {
-            let f = self.forgets[i];
-            let done = match f.sent {
-                None if self.now >= f.retry_at => {
-                    match self.peers.send(f.server, f.worker, Request::TxnForget { txn: f.txn }) {
-                        Ok(id) => self.forgets[i].sent = Some(id),
-                        Err(_) => self.forgets[i].retry_at = self.now + RETRY_AFTER,
-                    }
-                    false
-                }
-                None => false,
-                Some(id) => match self.peers.poll(f.server, id) {
-                    Ok(None) => false,
-                    Ok(Some(Ok(_))) => true,
-                    Ok(Some(Err(e))) => {
-                        log::warn!(
-                            "worker {}: forget {:#x} at server {}: {e}",
-                            self.id,
-                            f.txn,
-                            f.server
-                        );
-                        true
-                    }
-                    Err(e) => {
-                        log::warn!(
-                            "worker {}: forget {:#x} at server {}: {e}; retrying",
-                            self.id,
-                            f.txn,
-                            f.server
-                        );
-                        self.peers.forget_conn(f.server);
-                        self.forgets[i].sent = None;
-                        self.forgets[i].retry_at = self.now + RETRY_AFTER;
-                        false
-                    }
-                },
-            };
-            if done {
-                self.forgets.swap_remove(i);
-                work += 1;
-            } else {
-                i += 1;
-            }
-        }
-        work
-    }
-
-    /// Queues a `TxnForget` of `txn` to a participant, re-sent until answered.
-    /// It goes out only after the commit that makes the coordinator's end of the
-    /// transaction (its `TxnDel`) durable ([`release_forgets`](Self::release_forgets)):
-    /// a participant that forgot first could be asked again by a recovery that
-    /// reruns the intent, and would apply the rename a second time, over
-    /// whatever renamed onto the target since. (The SIGKILL soak found this.)
-    pub(crate) fn queue_forget(&mut self, server: ServerId, worker: WorkerId, txn: u64) {
-        self.forgets_after_commit.push(Forget {
-            server,
-            worker,
-            txn,
-            sent: None,
-            retry_at: self.now,
-        });
-    }
-
-    /// After a commit succeeded: the forgets it made safe may go.
-    pub(crate) fn release_forgets(&mut self) {
-        for f in std::mem::take(&mut self.forgets_after_commit) {
-            if self.forgets.len() >= FORGETS_MAX {
-                // The participant keeps a small record; better than unbounded growth.
-                log::warn!("worker {}: too many unanswered forgets; dropping the oldest", self.id);
-                self.forgets.remove(0);
-            }
-            self.forgets.push(Forget { retry_at: self.now, ..f });
         }
     }
 

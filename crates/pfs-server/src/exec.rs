@@ -68,7 +68,8 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
         Request::Fsync { .. }
         | Request::Release { .. }
         | Request::XRenameTarget { .. }
-        | Request::SealDir { .. } => Durability::AfterCommit,
+        | Request::SealDir { .. }
+        | Request::FollowUps { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
     let result = run(shard, req);
@@ -277,6 +278,13 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         }
         Request::RenameCross { .. } => {
             return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
+        }
+        Request::FollowUps { from, ops } => {
+            let (through, notes) = shard.apply_follow_ups(from, &ops)?;
+            for note in notes {
+                log::warn!("{note}; nothing to do");
+            }
+            Reply::FollowUps { through }
         }
         Request::Register { .. } | Request::Heartbeat { .. } | Request::GetView => {
             return Err(FsError::Invalid(

@@ -17,6 +17,7 @@
 
 pub mod cross;
 pub mod exec;
+pub mod follow;
 pub mod fsck;
 pub mod master;
 pub mod memcpy;

@@ -98,7 +98,7 @@ impl<D: Device> Worker<D> {
             return Err(FsError::NotDir);
         }
         let Some((servers, workers)) = self.peers.shape() else { return Err(FsError::TryAgain) };
-        let txn = self.new_txn();
+        let txn = self.new_txn()?;
         self.shard.txn_record(txn, &encode(parent, &name, entry.ino))?;
         self.shard.commit()?;
         let mut op = self.rmdir_op(txn, parent, name, entry.ino, servers, workers);
@@ -257,8 +257,7 @@ impl<D: Device> Worker<D> {
     }
 
     fn shard_of(&self, server: ServerId, worker: WorkerId) -> u32 {
-        let workers = self.peers.shape().map_or(1, |(_, w)| w);
-        server.0 * workers + worker.0
+        pfs_core::routing::shard_of(server, worker, self.workers()).0
     }
 
     /// Every shard answered: remove the directory if all sealed, answer the

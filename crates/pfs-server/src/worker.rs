@@ -27,7 +27,7 @@ use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
-use crate::cross::{patience, CrossOp, Forget, Peers, Waiter};
+use crate::cross::{patience, CrossOp, Peers, Waiter};
 use crate::exec::{execute, is_mutation, Durability};
 use crate::memcpy::{Job, MemcpyPort};
 use crate::rmdir::RmdirOp;
@@ -172,7 +172,17 @@ struct ConnState {
 /// client could otherwise seal directories or apply half a rename.
 fn server_internal(opcode: u16) -> bool {
     use pfs_core::Opcode;
-    [Opcode::XRenameTarget, Opcode::TxnForget, Opcode::SealDir].iter().any(|o| *o as u16 == opcode)
+    [
+        Opcode::XRenameTarget,
+        Opcode::TxnForget,
+        Opcode::SealDir,
+        Opcode::FollowUps,
+        Opcode::DropInode,
+        Opcode::AddLink,
+        Opcode::TruncateData,
+    ]
+    .iter()
+    .any(|o| *o as u16 == opcode)
 }
 
 /// One worker; [`run`](Worker::run) is its thread's body.
@@ -197,18 +207,13 @@ pub struct Worker<D: Device> {
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
     pub(crate) cross: Vec<CrossOp>,
-    /// `TxnForget` requests sent and not yet answered.
-    pub(crate) forgets: Vec<Forget>,
-    /// `TxnForget` requests waiting for the commit of their coordinator's end
-    /// of the transaction (at most one per cross-shard operation finished since
-    /// the last commit).
-    pub(crate) forgets_after_commit: Vec<Forget>,
     /// `bigdir` rmdirs this worker coordinates.
     pub(crate) rmdirs: Vec<RmdirOp>,
     pub(crate) peers: Peers,
     /// This worker's end of the memcpy pool (none: copies stay on the worker).
     memcpy: Option<MemcpyPort>,
-    pub(crate) txn_seq: u64,
+    /// Follow-ups logged on this shard, on their way to their targets.
+    pub(crate) outbox: crate::follow::Outbox,
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
@@ -287,12 +292,10 @@ impl<D: Device> Worker<D> {
             dirty_since: None,
             now: Instant::now(),
             cross: Vec::new(),
-            forgets: Vec::new(),
-            forgets_after_commit: Vec::new(),
             rmdirs: Vec::new(),
             peers,
             memcpy,
-            txn_seq: wall_clock_ns() as u64 / 1000,
+            outbox: crate::follow::Outbox::default(),
             tokens: Tokens::new(opts.token_lease),
             clients,
             fail_stop,
@@ -375,11 +378,14 @@ impl<D: Device> Worker<D> {
         if self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0) {
             work += self.take_copied();
         }
-        if !self.cross.is_empty() || !self.forgets.is_empty() {
+        if !self.cross.is_empty() {
             work += self.poll_cross();
         }
         if !self.rmdirs.is_empty() {
             work += self.poll_rmdirs();
+        }
+        if !self.outbox.is_idle() || self.shard.has_ready_follow_ups() {
+            work += self.poll_follow_ups();
         }
         work += self.flush_backlog();
         if work == 0 && self.shard.has_trims() {
@@ -393,8 +399,8 @@ impl<D: Device> Worker<D> {
         }
         // Cross-shard steps and trims run shard operations outside `exec`.
         self.shard.end_request();
-        if !self.after_commit.is_empty() {
-            work += self.after_commit.len();
+        if !self.after_commit.is_empty() || self.holds_wait_for_commit() {
+            work += self.after_commit.len() + 1;
             self.commit_and_release();
         } else if let Some(t) = self.dirty_since {
             if self.now.duration_since(t) >= self.opts.commit_interval {
@@ -573,6 +579,15 @@ impl<D: Device> Worker<D> {
             reply.encode(&mut buf).expect("a token reply always encodes");
             return Some(buf);
         }
+        // The rmdir of a directory whose name was moved here by a rename while
+        // its inode (and so its entries) stayed home: only a seal transaction
+        // can check its emptiness there, so it runs as one (as a bigdir's).
+        let req = match req {
+            Request::Rmdir { parent, name } if self.names_remote_dir(parent, &name) => {
+                Request::RmdirBigDir { parent, name }
+            }
+            other => other,
+        };
         if let Request::RmdirBigDir { parent, name } = req {
             let waiter = Waiter {
                 origin,
@@ -648,7 +663,15 @@ impl<D: Device> Worker<D> {
             panic!("failpoint worker.panic, before {op:?}");
         }
         let mutates = is_mutation(&req);
+        let mark = self.shard.txn_id_mark();
         let (result, durability) = execute(&mut self.shard, req);
+        // Follow-ups whose effect the client sees at once hold its reply.
+        let held: Vec<u64> = self
+            .shard
+            .follow_ups_since(mark)
+            .filter(|u| crate::follow::holds_reply(&u.op))
+            .map(|u| u.id)
+            .collect();
         if mutates && result.is_ok() && self.dirty_since.is_none() {
             self.dirty_since = Some(self.now);
         }
@@ -669,6 +692,10 @@ impl<D: Device> Worker<D> {
             };
             buf.clear();
             fallback.encode(&mut buf).expect("an error frame always encodes");
+        }
+        if !held.is_empty() {
+            self.hold_reply(held, origin, conn, buf);
+            return None;
         }
         if durability == Durability::AfterCommit {
             self.after_commit.push((origin, conn, buf));
@@ -701,9 +728,6 @@ impl<D: Device> Worker<D> {
     /// Commits the shard and sends every reply that waited for it.
     fn commit_and_release(&mut self) {
         let result = self.shard.commit();
-        if result.is_ok() {
-            self.release_forgets();
-        }
         self.dirty_since = None;
         self.publish_usage();
         let held = std::mem::take(&mut self.after_commit);
@@ -835,11 +859,25 @@ impl<D: Device> Worker<D> {
         }
     }
 
+    /// Workers per server: this server's, which every server shares (the
+    /// cluster refuses a server whose count differs), known before the view.
+    pub(crate) fn workers(&self) -> u32 {
+        self.ring_out.len() as u32
+    }
+
+    /// Whether `parent/name` is a directory whose inode lives on another shard.
+    fn names_remote_dir(&mut self, parent: pfs_core::InodeId, name: &[u8]) -> bool {
+        match self.shard.lookup(parent, name) {
+            Ok(e) => e.kind == pfs_core::FileType::Directory && !self.shard.has_inode(e.ino),
+            Err(_) => false,
+        }
+    }
+
     /// Whether a cross-shard step waits for a peer server's reply.
     fn awaiting_peers(&self) -> bool {
         self.cross.iter().any(|c| c.sent.is_some())
             || self.rmdirs.iter().any(|r| r.awaiting_peer())
-            || self.forgets.iter().any(|f| f.sent.is_some())
+            || self.outbox.awaiting_peer()
     }
 
     /// Sleeps on the eventfd and the connections until work arrives.

@@ -15,6 +15,7 @@
 pub mod cluster;
 mod cursor;
 mod error;
+pub mod follow;
 pub mod frame;
 pub mod opcode;
 pub mod reply;
@@ -26,6 +27,7 @@ mod tests;
 
 pub use cluster::{ServerInfo, Usage, View};
 pub use error::WireError;
+pub use follow::{FollowOp, MAX_FOLLOW_UPS};
 pub use frame::{stamp, Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY};
 pub use opcode::Opcode;
 pub use reply::{Replaced, Reply};

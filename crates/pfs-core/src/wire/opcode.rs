@@ -91,11 +91,13 @@ pub enum Opcode {
     /// Update a directory's link count and times at its home after a change of
     /// its entries on another shard (a bigdir).
     AdjustDir = 43,
+    /// Server to server: follow-ups of operations on the sending shard.
+    FollowUps = 44,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 43] = [
+    pub const ALL: [Opcode; 44] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -139,6 +141,7 @@ impl Opcode {
         Opcode::Link,
         Opcode::AddLink,
         Opcode::AdjustDir,
+        Opcode::FollowUps,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -161,7 +164,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(44), None);
+        assert_eq!(Opcode::from_u16(45), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -160,6 +160,12 @@ pub enum Reply {
     AddLink(FileAttr),
     /// The directory's count and times are updated.
     AdjustDir,
+    /// Every follow-up of the request is applied and durable; `through` is the
+    /// watermark kept for the sending shard.
+    FollowUps {
+        /// The highest follow-up id applied from that shard.
+        through: u64,
+    },
 }
 
 /// The inode whose name a rename replaced: like an unlink's reply, what the
@@ -258,6 +264,7 @@ impl Reply {
             Reply::Link(_) => Opcode::Link,
             Reply::AddLink(_) => Opcode::AddLink,
             Reply::AdjustDir => Opcode::AdjustDir,
+            Reply::FollowUps { .. } => Opcode::FollowUps,
             Reply::SealDir => Opcode::SealDir,
         }
     }
@@ -298,6 +305,10 @@ impl Reply {
             }
             Reply::Rename { replaced } | Reply::RenameCross { replaced } => {
                 put_replaced(w, replaced);
+                Ok(())
+            }
+            Reply::FollowUps { through } => {
+                w.u64(*through);
                 Ok(())
             }
             Reply::Release
@@ -450,6 +461,7 @@ impl Reply {
             }
             Opcode::TxnForget => Reply::TxnForget,
             Opcode::SealDir => Reply::SealDir,
+            Opcode::FollowUps => Reply::FollowUps { through: r.u64("follow-up watermark")? },
             // An rmdir of a bigdir is answered with an `Rmdir` reply.
             Opcode::RmdirBigDir => {
                 return Err(WireError::BadValue {

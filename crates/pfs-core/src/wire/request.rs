@@ -2,12 +2,13 @@
 
 use super::cluster::{read_addr, write_addr, Usage};
 use super::cursor::{Reader, Writer};
+use super::follow::{FollowOp, MAX_FOLLOW_BYTES, MAX_FOLLOW_UPS};
 use super::types::{
     read_kind, read_name, read_perm, write_name, write_perm, Codec, InodeLayout, RenameFlags,
     TokenMode, XattrSetMode,
 };
 use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
-use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr, WorkerId};
+use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr, ShardId, WorkerId};
 
 /// The server id a `Register` of a new server carries.
 const NO_SERVER: u32 = u32::MAX;
@@ -412,6 +413,15 @@ pub enum Request {
         /// Subdirectories added (positive) or removed (negative), -2..=2.
         nlink_delta: i32,
     },
+    /// Server to server: apply follow-ups `ops` (id, operation) of shard `from`,
+    /// each at most once: ids at or below the watermark this shard keeps for
+    /// `from` were applied before (docs/cluster.md, "Follow-ups").
+    FollowUps {
+        /// The sending shard.
+        from: ShardId,
+        /// The follow-ups in id order, at most `MAX_FOLLOW_UPS`.
+        ops: Vec<(u64, FollowOp)>,
+    },
 }
 
 impl Request {
@@ -480,6 +490,7 @@ impl Request {
             Request::Link { .. } => Opcode::Link,
             Request::AddLink { .. } => Opcode::AddLink,
             Request::AdjustDir { .. } => Opcode::AdjustDir,
+            Request::FollowUps { .. } => Opcode::FollowUps,
         }
     }
 
@@ -685,6 +696,22 @@ impl Request {
                 w.u64(*txn);
                 Ok(())
             }
+            Request::FollowUps { from, ops } => {
+                if ops.len() > MAX_FOLLOW_UPS {
+                    return Err(WireError::TooLong {
+                        what: "follow-ups",
+                        len: ops.len() as u64,
+                        max: MAX_FOLLOW_UPS as u64,
+                    });
+                }
+                w.u32(from.0);
+                w.u16(ops.len() as u16);
+                for (id, op) in ops {
+                    w.u64(*id);
+                    w.bytes16("follow-up", &op.to_bytes(), MAX_FOLLOW_BYTES)?;
+                }
+                Ok(())
+            }
             Request::SealDir { txn, dir } => {
                 w.u64(*txn);
                 w.u64(dir.0);
@@ -867,6 +894,28 @@ impl Request {
                     });
                 }
                 Request::AdjustDir { dir, nlink_delta }
+            }
+            Opcode::FollowUps => {
+                let from = ShardId(r.u32("sending shard")?);
+                let n = usize::from(r.u16("follow-up count")?);
+                if n > MAX_FOLLOW_UPS {
+                    return Err(WireError::TooLong {
+                        what: "follow-ups",
+                        len: n as u64,
+                        max: MAX_FOLLOW_UPS as u64,
+                    });
+                }
+                let mut ops = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let id = r.u64("follow-up id")?;
+                    let bytes = r.bytes16("follow-up", MAX_FOLLOW_BYTES)?;
+                    let op = FollowOp::from_bytes(bytes).ok_or(WireError::BadValue {
+                        what: "follow-up",
+                        value: u64::from(bytes.first().copied().unwrap_or(0)),
+                    })?;
+                    ops.push((id, op));
+                }
+                Request::FollowUps { from, ops }
             }
         })
     }

@@ -239,6 +239,23 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         ino().prop_map(|ino| Request::AddLink { ino }),
         (ino(), -2i32..=2).prop_map(|(dir, nlink_delta)| Request::AdjustDir { dir, nlink_delta }),
+        (any::<u32>(), proptest::collection::vec((any::<u64>(), follow_op()), 0..8))
+            .prop_map(|(from, ops)| Request::FollowUps { from: crate::ShardId(from), ops }),
+    ]
+}
+
+fn follow_op() -> impl Strategy<Value = super::FollowOp> {
+    use super::FollowOp;
+    prop_oneof![
+        ino().prop_map(|ino| FollowOp::Drop { ino }),
+        (ino(), file_layout(), any::<u64>())
+            .prop_map(|(ino, layout, old_size)| FollowOp::FreeData { ino, layout, old_size }),
+        (ino(), file_layout(), any::<u64>(), any::<u64>()).prop_map(
+            |(ino, layout, size, old_size)| FollowOp::CutData { ino, layout, size, old_size }
+        ),
+        (ino(), -2i32..=2).prop_map(|(dir, nlink_delta)| FollowOp::AdjustDir { dir, nlink_delta }),
+        ino().prop_map(|ino| FollowOp::AddLink { ino }),
+        any::<u64>().prop_map(|txn| FollowOp::Forget { txn }),
     ]
 }
 
@@ -352,6 +369,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         entry().prop_map(Reply::Link),
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
+        any::<u64>().prop_map(|through| Reply::FollowUps { through }),
     ]
 }
 

@@ -117,7 +117,7 @@ impl<D: Device> Shard<D> {
     }
 
     /// A stand-in inode for data whose inode lives on another shard.
-    fn homed_elsewhere(ino: InodeId, file_layout: FileLayout, size: u64) -> Inode {
+    pub(super) fn homed_elsewhere(ino: InodeId, file_layout: FileLayout, size: u64) -> Inode {
         Inode {
             ino,
             parent: InodeId(0),

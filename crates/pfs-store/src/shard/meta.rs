@@ -235,6 +235,7 @@ impl<D: Device> Shard<D> {
             // An rmdir of `parent` is deciding: wait for its outcome.
             return Err(FsError::TryAgain);
         }
+        self.follow_room(1)?;
         self.begin()?;
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
@@ -275,6 +276,9 @@ impl<D: Device> Shard<D> {
                 p.nlink += 1;
             }
             self.put_inode(&p)?;
+        } else if args.kind == FileType::Directory {
+            // A bigdir name away from the directory's home: its count follows.
+            self.follow_adjust(parent, 1)?;
         }
         Ok(child.attr(PAGE_SIZE))
     }
@@ -285,6 +289,7 @@ impl<D: Device> Shard<D> {
         if entry.kind == FileType::Directory {
             return Err(FsError::IsDir);
         }
+        self.follow_room(2)?;
         self.begin()?;
         self.remove_entry(parent, &entry)?;
         self.finish()
@@ -300,8 +305,8 @@ impl<D: Device> Shard<D> {
         self.getattr(ino)
     }
 
-    /// Adds name `name` in `parent` for `ino`, whose inode lives on another shard
-    /// that already counted the link (`add_link`).
+    /// Adds name `name` in `parent` for `ino`, whose inode lives on another
+    /// shard; that shard counts the link by a follow-up.
     pub fn link_name(
         &mut self,
         ino: InodeId,
@@ -312,6 +317,10 @@ impl<D: Device> Shard<D> {
         check_name(name)?;
         if kind == FileType::Directory {
             return Err(FsError::NotPermitted);
+        }
+        if self.is_home_of(ino) {
+            // Allocated here and not here: removed.
+            return Err(FsError::NotFound);
         }
         self.put_link(parent, name, ino, kind, None)
     }
@@ -365,6 +374,7 @@ impl<D: Device> Shard<D> {
         }
         let parent_inode = self.new_entry_parent(parent)?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
+        self.follow_room(1)?;
         self.begin()?;
         let now = self.now();
         self.log(Change::DentryPut {
@@ -372,10 +382,18 @@ impl<D: Device> Shard<D> {
             name: name.to_vec(),
             value: encode_dentry(ino, kind),
         })?;
-        if let Some(mut i) = inode {
-            i.nlink += 1;
-            i.ctime_ns = now;
-            self.put_inode(&i)?;
+        match inode {
+            Some(mut i) => {
+                i.nlink += 1;
+                i.ctime_ns = now;
+                self.put_inode(&i)?;
+            }
+            // The inode lives elsewhere: its home counts the link (follow-up).
+            None => {
+                let home = ino.shard().unwrap_or(pfs_core::ShardId(0));
+                let op = pfs_core::wire::FollowOp::AddLink { ino };
+                self.follow(super::follow::FollowTarget::Shard(home), op)?;
+            }
         }
         if let Some(mut p) = parent_inode {
             p.mtime_ns = now;
@@ -394,6 +412,7 @@ impl<D: Device> Shard<D> {
         if self.dentries.child_count(entry.ino) > 0 {
             return Err(FsError::NotEmpty);
         }
+        self.follow_room(2)?;
         self.begin()?;
         self.remove_entry(parent, &entry)?;
         self.finish()
@@ -418,27 +437,38 @@ impl<D: Device> Shard<D> {
         self.log(Change::DentryDel { parent, name: entry.name.clone() })?;
         let mut removed =
             Replaced { ino: entry.ino, size: 0, layout: FileLayout::default(), remote: true };
-        if let Some(mut c) = child {
-            removed.remote = false;
-            removed.layout = c.file_layout;
-            if c.kind == FileType::Directory || c.nlink <= 1 {
-                if c.kind == FileType::Regular {
-                    removed.size = c.size;
+        match child {
+            Some(mut c) => {
+                removed.remote = false;
+                removed.layout = c.file_layout;
+                if c.kind == FileType::Directory || c.nlink <= 1 {
+                    if c.kind == FileType::Regular {
+                        removed.size = c.size;
+                        // Its data on other shards goes too (follow-up).
+                        self.follow_free(c.ino, c.file_layout, c.size)?;
+                    }
+                    self.drop_inode(&c)?;
+                } else {
+                    c.nlink -= 1;
+                    c.ctime_ns = now;
+                    self.put_inode(&c)?;
                 }
-                self.drop_inode(&c)?;
-            } else {
-                c.nlink -= 1;
-                c.ctime_ns = now;
-                self.put_inode(&c)?;
             }
+            // Moved here by a rename, or a hard link: the home drops the link.
+            None if !self.is_home_of(entry.ino) => self.follow_drop(entry.ino)?,
+            None => {}
         }
-        if let Some(mut p) = parent_inode {
-            p.mtime_ns = now;
-            p.ctime_ns = now;
-            if entry.kind == FileType::Directory {
-                p.nlink -= 1;
+        match parent_inode {
+            Some(mut p) => {
+                p.mtime_ns = now;
+                p.ctime_ns = now;
+                if entry.kind == FileType::Directory {
+                    p.nlink -= 1;
+                }
+                self.put_inode(&p)?;
             }
-            self.put_inode(&p)?;
+            None if entry.kind == FileType::Directory => self.follow_adjust(parent, -1)?,
+            None => {}
         }
         Ok(removed)
     }
@@ -495,6 +525,7 @@ impl<D: Device> Shard<D> {
             return Err(FsError::NotFound);
         }
         self.reserve_table_bytes(tables::dentry_bytes(dst_name))?;
+        self.follow_room(4)?;
         self.begin()?;
         let now = self.now();
         let src_value = encode_dentry(src.ino, src.kind);
@@ -603,7 +634,8 @@ impl<D: Device> Shard<D> {
                 d.ctime_ns = now;
                 self.put_inode(&d)
             }
-            Err(FsError::NotFound) => Ok(()),
+            // Its home is another shard (a bigdir): the count follows there.
+            Err(FsError::NotFound) => self.follow_adjust(dir, nlink_delta),
             Err(e) => Err(e),
         }
     }
@@ -647,10 +679,23 @@ impl<D: Device> Shard<D> {
         }
         if set.size.is_some() {
             self.settle(ino)?;
+            self.follow_room(1)?;
         }
         self.begin()?;
         let now = self.now();
         if let Some(size) = set.size {
+            let bs = u64::from(self.geo.block_size);
+            if super::follow::has_remote_data(inode.file_layout, size, inode.size, bs) {
+                // Data past the cut on other shards goes before the reply
+                // (the worker holds it until that follow-up is done).
+                let op = pfs_core::wire::FollowOp::CutData {
+                    ino,
+                    layout: inode.file_layout,
+                    size,
+                    old_size: inode.size,
+                };
+                self.follow(super::follow::FollowTarget::DataShards, op)?;
+            }
             self.truncate_in_op(&mut inode, size)?;
             inode.mtime_ns = now;
         }

@@ -13,6 +13,7 @@
 
 pub mod check;
 pub mod data;
+pub mod follow;
 pub mod geometry;
 pub mod meta;
 mod tables;
@@ -97,6 +98,14 @@ pub struct Shard<D: Device> {
     txns: BTreeMap<u64, Vec<u8>>,
     /// Directories sealed by an rmdir in progress (from `txns`): dir -> seal count.
     sealed: HashMap<InodeId, u32>,
+    /// Next transaction sequence number, and the logged floor it must stay
+    /// under (`follow.rs`).
+    txn_next: u64,
+    txn_floor: u64,
+    /// Follow-ups logged since the last commit, and those durable and not yet
+    /// taken by the worker.
+    follow_pending: Vec<follow::FollowUp>,
+    follow_ready: Vec<follow::FollowUp>,
     wal: Wal,
     next_ino_seq: u64,
     /// Bytes the tables take in a checkpoint; bounded by the checkpoint region.
@@ -256,6 +265,9 @@ impl<D: Device> Shard<D> {
             geo.format_id,
         );
         shard.rebuild_bitmaps()?;
+        shard.resume_txn_ids();
+        // Every follow-up in the log is durable: the worker sends them again.
+        shard.follow_ready = shard.follow_ups();
         // A fresh generation: records beyond the cut can never be mistaken for new ones.
         shard.checkpoint()?;
         Ok(shard)
@@ -297,6 +309,10 @@ impl<D: Device> Shard<D> {
             xattrs: HashMap::new(),
             txns: BTreeMap::new(),
             sealed: HashMap::new(),
+            txn_next: 1,
+            txn_floor: 0,
+            follow_pending: Vec::new(),
+            follow_ready: Vec::new(),
             next_ino_seq,
             table_bytes: 0,
             pending_free: Vec::new(),
@@ -368,6 +384,7 @@ impl<D: Device> Shard<D> {
             self.icache.set_durable_lsn(lsn);
             self.stats.commits += 1;
         }
+        self.follow_ready.append(&mut self.follow_pending);
         for run in self.pending_free.drain(..) {
             self.page_bitmap.clear_run(run.page, run.pages as u64);
         }

@@ -147,7 +147,9 @@ impl<D: Device> Shard<D> {
 
     /// Coordinator, last step: the target side applied. Removes the source name
     /// (or, for an exchange, points it at the target's old entry `replacement`) and
-    /// the intent, in one record. Idempotent: a finished intent is not redone.
+    /// the intent, in one record with the follow-up that tells `participant` to
+    /// forget its answer. Idempotent: a finished intent is not redone.
+    #[allow(clippy::too_many_arguments)]
     pub fn xrename_finish(
         &mut self,
         id: u64,
@@ -156,10 +158,12 @@ impl<D: Device> Shard<D> {
         src_value: u64,
         new_parent: InodeId,
         replacement: Option<u64>,
+        participant: pfs_core::ShardId,
     ) -> FsResult<()> {
         if !self.txns.contains_key(&id) {
             return Ok(());
         }
+        self.follow_room(2)?;
         self.begin()?;
         let now = self.now();
         // Another operation may have changed the source name meanwhile only if it
@@ -186,6 +190,9 @@ impl<D: Device> Shard<D> {
             self.adjust_dir(src_parent, back - is_dir(kind), now)?;
         }
         self.log(Change::TxnDel { id })?;
+        // The participant forgets its answer record once this is durable.
+        let forget = pfs_core::wire::FollowOp::Forget { txn: id };
+        self.follow(super::follow::FollowTarget::Shard(participant), forget)?;
         self.finish()
     }
 
@@ -247,6 +254,7 @@ impl<D: Device> Shard<D> {
         // The record's size does not depend on what it holds.
         self.txn_room(&encode_answer(answer, None))?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
+        self.follow_room(3)?;
         self.begin()?;
         let now = self.now();
         let mut replaced = None;
@@ -358,7 +366,7 @@ mod tests {
         );
         assert_eq!(b.lookup(InodeId::ROOT, b"dst").unwrap().ino, file.ino);
         b.commit().unwrap();
-        a.xrename_finish(5, InodeId::ROOT, b"src", value, InodeId::ROOT, None).unwrap();
+        a.xrename_finish(5, InodeId::ROOT, b"src", value, InodeId::ROOT, None, ShardId(1)).unwrap();
         assert_eq!(a.lookup(InodeId::ROOT, b"src").unwrap_err(), FsError::NotFound);
         assert_eq!(a.txn(5), None);
         // The participant's record survives a crash until the coordinator's forget.
@@ -425,7 +433,7 @@ mod tests {
         let (old, freed) = b.xrename_target(3, InodeId::ROOT, b"y", value, false, true).unwrap();
         assert_eq!(old, Some(encode_dentry(y.ino, FileType::Directory)));
         assert_eq!(freed, None, "an exchange replaces nothing");
-        a.xrename_finish(3, InodeId::ROOT, b"x", value, InodeId::ROOT, old).unwrap();
+        a.xrename_finish(3, InodeId::ROOT, b"x", value, InodeId::ROOT, old, ShardId(1)).unwrap();
         assert_eq!(a.lookup(InodeId::ROOT, b"x").unwrap().ino, y.ino);
         assert_eq!(b.lookup(InodeId::ROOT, b"y").unwrap().ino, x.ino);
     }

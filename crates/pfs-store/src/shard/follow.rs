@@ -1,0 +1,438 @@
+//! Follow-ups, the shard's part (docs/cluster.md, "Follow-ups").
+//!
+//! An operation whose effect reaches another shard logs that effect as a
+//! follow-up record in its own WAL record: `id -> [FOLLOW_TAG, target, op]` in
+//! the transaction table, under a coordinator id of this shard. Once the record
+//! is durable ([`take_ready_follow_ups`](Shard::take_ready_follow_ups)) the
+//! worker sends it; the target applies it with
+//! [`apply_follow_ups`](Shard::apply_follow_ups), which keeps per sending shard
+//! the highest id applied (a watermark record, in the same WAL record as the
+//! effect), so a follow-up sent again after any crash is applied once. When the
+//! target has answered, the sender deletes the record.
+//!
+//! Transaction ids must never repeat, or a target would take a new follow-up for
+//! an old one: the shard hands them out from a counter whose floor it logs in
+//! chunks (`FLOOR_KEY`), so a restart continues above every id ever used.
+
+use pfs_core::wire::FollowOp;
+use pfs_core::{FileLayout, FileType, FsError, FsResult, InodeId, ShardId};
+
+use super::txn::PARTICIPANT_BIT;
+use super::{tables, Shard};
+use crate::device::Device;
+use crate::inode::Inode;
+use crate::wal::Change;
+
+/// First byte of a follow-up record.
+pub const FOLLOW_TAG: u8 = 3;
+/// With [`PARTICIPANT_BIT`]: bookkeeping records (watermarks, the id floor),
+/// never transactions.
+pub const MARK_BIT: u64 = 1 << 62;
+/// The record holding the id floor: no id at or above it was handed out.
+pub const FLOOR_KEY: u64 = PARTICIPANT_BIT | MARK_BIT | (1 << 61);
+/// Ids reserved per floor record.
+const ID_CHUNK: u64 = 4096;
+/// Target of a follow-up that goes to every shard holding the file's data.
+const DATA_SHARDS: u32 = u32::MAX;
+
+/// Where a follow-up goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FollowTarget {
+    /// One shard.
+    Shard(ShardId),
+    /// Every shard but the inode's home that may hold data of the file (the
+    /// worker works them out from the layout and sizes).
+    DataShards,
+}
+
+/// A follow-up record: logged, to be sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FollowUp {
+    /// Its transaction id (this shard's).
+    pub id: u64,
+    /// Where it goes.
+    pub target: FollowTarget,
+    /// What it does there.
+    pub op: FollowOp,
+}
+
+/// The watermark record of sending shard `from`.
+pub fn mark_key(from: ShardId) -> u64 {
+    PARTICIPANT_BIT | MARK_BIT | u64::from(from.0)
+}
+
+/// Whether transaction record `id` is bookkeeping (a watermark or the floor).
+pub fn is_mark(id: u64) -> bool {
+    id & (PARTICIPANT_BIT | MARK_BIT) == PARTICIPANT_BIT | MARK_BIT
+}
+
+/// The follow-up a transaction record holds, if it is one.
+pub fn decode_follow(id: u64, data: &[u8]) -> Option<FollowUp> {
+    if id & PARTICIPANT_BIT != 0 || data.first() != Some(&FOLLOW_TAG) {
+        return None;
+    }
+    let t = u32::from_le_bytes(data.get(1..5)?.try_into().ok()?);
+    let target =
+        if t == DATA_SHARDS { FollowTarget::DataShards } else { FollowTarget::Shard(ShardId(t)) };
+    Some(FollowUp { id, target, op: FollowOp::from_bytes(data.get(5..)?)? })
+}
+
+fn encode_follow(target: FollowTarget, op: &FollowOp) -> Vec<u8> {
+    let mut o = vec![FOLLOW_TAG];
+    let t = match target {
+        FollowTarget::Shard(s) => s.0,
+        FollowTarget::DataShards => DATA_SHARDS,
+    };
+    o.extend_from_slice(&t.to_le_bytes());
+    o.extend_from_slice(&op.to_bytes());
+    o
+}
+
+/// Whether a regular file of `layout` and `size` may have data past `cut` on
+/// shards other than its home (block 0 of a `block` file and all of a `file`
+/// file are at the home), with blocks of `block_size` bytes.
+pub fn has_remote_data(layout: FileLayout, cut: u64, size: u64, block_size: u64) -> bool {
+    match layout {
+        FileLayout::File => false,
+        FileLayout::Block => size > cut.max(block_size),
+        FileLayout::Io => size > cut,
+    }
+}
+
+fn u64_of(data: &[u8]) -> u64 {
+    data.get(..8).and_then(|b| b.try_into().ok()).map_or(0, u64::from_le_bytes)
+}
+
+impl<D: Device> Shard<D> {
+    /// After recovery: continue ids above the logged floor and every id in the
+    /// table. The next id logs a new floor.
+    pub(super) fn resume_txn_ids(&mut self) {
+        let own = u64::from(self.id().0);
+        let mut next = 1;
+        for (id, data) in &self.txns {
+            if *id == FLOOR_KEY {
+                next = next.max(u64_of(data));
+            } else if id & PARTICIPANT_BIT == 0 && id >> 48 == own {
+                next = next.max((id & ((1 << 48) - 1)) + 1);
+            }
+        }
+        self.txn_next = next;
+        self.txn_floor = next;
+    }
+
+    /// A new transaction id for a record logged outside an operation (an intent).
+    pub fn new_txn_id(&mut self) -> FsResult<u64> {
+        if self.txn_next + 1 >= self.txn_floor {
+            self.begin()?;
+            let id = self.txn_id_in_op()?;
+            self.finish()?;
+            return Ok(id);
+        }
+        self.txn_next += 1;
+        Ok(self.compose_txn(self.txn_next - 1))
+    }
+
+    fn compose_txn(&self, seq: u64) -> u64 {
+        (u64::from(self.id().0) << 48) | (seq & ((1 << 48) - 1))
+    }
+
+    /// A new transaction id inside an operation; logs a higher floor when the
+    /// reserved chunk is used up.
+    fn txn_id_in_op(&mut self) -> FsResult<u64> {
+        let seq = self.txn_next;
+        self.txn_next += 1;
+        if self.txn_next >= self.txn_floor {
+            let floor = self.txn_next + ID_CHUNK;
+            self.log(Change::TxnPut { id: FLOOR_KEY, data: floor.to_le_bytes().to_vec() })?;
+        }
+        Ok(self.compose_txn(seq))
+    }
+
+    /// Checks, before an operation begins, that it can log up to `n` follow-ups
+    /// (and a floor record): a full table is `TryAgain`, never a half operation.
+    pub(super) fn follow_room(&self, n: usize) -> FsResult<()> {
+        if self.txns.len() + n + 1 > super::txn::TXN_TABLE_MAX {
+            return Err(FsError::TryAgain);
+        }
+        let one = tables::txn_bytes(&[0; 5 + pfs_core::wire::follow::MAX_FOLLOW_BYTES]);
+        self.reserve_table_bytes(one * (n as u64 + 1))
+    }
+
+    /// Logs follow-up `op` for `target` in the operation in progress.
+    pub(super) fn follow(&mut self, target: FollowTarget, op: FollowOp) -> FsResult<()> {
+        let id = self.txn_id_in_op()?;
+        self.log(Change::TxnPut { id, data: encode_follow(target, &op) })?;
+        self.follow_pending.push(FollowUp { id, target, op });
+        Ok(())
+    }
+
+    /// Logs the follow-up that drops a link of `ino` at its home.
+    pub(super) fn follow_drop(&mut self, ino: InodeId) -> FsResult<()> {
+        let home = ino.shard().unwrap_or(ShardId(0));
+        self.follow(FollowTarget::Shard(home), FollowOp::Drop { ino })
+    }
+
+    /// Logs the follow-up that frees the data elsewhere of a file freed here.
+    pub(super) fn follow_free(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: u64,
+    ) -> FsResult<()> {
+        if !has_remote_data(layout, 0, size, u64::from(self.geo.block_size)) {
+            return Ok(());
+        }
+        self.follow(FollowTarget::DataShards, FollowOp::FreeData { ino, layout, old_size: size })
+    }
+
+    /// Logs the follow-up that adjusts directory `dir`, which lives elsewhere.
+    pub(super) fn follow_adjust(&mut self, dir: InodeId, nlink_delta: i64) -> FsResult<()> {
+        if nlink_delta == 0 || self.is_home_of(dir) {
+            return Ok(());
+        }
+        let home = dir.shard().unwrap_or(ShardId(0));
+        let nlink_delta = nlink_delta.clamp(-2, 2) as i32;
+        self.follow(FollowTarget::Shard(home), FollowOp::AdjustDir { dir, nlink_delta })
+    }
+
+    /// Follow-ups whose records are durable, to be sent; each is handed out
+    /// once (after a restart, every one in the table is).
+    pub fn take_ready_follow_ups(&mut self) -> Vec<FollowUp> {
+        std::mem::take(&mut self.follow_ready)
+    }
+
+    /// Whether durable follow-ups wait to be taken.
+    pub fn has_ready_follow_ups(&self) -> bool {
+        !self.follow_ready.is_empty()
+    }
+
+    /// Whether follow-ups wait for a commit before they can be sent.
+    pub fn has_pending_follow_ups(&self) -> bool {
+        !self.follow_pending.is_empty()
+    }
+
+    /// The lowest id the next follow-up can get: those logged from now on (by
+    /// the request about to run) have ids at or above it.
+    pub fn txn_id_mark(&self) -> u64 {
+        self.compose_txn(self.txn_next)
+    }
+
+    /// Follow-ups logged with ids at or above `mark` and not yet taken.
+    pub fn follow_ups_since(&self, mark: u64) -> impl Iterator<Item = &FollowUp> {
+        self.follow_pending.iter().chain(&self.follow_ready).filter(move |u| u.id >= mark)
+    }
+
+    /// Every follow-up record in the table, in id order.
+    pub fn follow_ups(&self) -> Vec<FollowUp> {
+        self.txns.iter().filter_map(|(id, d)| decode_follow(*id, d)).collect()
+    }
+
+    /// The highest follow-up id applied from shard `from`.
+    pub fn follow_mark(&self, from: ShardId) -> u64 {
+        self.txns.get(&mark_key(from)).map_or(0, |d| u64_of(d))
+    }
+
+    /// The sender's part after the target answered: the record goes.
+    pub fn follow_done(&mut self, id: u64) -> FsResult<()> {
+        self.txn_forget(id)
+    }
+
+    /// Target: applies `ops` (id order) from shard `from`, each at most once and
+    /// each in one WAL record with the watermark. Returns the watermark and a
+    /// note for each follow-up that found nothing to do (already gone), for the
+    /// log. A transient failure (a full table, a device error) stops there: the
+    /// sender sends the rest again.
+    pub fn apply_follow_ups(
+        &mut self,
+        from: ShardId,
+        ops: &[(u64, FollowOp)],
+    ) -> FsResult<(u64, Vec<String>)> {
+        let key = mark_key(from);
+        let mut mark = self.follow_mark(from);
+        let mut notes = Vec::new();
+        for &(id, op) in ops {
+            if id & PARTICIPANT_BIT != 0 || id >> 48 != u64::from(from.0) {
+                return Err(FsError::Invalid(format!(
+                    "follow-up id {id:#x} is not one of shard {from}"
+                )));
+            }
+            if id <= mark {
+                continue;
+            }
+            if !self.txns.contains_key(&key) {
+                if self.txns.len() >= super::txn::TXN_TABLE_MAX {
+                    return Err(FsError::TryAgain);
+                }
+                self.reserve_table_bytes(tables::txn_bytes(&[0; 8]))?;
+            }
+            if let FollowOp::FreeData { ino, .. } | FollowOp::CutData { ino, .. } = op {
+                if !self.has_inode(ino) {
+                    self.settle(ino)?;
+                }
+            }
+            self.begin()?;
+            match self.follow_effect(op) {
+                Ok(()) => {}
+                Err(e) if self.op_changes > 0 => return Err(e),
+                Err(e @ (FsError::Io(_) | FsError::TryAgain | FsError::NoSpace)) => return Err(e),
+                Err(e) => notes.push(format!("follow-up {id:#x} from shard {from} ({op:?}): {e}")),
+            }
+            self.log(Change::TxnPut { id: key, data: id.to_le_bytes().to_vec() })?;
+            self.finish()?;
+            mark = id;
+        }
+        Ok((mark, notes))
+    }
+
+    /// The effect of one follow-up, inside an operation.
+    fn follow_effect(&mut self, op: FollowOp) -> FsResult<()> {
+        let now = self.now();
+        match op {
+            FollowOp::Drop { ino } => {
+                let mut inode = self.inode(ino)?;
+                if inode.kind == FileType::Directory && self.dentries.child_count(ino) > 0 {
+                    return Err(FsError::NotEmpty);
+                }
+                if inode.kind != FileType::Directory && inode.nlink > 1 {
+                    inode.nlink -= 1;
+                    inode.ctime_ns = now;
+                    return self.put_inode(&inode);
+                }
+                self.drop_inode(&inode)?;
+                if inode.kind == FileType::Regular {
+                    self.follow_free(ino, inode.file_layout, inode.size)?;
+                }
+                Ok(())
+            }
+            FollowOp::FreeData { ino, layout, old_size } => {
+                self.free_elsewhere(ino, layout, 0, old_size)
+            }
+            FollowOp::CutData { ino, layout, size, old_size } => {
+                self.free_elsewhere(ino, layout, size, old_size)
+            }
+            FollowOp::AdjustDir { dir, nlink_delta } => match self.inode(dir) {
+                Ok(d) if d.kind == FileType::Directory => {
+                    self.adjust_dir(dir, nlink_delta.into(), now)
+                }
+                Ok(_) => Err(FsError::NotDir),
+                Err(e) => Err(e),
+            },
+            FollowOp::AddLink { ino } => {
+                let mut inode = self.inode(ino)?;
+                inode.nlink += 1;
+                inode.ctime_ns = now;
+                self.put_inode(&inode)
+            }
+            FollowOp::Forget { txn } => {
+                if self.txns.contains_key(&(txn | PARTICIPANT_BIT)) {
+                    self.log(Change::TxnDel { id: txn | PARTICIPANT_BIT })?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees data at or past `size` of `ino`, whose inode lives elsewhere.
+    fn free_elsewhere(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: u64,
+        old_size: u64,
+    ) -> FsResult<()> {
+        if self.has_inode(ino) {
+            return Err(FsError::Invalid(format!("inode {ino} lives here")));
+        }
+        if old_size > super::data::MAX_FILE_SIZE {
+            return Err(FsError::FileTooLarge);
+        }
+        let mut inode: Inode = Self::homed_elsewhere(ino, layout, old_size);
+        self.free_data_from(&mut inode, size, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::MemDevice;
+    use crate::{CreateArgs, FormatOptions, ShardOptions};
+
+    fn shard(id: u32) -> (MemDevice, Shard<MemDevice>) {
+        let dev = MemDevice::new(64 << 20, 64);
+        let mut f = FormatOptions::new(ShardId(id), 64 << 20);
+        f.create_root = id == 0;
+        let s = Shard::format(dev.handle(), &f, ShardOptions::default()).unwrap();
+        (dev, s)
+    }
+
+    /// What the worker's outbox does: sends the ready follow-ups of `a` to `b`.
+    fn deliver(a: &mut Shard<MemDevice>, b: &mut Shard<MemDevice>) -> Vec<FollowUp> {
+        a.commit().unwrap();
+        let ups = a.take_ready_follow_ups();
+        let ops: Vec<_> = ups.iter().map(|u| (u.id, u.op)).collect();
+        b.apply_follow_ups(a.id(), &ops).unwrap();
+        b.commit().unwrap();
+        for u in &ups {
+            a.follow_done(u.id).unwrap();
+        }
+        ups
+    }
+
+    #[test]
+    fn a_link_and_its_removal_on_another_shard_count_once_each_even_when_sent_twice() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let f = b.create(InodeId::ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        // A name on `a` for an inode at `b`: `b` counts it by a follow-up.
+        a.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"link").unwrap();
+        assert!(a.take_ready_follow_ups().is_empty(), "not before the commit");
+        let sent = deliver(&mut a, &mut b);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(sent[0].op, FollowOp::AddLink { ino: f.ino });
+        assert_eq!(sent[0].target, FollowTarget::Shard(ShardId(1)));
+        assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
+        // Sent again (the answer was lost): applied once.
+        let ops: Vec<_> = sent.iter().map(|u| (u.id, u.op)).collect();
+        assert_eq!(b.apply_follow_ups(ShardId(0), &ops).unwrap().0, sent[0].id);
+        assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
+        assert!(a.follow_ups().is_empty(), "done follow-ups are deleted");
+        // Removing that name drops the link at the home; the last one frees it.
+        a.unlink(InodeId::ROOT, b"link").unwrap();
+        deliver(&mut a, &mut b);
+        assert_eq!(b.getattr(f.ino).unwrap().nlink, 1);
+        b.unlink(InodeId::ROOT, b"f").unwrap();
+        assert!(!b.has_inode(f.ino));
+        // Ids from another shard, or a link to an inode this shard allocated and
+        // no longer has, are refused.
+        let bad = [(1, FollowOp::Drop { ino: f.ino })];
+        assert!(matches!(b.apply_follow_ups(ShardId(2), &bad), Err(FsError::Invalid(_))));
+        assert_eq!(
+            b.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"again"),
+            Err(FsError::NotFound)
+        );
+    }
+
+    #[test]
+    fn follow_ups_survive_a_crash_and_ids_never_repeat() {
+        let (da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let f = b.create(InodeId::ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        a.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"l").unwrap();
+        a.commit().unwrap();
+        let first = a.take_ready_follow_ups();
+        let mut used: Vec<u64> = first.iter().map(|u| u.id).collect();
+        for _ in 0..(ID_CHUNK + 10) {
+            used.push(a.new_txn_id().unwrap());
+        }
+        a.commit().unwrap();
+        let top = *used.iter().max().unwrap();
+        // Power loss: the follow-up is handed out again, and new ids go higher.
+        let mut a = Shard::open(da.crash(3), 0, ShardOptions::default()).unwrap();
+        assert_eq!(a.take_ready_follow_ups(), first);
+        assert!(a.new_txn_id().unwrap() > top);
+        let ops: Vec<_> = first.iter().map(|u| (u.id, u.op)).collect();
+        b.apply_follow_ups(ShardId(0), &ops).unwrap();
+        b.apply_follow_ups(ShardId(0), &ops).unwrap();
+        assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
+    }
+}
