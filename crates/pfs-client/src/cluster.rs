@@ -139,6 +139,9 @@ struct OpenState {
     extend_to: u64,
     /// The size last learned from the home (for clamping reads of other shards).
     size: Option<u64>,
+    /// The data end the home has reserved for other shards (`ReserveData`):
+    /// writes there below it need not ask again.
+    reserved: u64,
 }
 
 #[derive(Debug)]
@@ -697,9 +700,23 @@ impl Cluster {
             touched: BTreeSet::new(),
             extend_to: 0,
             size,
+            reserved: 0,
         };
         files.insert(fh, Arc::new(OpenFile { ino, layout, state: Mutex::new(state) }));
         Ok(FileHandle(fh))
+    }
+
+    /// Has the home of `ino` reserve data past `end` for other shards before
+    /// a write there, so the file's removal or truncate frees it even if this
+    /// client dies before it publishes the size. Asks for up to twice `end`
+    /// (at most 64 MiB more), so a growing file asks once per doubling.
+    fn reserve_data(&self, ino: InodeId, end: u64) -> FsResult<u64> {
+        let ask = end.saturating_mul(2).min(end.saturating_add(64 << 20)).max(end);
+        let ask = ask.min(pfs_core::MAX_FILE_SIZE).max(end);
+        match self.call_home(ino, Request::ReserveData { ino, end: ask })? {
+            Reply::ReserveData { end: got } => Ok(got),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Whether `route` is the home shard of `ino`.
@@ -1269,6 +1286,9 @@ impl FileSystem for Cluster {
             let req = if home {
                 Request::Write { ino, fh, offset: o, data: bytes }
             } else {
+                if o + n > st.reserved {
+                    st.reserved = self.reserve_data(ino, o + n)?;
+                }
                 st.extend_to = st.extend_to.max(o + n);
                 Request::WriteData { ino, layout, offset: o, data: bytes }
             };

@@ -27,3 +27,6 @@ pub use ids::{BlockIndex, ClientId, FileHandle, InodeId, RequestId, ServerId, Sh
 pub use layout::{DirLayout, FileLayout};
 pub use routing::{Lambda, Route, RouteKey};
 pub use wire::{Body, Frame, Opcode, Reply, Request, WireError};
+
+/// Largest file size (256 TiB): past it, writes and truncates fail with `EFBIG`.
+pub const MAX_FILE_SIZE: u64 = 1 << 48;

@@ -288,7 +288,10 @@ impl<D: Device> Worker<D> {
             if pfs_store::shard::follow::decode_follow(txn, &data).is_some() {
                 continue; // Sent by the outbox (follow.rs).
             }
-            if data.first() == Some(&crate::rmdir::RMDIR_INTENT) {
+            if matches!(
+                data.first(),
+                Some(&(crate::rmdir::RMDIR_INTENT | crate::rmdir::RMDIR_DECIDED))
+            ) {
                 self.recover_rmdir(txn, &data);
                 continue;
             }
@@ -316,6 +319,7 @@ impl<D: Device> Worker<D> {
 
     fn dispatch(&mut self, op: &mut CrossOp) {
         let i = &op.intent;
+        log::debug!("worker {}: rename {:#x}: asking {:?}", self.id, op.txn, i.target);
         let req = Request::XRenameTarget {
             txn: op.txn,
             parent: i.new_parent,
@@ -406,6 +410,7 @@ impl<D: Device> Worker<D> {
     }
 
     fn finish_cross(&mut self, mut op: CrossOp, result: Result<Reply, FsError>) {
+        log::debug!("worker {}: rename {:#x}: participant answered {result:?}", self.id, op.txn);
         let i = &op.intent;
         let body = match result {
             Ok(Reply::XRenameTarget { old, replaced }) => {

@@ -65,10 +65,13 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
     let durability = match req {
         // The participant of a cross-shard rename must not answer before its side
         // is durable: the coordinator removes the source name on that answer.
+        // Nor an unseal: the coordinator drops its rmdir intent once every shard
+        // answered, and a seal whose removal a crash lost would stay for good.
         Request::Fsync { .. }
         | Request::Release { .. }
         | Request::XRenameTarget { .. }
         | Request::SealDir { .. }
+        | Request::TxnForget { .. }
         | Request::FollowUps { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
@@ -243,8 +246,9 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::XRenameTarget { txn, parent, name, value, flags } => {
             let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
             let exchange = flags.contains(pfs_core::wire::RenameFlags::EXCHANGE);
-            let (old, replaced) =
-                shard.xrename_target(txn, parent, &name, value, noreplace, exchange)?;
+            let answer = shard.xrename_target(txn, parent, &name, value, noreplace, exchange);
+            log::debug!("rename {txn:#x}: target side answers {answer:?}");
+            let (old, replaced) = answer?;
             Reply::XRenameTarget { old: old.unwrap_or(0), replaced }
         }
         Request::TxnForget { txn } => {
@@ -279,7 +283,11 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::RenameCross { .. } => {
             return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
         }
+        Request::ReserveData { ino, end } => {
+            Reply::ReserveData { end: shard.reserve_data(ino, end)? }
+        }
         Request::FollowUps { from, ops } => {
+            log::debug!("follow-ups from shard {from}: {ops:?}");
             let (through, notes) = shard.apply_follow_ups(from, &ops)?;
             for note in notes {
                 log::warn!("{note}; nothing to do");

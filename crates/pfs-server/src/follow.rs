@@ -105,6 +105,13 @@ impl<D: Device> Worker<D> {
     pub(crate) fn poll_follow_ups(&mut self) -> usize {
         let mut work = 0;
         for up in self.shard.take_ready_follow_ups() {
+            log::debug!(
+                "worker {}: follow-up {:#x} {:?} to {:?}",
+                self.id,
+                up.id,
+                up.op,
+                up.target
+            );
             self.outbox.entries.insert(up.id, Pending { up, left: None });
             work += 1;
         }
@@ -117,6 +124,7 @@ impl<D: Device> Worker<D> {
             let mut empty = Vec::new();
             for (id, p) in self.outbox.entries.iter_mut().filter(|(_, p)| p.left.is_none()) {
                 let targets = targets(&p.up, me, block, servers, workers);
+                log::debug!("worker {}: follow-up {id:#x} goes to {targets:?}", self.id);
                 if targets.is_empty() {
                     empty.push(*id);
                 }

@@ -6,11 +6,14 @@
 //! 2. Collect: ask every shard to seal `dir` (`SealDir`). A shard with an entry of
 //!    `dir` says `NotEmpty`; one without records the seal (committed before it
 //!    answers), after which creates and renames into `dir` there get `TryAgain`.
-//! 3. All sealed: remove the name and the directory here; else leave it.
-//! 4. Unseal every shard (`TxnForget`) and drop the intent; answer the client.
+//! 3. All sealed: remove the name and the directory here; else leave it. Either
+//!    way the intent is marked decided (`RMDIR_DECIDED`), and the client is
+//!    answered once that is durable.
+//! 4. Unseal every shard (`TxnForget`) and drop the intent.
 //!
-//! After a crash the intent is found again and the steps rerun: seals are
-//! idempotent per transaction, and a name already removed counts as done.
+//! After a crash an undecided intent is found again and the steps rerun: seals
+//! are idempotent per transaction, and a name already removed counts as done.
+//! A decided one only unseals, so a refusal the client was told is never undone.
 
 use std::time::Instant;
 
@@ -24,6 +27,9 @@ use crate::worker::Worker;
 
 /// First byte of an rmdir intent record.
 pub const RMDIR_INTENT: u8 = 2;
+/// First byte of an rmdir intent that was decided (removed or refused): only
+/// the unsealing is left.
+pub const RMDIR_DECIDED: u8 = 4;
 /// Pause before asking a shard that could not be reached again.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -62,7 +68,11 @@ impl RmdirOp {
 }
 
 fn encode(parent: InodeId, name: &[u8], dir: InodeId) -> Vec<u8> {
-    let mut o = vec![RMDIR_INTENT];
+    encode_as(RMDIR_INTENT, parent, name, dir)
+}
+
+fn encode_as(tag: u8, parent: InodeId, name: &[u8], dir: InodeId) -> Vec<u8> {
+    let mut o = vec![tag];
     o.extend_from_slice(&parent.0.to_le_bytes());
     o.push(name.len() as u8);
     o.extend_from_slice(name);
@@ -71,7 +81,7 @@ fn encode(parent: InodeId, name: &[u8], dir: InodeId) -> Vec<u8> {
 }
 
 fn decode(b: &[u8]) -> Option<(InodeId, Vec<u8>, InodeId)> {
-    if b.first() != Some(&RMDIR_INTENT) || b.len() < 18 {
+    if !matches!(b.first(), Some(&(RMDIR_INTENT | RMDIR_DECIDED))) || b.len() < 18 {
         return None;
     }
     let parent = InodeId(u64::from_le_bytes(b[1..9].try_into().ok()?));
@@ -131,7 +141,12 @@ impl<D: Device> Worker<D> {
         };
         // The view arrives with the first heartbeat; until then the shape is
         // unknown, so the op starts with no shards and is filled in when polled.
-        log::info!("worker {}: resuming rmdir {txn:#x} left by a crash", self.id);
+        let decided = data.first() == Some(&RMDIR_DECIDED);
+        log::info!(
+            "worker {}: resuming rmdir {txn:#x} left by a crash{}",
+            self.id,
+            if decided { " (decided: unsealing)" } else { "" }
+        );
         self.rmdirs.push(RmdirOp {
             txn,
             parent,
@@ -139,7 +154,7 @@ impl<D: Device> Worker<D> {
             dir,
             waiter: None,
             shards: Vec::new(),
-            unsealing: false,
+            unsealing: decided,
         });
     }
 
@@ -206,6 +221,9 @@ impl<D: Device> Worker<D> {
                         };
                         *seal = match local {
                             Ok(()) => Seal::Sealed,
+                            Err(e) if unsealing || matches!(e, FsError::Io(_)) => {
+                                Seal::Unsent(self.now + RETRY_AFTER)
+                            }
                             Err(e) => Seal::Refused(e),
                         };
                         self.mark_dirty();
@@ -238,6 +256,19 @@ impl<D: Device> Worker<D> {
                                 "seal answered {:?}",
                                 other.opcode()
                             )))
+                        }
+                        // An unseal must land (the intent goes only when every
+                        // shard forgot), and an I/O error or timeout says
+                        // nothing of whether a seal is durable: ask again.
+                        Ok(Some(Err(e)))
+                            if unsealing || matches!(e, FsError::Io(_) | FsError::TimedOut) =>
+                        {
+                            log::warn!(
+                                "worker {}: rmdir {txn:#x}: server {server} answered {e}; \
+                                 asking again",
+                                self.id
+                            );
+                            *seal = Seal::Unsent(self.now + RETRY_AFTER);
                         }
                         Ok(Some(Err(e))) => {
                             work += 1;
@@ -290,6 +321,12 @@ impl<D: Device> Worker<D> {
                 }
             }
         };
+        // The decision is logged before the client hears it (the answer waits
+        // for the commit): a recovery must not redo an rmdir it was told failed.
+        let decided = encode_as(RMDIR_DECIDED, op.parent, &op.name, op.dir);
+        if let Err(e) = self.shard.txn_record(op.txn, &decided) {
+            log::error!("worker {}: rmdir {:#x}: cannot log the decision: {e}", self.id, op.txn);
+        }
         self.mark_dirty();
         if let Some(w) = op.waiter.take() {
             self.answer(w, body);
@@ -310,6 +347,8 @@ mod tests {
     fn the_intent_round_trips_and_refuses_garbage() {
         let b = encode(InodeId(7), b"name", InodeId(99));
         assert_eq!(decode(&b), Some((InodeId(7), b"name".to_vec(), InodeId(99))));
+        let d = encode_as(RMDIR_DECIDED, InodeId(7), b"name", InodeId(99));
+        assert_eq!(decode(&d), Some((InodeId(7), b"name".to_vec(), InodeId(99))));
         assert_eq!(decode(&b[..b.len() - 1]), None);
         assert_eq!(decode(&[1, 2, 3]), None);
     }

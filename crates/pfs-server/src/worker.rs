@@ -214,6 +214,8 @@ pub struct Worker<D: Device> {
     memcpy: Option<MemcpyPort>,
     /// Follow-ups logged on this shard, on their way to their targets.
     pub(crate) outbox: crate::follow::Outbox,
+    /// The sweep of data whose file is gone.
+    pub(crate) sweep: crate::sweep::Sweep,
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
@@ -296,6 +298,7 @@ impl<D: Device> Worker<D> {
             peers,
             memcpy,
             outbox: crate::follow::Outbox::default(),
+            sweep: crate::sweep::Sweep::new(Instant::now()),
             tokens: Tokens::new(opts.token_lease),
             clients,
             fail_stop,
@@ -387,6 +390,7 @@ impl<D: Device> Worker<D> {
         if !self.outbox.is_idle() || self.shard.has_ready_follow_ups() {
             work += self.poll_follow_ups();
         }
+        work += self.poll_sweep();
         work += self.flush_backlog();
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
@@ -878,6 +882,7 @@ impl<D: Device> Worker<D> {
         self.cross.iter().any(|c| c.sent.is_some())
             || self.rmdirs.iter().any(|r| r.awaiting_peer())
             || self.outbox.awaiting_peer()
+            || self.sweep_awaits()
     }
 
     /// Sleeps on the eventfd and the connections until work arrives.

@@ -59,6 +59,11 @@ pub struct Inode {
     pub first_block: Option<Run>,
     /// Data pages allocated to this file on this shard.
     pub pages: u64,
+    /// Bytes of the file other shards may hold data below (clients reserve it
+    /// before they write there, `ReserveData`): what a truncate or the removal
+    /// of the file must free elsewhere, even past the size a writer that died
+    /// never published. Never lowered. 0 in slots written before it existed.
+    pub data_end: u64,
 }
 
 impl Inode {
@@ -105,6 +110,7 @@ impl Inode {
         w.u32(run.pages);
         w.u32(run.valid);
         w.u64(self.pages);
+        w.u64(self.data_end);
         assert!(w.at <= CRC_AT, "inode body of {} bytes overflows its slot layout", w.at);
         let crc = crc32c::crc32c(&out[..CRC_AT]);
         out[CRC_AT..INODE_ENCODED_LEN].copy_from_slice(&crc.to_le_bytes());
@@ -147,6 +153,7 @@ impl Inode {
         let ctime_ns = r.u64() as i64;
         let run = Run { page: r.u64(), pages: r.u32(), valid: r.u32() };
         let pages = r.u64();
+        let data_end = r.u64();
         let crc = u32::from_le_bytes(buf[CRC_AT..INODE_ENCODED_LEN].try_into().expect("4 bytes"));
         if crc32c::crc32c(&buf[..CRC_AT]) != crc || buf[INODE_ENCODED_LEN..].iter().any(|&b| b != 0)
         {
@@ -170,6 +177,7 @@ impl Inode {
             file_layout: FileLayout::from_u8(file_layout).ok_or_else(|| bad("file layout"))?,
             first_block: has_first.then_some(run),
             pages,
+            data_end,
         }))
     }
 }
@@ -245,6 +253,7 @@ mod tests {
             file_layout: FileLayout::Io,
             first_block: Some(Run { page: 9, pages: 1, valid: 3901 }),
             pages: 1,
+            data_end: 1 << 30,
         }
     }
 

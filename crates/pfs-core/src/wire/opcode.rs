@@ -93,11 +93,13 @@ pub enum Opcode {
     AdjustDir = 43,
     /// Server to server: follow-ups of operations on the sending shard.
     FollowUps = 44,
+    /// Reserve data of a file on other shards before writing there.
+    ReserveData = 45,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 44] = [
+    pub const ALL: [Opcode; 45] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -142,6 +144,7 @@ impl Opcode {
         Opcode::AddLink,
         Opcode::AdjustDir,
         Opcode::FollowUps,
+        Opcode::ReserveData,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -164,7 +167,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(45), None);
+        assert_eq!(Opcode::from_u16(46), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -166,6 +166,11 @@ pub enum Reply {
         /// The highest follow-up id applied from that shard.
         through: u64,
     },
+    /// The file's reserved data end now (at least what was asked).
+    ReserveData {
+        /// The end.
+        end: u64,
+    },
 }
 
 /// The inode whose name a rename replaced: like an unlink's reply, what the
@@ -265,6 +270,7 @@ impl Reply {
             Reply::AddLink(_) => Opcode::AddLink,
             Reply::AdjustDir => Opcode::AdjustDir,
             Reply::FollowUps { .. } => Opcode::FollowUps,
+            Reply::ReserveData { .. } => Opcode::ReserveData,
             Reply::SealDir => Opcode::SealDir,
         }
     }
@@ -307,8 +313,8 @@ impl Reply {
                 put_replaced(w, replaced);
                 Ok(())
             }
-            Reply::FollowUps { through } => {
-                w.u64(*through);
+            Reply::FollowUps { through: v } | Reply::ReserveData { end: v } => {
+                w.u64(*v);
                 Ok(())
             }
             Reply::Release
@@ -462,6 +468,7 @@ impl Reply {
             Opcode::TxnForget => Reply::TxnForget,
             Opcode::SealDir => Reply::SealDir,
             Opcode::FollowUps => Reply::FollowUps { through: r.u64("follow-up watermark")? },
+            Opcode::ReserveData => Reply::ReserveData { end: r.u64("data end")? },
             // An rmdir of a bigdir is answered with an `Rmdir` reply.
             Opcode::RmdirBigDir => {
                 return Err(WireError::BadValue {

@@ -422,6 +422,14 @@ pub enum Request {
         /// The follow-ups in id order, at most `MAX_FOLLOW_UPS`.
         ops: Vec<(u64, FollowOp)>,
     },
+    /// At a file's home, before a write of data below `end` to another shard:
+    /// that shard may hold data of it, so a truncate or removal frees there.
+    ReserveData {
+        /// The file.
+        ino: InodeId,
+        /// The end of the data about to be written elsewhere.
+        end: u64,
+    },
 }
 
 impl Request {
@@ -491,6 +499,7 @@ impl Request {
             Request::AddLink { .. } => Opcode::AddLink,
             Request::AdjustDir { .. } => Opcode::AdjustDir,
             Request::FollowUps { .. } => Opcode::FollowUps,
+            Request::ReserveData { .. } => Opcode::ReserveData,
         }
     }
 
@@ -696,6 +705,11 @@ impl Request {
                 w.u64(*txn);
                 Ok(())
             }
+            Request::ReserveData { ino, end } => {
+                w.u64(ino.0);
+                w.u64(*end);
+                Ok(())
+            }
             Request::FollowUps { from, ops } => {
                 if ops.len() > MAX_FOLLOW_UPS {
                     return Err(WireError::TooLong {
@@ -895,6 +909,7 @@ impl Request {
                 }
                 Request::AdjustDir { dir, nlink_delta }
             }
+            Opcode::ReserveData => Request::ReserveData { ino: ino(r)?, end: r.u64("data end")? },
             Opcode::FollowUps => {
                 let from = ShardId(r.u32("sending shard")?);
                 let n = usize::from(r.u16("follow-up count")?);

@@ -241,6 +241,7 @@ fn request() -> impl Strategy<Value = Request> {
         (ino(), -2i32..=2).prop_map(|(dir, nlink_delta)| Request::AdjustDir { dir, nlink_delta }),
         (any::<u32>(), proptest::collection::vec((any::<u64>(), follow_op()), 0..8))
             .prop_map(|(from, ops)| Request::FollowUps { from: crate::ShardId(from), ops }),
+        (ino(), any::<u64>()).prop_map(|(ino, end)| Request::ReserveData { ino, end }),
     ]
 }
 
@@ -370,6 +371,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
         any::<u64>().prop_map(|through| Reply::FollowUps { through }),
+        any::<u64>().prop_map(|end| Reply::ReserveData { end }),
     ]
 }
 

@@ -189,7 +189,9 @@ pub fn spawn(dir: &Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Chi
         .open(dir.join(format!("{name}.log")))
         .unwrap();
     let mut cmd = Command::new(SERVER_BIN);
-    cmd.args(args).env("RUST_LOG", "info").stdout(log.try_clone().unwrap()).stderr(log);
+    // PFS_TEST_LOG=debug gives the servers' debug lines (what a failure did).
+    let level = std::env::var("PFS_TEST_LOG").unwrap_or_else(|_| "info".into());
+    cmd.args(args).env("RUST_LOG", level).stdout(log.try_clone().unwrap()).stderr(log);
     for (k, v) in env {
         cmd.env(k, v);
     }

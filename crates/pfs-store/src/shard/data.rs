@@ -19,7 +19,7 @@ use crate::wal::Change;
 
 /// Largest file size a shard accepts (256 TiB): past it, writes and truncates
 /// fail with `EFBIG`.
-pub const MAX_FILE_SIZE: u64 = 1 << 48;
+pub const MAX_FILE_SIZE: u64 = pfs_core::MAX_FILE_SIZE;
 /// Largest single write or read.
 pub const MAX_IO_BYTES: usize = 16 << 20;
 
@@ -116,6 +116,26 @@ impl<D: Device> Shard<D> {
         self.finish()
     }
 
+    /// At the home of regular file `ino`: other shards may get its data below
+    /// `end` (a client is about to write there). Returns the reserved end,
+    /// which never shrinks, so a truncate or removal frees that much elsewhere.
+    pub fn reserve_data(&mut self, ino: InodeId, end: u64) -> FsResult<u64> {
+        let mut inode = self.inode(ino)?;
+        if inode.kind != FileType::Regular {
+            return Err(FsError::Invalid(format!("reserve data of a {:?}", inode.kind)));
+        }
+        if end > MAX_FILE_SIZE {
+            return Err(FsError::FileTooLarge);
+        }
+        if end > inode.data_end {
+            self.begin()?;
+            inode.data_end = end;
+            self.put_inode(&inode)?;
+            self.finish()?;
+        }
+        Ok(inode.data_end)
+    }
+
     /// A stand-in inode for data whose inode lives on another shard.
     pub(super) fn homed_elsewhere(ino: InodeId, file_layout: FileLayout, size: u64) -> Inode {
         Inode {
@@ -136,6 +156,7 @@ impl<D: Device> Shard<D> {
             first_block: None,
             // Never stored: only keeps the page accounting of real inodes strict.
             pages: u64::MAX / 2,
+            data_end: size,
         }
     }
 

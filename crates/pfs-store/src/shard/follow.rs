@@ -32,6 +32,11 @@ pub const MARK_BIT: u64 = 1 << 62;
 pub const FLOOR_KEY: u64 = PARTICIPANT_BIT | MARK_BIT | (1 << 61);
 /// Ids reserved per floor record.
 const ID_CHUNK: u64 = 4096;
+/// The record holding the inode number floor: no inode number at or above it
+/// was handed out (`ensure_ino_floor`).
+pub const INO_FLOOR_KEY: u64 = PARTICIPANT_BIT | MARK_BIT | (1 << 60);
+/// Inode numbers reserved per inode floor record (one commit each).
+const INO_CHUNK: u64 = 1 << 16;
 /// Target of a follow-up that goes to every shard holding the file's data.
 const DATA_SHARDS: u32 = u32::MAX;
 
@@ -110,7 +115,9 @@ impl<D: Device> Shard<D> {
         let own = u64::from(self.id().0);
         let mut next = 1;
         for (id, data) in &self.txns {
-            if *id == FLOOR_KEY {
+            if *id == INO_FLOOR_KEY {
+                self.ino_floor = self.ino_floor.max(u64_of(data));
+            } else if *id == FLOOR_KEY {
                 next = next.max(u64_of(data));
             } else if id & PARTICIPANT_BIT == 0 && id >> 48 == own {
                 next = next.max((id & ((1 << 48) - 1)) + 1);
@@ -118,6 +125,75 @@ impl<D: Device> Shard<D> {
         }
         self.txn_next = next;
         self.txn_floor = next;
+        // Numbers a lost create handed out before the crash are not reused.
+        self.next_ino_seq = self.next_ino_seq.max(self.ino_floor);
+    }
+
+    /// Inode numbers are never handed out twice, even when a crash loses the
+    /// create that used one: its client may have written the file's data on
+    /// other shards, and a new file of that number would find it there. So
+    /// before a number at or past the durable floor goes out, a new floor
+    /// 65 536 ahead is logged and committed (once per that many creates).
+    pub(super) fn ensure_ino_floor(&mut self) -> FsResult<()> {
+        if self.next_ino_seq < self.ino_floor {
+            return Ok(());
+        }
+        let floor = self.next_ino_seq + INO_CHUNK;
+        if !self.txns.contains_key(&INO_FLOOR_KEY) {
+            self.reserve_table_bytes(tables::txn_bytes(&[0; 8]))?;
+        }
+        self.begin()?;
+        self.log(Change::TxnPut { id: INO_FLOOR_KEY, data: floor.to_le_bytes().to_vec() })?;
+        self.finish()?;
+        self.commit()?;
+        self.ino_floor = floor;
+        Ok(())
+    }
+
+    /// Of the next `max` inodes after `after` with data here, those that live
+    /// on another shard, and the last one looked at (`None`: no more), for the
+    /// sweep of data whose file is gone.
+    pub fn foreign_data(&self, after: InodeId, max: usize) -> (Vec<InodeId>, Option<InodeId>) {
+        let start = InodeId(after.0.saturating_add(1));
+        // Each map is ordered by inode: the first `max` distinct of each cover
+        // the first `max` of both.
+        let distinct = |inos: &mut dyn Iterator<Item = InodeId>| {
+            let mut v: Vec<InodeId> = Vec::new();
+            for ino in inos {
+                if v.last() != Some(&ino) {
+                    if v.len() == max {
+                        break;
+                    }
+                    v.push(ino);
+                }
+            }
+            v
+        };
+        let mut out = distinct(
+            &mut self.blocks.range((start, pfs_core::BlockIndex(0))..).map(|((i, _), _)| *i),
+        );
+        out.extend(distinct(&mut self.extents.range((start, 0)..).map(|((i, _), _)| *i)));
+        out.sort();
+        out.dedup();
+        out.truncate(max);
+        let last = out.last().copied();
+        out.retain(|i| !self.is_home_of(*i));
+        (out, last)
+    }
+
+    /// Frees all data here of `ino`, which lives on another shard and does
+    /// not exist there (its home said so): data of a file whose create a crash
+    /// lost, or that nothing else freed.
+    pub fn free_foreign(&mut self, ino: InodeId) -> FsResult<()> {
+        if self.is_home_of(ino) {
+            return Err(FsError::Invalid(format!("inode {ino} was allocated here")));
+        }
+        self.settle(ino)?;
+        self.begin()?;
+        let max = super::data::MAX_FILE_SIZE;
+        let mut inode: Inode = Self::homed_elsewhere(ino, FileLayout::Io, max);
+        self.free_data_from(&mut inode, 0, true)?;
+        self.finish()
     }
 
     /// A new transaction id for a record logged outside an operation (an intent).
@@ -300,7 +376,8 @@ impl<D: Device> Shard<D> {
                 }
                 self.drop_inode(&inode)?;
                 if inode.kind == FileType::Regular {
-                    self.follow_free(ino, inode.file_layout, inode.size)?;
+                    let end = inode.size.max(inode.data_end);
+                    self.follow_free(ino, inode.file_layout, end)?;
                 }
                 Ok(())
             }

@@ -146,6 +146,7 @@ impl<D: Device> Shard<D> {
             file_layout: FileLayout::default(),
             first_block: None,
             pages: 0,
+            data_end: 0,
         };
         let mut image = Box::new([0u8; crate::inode::INODE_SLOT_SIZE]);
         root.encode(&mut image);
@@ -236,6 +237,7 @@ impl<D: Device> Shard<D> {
             return Err(FsError::TryAgain);
         }
         self.follow_room(1)?;
+        self.ensure_ino_floor()?;
         self.begin()?;
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
@@ -262,6 +264,7 @@ impl<D: Device> Shard<D> {
             file_layout,
             first_block: None,
             pages: 0,
+            data_end: 0,
         };
         let child = self.new_inode(child)?;
         self.log(Change::DentryPut {
@@ -445,7 +448,7 @@ impl<D: Device> Shard<D> {
                     if c.kind == FileType::Regular {
                         removed.size = c.size;
                         // Its data on other shards goes too (follow-up).
-                        self.follow_free(c.ino, c.file_layout, c.size)?;
+                        self.follow_free(c.ino, c.file_layout, c.size.max(c.data_end))?;
                     }
                     self.drop_inode(&c)?;
                 } else {
@@ -685,14 +688,17 @@ impl<D: Device> Shard<D> {
         let now = self.now();
         if let Some(size) = set.size {
             let bs = u64::from(self.geo.block_size);
-            if super::follow::has_remote_data(inode.file_layout, size, inode.size, bs) {
+            // Past the size too: a writer that died before it published its
+            // size may have left data up to what it reserved.
+            let old_size = inode.size.max(inode.data_end);
+            if super::follow::has_remote_data(inode.file_layout, size, old_size, bs) {
                 // Data past the cut on other shards goes before the reply
                 // (the worker holds it until that follow-up is done).
                 let op = pfs_core::wire::FollowOp::CutData {
                     ino,
                     layout: inode.file_layout,
                     size,
-                    old_size: inode.size,
+                    old_size,
                 };
                 self.follow(super::follow::FollowTarget::DataShards, op)?;
             }

@@ -102,6 +102,8 @@ pub struct Shard<D: Device> {
     /// under (`follow.rs`).
     txn_next: u64,
     txn_floor: u64,
+    /// No inode number at or above it was handed out (logged, `follow.rs`).
+    ino_floor: u64,
     /// Follow-ups logged since the last commit, and those durable and not yet
     /// taken by the worker.
     follow_pending: Vec<follow::FollowUp>,
@@ -311,6 +313,7 @@ impl<D: Device> Shard<D> {
             sealed: HashMap::new(),
             txn_next: 1,
             txn_floor: 0,
+            ino_floor: 0,
             follow_pending: Vec::new(),
             follow_ready: Vec::new(),
             next_ino_seq,

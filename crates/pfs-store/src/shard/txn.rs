@@ -59,10 +59,17 @@ impl<D: Device> Shard<D> {
         self.reserve_table_bytes(tables::txn_bytes(data))
     }
 
-    /// Records `data` under coordinator transaction `id` (an intent), alone.
+    /// Records `data` under coordinator transaction `id` (an intent, or its
+    /// new state), alone.
     pub fn txn_record(&mut self, id: u64, data: &[u8]) -> FsResult<()> {
         assert!(id & PARTICIPANT_BIT == 0, "coordinator ids have the top bit clear");
-        self.txn_room(data)?;
+        match self.txns.get(&id) {
+            Some(old) => {
+                let grow = tables::txn_bytes(data).saturating_sub(tables::txn_bytes(old));
+                self.reserve_table_bytes(grow)?;
+            }
+            None => self.txn_room(data)?,
+        }
         self.begin()?;
         self.log(Change::TxnPut { id, data: data.to_vec() })?;
         self.finish()

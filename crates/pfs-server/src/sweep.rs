@@ -1,0 +1,109 @@
+//! The sweep of data whose file is gone (docs/cluster.md, "Follow-ups").
+//!
+//! A client writes a file's blocks on other shards after its create was
+//! answered, not after it was durable. If the file's home crashes before its
+//! commit, the create is lost but the data on other shards may be durable:
+//! nothing will ever free it (inode numbers are never handed out again, so it
+//! is never read either). Every few seconds a worker takes the next few inodes
+//! that have data on its shard and live elsewhere, asks each one's home whether
+//! it exists, and frees the data of those that do not.
+
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::Request;
+use pfs_core::{FsError, InodeId, RequestId, ServerId};
+use pfs_store::device::Device;
+
+use crate::worker::Worker;
+
+/// Pause between two batches.
+const EVERY: Duration = Duration::from_secs(2);
+/// Inodes looked at per batch.
+const BATCH: usize = 32;
+
+/// A worker's sweep position and the questions in flight.
+#[derive(Debug)]
+pub struct Sweep {
+    after: InodeId,
+    next_at: Instant,
+    asked: Vec<(InodeId, ServerId, RequestId)>,
+}
+
+impl Sweep {
+    /// A sweep that starts from the lowest inode number after the first pause.
+    pub fn new(now: Instant) -> Sweep {
+        Sweep { after: InodeId(0), next_at: now + EVERY, asked: Vec::new() }
+    }
+
+    /// Whether an answer from a peer is awaited.
+    pub fn awaiting_peer(&self) -> bool {
+        !self.asked.is_empty()
+    }
+}
+
+impl<D: Device> Worker<D> {
+    /// Runs the sweep when due; returns the work done.
+    pub(crate) fn poll_sweep(&mut self) -> usize {
+        if self.sweep.asked.is_empty() {
+            if self.now < self.sweep.next_at {
+                return 0;
+            }
+            return self.sweep_batch();
+        }
+        let mut work = 0;
+        let mut i = 0;
+        while i < self.sweep.asked.len() {
+            let (ino, server, req) = self.sweep.asked[i];
+            let answer = match self.peers.poll(server, req) {
+                Ok(None) => {
+                    i += 1;
+                    continue;
+                }
+                Ok(Some(a)) => Some(a),
+                Err(_) => None,
+            };
+            self.sweep.asked.swap_remove(i);
+            work += 1;
+            if let Some(Err(FsError::NotFound)) = answer {
+                match self.shard.free_foreign(ino) {
+                    Ok(()) => {
+                        self.mark_dirty();
+                        log::info!(
+                            "worker {}: freed the data of inode {ino}, which its home does not \
+                             have (a create lost in a crash)",
+                            self.id
+                        );
+                    }
+                    Err(e) => log::warn!("worker {}: freeing data of inode {ino}: {e}", self.id),
+                }
+            }
+            // Anything else (it exists, or no answer): look again next time round.
+        }
+        if self.sweep.asked.is_empty() {
+            self.sweep.next_at = self.now + EVERY;
+        }
+        work
+    }
+
+    fn sweep_batch(&mut self) -> usize {
+        let (found, last) = self.shard.foreign_data(self.sweep.after, BATCH);
+        // From the start again once the end is reached.
+        self.sweep.after = last.unwrap_or(InodeId(0));
+        self.sweep.next_at = self.now + EVERY;
+        let workers = self.workers();
+        let Some((servers, _)) = self.peers.shape() else { return 0 };
+        for ino in found {
+            let (server, worker) = pfs_core::routing::home_of(ino, servers, workers);
+            match self.peers.send(server, worker, Request::GetAttr { ino }) {
+                Ok(req) => self.sweep.asked.push((ino, server, req)),
+                Err(_) => break, // That server is away: next time.
+            }
+        }
+        usize::from(!self.sweep.asked.is_empty())
+    }
+
+    /// Whether a sweep answer is awaited (the worker then does not park).
+    pub(crate) fn sweep_awaits(&self) -> bool {
+        self.sweep.awaiting_peer()
+    }
+}
