@@ -524,4 +524,41 @@ mod tests {
         assert_eq!(r.unverified, 1);
         assert!(r.notes.iter().any(|n| n.contains("not every shard")));
     }
+
+    #[test]
+    fn follow_ups_in_flight_count_as_done_until_their_target_has_applied_them() {
+        use pfs_core::wire::FollowOp;
+        use pfs_store::shard::follow::{encode_follow, mark_key, FollowTarget};
+        use FileType::{Directory as D, Regular as F};
+        let (orphan, linked) = (ino(0, 2), ino(0, 3));
+        let to0 = |op| encode_follow(FollowTarget::Shard(ShardId(0)), &op);
+        let census = |mark: u64| {
+            let s0 = Census {
+                shard: ShardId(0),
+                inodes: vec![inode(InodeId::ROOT, D, 2), inode(orphan, F, 1), inode(linked, F, 1)],
+                names: vec![name(InodeId::ROOT, "a", linked, F)],
+                txns: vec![(mark_key(ShardId(1)), mark.to_le_bytes().to_vec())],
+                ..Census::default()
+            };
+            let s1 = Census {
+                shard: ShardId(1),
+                // `orphan`'s last name went here, `linked` got a second name here.
+                names: vec![name(InodeId::ROOT, "b", linked, F)],
+                txns: vec![
+                    ((1 << 48) | 5, to0(FollowOp::Drop { ino: orphan })),
+                    ((1 << 48) | 6, to0(FollowOp::AddLink { ino: linked })),
+                ],
+                ..Census::default()
+            };
+            analyse(&[s0, s1])
+        };
+        let r = census(0);
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        assert!(r.notes.iter().any(|n| n.contains("2 follow-ups")), "{:?}", r.notes);
+        // Once the target's watermark says they were applied, their effects must show.
+        let r = census((1 << 48) | 6);
+        let repairs: Vec<Repair> = r.findings.iter().filter_map(|f| f.repair.clone()).collect();
+        assert!(repairs.contains(&Repair::DropInode { shard: ShardId(0), ino: orphan }));
+        assert!(repairs.contains(&Repair::SetNlink { shard: ShardId(0), ino: linked, nlink: 2 }));
+    }
 }

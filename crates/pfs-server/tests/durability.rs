@@ -140,7 +140,14 @@ fn servers_refuse_internal_requests_from_clients() {
     let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
     let t = Duration::from_secs(5);
     let conn = Conn::connect(addr, key, rpc_options(ClientId(77), t, t)).unwrap();
-    for req in [Request::SealDir { txn: 1, dir: InodeId::ROOT }, Request::TxnForget { txn: 1 }] {
+    let follow = pfs_core::wire::FollowOp::Drop { ino: InodeId::ROOT };
+    for req in [
+        Request::SealDir { txn: 1, dir: InodeId::ROOT },
+        Request::TxnForget { txn: 1 },
+        Request::FollowUps { from: pfs_core::ShardId(1), ops: vec![(1 << 48, follow)] },
+        Request::DropInode { ino: InodeId::ROOT },
+        Request::AddLink { ino: InodeId::ROOT },
+    ] {
         assert_eq!(conn.call(req, 0, t).unwrap_err(), FsError::NotPermitted);
     }
     // The connection and the server go on serving.
@@ -222,6 +229,49 @@ fn device_errors_reach_the_client_as_eio_and_lose_nothing_acknowledged() {
         }
         println!("{spec}: EIO reached the client; server fail-stopped: {}", stopped.is_some());
     }
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn data_of_a_file_that_does_not_exist_is_swept() {
+    let dir = common::test_dir("sweep");
+    let c = ClusterProcs::start(&dir, 1, 2);
+    let key = ClusterKey::load(&dir.join("cluster.key")).unwrap();
+    let view =
+        pfs_client::cluster::fetch_view(c.master_addr, &key, Duration::from_secs(5)).unwrap();
+    let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
+    let t = Duration::from_secs(5);
+    let conn = Conn::connect(addr, key, rpc_options(ClientId(78), t, t)).unwrap();
+    // What a client leaves when its file's home crashes before the create is
+    // durable: data on another shard (worker 0) of an inode its home (worker 1,
+    // shard 1) does not have.
+    let ino = InodeId::compose(pfs_core::ShardId(1), 1 << 30);
+    let layout = pfs_core::FileLayout::Block;
+    let write = Request::WriteData { ino, layout, offset: 65536, data: vec![9; 1000] };
+    assert!(matches!(conn.call(write, 0, t).unwrap(), Reply::WriteData { written: 1000 }));
+    let read =
+        || match conn.call(Request::ReadData { ino, layout, offset: 65536, size: 1000 }, 0, t) {
+            Ok(Reply::ReadData(d)) => d,
+            other => panic!("read: {other:?}"),
+        };
+    assert_eq!(read(), vec![9; 1000]);
+    // The data shard asks the home every 2 s and frees it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while read().iter().any(|&b| b != 0) {
+        assert!(std::time::Instant::now() < deadline, "the data was never swept");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(log_of(&c, 0).contains(&format!("freed the data of inode {ino}")));
+    // A file that exists keeps its data.
+    let fs = c.client();
+    let (a, fh) = fs.create(InodeId::ROOT, b"kept", 0o644, 0, 0, 0).unwrap();
+    let data = vec![5u8; 300_000];
+    fs.write(a.ino, fh, 0, &data).unwrap();
+    fs.release(a.ino, fh).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(common::read_all(&fs, a.ino).unwrap(), data);
+    drop(fs);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

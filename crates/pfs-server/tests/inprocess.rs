@@ -442,3 +442,37 @@ fn renames_over_files_free_what_they_replace_on_every_shard() {
     drop(fs);
     cluster.stop();
 }
+
+#[test]
+fn rmdir_of_a_directory_whose_name_moved_to_another_shard_checks_its_home() {
+    let dir = test_dir("rmdir-moved");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let before = fs.statfs().unwrap();
+    let d = fs.mkdir(InodeId::ROOT, b"d0", 0o755, 0, 0).unwrap();
+    let inner = write_file(&fs, d.ino, "inner", b"still here");
+    // The root is a bigdir: renamed, the name lands on other shards than the
+    // directory's inode (and its entries) most of the time.
+    for i in 0..8 {
+        let (from, to) = (format!("d{i}"), format!("d{}", i + 1));
+        fs.rename(
+            InodeId::ROOT,
+            from.as_bytes(),
+            InodeId::ROOT,
+            to.as_bytes(),
+            RenameFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(fs.rmdir(InodeId::ROOT, to.as_bytes()).unwrap_err(), FsError::NotEmpty);
+        assert_eq!(fs.lookup(InodeId::ROOT, to.as_bytes()).unwrap().ino, d.ino, "{to}");
+        assert_eq!(read_file(&fs, inner), b"still here");
+    }
+    fs.unlink(d.ino, b"inner").unwrap();
+    fs.rmdir(InodeId::ROOT, b"d8").unwrap();
+    assert_eq!(fs.lookup(InodeId::ROOT, b"d8").unwrap_err(), FsError::NotFound);
+    // The directory's inode went at its home, and the root's count with it.
+    assert_eq!(fs.statfs().unwrap().files_free, before.files_free);
+    assert_eq!(fs.getattr(InodeId::ROOT).unwrap().nlink, 2);
+    drop(fs);
+    cluster.stop();
+}

@@ -82,7 +82,8 @@ pub fn decode_follow(id: u64, data: &[u8]) -> Option<FollowUp> {
     Some(FollowUp { id, target, op: FollowOp::from_bytes(data.get(5..)?)? })
 }
 
-fn encode_follow(target: FollowTarget, op: &FollowOp) -> Vec<u8> {
+/// A follow-up record's bytes (see [`decode_follow`]).
+pub fn encode_follow(target: FollowTarget, op: &FollowOp) -> Vec<u8> {
     let mut o = vec![FOLLOW_TAG];
     let t = match target {
         FollowTarget::Shard(s) => s.0,
@@ -511,5 +512,55 @@ mod tests {
         b.apply_follow_ups(ShardId(0), &ops).unwrap();
         b.apply_follow_ups(ShardId(0), &ops).unwrap();
         assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
+    }
+
+    #[test]
+    fn inode_numbers_a_crash_lost_are_not_handed_out_again() {
+        let (dev, mut a) = shard(0);
+        a.create(InodeId::ROOT, b"durable", CreateArgs::file(0o644)).unwrap();
+        a.commit().unwrap();
+        // Created and answered, never committed: lost in the crash.
+        let lost = a.create(InodeId::ROOT, b"lost", CreateArgs::file(0o644)).unwrap();
+        let mut a = Shard::open(dev.crash(5), 0, ShardOptions::default()).unwrap();
+        assert_eq!(a.lookup(InodeId::ROOT, b"lost"), Err(FsError::NotFound));
+        let next = a.create(InodeId::ROOT, b"next", CreateArgs::file(0o644)).unwrap();
+        assert!(next.ino.seq() > lost.ino.seq(), "{} reused {}", next.ino, lost.ino);
+    }
+
+    #[test]
+    fn a_removal_frees_the_reserved_data_elsewhere_past_the_size() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let f = a.create(InodeId::ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        // A writer reserved 1 MiB, wrote a block on `b`, and died before it
+        // published the size: the home still says 0 bytes.
+        assert_eq!(a.reserve_data(f.ino, 1 << 20).unwrap(), 1 << 20);
+        assert_eq!(a.reserve_data(f.ino, 10).unwrap(), 1 << 20, "never lowered");
+        b.write_data(f.ino, FileLayout::Block, 65536, &[1; 4096]).unwrap();
+        assert_eq!(a.getattr(f.ino).unwrap().size, 0);
+        a.unlink(InodeId::ROOT, b"f").unwrap();
+        let sent = deliver(&mut a, &mut b);
+        assert_eq!(
+            sent.iter().map(|u| u.op).collect::<Vec<_>>(),
+            [FollowOp::FreeData { ino: f.ino, layout: FileLayout::Block, old_size: 1 << 20 }]
+        );
+        let (foreign, _) = b.foreign_data(InodeId(0), 10);
+        assert!(foreign.is_empty(), "left on the data shard: {foreign:?}");
+    }
+
+    #[test]
+    fn the_sweep_lists_and_frees_only_data_of_other_shards_inodes() {
+        let (_db, mut b) = shard(1);
+        let mine = b.create(InodeId::ROOT, b"m", CreateArgs::file(0o644)).unwrap();
+        b.write(mine.ino, 0, &[3; 200_000]).unwrap();
+        let gone = InodeId::compose(ShardId(0), 77);
+        b.write_data(gone, FileLayout::Io, 0, &[4; 5000]).unwrap();
+        let (found, last) = b.foreign_data(InodeId(0), 10);
+        assert_eq!(found, [gone]);
+        assert!(last.is_some());
+        assert!(b.free_foreign(mine.ino).is_err(), "an inode of this shard is not foreign");
+        b.free_foreign(gone).unwrap();
+        assert!(b.foreign_data(InodeId(0), 10).0.is_empty());
+        assert_eq!(b.read(mine.ino, 0, 10).unwrap(), [3; 10]);
     }
 }
