@@ -7,10 +7,14 @@
 //!    re-sent request is answered from that record, never applied twice).
 //! 3. On its success, remove the source name and the intent in one record and
 //!    answer the client; on its refusal, drop the intent and answer the refusal.
-//! 4. Tell the participant to forget the transaction.
+//! 4. Tell the participant to forget the transaction (a follow-up logged with
+//!    step 3).
 //!
 //! After a crash the worker finds the intents left in its table and runs them
-//! from step 2 again, so a rename is applied on both shards or on neither.
+//! from step 2 again, so a rename is applied on both shards or on neither. Such
+//! a rename, and one whose client stopped waiting, is only *resumed*: the
+//! participant finishes it if it had applied its side and abandons it
+//! otherwise, so it never lands after later changes of the target name.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -125,6 +129,11 @@ pub struct CrossOp {
     /// The participant request in flight, or when to send it again.
     pub(crate) sent: Option<RequestId>,
     retry_at: Instant,
+    /// Nobody waits for the outcome any more (the client was told `EIO`, or
+    /// the coordinator restarted): the participant finishes only what it
+    /// already applied and abandons the rest, so a rename never lands after
+    /// later changes of its target name (`RenameFlags::RESUME`).
+    resume: bool,
 }
 
 /// Connections to other servers, made on first use from the cluster view.
@@ -252,6 +261,9 @@ impl<D: Device> Worker<D> {
         if self.is_moving(src_parent, &src_name) {
             return Err(FsError::TryAgain);
         }
+        if flags.contains(RenameFlags::RESUME) {
+            return Err(FsError::Invalid("RESUME is not a client's rename flag".into()));
+        }
         if new_name.is_empty() || new_name.len() > pfs_core::NAME_MAX {
             return Err(if new_name.is_empty() {
                 FsError::Invalid("empty name".into())
@@ -273,7 +285,14 @@ impl<D: Device> Worker<D> {
         self.shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
         // The intent must be durable before the participant changes anything.
         self.shard.commit()?;
-        let mut op = CrossOp { txn, intent, waiter: Some(waiter), sent: None, retry_at: self.now };
+        let mut op = CrossOp {
+            txn,
+            intent,
+            waiter: Some(waiter),
+            sent: None,
+            retry_at: self.now,
+            resume: false,
+        };
         self.dispatch(&mut op);
         self.cross.push(op);
         Ok(())
@@ -307,6 +326,7 @@ impl<D: Device> Worker<D> {
                         waiter: None,
                         sent: None,
                         retry_at: self.now,
+                        resume: true,
                     });
                 }
                 None => log::error!(
@@ -320,12 +340,13 @@ impl<D: Device> Worker<D> {
     fn dispatch(&mut self, op: &mut CrossOp) {
         let i = &op.intent;
         log::debug!("worker {}: rename {:#x}: asking {:?}", self.id, op.txn, i.target);
+        let flags = if op.resume { i.flags | RenameFlags::RESUME } else { i.flags };
         let req = Request::XRenameTarget {
             txn: op.txn,
             parent: i.new_parent,
             name: i.new_name.clone(),
             value: i.value,
-            flags: i.flags,
+            flags,
         };
         match self.peers.send(i.target.0, i.target.1, req) {
             Ok(id) => op.sent = Some(id),
@@ -393,8 +414,10 @@ impl<D: Device> Worker<D> {
                 }
                 None => {
                     if let Some(w) = op.waiter.take_if(|w| self.now >= w.give_up) {
+                        op.resume = true;
                         let e = FsError::Io(format!(
-                            "rename waits for server {}; it will complete when that server answers",
+                            "rename waits for server {}; it completes if that server applied \
+                             it, and is abandoned otherwise",
                             op.intent.target.0
                         ));
                         self.answer(w, Body::Error { op: pfs_core::Opcode::RenameCross, error: e });
@@ -459,8 +482,11 @@ impl<D: Device> Worker<D> {
                 }
             }
             Err(refusal) => {
-                // The participant changed nothing: drop the intent.
-                if let Err(e) = self.shard.txn_forget(op.txn) {
+                // The participant changed nothing: drop the intent, and have it
+                // forget the record it keeps of an abandoned one.
+                let participant =
+                    pfs_core::routing::shard_of(i.target.0, i.target.1, self.workers());
+                if let Err(e) = self.shard.xrename_abandon(op.txn, participant) {
                     log::error!("worker {}: cannot drop intent {:#x}: {e}", self.id, op.txn);
                 }
                 self.mark_dirty();

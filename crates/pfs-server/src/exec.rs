@@ -246,7 +246,9 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::XRenameTarget { txn, parent, name, value, flags } => {
             let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
             let exchange = flags.contains(pfs_core::wire::RenameFlags::EXCHANGE);
-            let answer = shard.xrename_target(txn, parent, &name, value, noreplace, exchange);
+            let resume = flags.contains(pfs_core::wire::RenameFlags::RESUME);
+            let answer =
+                shard.xrename_target(txn, parent, &name, value, noreplace, exchange, resume);
             log::debug!("rename {txn:#x}: target side answers {answer:?}");
             let (old, replaced) = answer?;
             Reply::XRenameTarget { old: old.unwrap_or(0), replaced }

@@ -136,8 +136,13 @@ fn pending_follow_ups(censuses: &[Census]) -> Pending {
 /// coordinator has not removed the source yet (it does at its next start):
 /// (shard, directory, name, inode).
 fn renamed_away(censuses: &[Census]) -> BTreeSet<(ShardId, InodeId, Vec<u8>, InodeId)> {
-    let participant_has =
-        |id: u64| censuses.iter().any(|c| c.txns.iter().any(|(i, _)| *i == id | (1 << 63)));
+    let participant_has = |id: u64| {
+        censuses.iter().any(|c| {
+            c.txns
+                .iter()
+                .any(|(i, d)| *i == id | (1 << 63) && !pfs_store::shard::txn::is_abandoned(d))
+        })
+    };
     let mut out = BTreeSet::new();
     for c in censuses {
         for (id, data) in &c.txns {

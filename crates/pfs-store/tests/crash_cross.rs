@@ -61,7 +61,7 @@ fn steps(
                 a.commit()?;
             }
             1 => {
-                b.xrename_target(TXN, ROOT, b"dst", value, false, false)?;
+                b.xrename_target(TXN, ROOT, b"dst", value, false, false, false)?;
                 b.commit()?;
             }
             2 => {
@@ -128,8 +128,21 @@ fn run_seed(seed: u64) {
     // The coordinator's recovery (`recover_cross`): an intent reruns from step 2.
     let intent = a.txn(TXN).is_some();
     if intent {
-        steps(&mut a, &mut b, &db, value, 1, 4)
-            .unwrap_or_else(|e| panic!("seed {seed}: rerun: {e}"));
+        // Resumed: the participant finishes what it applied, abandons the rest.
+        match b.xrename_target(TXN, ROOT, b"dst", value, false, false, true) {
+            Ok(_) => {
+                b.commit().unwrap();
+                steps(&mut a, &mut b, &db, value, 2, 4)
+                    .unwrap_or_else(|e| panic!("seed {seed}: rerun: {e}"));
+            }
+            Err(FsError::Invalid(_)) => {
+                b.commit().unwrap();
+                a.xrename_abandon(TXN, ShardId(1)).unwrap();
+                a.commit().unwrap();
+                deliver(&mut a, &mut b, &db).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+            }
+            Err(e) => panic!("seed {seed}: resume: {e}"),
+        }
     } else {
         // Follow-ups left durable by the cut are sent again at the next start.
         deliver(&mut a, &mut b, &db).unwrap_or_else(|e| panic!("seed {seed}: follow-ups: {e}"));

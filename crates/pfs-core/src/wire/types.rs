@@ -58,7 +58,11 @@ impl RenameFlags {
     pub const NOREPLACE: RenameFlags = RenameFlags(1);
     /// Swap the two names atomically; both must exist.
     pub const EXCHANGE: RenameFlags = RenameFlags(2);
-    const ALL: u32 = Self::NOREPLACE.0 | Self::EXCHANGE.0;
+    /// Server to server only (`XRenameTarget`): a coordinator resuming a rename
+    /// whose client was told `EIO` asks the participant to finish only what it
+    /// already applied, and to abandon the rest (docs/cluster.md).
+    pub const RESUME: RenameFlags = RenameFlags(1 << 31);
+    const ALL: u32 = Self::NOREPLACE.0 | Self::EXCHANGE.0 | Self::RESUME.0;
 
     /// No flags: a plain rename that replaces the target.
     pub const fn empty() -> RenameFlags {
@@ -415,7 +419,14 @@ impl Codec for FsError {
     fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
         let errno = r.i32("errno")?;
         let detail = r.bytes16("error message", MAX_ERROR_MESSAGE_BYTES)?;
-        // A peer's text is shown to users, never parsed: replace bad UTF-8, don't fail.
-        Ok(FsError::from_errno(errno, &String::from_utf8_lossy(detail)))
+        // A peer's text is shown to users, never parsed: replace bad UTF-8, don't
+        // fail. Replacements are longer than the bytes they replace, so cut as the
+        // encoder does: what decodes then encodes back to the same bytes.
+        let text = String::from_utf8_lossy(detail);
+        let mut end = text.len().min(MAX_ERROR_MESSAGE_BYTES);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        Ok(FsError::from_errno(errno, &text[..end]))
     }
 }

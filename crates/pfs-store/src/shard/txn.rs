@@ -23,6 +23,14 @@ pub const TXN_DATA_MAX: usize = 2048;
 pub const PARTICIPANT_BIT: u64 = 1 << 63;
 /// First byte of a participant record that seals a directory: creates in it wait.
 pub const SEAL_TAG: u8 = 2;
+/// The whole of a participant record of a rename it abandoned (see
+/// [`Shard::xrename_target`]): never applied, and a late dispatch is refused.
+pub const ABANDONED: [u8; 1] = [0xab];
+
+/// Whether participant record bytes say the rename was abandoned, not applied.
+pub fn is_abandoned(data: &[u8]) -> bool {
+    data == ABANDONED
+}
 
 /// The directory a transaction record seals, if it is a seal.
 pub(super) fn sealed_dir(id: u64, data: &[u8]) -> Option<InodeId> {
@@ -97,6 +105,21 @@ impl<D: Device> Shard<D> {
     /// Whether creates in `dir` must wait (an rmdir of it is deciding).
     pub fn is_sealed(&self, dir: InodeId) -> bool {
         self.sealed.contains_key(&dir)
+    }
+
+    /// Coordinator, after the participant refused (or abandoned) rename `id`:
+    /// drops the intent, with the follow-up that tells `participant` to forget
+    /// whatever record it keeps of it, in one record.
+    pub fn xrename_abandon(&mut self, id: u64, participant: pfs_core::ShardId) -> FsResult<()> {
+        if !self.txns.contains_key(&id) {
+            return Ok(());
+        }
+        self.follow_room(1)?;
+        self.begin()?;
+        self.log(Change::TxnDel { id })?;
+        let forget = pfs_core::wire::FollowOp::Forget { txn: id };
+        self.follow(super::follow::FollowTarget::Shard(participant), forget)?;
+        self.finish()
     }
 
     /// Removes transaction record `id` (done, aborted, or forgotten).
@@ -208,7 +231,11 @@ impl<D: Device> Shard<D> {
     /// `exchange`, swapping). Returns the target's old entry for an exchange, and
     /// the inode whose name it replaced otherwise (for the client to free).
     /// The answer is recorded with the change, so calling again with the same id
-    /// returns it without applying twice.
+    /// returns it without applying twice. With `resume` (a coordinator that
+    /// resumes a rename its client was told failed) nothing new is applied: a
+    /// rename not applied yet is abandoned, recorded so that a late dispatch is
+    /// refused too, and refused.
+    #[allow(clippy::too_many_arguments)]
     pub fn xrename_target(
         &mut self,
         id: u64,
@@ -217,10 +244,22 @@ impl<D: Device> Shard<D> {
         value: u64,
         noreplace: bool,
         exchange: bool,
+        resume: bool,
     ) -> FsResult<(Option<u64>, Option<Replaced>)> {
         let key = id | PARTICIPANT_BIT;
+        let abandoned = || FsError::Invalid(format!("rename {id:#x} was abandoned"));
         if let Some(done) = self.txns.get(&key) {
+            if is_abandoned(done) {
+                return Err(abandoned());
+            }
             return Ok(decode_answer(done));
+        }
+        if resume {
+            self.txn_room(&ABANDONED)?;
+            self.begin()?;
+            self.log(Change::TxnPut { id: key, data: ABANDONED.to_vec() })?;
+            self.finish()?;
+            return Err(abandoned());
         }
         check_name(name)?;
         if self.is_sealed(parent) {
@@ -363,12 +402,12 @@ mod tests {
         let freed = Replaced { ino: victim.ino, size: 0, layout: victim_layout(), remote: false };
         let answer = (None, Some(freed));
         assert_eq!(
-            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(),
+            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false, false).unwrap(),
             answer
         );
         assert!(!b.has_inode(victim.ino));
         assert_eq!(
-            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false).unwrap(),
+            b.xrename_target(5, InodeId::ROOT, b"dst", value, false, false, false).unwrap(),
             answer
         );
         assert_eq!(b.lookup(InodeId::ROOT, b"dst").unwrap().ino, file.ino);
@@ -393,15 +432,15 @@ mod tests {
         let src = a.xrename_begin(9, InodeId::ROOT, b"src", b"i").unwrap();
         let value = encode_dentry(src.ino, src.kind);
         assert_eq!(
-            b.xrename_target(9, InodeId::ROOT, b"dst", value, false, false),
+            b.xrename_target(9, InodeId::ROOT, b"dst", value, false, false, false),
             Err(FsError::IsDir)
         );
         assert_eq!(
-            b.xrename_target(9, InodeId::ROOT, b"dst", value, true, false),
+            b.xrename_target(9, InodeId::ROOT, b"dst", value, true, false, false),
             Err(FsError::Exists)
         );
         assert_eq!(
-            b.xrename_target(9, InodeId::ROOT, b"new", value, false, true),
+            b.xrename_target(9, InodeId::ROOT, b"new", value, false, true, false),
             Err(FsError::NotFound)
         );
         assert!(b.txn(9 | PARTICIPANT_BIT).is_none());
@@ -430,6 +469,34 @@ mod tests {
     }
 
     #[test]
+    fn a_resumed_rename_finishes_only_what_the_participant_applied() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let x = a.create(InodeId::ROOT, b"x", CreateArgs::file(0o644)).unwrap();
+        let value = encode_dentry(x.ino, x.kind);
+        // Not applied yet: abandoned, and a late dispatch is refused as well.
+        let resumed = b.xrename_target(4, InodeId::ROOT, b"t", value, false, false, true);
+        assert!(matches!(resumed, Err(FsError::Invalid(_))), "{resumed:?}");
+        assert!(is_abandoned(b.txn(4 | PARTICIPANT_BIT).unwrap()));
+        let late = b.xrename_target(4, InodeId::ROOT, b"t", value, false, false, false);
+        assert!(matches!(late, Err(FsError::Invalid(_))), "{late:?}");
+        assert_eq!(b.lookup(InodeId::ROOT, b"t").unwrap_err(), FsError::NotFound);
+        // Applied before: resuming answers from the record.
+        b.xrename_target(6, InodeId::ROOT, b"u", value, false, false, false).unwrap();
+        b.xrename_target(6, InodeId::ROOT, b"u", value, false, false, true).unwrap();
+        assert_eq!(b.lookup(InodeId::ROOT, b"u").unwrap().ino, x.ino);
+        // The coordinator drops an abandoned intent with a forget for the record.
+        a.txn_record(4, b"intent").unwrap();
+        a.xrename_abandon(4, ShardId(1)).unwrap();
+        assert!(a.txn(4).is_none());
+        a.commit().unwrap();
+        let ups = a.take_ready_follow_ups();
+        assert_eq!(ups.len(), 1);
+        b.apply_follow_ups(ShardId(0), &[(ups[0].id, ups[0].op)]).unwrap();
+        assert!(b.txn(4 | PARTICIPANT_BIT).is_none());
+    }
+
+    #[test]
     fn an_exchange_swaps_the_two_entries() {
         let (_da, mut a) = shard(0);
         let (_db, mut b) = shard(1);
@@ -437,7 +504,8 @@ mod tests {
         let y = b.create(InodeId::ROOT, b"y", CreateArgs::dir(0o755)).unwrap();
         let src = a.xrename_begin(3, InodeId::ROOT, b"x", b"i").unwrap();
         let value = encode_dentry(src.ino, src.kind);
-        let (old, freed) = b.xrename_target(3, InodeId::ROOT, b"y", value, false, true).unwrap();
+        let (old, freed) =
+            b.xrename_target(3, InodeId::ROOT, b"y", value, false, true, false).unwrap();
         assert_eq!(old, Some(encode_dentry(y.ino, FileType::Directory)));
         assert_eq!(freed, None, "an exchange replaces nothing");
         a.xrename_finish(3, InodeId::ROOT, b"x", value, InodeId::ROOT, old, ShardId(1)).unwrap();
