@@ -706,6 +706,32 @@ impl Cluster {
         Ok(FileHandle(fh))
     }
 
+    /// Refuses (`EINVAL`) to move directory `dir` under `under` when `under` is
+    /// `dir` or inside it: that would make a cycle the tree cannot reach. The
+    /// shards see only their own part of the path, so the client walks the
+    /// parents of `under` up to the root, as Linux's VFS does for local file
+    /// systems (a concurrent rename of an ancestor can still slip past).
+    fn refuse_own_subtree(&self, dir: InodeId, under: InodeId) -> FsResult<()> {
+        let mut p = under;
+        // Deeper than any path a kernel resolves: stop looking.
+        for _ in 0..4096 {
+            if p == dir {
+                return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            }
+            if p == InodeId::ROOT {
+                return Ok(());
+            }
+            p = match self.call_home(p, Request::GetParent { ino: p }) {
+                Ok(Reply::GetParent { parent }) => parent,
+                Ok(other) => return Err(unexpected(other)),
+                // Removed meanwhile: nothing above it to move into.
+                Err(FsError::NotFound) => return Ok(()),
+                Err(e) => return Err(e),
+            };
+        }
+        Ok(())
+    }
+
     /// Has the home of `ino` reserve data past `end` for other shards before
     /// a write there, so the file's removal or truncate frees it even if this
     /// client dies before it publishes the size. Asks for up to twice `end`
@@ -1094,6 +1120,17 @@ impl FileSystem for Cluster {
         let source = self.lookup(parent, name)?;
         let target = self.lookup(new_parent, new_name);
         let exchange = flags.contains(RenameFlags::EXCHANGE);
+        if parent != new_parent {
+            if source.kind == FileType::Directory {
+                self.refuse_own_subtree(source.ino, new_parent)?;
+            }
+            match &target {
+                Ok(t) if exchange && t.kind == FileType::Directory => {
+                    self.refuse_own_subtree(t.ino, parent)?
+                }
+                _ => {}
+            }
+        }
         // A directory replaced by a rename must be empty. The target's shard only
         // sees its own slice of a bigdir, so the client checks every shard here.
         let _target_token = if exchange {

@@ -72,6 +72,9 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
         | Request::XRenameTarget { .. }
         | Request::SealDir { .. }
         | Request::TxnForget { .. }
+        // A reservation must outlive a crash of the home: the client writes on
+        // other shards past it as soon as it is answered.
+        | Request::ReserveData { .. }
         | Request::FollowUps { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
@@ -285,6 +288,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::RenameCross { .. } => {
             return Err(FsError::Invalid("a cross-shard rename reached the executor".into()))
         }
+        Request::GetParent { ino } => Reply::GetParent { parent: shard.parent_of(ino)? },
         Request::ReserveData { ino, end } => {
             Reply::ReserveData { end: shard.reserve_data(ino, end)? }
         }

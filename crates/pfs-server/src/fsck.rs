@@ -121,7 +121,9 @@ fn pending_follow_ups(censuses: &[Census]) -> Pending {
                     FollowOp::Forget { txn } => {
                         p.forgets.insert((t, txn | (1 << 63)));
                     }
-                    FollowOp::FreeData { .. } | FollowOp::CutData { .. } => {}
+                    FollowOp::FreeData { .. }
+                    | FollowOp::CutData { .. }
+                    | FollowOp::Reparent { .. } => {}
                 }
             } else if let FollowOp::FreeData { ino, .. } = up.op {
                 p.frees.insert(ino);

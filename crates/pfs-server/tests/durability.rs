@@ -38,6 +38,10 @@ fn read_back(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
     common::read_all(fs, fs.lookup(InodeId::ROOT, name).unwrap().ino).unwrap()
 }
 
+fn read_back_checked(fs: &dyn FileSystem, name: &[u8]) -> Result<Vec<u8>, FsError> {
+    common::read_all(fs, fs.lookup(InodeId::ROOT, name)?.ino)
+}
+
 /// Restarts server 0 with `failpoints`, drives requests until it stops by
 /// itself, and returns its exit status and log.
 fn run_until_fail_stop(
@@ -185,22 +189,47 @@ fn try_write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> Result<(),
     fs.fsyncdir(InodeId::ROOT, FileHandle(0), false)
 }
 
-/// A device that fails a write or a sync in the middle of the work: the client
-/// gets `EIO` (never a wrong answer), the server goes on or fail-stops (a failed
-/// data write leaves no trace and is survivable; a failed log write or sync is
-/// not), and after a restart every file whose fsync succeeded is intact.
+/// A device that fails a write, a sync or a read in the middle of the work: the
+/// client gets `EIO` (never a wrong answer), the server goes on or fail-stops (a
+/// failed data write or read leaves no trace and is survivable; a failed log
+/// write or sync is not), and after a restart every file whose fsync succeeded
+/// is intact.
 #[test]
 fn device_errors_reach_the_client_as_eio_and_lose_nothing_acknowledged() {
     let dir = common::test_dir("devfault");
     let mut c = ClusterProcs::start(&dir, 1, 2);
     let mut kept: Vec<(String, Vec<u8>)> = Vec::new();
-    for spec in ["device.write=40", "device.write=150", "device.sync=12", "device.sync=40"] {
+    let specs = [
+        "device.write=40",
+        "device.write=150",
+        "device.sync=12",
+        "device.sync=40",
+        // Far enough that a failed read is a client's, not the start's (which
+        // would fail the start).
+        "device.read=1000",
+    ];
+    for spec in specs {
         c.kill_server(0);
         c.servers[0] = Some(c.spawn_server(0, &[("PFS_FAILPOINTS", spec)]));
         c.wait_registered(1);
         let fs = c.client();
         let mut surfaced = None;
-        for i in 0..400 {
+        for i in 0..4000 {
+            if spec.starts_with("device.read") {
+                // Reads of what is there (the server has no read cache).
+                let (name, data) = &kept[i as usize % kept.len()];
+                match read_back_checked(&fs, name.as_bytes()) {
+                    Ok(got) => assert_eq!(&got, data, "{spec}: {name} read wrong"),
+                    Err(e) => {
+                        surfaced = Some(e);
+                        break;
+                    }
+                }
+                continue;
+            }
+            if i >= 400 {
+                break;
+            }
             let name = format!("{spec}-{i}");
             let data = common::content(i * 31 + kept.len() as u64);
             match try_write_synced(&fs, name.as_bytes(), &data) {

@@ -476,3 +476,33 @@ fn rmdir_of_a_directory_whose_name_moved_to_another_shard_checks_its_home() {
     drop(fs);
     cluster.stop();
 }
+
+#[test]
+fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
+    let dir = test_dir("rename-cycle");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    // A chain of bigdirs: each name, and so each inode, on any shard.
+    let mut chain = vec![InodeId::ROOT];
+    for i in 0..6 {
+        let d = fs.mkdir(*chain.last().unwrap(), format!("d{i}").as_bytes(), 0o755, 0, 0).unwrap();
+        chain.push(d.ino);
+    }
+    // Move a middle one away and back, so its inode's name has lived elsewhere.
+    fs.rename(chain[2], b"d2", InodeId::ROOT, b"away", RenameFlags::empty()).unwrap();
+    fs.rename(InodeId::ROOT, b"away", chain[2], b"d2", RenameFlags::empty()).unwrap();
+    let deepest = *chain.last().unwrap();
+    for (i, parent) in chain[..6].iter().enumerate() {
+        let name = format!("d{i}");
+        let e = fs
+            .rename(*parent, name.as_bytes(), deepest, b"loop", RenameFlags::empty())
+            .unwrap_err();
+        assert!(matches!(e, FsError::Invalid(_)), "d{i} under its own subtree: {e:?}");
+        assert_eq!(fs.lookup(*parent, name.as_bytes()).unwrap().ino, chain[i + 1]);
+    }
+    // Moving the deepest one up is fine.
+    fs.rename(chain[5], b"d5", InodeId::ROOT, b"up", RenameFlags::empty()).unwrap();
+    assert_eq!(fs.lookup(InodeId::ROOT, b"up").unwrap().ino, deepest);
+    drop(fs);
+    cluster.stop();
+}

@@ -66,6 +66,14 @@ pub enum FollowOp {
         /// The transaction.
         txn: u64,
     },
+    /// At the inode's home: its (last) name moved to directory `parent` on the
+    /// sending shard, so its parent pointer follows.
+    Reparent {
+        /// The inode.
+        ino: InodeId,
+        /// Its new directory.
+        parent: InodeId,
+    },
 }
 
 impl FollowOp {
@@ -103,6 +111,11 @@ impl FollowOp {
                 o.push(6);
                 o.extend_from_slice(&txn.to_le_bytes());
             }
+            FollowOp::Reparent { ino, parent } => {
+                o.push(7);
+                o.extend_from_slice(&ino.0.to_le_bytes());
+                o.extend_from_slice(&parent.0.to_le_bytes());
+            }
         }
         o
     }
@@ -139,6 +152,7 @@ impl FollowOp {
             }
             5 => (FollowOp::AddLink { ino: InodeId(u64_at(1)?) }, 9),
             6 => (FollowOp::Forget { txn: u64_at(1)? }, 9),
+            7 => (FollowOp::Reparent { ino: InodeId(u64_at(1)?), parent: InodeId(u64_at(9)?) }, 17),
             _ => return None,
         };
         (b.len() == len).then_some(op)
@@ -159,6 +173,7 @@ mod tests {
             FollowOp::AdjustDir { dir: ino, nlink_delta: -2 },
             FollowOp::AddLink { ino },
             FollowOp::Forget { txn: u64::MAX },
+            FollowOp::Reparent { ino, parent: InodeId(1) },
         ];
         for op in all {
             let b = op.to_bytes();

@@ -95,11 +95,13 @@ pub enum Opcode {
     FollowUps = 44,
     /// Reserve data of a file on other shards before writing there.
     ReserveData = 45,
+    /// The directory holding an inode's (last) name.
+    GetParent = 46,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 45] = [
+    pub const ALL: [Opcode; 46] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -145,6 +147,7 @@ impl Opcode {
         Opcode::AdjustDir,
         Opcode::FollowUps,
         Opcode::ReserveData,
+        Opcode::GetParent,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -167,7 +170,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(46), None);
+        assert_eq!(Opcode::from_u16(47), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -171,6 +171,11 @@ pub enum Reply {
         /// The end.
         end: u64,
     },
+    /// The directory holding the inode's (last) name.
+    GetParent {
+        /// That directory.
+        parent: InodeId,
+    },
 }
 
 /// The inode whose name a rename replaced: like an unlink's reply, what the
@@ -271,6 +276,7 @@ impl Reply {
             Reply::AdjustDir => Opcode::AdjustDir,
             Reply::FollowUps { .. } => Opcode::FollowUps,
             Reply::ReserveData { .. } => Opcode::ReserveData,
+            Reply::GetParent { .. } => Opcode::GetParent,
             Reply::SealDir => Opcode::SealDir,
         }
     }
@@ -315,6 +321,10 @@ impl Reply {
             }
             Reply::FollowUps { through: v } | Reply::ReserveData { end: v } => {
                 w.u64(*v);
+                Ok(())
+            }
+            Reply::GetParent { parent } => {
+                w.u64(parent.0);
                 Ok(())
             }
             Reply::Release
@@ -469,6 +479,7 @@ impl Reply {
             Opcode::SealDir => Reply::SealDir,
             Opcode::FollowUps => Reply::FollowUps { through: r.u64("follow-up watermark")? },
             Opcode::ReserveData => Reply::ReserveData { end: r.u64("data end")? },
+            Opcode::GetParent => Reply::GetParent { parent: InodeId(r.u64("parent")?) },
             // An rmdir of a bigdir is answered with an `Rmdir` reply.
             Opcode::RmdirBigDir => {
                 return Err(WireError::BadValue {

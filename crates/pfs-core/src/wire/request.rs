@@ -430,6 +430,12 @@ pub enum Request {
         /// The end of the data about to be written elsewhere.
         end: u64,
     },
+    /// At an inode's home: the directory holding its (last) name (the root's
+    /// is the root).
+    GetParent {
+        /// The inode.
+        ino: InodeId,
+    },
 }
 
 impl Request {
@@ -449,6 +455,7 @@ impl Request {
                 | Request::GetXattr { .. }
                 | Request::ListXattr { .. }
                 | Request::LayoutGet { .. }
+                | Request::GetParent { .. }
         )
     }
 
@@ -500,6 +507,7 @@ impl Request {
             Request::AdjustDir { .. } => Opcode::AdjustDir,
             Request::FollowUps { .. } => Opcode::FollowUps,
             Request::ReserveData { .. } => Opcode::ReserveData,
+            Request::GetParent { .. } => Opcode::GetParent,
         }
     }
 
@@ -518,6 +526,7 @@ impl Request {
             | Request::ListXattr { ino }
             | Request::LayoutGet { ino }
             | Request::DropInode { ino }
+            | Request::GetParent { ino }
             | Request::AddLink { ino }
             | Request::TokenInvalidate { dir: ino } => {
                 w.u64(ino.0);
@@ -910,6 +919,7 @@ impl Request {
                 Request::AdjustDir { dir, nlink_delta }
             }
             Opcode::ReserveData => Request::ReserveData { ino: ino(r)?, end: r.u64("data end")? },
+            Opcode::GetParent => Request::GetParent { ino: ino(r)? },
             Opcode::FollowUps => {
                 let from = ShardId(r.u32("sending shard")?);
                 let n = usize::from(r.u16("follow-up count")?);

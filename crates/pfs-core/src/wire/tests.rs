@@ -242,6 +242,7 @@ fn request() -> impl Strategy<Value = Request> {
         (any::<u32>(), proptest::collection::vec((any::<u64>(), follow_op()), 0..8))
             .prop_map(|(from, ops)| Request::FollowUps { from: crate::ShardId(from), ops }),
         (ino(), any::<u64>()).prop_map(|(ino, end)| Request::ReserveData { ino, end }),
+        ino().prop_map(|ino| Request::GetParent { ino }),
     ]
 }
 
@@ -257,6 +258,7 @@ fn follow_op() -> impl Strategy<Value = super::FollowOp> {
         (ino(), -2i32..=2).prop_map(|(dir, nlink_delta)| FollowOp::AdjustDir { dir, nlink_delta }),
         ino().prop_map(|ino| FollowOp::AddLink { ino }),
         any::<u64>().prop_map(|txn| FollowOp::Forget { txn }),
+        (ino(), ino()).prop_map(|(ino, parent)| FollowOp::Reparent { ino, parent }),
     ]
 }
 
@@ -372,6 +374,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         Just(Reply::AdjustDir),
         any::<u64>().prop_map(|through| Reply::FollowUps { through }),
         any::<u64>().prop_map(|end| Reply::ReserveData { end }),
+        ino().prop_map(|parent| Reply::GetParent { parent }),
     ]
 }
 

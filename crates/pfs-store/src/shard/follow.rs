@@ -407,6 +407,12 @@ impl<D: Device> Shard<D> {
                 }
                 Ok(())
             }
+            FollowOp::Reparent { ino, parent } => {
+                let mut inode = self.inode(ino)?;
+                inode.parent = parent;
+                inode.ctime_ns = now;
+                self.put_inode(&inode)
+            }
         }
     }
 

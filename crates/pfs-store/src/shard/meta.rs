@@ -528,7 +528,7 @@ impl<D: Device> Shard<D> {
             return Err(FsError::NotFound);
         }
         self.reserve_table_bytes(tables::dentry_bytes(dst_name))?;
-        self.follow_room(4)?;
+        self.follow_room(6)?;
         self.begin()?;
         let now = self.now();
         let src_value = encode_dentry(src.ino, src.kind);
@@ -607,9 +607,21 @@ impl<D: Device> Shard<D> {
                 i.ctime_ns = now;
                 self.put_inode(&i)
             }
+            // Its home is another shard: the pointer follows there (the walk
+            // that refuses a directory moved into its own subtree reads it).
+            Err(FsError::NotFound) if !self.is_home_of(ino) => {
+                let home = ino.shard().unwrap_or(pfs_core::ShardId(0));
+                let op = pfs_core::wire::FollowOp::Reparent { ino, parent };
+                self.follow(super::follow::FollowTarget::Shard(home), op)
+            }
             Err(FsError::NotFound) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The directory holding the (last) name of `ino`, which lives here.
+    pub fn parent_of(&mut self, ino: InodeId) -> FsResult<InodeId> {
+        Ok(self.inode(ino)?.parent)
     }
 
     /// At a directory's home: an entry of it changed on another shard (a

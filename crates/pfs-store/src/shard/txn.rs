@@ -193,7 +193,7 @@ impl<D: Device> Shard<D> {
         if !self.txns.contains_key(&id) {
             return Ok(());
         }
-        self.follow_room(2)?;
+        self.follow_room(4)?;
         self.begin()?;
         let now = self.now();
         // Another operation may have changed the source name meanwhile only if it
@@ -300,7 +300,7 @@ impl<D: Device> Shard<D> {
         // The record's size does not depend on what it holds.
         self.txn_room(&encode_answer(answer, None))?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
-        self.follow_room(3)?;
+        self.follow_room(4)?;
         self.begin()?;
         let now = self.now();
         let mut replaced = None;
