@@ -386,6 +386,11 @@ impl PfsFuse {
     /// Rmdir; a directory whose only entries are files this mount hides (unlinked
     /// while open) is empty to its users: those move to the root first.
     fn rmdir_unhiding(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
+        // The gate waits out a last close that is removing a hidden name in this
+        // directory right now (the kernel sends that release after close(2) has
+        // returned, so it can arrive with or after this rmdir): its entry has left
+        // the table, its name not yet the directory.
+        let _gate = self.gate.write().expect("open gate");
         match self.fs.rmdir(parent, name) {
             Err(FsError::NotEmpty) => {}
             other => return other,

@@ -31,6 +31,7 @@ fn main() {
         ("own_writes_in_fstat", own_writes_in_fstat),
         ("rename_over_is_atomic", rename_over_is_atomic),
         ("unlink_while_open", unlink_while_open),
+        ("rmdir_right_after_closing_an_unlinked_file", rmdir_right_after_closing_an_unlinked_file),
         ("ioctl_is_enotty_and_quiet", ioctl_is_enotty_and_quiet),
         ("hard_links", hard_links),
         ("bigdir_link_count_and_times", bigdir_link_count_and_times),
@@ -262,6 +263,23 @@ fn unlink_while_open(root: &Path) {
     assert_eq!(sh(root, "ls -A | wc -l").trim(), "0");
     let freed = wait_for(Duration::from_secs(10), || inodes_used(root) < used_before);
     assert!(freed, "the file and its directory are freed after the last close");
+}
+
+/// As pjdfstest `unlink/14` does: unlink a file while open, close it, and at once
+/// remove its directory. The kernel sends the release after close(2) returned,
+/// so the rmdir can meet the hidden name on its way out (pjdfstest found that
+/// once, when the removal of a name moved to another shard got slower).
+fn rmdir_right_after_closing_an_unlinked_file(root: &Path) {
+    for i in 0..30 {
+        let dir = root.join(format!("d{i}"));
+        fs::create_dir(&dir).unwrap();
+        let path = dir.join("f");
+        let f = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+        f.write_all_at(b"data", 0).unwrap();
+        fs::remove_file(&path).unwrap();
+        drop(f);
+        fs::remove_dir(&dir).unwrap_or_else(|e| panic!("rmdir {i} right after the close: {e}"));
+    }
 }
 
 /// Python's `isatty` probes every open file with TCGETS; the answer is ENOTTY
