@@ -34,6 +34,16 @@ fn write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> InodeId {
 }
 
 /// The whole content of `name` in the root.
+/// A bare connection to server 0 of `c` as client `id`, for requests the
+/// native client never sends.
+fn raw_conn(c: &ClusterProcs, dir: &std::path::Path, id: ClientId) -> Conn {
+    let key = ClusterKey::load(&dir.join("cluster.key")).unwrap();
+    let t = Duration::from_secs(5);
+    let view = pfs_client::cluster::fetch_view(c.master_addr, &key, t).unwrap();
+    let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
+    Conn::connect(addr, key, rpc_options(id, t, t)).unwrap()
+}
+
 fn read_back(fs: &dyn FileSystem, name: &[u8]) -> Vec<u8> {
     common::read_all(fs, fs.lookup(InodeId::ROOT, name).unwrap().ino).unwrap()
 }
@@ -138,12 +148,8 @@ fn fsync_and_close_fail_after_a_restart_that_may_have_lost_acknowledged_writes()
 fn servers_refuse_internal_requests_from_clients() {
     let dir = common::test_dir("internal");
     let c = ClusterProcs::start(&dir, 1, 2);
-    let key = ClusterKey::load(&dir.join("cluster.key")).unwrap();
-    let view =
-        pfs_client::cluster::fetch_view(c.master_addr, &key, Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
     let t = Duration::from_secs(5);
-    let conn = Conn::connect(addr, key, rpc_options(ClientId(77), t, t)).unwrap();
+    let conn = raw_conn(&c, &dir, ClientId(77));
     let follow = pfs_core::wire::FollowOp::Drop { ino: InodeId::ROOT };
     for req in [
         Request::SealDir { txn: 1, dir: InodeId::ROOT },
@@ -266,12 +272,8 @@ fn device_errors_reach_the_client_as_eio_and_lose_nothing_acknowledged() {
 fn data_of_a_file_that_does_not_exist_is_swept() {
     let dir = common::test_dir("sweep");
     let c = ClusterProcs::start(&dir, 1, 2);
-    let key = ClusterKey::load(&dir.join("cluster.key")).unwrap();
-    let view =
-        pfs_client::cluster::fetch_view(c.master_addr, &key, Duration::from_secs(5)).unwrap();
-    let addr: SocketAddr = view.servers[0].addr.parse().unwrap();
     let t = Duration::from_secs(5);
-    let conn = Conn::connect(addr, key, rpc_options(ClientId(78), t, t)).unwrap();
+    let conn = raw_conn(&c, &dir, ClientId(78));
     // What a client leaves when its file's home crashes before the create is
     // durable: data on another shard (worker 0) of an inode its home (worker 1,
     // shard 1) does not have.

@@ -106,13 +106,9 @@ impl<D: Device> Shard<D> {
         if self.has_inode(ino) {
             return Err(FsError::Invalid(format!("inode {ino} lives here: use setattr")));
         }
-        if old_size > MAX_FILE_SIZE {
-            return Err(FsError::FileTooLarge);
-        }
         self.settle(ino)?;
         self.begin()?;
-        let mut inode = Self::homed_elsewhere(ino, layout, old_size);
-        self.free_data_from(&mut inode, size, false)?;
+        self.free_elsewhere(ino, layout, size, old_size)?;
         self.finish()
     }
 

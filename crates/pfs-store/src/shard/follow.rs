@@ -416,8 +416,9 @@ impl<D: Device> Shard<D> {
         }
     }
 
-    /// Frees data at or past `size` of `ino`, whose inode lives elsewhere.
-    fn free_elsewhere(
+    /// Frees data at or past `size` of `ino`, whose inode lives elsewhere, in
+    /// the operation in progress.
+    pub(super) fn free_elsewhere(
         &mut self,
         ino: InodeId,
         layout: FileLayout,
