@@ -1,69 +1,139 @@
 #!/usr/bin/env bash
 # Through-the-mount benchmarks of the FUSE issue, each against a baseline run in
 # the same script:
-#   1. metadata (create / stat / remove of empty and of 3901-byte files in one
-#      shared directory, 2 processes) on a `pfs up` mount vs the in-memory FUSE
-#      file system of the same adapter and fuser version (`pfs-fuse memory`): the
-#      FUSE ceiling;
-#   2. fio 1 MiB sequential write and read through the pfs mount vs fio on a file
+#   1. mdtest easy and hard (`pfs bench md-easy` / `md-hard`, 2 processes) on a
+#      `pfs up` mount vs the in-memory FUSE file system of the same adapter and
+#      fuser version (`pfs-fuse memory`): the FUSE ceiling. Rates and CPU time
+#      per operation: the workers' plus the file system process's (pfs up holds
+#      server and mount; memfs is one process), all threads, user + system;
+#   2. `tar xf` of /usr/include and `rm -rf` of the result, same two targets,
+#      with the CPU time of tar/rm plus the file system process;
+#   3. fio 1 MiB sequential write and read through the pfs mount vs fio on a file
 #      of the same disk.
 #
-# Usage: benches/fuse-vs-memfs.sh   (as root; FILES, PROCS, SIZE_MIB, WORK override)
+# Usage: benches/fuse-vs-memfs.sh > report.md   (as root)
+# Environment: EASY (files per process, 5000), HARD (files per process, 2000),
+#   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (2), WORK (target/bench-fuse),
+#   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FILES=${FILES:-2000}          # files per process per metadata run
+EASY=${EASY:-5000}
+HARD=${HARD:-2000}
 PROCS=${PROCS:-2}
-SIZE_MIB=${SIZE_MIB:-2048}    # fio file size
+SIZE_MIB=${SIZE_MIB:-1024}
 WORK=${WORK:-$PWD/target/bench-fuse}
 WORKERS=${WORKERS:-2}
+UP_ARGS=${UP_ARGS:-}
 
+for tool in fio jq tar; do
+    command -v "$tool" >/dev/null || { echo "error: $tool not found (apt-get install -y $tool)" >&2; exit 1; }
+done
+[ "$(id -u)" = 0 ] || { echo "error: run as root (FUSE mounts)" >&2; exit 1; }
+
+echo "building..." >&2
 cargo build --release -q -p pfs -p pfs-fuse --bins
 PFS=$PWD/target/release/pfs
 PFS_FUSE=$PWD/target/release/pfs-fuse
 
+umount "$WORK/mem-mnt" 2>/dev/null || true
 rm -rf "$WORK"
-mkdir -p "$WORK/pfs-mnt" "$WORK/mem-mnt" "$WORK/raw"
+mkdir -p "$WORK/pfs-mnt" "$WORK/mem-mnt" "$WORK/raw" "$WORK/json"
 cleanup() {
     umount "$WORK/mem-mnt" 2>/dev/null || true
-    [ -n "${UP_PID:-}" ] && kill -INT "$UP_PID" 2>/dev/null && wait "$UP_PID" 2>/dev/null || true
+    if [ -n "${UP_PID:-}" ]; then
+        kill -INT "$UP_PID" 2>/dev/null || true
+        wait "$UP_PID" 2>/dev/null || true
+    fi
 }
 trap cleanup EXIT
 
+# shellcheck disable=SC2086
 "$PFS" up --mount "$WORK/pfs-mnt" --data "$WORK/pfs-data" --workers "$WORKERS" \
-    --master-listen 127.0.0.1:0 --size-gib 8 > "$WORK/up.log" 2>&1 &
+    --master-listen 127.0.0.1:0 --size-gib 8 $UP_ARGS > "$WORK/up.log" 2>&1 &
 UP_PID=$!
-for _ in $(seq 200); do grep -q "mounted on" "$WORK/up.log" && break; sleep 0.1; done
-grep -q "mounted on" "$WORK/up.log" || { cat "$WORK/up.log"; exit 1; }
+for _ in $(seq 300); do grep -q "mounted on" "$WORK/up.log" && break; sleep 0.1; done
+grep -q "mounted on" "$WORK/up.log" || { cat "$WORK/up.log" >&2; exit 1; }
+KEY=$WORK/pfs-data/cluster.key
 "$PFS_FUSE" memory "$WORK/mem-mnt"
+MEM_PID=$(pgrep -f "pfs-fuse memory $WORK/mem-mnt" | head -1)
+[ -n "$MEM_PID" ] || { echo "error: no memfs process" >&2; exit 1; }
 
-echo "## metadata: $PROCS processes x $FILES files, one shared directory"
-echo
-echo "| files | phase | memfs ops/s | pfs ops/s | pfs/memfs |"
-echo "|---|---|---|---|---|"
-for size in 0 3901; do
-    mem=$(python3 benches/mdtest.py "$WORK/mem-mnt" --procs "$PROCS" --files "$FILES" --size "$size")
-    pfs=$(python3 benches/mdtest.py "$WORK/pfs-mnt" --procs "$PROCS" --files "$FILES" --size "$size")
-    for phase in create stat remove; do
-        m=$(echo "$mem" | awk -v p="$phase" '$1 == p { print $4 }')
-        p=$(echo "$pfs" | awk -v p="$phase" '$1 == p { print $4 }')
-        label=$([ "$size" = 0 ] && echo empty || echo "$size B")
-        echo "| $label | $phase | $m | $p | $(awk -v a="$p" -v b="$m" 'BEGIN { printf "%.2f", a / b }') |"
+dir_of() { [ "$1" = memfs ] && echo "$WORK/mem-mnt" || echo "$WORK/pfs-mnt"; }
+pid_of() { [ "$1" = memfs ] && echo "$MEM_PID" || echo "$UP_PID"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+num() { awk -v a="$1" 'BEGIN { printf (a >= 100 ? "%.0f" : "%.1f"), a }'; }
+cpu_ns() { # pid -> user + system ns, all threads
+    awk -v t="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) * 1e9 / t }' "/proc/$1/stat"
+}
+
+echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, pfs up with 1 server x $WORKERS workers${UP_ARGS:+ ($UP_ARGS)}."
+for w in md-easy md-hard; do
+    files=$([ "$w" = md-easy ] && echo "$EASY" || echo "$HARD")
+    for t in memfs pfs; do
+        echo "$w on $t..." >&2
+        "$PFS" bench "$w" --procs "$PROCS" --files "$files" --key "$KEY" --label "$t" \
+            --cpu-of "$(pid_of "$t")" --json "$WORK/json/$w.$t.json" "$(dir_of "$t")" >&2
+    done
+    echo
+    echo "### $w (\`pfs bench $w --procs $PROCS --files $files\`)"
+    echo
+    echo "| phase | memfs ops/s | pfs ops/s | pfs/memfs | memfs CPU us/op | pfs CPU us/op | pfs/memfs CPU |"
+    echo "|---|---|---|---|---|---|---|"
+    for phase in $(jq -r '.phases[].name' "$WORK/json/$w.memfs.json"); do
+        get() { jq -r --arg p "$phase" ".phases[] | select(.name == \$p) | .$2" "$WORK/json/$w.$1.json"; }
+        mr=$(get memfs rate); pr=$(get pfs rate); mc=$(get memfs cpu_us_per_op); pc=$(get pfs cpu_us_per_op)
+        echo "| $phase | $(num "$mr") | $(num "$pr") | $(ratio "$pr" "$mr") | $(num "$mc") | $(num "$pc") | $(ratio "$pc" "$mc") |"
+    done
+done
+
+# tar xf / rm -rf of /usr/include: wall time and CPU (tar or rm, plus the file
+# system process).
+TARBALL=$WORK/include.tar
+tar cf "$TARBALL" -C /usr include
+ENTRIES=$(tar tf "$TARBALL" | wc -l)
+declare -A SECS CPU
+for t in memfs pfs; do
+    d=$(dir_of "$t")/tree
+    for step in tar rm; do
+        echo "$step on $t..." >&2
+        sync
+        c0=$(cpu_ns "$(pid_of "$t")")
+        s0=$(date +%s%N)
+        if [ "$step" = tar ]; then
+            mkdir -p "$d"
+            /usr/bin/time -f "%U %S" -o "$WORK/time" tar xf "$TARBALL" -C "$d"
+        else
+            /usr/bin/time -f "%U %S" -o "$WORK/time" rm -rf "$d"
+        fi
+        s1=$(date +%s%N)
+        c1=$(cpu_ns "$(pid_of "$t")")
+        SECS[$t.$step]=$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
+        CPU[$t.$step]=$(awk -v a="$c0" -v b="$c1" -v e="$ENTRIES" '{ printf "%.1f", ((b - a) / 1e3 + ($1 + $2) * 1e6) / e }' "$WORK/time")
     done
 done
 echo
+echo "### tar xf and rm -rf of /usr/include ($ENTRIES entries, $(du -sh /usr/include | cut -f1))"
+echo
+echo "| step | memfs s | pfs s | pfs/memfs speed | memfs CPU us/entry | pfs CPU us/entry | pfs/memfs CPU |"
+echo "|---|---|---|---|---|---|---|"
+for step in tar rm; do
+    echo "| $step | ${SECS[memfs.$step]} | ${SECS[pfs.$step]} | $(ratio "${SECS[memfs.$step]}" "${SECS[pfs.$step]}") | ${CPU[memfs.$step]} | ${CPU[pfs.$step]} | $(ratio "${CPU[pfs.$step]}" "${CPU[memfs.$step]}") |"
+done
 
+[ "${SKIP_FIO:-0}" = 1 ] && exit 0
 fio_bw() { # dir rw -> MiB/s
     fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="${SIZE_MIB}M" --ioengine=psync \
-        --end_fsync=1 --invalidate=1 --output-format=terse --terse-version=3 2>/dev/null |
-        awk -F';' -v rw="$2" '{ print (rw == "write" ? $48 : $7) / 1024 }'
+        --end_fsync=1 --invalidate=1 --output-format=json 2>/dev/null | jq -r ".jobs[0].$2.bw / 1024"
 }
-echo "## fio 1 MiB sequential, ${SIZE_MIB} MiB file, one job"
+echo
+echo "### fio 1 MiB sequential, ${SIZE_MIB} MiB file, one job (psync, end_fsync)"
 echo
 echo "| rw | raw file MiB/s | pfs mount MiB/s | pfs/raw |"
 echo "|---|---|---|---|"
 for rw in write read; do
+    echo "fio $rw..." >&2
     raw=$(fio_bw "$WORK/raw" "$rw")
     pfs=$(fio_bw "$WORK/pfs-mnt" "$rw")
-    echo "| $rw | $(printf %.0f "$raw") | $(printf %.0f "$pfs") | $(awk -v a="$pfs" -v b="$raw" 'BEGIN { printf "%.2f", a / b }') |"
+    echo "| $rw | $(num "$raw") | $(num "$pfs") | $(ratio "$pfs" "$raw") |"
 done

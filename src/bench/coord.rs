@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::proto::{recv, send, FromWorker, Outcome, ToWorker};
 use super::report::{PhaseReport, RunReport, FORMAT_VERSION};
 use super::target::{NativeTarget, PosixTarget, Target, TargetSpec};
-use super::{plot, workload, BenchArgs, Params, WORKER_ENV};
+use super::{cpu, plot, workload, BenchArgs, Params, WORKER_ENV};
 
 /// How long workers may take to open the target or set a phase up.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
@@ -115,16 +115,24 @@ fn drive<T: Target>(
         workers.send_all(&ToWorker::Prepare { phase: i, counts: counts.clone() })?;
         workers.expect_all(|m| matches!(m, FromWorker::Prepared), "Prepared")?;
         let limit = params.time_s.filter(|_| def.stonewall).map(Duration::from_secs_f64);
+        let mut pids = workers.pids();
+        pids.extend_from_slice(&args.cpu_of);
+        let cpu_before = cpu::total_cpu_ns(&pids).map_err(|e| format!("--cpu-of: {e}"))?;
         let outcomes = workers
             .run_phase(def.name, items.iter().sum(), limit)
             .map_err(|e| format!("phase {}: {e}", def.name))?;
+        let cpu_ns = cpu::total_cpu_ns(&pids)
+            .map_err(|e| format!("--cpu-of: {e}"))?
+            .saturating_sub(cpu_before);
         let stonewalled = limit.is_some() && outcomes.iter().zip(&items).any(|(o, &n)| o.items < n);
         for (r, (o, &n)) in outcomes.iter().zip(&items).enumerate() {
             if o.items > n || (!def.stonewall && o.items != n) {
                 return Err(format!("phase {}: rank {r} did {} items of {n}", def.name, o.items));
             }
         }
-        reports.push(PhaseReport::new(def.name, w.metric(), stonewalled, &outcomes));
+        let mut report = PhaseReport::new(def.name, w.metric(), stonewalled, &outcomes);
+        report.set_cpu(cpu_ns);
+        reports.push(report);
         if def.stonewall {
             counts = outcomes.iter().map(|o| o.items).collect();
         }
@@ -190,6 +198,11 @@ impl Workers {
         }
         w.expect_all(|m| matches!(m, FromWorker::Ready), "Ready")?;
         Ok(w)
+    }
+
+    /// The workers' process ids.
+    fn pids(&self) -> Vec<u32> {
+        self.children.iter().map(Child::id).collect()
     }
 
     fn send(&mut self, rank: u32, msg: &ToWorker) -> Result<(), String> {

@@ -15,10 +15,12 @@
 //!   barrier, stops stonewalled phases, shows progress.
 //! - [`worker`]: a worker process (this binary run again with
 //!   [`WORKER_ENV`] set).
+//! - [`cpu`]: the CPU time of the workers and the file system's processes.
 //! - [`report`]: results as a table and as JSON.
 //! - [`plot`]: results as an SVG bar chart.
 
 pub mod coord;
+pub mod cpu;
 pub mod particles;
 pub mod pattern;
 pub mod phases;
@@ -66,6 +68,10 @@ Each phase starts behind a barrier of all processes; its rate is the total of
 all processes over (latest finish - earliest start). --time SECS stonewalls the
 first phase (create, write or mixed): it stops at SECS and later phases use the
 counts each process reached; the count options then only cap it.
+
+CPU per operation: each phase also reports the CPU time (user + system, all
+threads) the workers and the --cpu-of processes spent during it, divided by its
+operations. Unlike the rate it hardly drifts on a shared machine.
 
 Every phase checks what it finds: file types and sizes, content (a pattern that
 depends on the owner rank, the file and the offset), directory listings, and
@@ -130,6 +136,11 @@ pub struct BenchArgs {
     /// the --plot chart; repeat for several.
     #[arg(long, value_name = "FILE.json")]
     pub compare: Vec<PathBuf>,
+    /// Count this process's CPU time (all its threads) in each phase's CPU per
+    /// operation, besides the workers' own: the file system's server or FUSE
+    /// daemon on this host. Repeat for several.
+    #[arg(long, value_name = "PID")]
+    pub cpu_of: Vec<u32>,
 }
 
 /// The sizes and counts of a run, after defaults; `None` where the workload

@@ -53,6 +53,13 @@ pub struct PhaseReport {
     pub unit: Metric,
     /// Whether `--time` ended it.
     pub stonewalled: bool,
+    /// CPU seconds (user + system, all threads) the workers and the `--cpu-of`
+    /// processes spent during the phase.
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
+    /// `cpu_s` per operation, in microseconds.
+    #[serde(default)]
+    pub cpu_us_per_op: Option<f64>,
     /// Per rank.
     pub ranks: Vec<RankReport>,
 }
@@ -97,8 +104,17 @@ impl PhaseReport {
             rate,
             unit,
             stonewalled,
+            cpu_s: None,
+            cpu_us_per_op: None,
             ranks,
         }
+    }
+
+    /// Records `cpu_ns` of CPU time spent during the phase.
+    pub fn set_cpu(&mut self, cpu_ns: u64) {
+        let s = cpu_ns as f64 / 1e9;
+        self.cpu_s = Some(s);
+        self.cpu_us_per_op = (self.ops > 0).then(|| s * 1e6 / self.ops as f64);
     }
 }
 
@@ -192,8 +208,8 @@ impl RunReport {
         );
         let _ = writeln!(
             out,
-            "{:<11} {:>10} {:>10} {:>9} {:>12} {:>10}",
-            "phase", "ops", "MiB", "seconds", "ops/s", "MiB/s"
+            "{:<11} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}",
+            "phase", "ops", "MiB", "seconds", "ops/s", "MiB/s", "CPU us/op"
         );
         for ph in &self.phases {
             let mib = ph.bytes as f64 / (1u64 << 20) as f64;
@@ -203,10 +219,11 @@ impl RunReport {
                 (format!("{mib:.1}"), format!("{:.1}", ph.mib_per_s))
             };
             let mark = if ph.stonewalled { " (stonewall)" } else { "" };
+            let cpu = ph.cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}"));
             let _ = writeln!(
                 out,
-                "{:<11} {:>10} {:>10} {:>9.3} {:>12.0} {:>10}{mark}",
-                ph.name, ph.ops, mib, ph.seconds, ph.ops_per_s, mib_s
+                "{:<11} {:>10} {:>10} {:>9.3} {:>12.0} {:>10} {:>10}{mark}",
+                ph.name, ph.ops, mib, ph.seconds, ph.ops_per_s, mib_s, cpu
             );
         }
         let _ = writeln!(out, "all phases verified");
@@ -232,6 +249,15 @@ mod tests {
         assert!((p.rate - 200.0).abs() < 1e-6);
         assert!((p.ranks[1].start_s - 0.1).abs() < 1e-9);
         assert!((p.ranks[0].seconds - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn cpu_per_op_divides_by_the_operations() {
+        let mut p = PhaseReport::new("create", Metric::OpsPerSec, false, &[o(200, 0, 0, 1)]);
+        assert_eq!(p.cpu_us_per_op, None);
+        p.set_cpu(50_000_000);
+        assert_eq!(p.cpu_s, Some(0.05));
+        assert!((p.cpu_us_per_op.expect("ops > 0") - 250.0).abs() < 1e-9);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! data-only shard (`ReadData`/`WriteData`). Writes are pipelined: a write
 //! returns once sent, at most `max_unfinished_writes` per open file are in
 //! flight, and `flush`, `fsync` and `release` wait for all of them, then grow the
-//! file's size at its home if data went elsewhere (commit consistency).
+//! file's size at its home if data went elsewhere (commit consistency: what a
+//! close returned from is visible to every client; only `fsync` commits).
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -133,8 +134,6 @@ struct Pending {
 struct OpenState {
     pending: VecDeque<Pending>,
     first_error: Option<FsError>,
-    /// Shards (server, worker) written through this handle, to commit at fsync/close.
-    touched: BTreeSet<(u32, u32)>,
     /// End of the furthest write that went to a data-only shard.
     extend_to: u64,
     /// The size last learned from the home (for clamping reads of other shards).
@@ -697,7 +696,6 @@ impl Cluster {
         let state = OpenState {
             pending: VecDeque::new(),
             first_error: None,
-            touched: BTreeSet::new(),
             extend_to: 0,
             size,
             reserved: 0,
@@ -1340,7 +1338,6 @@ impl FileSystem for Cluster {
                     return Err(e);
                 }
             };
-            st.touched.insert((r.server.0, r.proc_worker.0));
             st.pending.push_back(Pending { server: s, worker: r.proc_worker.0, sent });
             if self.opts.strict {
                 self.complete_one(ino, &mut st);
@@ -1384,12 +1381,10 @@ impl FileSystem for Cluster {
         let Some(file) = file else {
             return Err(FsError::Invalid(format!("file handle {} is not open", fh.0)));
         };
-        let drained = self.drain(&file);
-        let touched = std::mem::take(&mut file.state.lock().expect("open file lock").touched);
-        if touched.is_empty() {
-            return drained;
-        }
-        drained.and(self.sync_inodes(&[file.ino], &[]))
+        // Close is not fsync (docs/reliability.md): it makes the writes and the
+        // size visible to every client; they stay noted as unsynced, so a later
+        // fsync of the file (through any handle) still commits them.
+        self.drain(&file)
     }
 
     fn statfs(&self) -> FsResult<StatFs> {

@@ -5,8 +5,8 @@
 //! 1. Two clients run a mixed metadata and data workload, each checking every
 //!    read against its own model; afterwards a third client checks that the
 //!    cluster holds exactly the union of both models.
-//! 2. A server is killed with SIGKILL while a client writes and closes files, and
-//!    started again: every file the client saw closed before the kill is intact,
+//! 2. A server is killed with SIGKILL while a client writes, fsyncs and closes
+//!    files, and started again: every file whose fsync and close succeeded is intact,
 //!    calls in flight fail or succeed, and the client never hangs.
 //!
 //! `harness = false`: `main` runs the scenarios, or a child role when
@@ -44,6 +44,8 @@ fn write_all(
             break;
         }
     }
+    // Close makes the file visible, fsync durable (docs/reliability.md).
+    let r = r.and_then(|()| fs.fsync(attr.ino, fh, false));
     let closed = fs.release(attr.ino, fh);
     r.and(closed)
 }
@@ -125,7 +127,7 @@ fn child_mixed(id: u64) {
     println!("done");
 }
 
-/// Writes, closes and reports files until told to stop by a missing server.
+/// Writes, fsyncs, closes and reports files until told to stop by a missing server.
 fn child_durable() {
     let fs = child_client();
     let dir = fs.mkdir(InodeId::ROOT, b"durable", 0o755, 0, 0).unwrap();
