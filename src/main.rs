@@ -32,9 +32,16 @@ enum Command {
         /// Storage servers to start.
         #[arg(long, default_value_t = 1)]
         servers: u32,
-        /// Workers (shards, one per core) per server.
-        #[arg(long, default_value_t = default_workers())]
-        workers: u32,
+        /// Workers (shards) per server [default: what the data directory was made
+        /// with; for a new one half the cores, 1 to 8: the FUSE threads and the
+        /// applications share this host's cores]. Fixed on the first run.
+        #[arg(long)]
+        workers: Option<u32>,
+        /// Longest adaptive spin of an idle worker before it sleeps, in
+        /// microseconds (the server's `idle_spin_us`; the worker spins less, or
+        /// not at all, while spinning does not pay; 0 never spins) [default: 100]
+        #[arg(long, value_name = "US")]
+        idle_spin_us: Option<u64>,
         /// Size of each server's device file, in GiB (sparse: each shard's metadata
         /// and WAL are allocated at start, file data as it is written). Fixed on the
         /// first run.
@@ -109,10 +116,6 @@ enum LayoutAction {
     },
 }
 
-fn default_workers() -> u32 {
-    std::thread::available_parallelism().map_or(2, |n| n.get().min(8) as u32)
-}
-
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match run(Cli::parse().command) {
@@ -126,7 +129,16 @@ fn main() -> ExitCode {
 
 fn run(cmd: Command) -> Result<(), String> {
     match cmd {
-        Command::Up { mount, data, servers, workers, size_gib, master_listen, options } => {
+        Command::Up {
+            mount,
+            data,
+            servers,
+            workers,
+            idle_spin_us,
+            size_gib,
+            master_listen,
+            options,
+        } => {
             if !(1..=1 << 20).contains(&size_gib) {
                 return Err(format!("--size-gib {size_gib}: allowed 1 to 1048576"));
             }
@@ -134,6 +146,7 @@ fn run(cmd: Command) -> Result<(), String> {
                 data,
                 servers,
                 workers,
+                idle_spin_us,
                 size_bytes: size_gib << 30,
                 master_listen,
             };

@@ -27,8 +27,11 @@ pub struct UpOptions {
     pub data: PathBuf,
     /// Storage servers.
     pub servers: u32,
-    /// Workers (shards) per server.
-    pub workers: u32,
+    /// Workers (shards) per server; `None`: what the data directory was made
+    /// with, or [`default_workers`] for a new one.
+    pub workers: Option<u32>,
+    /// The workers' longest adaptive spin; `None`: the server default.
+    pub idle_spin_us: Option<u64>,
     /// Size of each server's device file.
     pub size_bytes: u64,
     /// Where the master listens, `host:port`.
@@ -45,11 +48,22 @@ struct Shape {
     size_bytes: u64,
 }
 
+/// Workers per server of a new `pfs up` data directory without `--workers`:
+/// half the cores, at least 1 and at most 8. On one host the FUSE threads, the
+/// client and the applications run on the same cores as the workers, and on 2
+/// cores one worker serves metadata faster than two (docs/benchmarks.md).
+pub fn default_workers() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores / 2).clamp(1, 8) as u32
+}
+
 /// A running master and its servers.
 #[derive(Debug)]
 pub struct LocalCluster {
     master: Option<MasterHandle>,
     servers: Vec<ServerHandle>,
+    /// Workers per server.
+    pub workers: u32,
     /// The cluster key file.
     pub key_file: PathBuf,
 }
@@ -105,8 +119,8 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
     if !(1..=64).contains(&opts.servers) {
         return Err(format!("--servers {}: allowed 1 to 64", opts.servers));
     }
-    if !(1..=256).contains(&opts.workers) {
-        return Err(format!("--workers {}: allowed 1 to 256", opts.workers));
+    if let Some(w) = opts.workers.filter(|w| !(1..=256).contains(w)) {
+        return Err(format!("--workers {w}: allowed 1 to 256"));
     }
     let data = &opts.data;
     std::fs::create_dir_all(data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
@@ -124,9 +138,18 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
         ..MasterConfig::default()
     };
     let master = pfs_server::start_master(&mcfg).map_err(|e| format!("master: {e}"))?;
-    let mut cluster = LocalCluster { master: Some(master), servers: Vec::new(), key_file };
+    let mut cluster = LocalCluster {
+        master: Some(master),
+        servers: Vec::new(),
+        workers: shape.workers,
+        key_file,
+    };
     for i in 0..shape.servers {
-        let scfg = server_config(data, &shape, i, &cluster.key_file, &cluster.master_addr());
+        let mut scfg = server_config(data, &shape, i, &cluster.key_file, &cluster.master_addr());
+        scfg.idle_spin_us = opts.idle_spin_us.unwrap_or(scfg.idle_spin_us);
+        if scfg.idle_spin_us > 1_000_000 {
+            return Err(format!("--idle-spin-us {}: allowed 0 to 1000000", scfg.idle_spin_us));
+        }
         let s = pfs_server::start(&scfg, Duration::from_secs(30))
             .map_err(|e| format!("server {i} ({}): {e}", scfg.data_path.display()))?;
         cluster.servers.push(s);
@@ -172,12 +195,12 @@ pub fn server_configs(data: &Path) -> Result<Vec<ServerConfig>, String> {
 /// existing data directory is an error that says which.
 fn check_shape(data: &Path, opts: &UpOptions) -> Result<Shape, String> {
     let path = data.join("up.toml");
-    let want = Shape { servers: opts.servers, workers: opts.workers, size_bytes: opts.size_bytes };
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let have: Shape =
                 toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            if (have.servers, have.workers) != (want.servers, want.workers) {
+            let workers = opts.workers.unwrap_or(have.workers);
+            if (have.servers, have.workers) != (opts.servers, workers) {
                 return Err(format!(
                     "{} holds a file system made with --servers {} --workers {}; run with those, \
                      or give a new --data directory",
@@ -189,6 +212,11 @@ fn check_shape(data: &Path, opts: &UpOptions) -> Result<Shape, String> {
             Ok(have)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let want = Shape {
+                servers: opts.servers,
+                workers: opts.workers.unwrap_or_else(default_workers),
+                size_bytes: opts.size_bytes,
+            };
             let text = toml::to_string(&want).expect("shape serializes");
             std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(want)
@@ -215,7 +243,7 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     println!(
         "pfs up: master on {master}, {} server(s) x {} worker(s), data in {}",
         opts.servers,
-        opts.workers,
+        cluster.workers,
         opts.data.display()
     );
     println!("pfs up: cluster key {}", cluster.key_file.display());

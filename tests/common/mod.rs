@@ -26,8 +26,16 @@ pub fn up(data: &Path, mnt: &Path) -> (Child, String) {
 
 /// [`up`] with more arguments (`-o allow_other`, `--size-gib 8`).
 pub fn up_with(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
+    let mut all = vec!["--workers", "2"];
+    all.extend_from_slice(args);
+    up_exactly(data, mnt, &all)
+}
+
+/// `pfs up` with only these arguments besides the data, the mount point, a free
+/// master port and 2 GiB.
+pub fn up_exactly(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
     let mut child = Command::new(PFS)
-        .args(["up", "--master-listen", "127.0.0.1:0", "--workers", "2", "--size-gib", "2"])
+        .args(["up", "--master-listen", "127.0.0.1:0", "--size-gib", "2"])
         .arg("--data")
         .arg(data)
         .arg("--mount")

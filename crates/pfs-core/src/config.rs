@@ -158,7 +158,8 @@ fn check_path(field: &str, path: &Path) -> Result<(), ConfigError> {
 pub enum PollMode {
     /// Spin forever: lowest latency, one core per worker always busy.
     Busy,
-    /// Spin for `idle_spin_us`, then sleep on an eventfd until work arrives.
+    /// Spin while spinning pays (up to `idle_spin_us`, adapted to the gaps
+    /// between requests), then sleep on an eventfd until work arrives.
     #[default]
     Adaptive,
 }
@@ -187,7 +188,9 @@ pub struct ServerConfig {
     pub workers: u32,
     /// How idle workers wait.
     pub poll_mode: PollMode,
-    /// How long an idle worker spins before it sleeps (`adaptive` only).
+    /// Longest time an idle worker spins before it sleeps (`adaptive` only):
+    /// the worker doubles its spin after a sleep that a spin this long would
+    /// have avoided and halves it after a longer one; 0 never spins.
     pub idle_spin_us: u64,
     /// Threads copying large buffers off the workers; 0 copies on the worker.
     pub memcpy_threads: u32,

@@ -319,6 +319,11 @@ impl PfsFuse {
     /// Unlink, keeping an open file's data until its last close.
     fn unlink_or_hide(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
         let _gate = self.gate.write().expect("open gate");
+        // Nothing open on this mount (and the gate keeps opens out): no file
+        // to keep, and no lookup to pay for.
+        if self.open.lock().expect("open files lock").count.is_empty() {
+            return self.fs.unlink(parent, name);
+        }
         let attr = self.fs.lookup(parent, name)?;
         let mut o = self.open.lock().expect("open files lock");
         // Only the last name of an open file is kept (hidden); other names are

@@ -18,6 +18,15 @@ use crate::adapter::{CacheTtl, PfsFuse};
 /// Most FUSE threads a mount may ask for.
 pub const THREADS_MAX: usize = 256;
 
+/// FUSE threads without `threads=`: two per core, 4 to 64. Each thread sends
+/// its request and waits for the reply itself, so this is also the number of
+/// requests in flight; more than the applications keep busy only adds
+/// wake-ups (docs/benchmarks.md).
+pub fn default_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores * 2).clamp(4, 64)
+}
+
 /// Everything a mount is configured with.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -47,7 +56,7 @@ impl Default for MountConfig {
         MountConfig {
             client: ClientConfig::default(),
             ttl: CacheTtl::default(),
-            threads: 8,
+            threads: default_threads(),
             clone_fd: true,
             kernel: Vec::new(),
             acl: SessionACL::Owner,

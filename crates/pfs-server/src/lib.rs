@@ -24,6 +24,7 @@ pub mod memcpy;
 pub mod rmdir;
 pub mod server;
 pub mod signals;
+pub mod spin;
 pub mod sweep;
 pub mod tokens;
 pub mod worker;

@@ -106,9 +106,11 @@ pub struct UsageCell {
 /// How a worker behaves.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
-    /// Spin forever, or park after `idle_spin`.
+    /// Spin forever, or park after an adaptive spin of at most `idle_spin`
+    /// (`crate::spin`).
     pub poll_mode: PollMode,
-    /// Time an idle worker spins before it parks.
+    /// Longest time an idle worker spins before it parks (adaptive: it spins
+    /// less, or not at all, while spinning does not pay).
     pub idle_spin: Duration,
     /// Longest time a change waits for its commit when nobody asks.
     pub commit_interval: Duration,
@@ -310,7 +312,12 @@ impl<D: Device> Worker<D> {
 
     /// Serves until the stop flag is set, then commits and checkpoints the shard.
     pub fn run(mut self) -> Result<Shard<D>, String> {
+        // The idle period under way: when it began, and whether the worker
+        // parked in it (then it parks again at once after a wake-up that
+        // brought no work, instead of spinning again).
         let mut idle_from: Option<Instant> = None;
+        let mut parked = false;
+        let mut spin = crate::spin::Spin::new(self.opts.idle_spin);
         while !self.stop.load(Ordering::Acquire) {
             self.now = Instant::now();
             self.shard.set_now(wall_clock_ns());
@@ -320,7 +327,10 @@ impl<D: Device> Worker<D> {
                 break;
             }
             if work > 0 {
-                idle_from = None;
+                if let Some(since) = idle_from.take().filter(|_| parked) {
+                    spin.woke_after(self.now.duration_since(since));
+                }
+                parked = false;
                 continue;
             }
             if self.opts.poll_mode == PollMode::Busy {
@@ -335,12 +345,12 @@ impl<D: Device> Worker<D> {
                 std::thread::yield_now();
                 continue;
             }
-            if self.now.duration_since(since) < self.opts.idle_spin {
+            if !parked && self.now.duration_since(since) < spin.window() {
                 std::hint::spin_loop();
                 continue;
             }
             self.park();
-            idle_from = None;
+            parked = true;
         }
         if let Some(why) = self.shard.failure() {
             // Nothing more is acknowledged: held replies fail, and the shard is
