@@ -184,6 +184,7 @@ pub struct PfsFuse {
     /// holds it exclusive, so no open slips between its check and its change.
     gate: RwLock<()>,
     exit_when_unmounted: bool,
+    writeback_cache: bool,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -232,7 +233,16 @@ impl PfsFuse {
             open: Mutex::new(OpenFiles::default()),
             gate: RwLock::new(()),
             exit_when_unmounted: false,
+            writeback_cache: false,
         }
+    }
+
+    /// Asks the kernel for its writeback cache: writes gather in the page cache
+    /// and reach the file system as whole pages at writeback, `fsync` or close
+    /// (which flushes them first), instead of one request per `write(2)`.
+    pub fn writeback_cache(mut self, yes: bool) -> PfsFuse {
+        self.writeback_cache = yes;
+        self
     }
 
     /// Ends the process (exit 0) once the kernel reports the file system unmounted
@@ -505,6 +515,10 @@ impl fuser::Filesystem for PfsFuse {
                 log::info!("kernel lacks {cap:?}");
             }
         }
+        if self.writeback_cache && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_err()
+        {
+            log::warn!("the kernel has no writeback cache for FUSE: writes go through");
+        }
         Ok(())
     }
 
@@ -541,6 +555,7 @@ impl fuser::Filesystem for PfsFuse {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        log::trace!("setattr ino {} size {size:?} fh {:?}", ino.0, _fh.map(|f| f.0));
         let set = SetAttr {
             perm: mode.map(|m| (m & 0o7777) as u16),
             uid,
@@ -686,6 +701,7 @@ impl fuser::Filesystem for PfsFuse {
             // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
             // another client closed is read fresh (commit consistency).
             Ok(fh) => {
+                log::trace!("open ino {} fh {}", ino.0, fh.0);
                 self.opened(ino);
                 reply.opened(KHandle(fh.0), FopenFlags::empty())
             }
@@ -705,7 +721,15 @@ impl fuser::Filesystem for PfsFuse {
         reply: ReplyData,
     ) {
         match self.fs.read(InodeId(ino.0), FileHandle(fh.0), offset, size) {
-            Ok(d) => reply.data(&d),
+            Ok(d) => {
+                log::trace!(
+                    "read ino {} fh {} at {offset:#x} +{size:#x}: {:#x}",
+                    ino.0,
+                    fh.0,
+                    d.len()
+                );
+                reply.data(&d)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -722,6 +746,13 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        log::trace!(
+            "write ino {} fh {} at {offset:#x} +{:#x} first {:?}",
+            ino.0,
+            fh.0,
+            data.len(),
+            &data[..data.len().min(4)]
+        );
         match self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
@@ -736,6 +767,7 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        log::trace!("flush ino {} fh {}", ino.0, fh.0);
         Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
     }
 
@@ -749,6 +781,7 @@ impl fuser::Filesystem for PfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        log::trace!("release ino {} fh {}", ino.0, fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
         self.closed(ino);
         Self::empty(reply, r);
@@ -991,6 +1024,7 @@ impl fuser::Filesystem for PfsFuse {
         let _gate = self.gate.read().expect("open gate");
         match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
             Ok((a, fh)) => {
+                log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
                 self.opened(INodeNo(a.ino.0));
                 reply.created(
                     &self.ttl.entry,

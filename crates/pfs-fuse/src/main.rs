@@ -31,7 +31,9 @@ const READY_FD: i32 = 3;
 /// after this long; default 30), strict (every write waits for the server),
 /// entry_timeout=SECS and attr_timeout=SECS (kernel cache lifetimes, default 1),
 /// dentry_timeout=SECS (client directory cache), threads=N (FUSE threads,
-/// default two per core, 4 to 64), noclone_fd, log=FILE (where the background daemon logs),
+/// default two per core, 4 to 64), noclone_fd, writeback_cache (the kernel
+/// gathers writes in its page cache and sends them at writeback, fsync or
+/// close; see docs/posix.md), log=FILE (where the background daemon logs),
 /// allow_other, allow_root, fsname=NAME, and the usual ro, nodev, nosuid,
 /// noexec, noatime, sync, dirsync. mount(8) options such as _netdev, nofail,
 /// defaults, auto are accepted and ignored.

@@ -38,6 +38,8 @@ pub struct MountConfig {
     pub threads: usize,
     /// Give each thread its own `/dev/fuse` descriptor (less contention).
     pub clone_fd: bool,
+    /// The kernel's writeback cache (`-o writeback_cache`, docs/posix.md).
+    pub writeback_cache: bool,
     /// Kernel mount flags and access options passed through.
     pub kernel: Vec<MountOption>,
     /// Who may use the mount besides its owner.
@@ -58,6 +60,7 @@ impl Default for MountConfig {
             ttl: CacheTtl::default(),
             threads: default_threads(),
             clone_fd: true,
+            writeback_cache: false,
             kernel: Vec::new(),
             acl: SessionACL::Owner,
             log: None,
@@ -128,6 +131,8 @@ impl MountConfig {
                     }
                     self.threads = n;
                 }
+                "writeback_cache" => self.writeback_cache = true,
+                "nowriteback_cache" => self.writeback_cache = false,
                 "clone_fd" => self.clone_fd = true,
                 "noclone_fd" => self.clone_fd = false,
                 "log" => self.log = Some(need()?.into()),
@@ -195,7 +200,9 @@ pub fn mount(
     if !meta.is_dir() {
         return Err(format!("mount point {} is not a directory", mountpoint.display()));
     }
-    let adapter = PfsFuse::new(fs.clone(), cfg.ttl).exit_when_unmounted(cfg.exit_when_unmounted);
+    let adapter = PfsFuse::new(fs.clone(), cfg.ttl)
+        .exit_when_unmounted(cfg.exit_when_unmounted)
+        .writeback_cache(cfg.writeback_cache);
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     let notifier = session.notifier();

@@ -78,11 +78,37 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
         | Request::FollowUps { .. } => Durability::AfterCommit,
         _ => Durability::Now,
     };
+    if log::log_enabled!(log::Level::Trace) {
+        trace_request(&req);
+    }
     let result = run(shard, req);
     // An operation cut halfway by a device error fails the shard (the worker
     // then stops the server) rather than leave memory ahead of the log.
     shard.end_request();
     (result, durability)
+}
+
+/// One line per data request at trace level: which file, where, how much.
+fn trace_request(req: &Request) {
+    let t = std::thread::current();
+    let w = t.name().unwrap_or("?");
+    match req {
+        Request::Write { ino, offset, data, .. } | Request::WriteData { ino, offset, data, .. } => {
+            log::trace!(
+                "{w} {:?} ino {ino} at {offset:#x} +{:#x} first {:?}",
+                req.opcode(),
+                data.len(),
+                &data[..data.len().min(4)]
+            )
+        }
+        Request::Read { ino, offset, size, .. } | Request::ReadData { ino, offset, size, .. } => {
+            log::trace!("{w} {:?} ino {ino} at {offset:#x} +{size:#x}", req.opcode())
+        }
+        Request::SetAttr { ino, set } => log::trace!("{w} SetAttr ino {ino} size {:?}", set.size),
+        Request::ExtendSize { ino, size } => log::trace!("{w} ExtendSize ino {ino} to {size:#x}"),
+        Request::FollowUps { from, ops } => log::trace!("{w} FollowUps from {from}: {ops:?}"),
+        _ => {}
+    }
 }
 
 fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {

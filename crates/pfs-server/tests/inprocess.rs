@@ -506,3 +506,51 @@ fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     drop(fs);
     cluster.stop();
 }
+
+/// Two handles of one file (two writers of an N-1 file, or a close after a
+/// reopen): one writes far out on another shard than the file's home and has
+/// not published its size when the other closes with a smaller end. Publishing
+/// that smaller size must not free the first writer's data there.
+#[test]
+fn a_smaller_published_size_keeps_another_writers_data_elsewhere() {
+    let dir = test_dir("two-writers");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let other = cluster.client();
+    let block = 64 << 10;
+    let far_data: Vec<u8> = (0..block).map(|i| (i % 251) as u8).collect();
+    // A far block away from the home: the home's size (seen by another
+    // client, which this one's writes do not reach) stays 0 after writing it.
+    let mut found = None;
+    for b in 32..96u64 {
+        let name = format!("shared{b}");
+        let (a, near) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+        let far = fs.open(a.ino, 0).unwrap();
+        fs.write(a.ino, far, b * block as u64, &far_data).unwrap();
+        // Pipelined: give a write at the home time to land (if it has not, the
+        // block is taken for remote and the test only gets weaker).
+        std::thread::sleep(Duration::from_millis(50));
+        let unpublished = other.getattr(a.ino).unwrap().size == 0;
+        if unpublished {
+            found = Some((a.ino, near, far, b));
+            break;
+        }
+        fs.release(a.ino, near).unwrap();
+        fs.release(a.ino, far).unwrap();
+    }
+    let (ino, near, far, b) = found.expect("a block away from the home within 64 tries");
+    // The near handle publishes a smaller end first, then the far one.
+    fs.write(ino, near, 0, &[9; 100_000]).unwrap();
+    fs.release(ino, near).unwrap();
+    fs.release(ino, far).unwrap();
+    let all = read_file(&fs, ino);
+    assert_eq!(all.len() as u64, (b + 1) * block as u64);
+    assert_eq!(&all[..100_000], &[9; 100_000][..]);
+    assert!(
+        all[(b * block as u64) as usize..] == far_data[..],
+        "the far writer's data was freed by the near writer's close"
+    );
+    drop(other);
+    drop(fs);
+    cluster.stop();
+}

@@ -441,6 +441,7 @@ mod tests {
     use super::*;
     use crate::device::MemDevice;
     use crate::{CreateArgs, FormatOptions, ShardOptions};
+    use pfs_core::SetAttr;
 
     fn shard(id: u32) -> (MemDevice, Shard<MemDevice>) {
         let dev = MemDevice::new(64 << 20, 64);
@@ -553,6 +554,30 @@ mod tests {
         );
         let (foreign, _) = b.foreign_data(InodeId(0), 10);
         assert!(foreign.is_empty(), "left on the data shard: {foreign:?}");
+    }
+
+    #[test]
+    fn growing_the_size_keeps_unpublished_data_past_it_elsewhere() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let args = CreateArgs {
+            layout: Some((pfs_core::DirLayout::Regular, FileLayout::Io)),
+            ..CreateArgs::file(0o644)
+        };
+        let f = a.create(InodeId::ROOT, b"f", args).unwrap();
+        // Two writers: one wrote at 1 MiB on `b` and has not published its
+        // size; the other publishes a smaller end.
+        assert_eq!(a.reserve_data(f.ino, 2 << 20).unwrap(), 2 << 20);
+        b.write_data(f.ino, FileLayout::Io, 1 << 20, &[7; 4096]).unwrap();
+        let grow = SetAttr { size: Some(300_000), ..SetAttr::default() };
+        a.setattr(f.ino, grow).unwrap();
+        assert!(deliver(&mut a, &mut b).is_empty(), "growing the size cut data elsewhere");
+        assert_eq!(b.read_data(f.ino, FileLayout::Io, 1 << 20, 4096).unwrap(), [7; 4096]);
+        // A cut below the size frees it, reserved part included.
+        let cut = SetAttr { size: Some(1000), ..SetAttr::default() };
+        a.setattr(f.ino, cut).unwrap();
+        assert_eq!(deliver(&mut a, &mut b).len(), 1);
+        assert_eq!(b.read_data(f.ino, FileLayout::Io, 1 << 20, 4096).unwrap(), [0; 4096]);
     }
 
     #[test]

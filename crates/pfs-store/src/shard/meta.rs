@@ -703,7 +703,11 @@ impl<D: Device> Shard<D> {
             // Past the size too: a writer that died before it published its
             // size may have left data up to what it reserved.
             let old_size = inode.size.max(inode.data_end);
-            if super::follow::has_remote_data(inode.file_layout, size, old_size, bs) {
+            // Only a cut frees: growing the size (a truncate up, or a writer
+            // publishing its size) must keep what other writers put past the
+            // new size and have not published yet.
+            let cut = size < inode.size;
+            if cut && super::follow::has_remote_data(inode.file_layout, size, old_size, bs) {
                 // Data past the cut on other shards goes before the reply
                 // (the worker holds it until that follow-up is done).
                 let op = pfs_core::wire::FollowOp::CutData {
