@@ -3,10 +3,13 @@
 //! - [`api`]: the [`FileSystem`] trait, every operation a POSIX client needs, by
 //!   inode. `pfs-fuse` adapts any `FileSystem` to the kernel; tests and benchmarks
 //!   call it directly.
-//! - [`pipeline`]: the write window of an open file (bounded unfinished writes).
 //! - [`dcache`]: the bounded, expiring cache of directory dentries.
-//! - [`cluster`]: [`Cluster`], the client of a running cluster: view, routing,
-//!   data split by block, pipelined writes.
+//! - [`cluster`]: [`Cluster`], the client of a running cluster. Its parts:
+//!   `placement` (where each request goes, a range cut into per-shard pieces),
+//!   `files` (open handles and their write windows), `caches` (layouts,
+//!   directory names under tokens, invalidations), `data` (reads, pipelined
+//!   writes, what close and fsync wait for), `commit` (unsynced changes and the
+//!   commits fsync asks for), and the metadata operations in `cluster` itself.
 //! - [`conn`]: one shared connection to one server.
 //! - [`unsynced`]: the changes this client had acknowledged and not yet committed,
 //!   for `fsync` and `fsyncdir`.
@@ -15,7 +18,6 @@ pub mod api;
 pub mod cluster;
 pub mod conn;
 pub mod dcache;
-pub mod pipeline;
 pub mod unsynced;
 
 pub use api::{DirListing, FileSystem, Invalidation, Invalidator};

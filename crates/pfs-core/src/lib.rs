@@ -28,5 +28,10 @@ pub use layout::{DirLayout, FileLayout};
 pub use routing::{Lambda, Route, RouteKey};
 pub use wire::{Body, Frame, Opcode, Reply, Request, WireError};
 
+/// File block size of every shard (docs/format.md): clients cut data at these
+/// boundaries and place each block by it, shards map it as one run of pages.
+/// Both sides must agree; shards are formatted with it.
+pub const BLOCK_SIZE_BYTES: u64 = 64 << 10;
+
 /// Largest file size (256 TiB): past it, writes and truncates fail with `EFBIG`.
 pub const MAX_FILE_SIZE: u64 = 1 << 48;

@@ -60,7 +60,7 @@ impl FormatOptions {
             shard,
             zone_offset: 0,
             zone_bytes,
-            block_size: 64 * 1024,
+            block_size: pfs_core::BLOCK_SIZE_BYTES as u32,
             inode_slots: None,
             wal_bytes: None,
             create_root: true,

@@ -1,0 +1,229 @@
+//! What the client caches and the tokens it caches under (docs/cluster.md,
+//! "Dentry cache and tokens"): layouts of inodes, names of directories under a
+//! read token on their parent, and the thread that applies the invalidations
+//! servers send when another client takes a write token.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pfs_core::wire::{InodeLayout, Reply, Request, TokenMode};
+use pfs_core::{FsResult, InodeId};
+
+use super::Cluster;
+use crate::api::{Invalidation, Invalidator};
+use crate::conn::Conn;
+use crate::dcache::DentryCache;
+
+/// Most layouts remembered; past it the table is cleared and refilled on demand.
+const LAYOUT_CACHE_MAX: usize = 1 << 16;
+/// Most read tokens remembered; past it the expired ones are dropped.
+const READ_TOKENS_MAX: usize = 1 << 16;
+/// How often the client looks for invalidations servers sent.
+const NOTIFY_POLL: Duration = Duration::from_millis(50);
+
+/// What the notification thread shares with the client: the dentry cache, the
+/// read tokens it lives under, and the kernel's invalidation callback.
+pub(crate) struct Caches {
+    pub dcache: Mutex<DentryCache>,
+    /// Read tokens held: directory -> lease expiry.
+    read_tokens: Mutex<HashMap<InodeId, Instant>>,
+    invalidator: Mutex<Option<Invalidator>>,
+    layouts: Mutex<HashMap<InodeId, InodeLayout>>,
+}
+
+impl Caches {
+    /// Empty caches holding at most `dentries` directory names.
+    pub fn new(dentries: usize) -> Caches {
+        Caches {
+            dcache: Mutex::new(DentryCache::new(dentries)),
+            read_tokens: Mutex::new(HashMap::new()),
+            invalidator: Mutex::new(None),
+            layouts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Where invalidations go (the kernel, for a FUSE mount).
+    pub fn set_invalidator(&self, invalidator: Invalidator) {
+        *self.invalidator.lock().expect("invalidator lock") = Some(invalidator);
+    }
+
+    /// A server revoked the read token on `dir`: drop what it covered.
+    pub fn revoke(&self, dir: InodeId) {
+        self.read_tokens.lock().expect("token lock").remove(&dir);
+        let names = self.dcache.lock().expect("dcache lock").take_dir(dir);
+        if let Some(inv) = self.invalidator.lock().expect("invalidator lock").as_ref() {
+            for name in names {
+                inv(Invalidation::Entry { parent: dir, name });
+            }
+            inv(Invalidation::Inode { ino: dir });
+        }
+    }
+
+    /// The read token on `dir`, if held and not expired at `now`.
+    pub fn read_token(&self, dir: InodeId, now: Instant) -> Option<Instant> {
+        self.read_tokens.lock().expect("token lock").get(&dir).copied().filter(|&e| e > now)
+    }
+
+    /// Remembers a read token on `dir` until `expires`.
+    pub fn hold_read_token(&self, dir: InodeId, expires: Instant, now: Instant) {
+        let mut t = self.read_tokens.lock().expect("token lock");
+        if t.len() >= READ_TOKENS_MAX {
+            t.retain(|_, e| *e > now);
+        }
+        t.insert(dir, expires);
+    }
+
+    /// The cached layouts of `ino`.
+    pub fn layout(&self, ino: InodeId) -> Option<InodeLayout> {
+        self.layouts.lock().expect("layout cache lock").get(&ino).copied()
+    }
+
+    /// Caches the layouts of `ino`.
+    pub fn remember_layout(&self, ino: InodeId, layout: InodeLayout) {
+        let mut m = self.layouts.lock().expect("layout cache lock");
+        if m.len() >= LAYOUT_CACHE_MAX {
+            m.clear();
+        }
+        m.insert(ino, layout);
+    }
+
+    /// Drops the cached layouts of `ino` (they changed, or the name moved).
+    pub fn forget_layout(&self, ino: InodeId) {
+        self.layouts.lock().expect("layout cache lock").remove(&ino);
+    }
+}
+
+/// The notification thread: applies the servers' invalidations until `stop`.
+pub(crate) fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        for c in conns.iter() {
+            for dir in c.take_invalidations() {
+                caches.revoke(dir);
+            }
+        }
+        std::thread::sleep(NOTIFY_POLL);
+    }
+}
+
+/// A held write token, given back when dropped.
+pub(crate) struct WriteToken<'a> {
+    client: &'a Cluster,
+    dir: Option<InodeId>,
+}
+
+impl Drop for WriteToken<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir {
+            // Dropping this own client's cached names of `dir` too: they may
+            // have just changed.
+            self.client.caches.dcache.lock().expect("dcache lock").invalidate_dir(dir);
+            let release = Request::TokenRelease { dir, mode: TokenMode::Write };
+            if let Err(e) = self.client.call_home(dir, release) {
+                log::debug!("write token on {dir} not released ({e}); it expires by itself");
+            }
+        }
+    }
+}
+
+impl Cluster {
+    /// The layouts of `ino`, from the cache or its home.
+    pub(crate) fn layout_of(&self, ino: InodeId) -> FsResult<InodeLayout> {
+        if let Some(l) = self.caches.layout(ino) {
+            return Ok(l);
+        }
+        let l = expect_reply!(self.call_home(ino, Request::LayoutGet { ino })?, Reply::LayoutGet(l) => l)?;
+        self.caches.remember_layout(ino, l);
+        Ok(l)
+    }
+
+    /// Holds (or takes) a read token on `dir`; its expiry, or `None` when the
+    /// server grants no lease (someone is changing names in `dir`).
+    pub(crate) fn read_token(&self, dir: InodeId) -> FsResult<Option<Instant>> {
+        let now = Instant::now();
+        if let Some(exp) = self.caches.read_token(dir, now) {
+            return Ok(Some(exp));
+        }
+        let req = Request::TokenAcquire { dir, mode: TokenMode::Read };
+        let grant = expect_reply!(self.call_home(dir, req)?, Reply::TokenAcquire(g) => g)?;
+        if grant.lease_ms == 0 {
+            return Ok(None);
+        }
+        // Count the lease from before the request: never longer than granted.
+        let exp = now + Duration::from_millis(u64::from(grant.lease_ms));
+        self.caches.hold_read_token(dir, exp, now);
+        Ok(Some(exp))
+    }
+
+    /// Takes the write token on `dir`, which makes the server tell every other
+    /// client to drop the names of `dir` it caches; released when dropped.
+    pub(crate) fn write_token(&self, dir: InodeId) -> FsResult<WriteToken<'_>> {
+        if self.opts.dentry_ttl.is_zero() {
+            return Ok(WriteToken { client: self, dir: None });
+        }
+        self.caches.dcache.lock().expect("dcache lock").invalidate_dir(dir);
+        let req = Request::TokenAcquire { dir, mode: TokenMode::Write };
+        expect_reply!(self.call_home(dir, req)?, Reply::TokenAcquire(_) => ())?;
+        Ok(WriteToken { client: self, dir: Some(dir) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dcache::CachedDir;
+    use pfs_core::{DirLayout, FileAttr, FileType};
+
+    fn dir_attr(ino: u64) -> FileAttr {
+        FileAttr {
+            ino: InodeId(ino),
+            size: 0,
+            blocks: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            kind: FileType::Directory,
+            perm: 0o755,
+            nlink: 2,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        }
+    }
+
+    #[test]
+    fn a_revoked_token_drops_its_names_and_tells_the_kernel() {
+        let c = Caches::new(16);
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        let d = InodeId(7);
+        c.hold_read_token(d, later, now);
+        let cached = CachedDir { attr: dir_attr(8), layout: DirLayout::Regular };
+        c.dcache.lock().unwrap().insert(d, b"sub", cached, later);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        c.set_invalidator(Box::new(move |i| s.lock().unwrap().push(format!("{i:?}"))));
+        assert_eq!(c.read_token(d, now), Some(later));
+        assert_eq!(c.read_token(d, later), None, "expired at its expiry");
+        c.revoke(d);
+        assert_eq!(c.read_token(d, now), None);
+        assert!(c.dcache.lock().unwrap().get(d, b"sub", now).is_none());
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[0].contains("Entry") && seen[1].contains("Inode"), "{seen:?}");
+    }
+
+    #[test]
+    fn the_layout_cache_is_bounded() {
+        let c = Caches::new(0);
+        let l = InodeLayout::default();
+        for i in 0..LAYOUT_CACHE_MAX as u64 + 10 {
+            c.remember_layout(InodeId(i), l);
+        }
+        assert!(c.layouts.lock().unwrap().len() <= LAYOUT_CACHE_MAX);
+        assert_eq!(c.layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9)), Some(l));
+        c.forget_layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9));
+        assert_eq!(c.layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9)), None);
+    }
+}

@@ -1,0 +1,221 @@
+//! Making acknowledged changes durable (docs/reliability.md): which inodes a
+//! change leaves unsynced on which shard, and the commits `fsync` and
+//! `fsyncdir` ask for, compared by boot id so a server that restarted in
+//! between is reported, never taken for durable.
+
+use std::collections::{BTreeSet, HashMap};
+
+use pfs_core::wire::{Reply, Request};
+use pfs_core::{FileHandle, FsError, FsResult, InodeId, ServerId, WorkerId};
+
+use super::{Cluster, UNSYNCED_INODES_MAX};
+use crate::unsynced::{Mark, Taken};
+
+/// The inodes a change acknowledged with `reply` leaves not yet durable on the
+/// shard that made it: the directories whose entries it changed, the inodes it
+/// changed, and a new entry's inode (so `fsync` of a new file covers its name,
+/// as ext4's does).
+pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Vec<InodeId> {
+    let mut out = match req {
+        Request::Create { parent, .. }
+        | Request::Mkdir { parent, .. }
+        | Request::Mknod { parent, .. }
+        | Request::Symlink { parent, .. }
+        | Request::Unlink { parent, .. }
+        | Request::Rmdir { parent, .. }
+        | Request::RmdirBigDir { parent, .. } => vec![*parent],
+        Request::Rename { parent, new_parent, .. }
+        | Request::RenameCross { parent, new_parent, .. } => vec![*parent, *new_parent],
+        Request::Link { ino, new_parent, .. } => vec![*ino, *new_parent],
+        Request::SetAttr { ino, .. }
+        | Request::Write { ino, .. }
+        | Request::WriteData { ino, .. }
+        | Request::TruncateData { ino, .. }
+        | Request::ExtendSize { ino, .. }
+        | Request::SetXattr { ino, .. }
+        | Request::RemoveXattr { ino, .. }
+        | Request::LayoutSet { ino, .. }
+        | Request::AddLink { ino }
+        | Request::DropInode { ino } => vec![*ino],
+        Request::AdjustDir { dir, .. } => vec![*dir],
+        _ => Vec::new(),
+    };
+    match reply {
+        Reply::Create { entry, .. }
+        | Reply::Mkdir(entry)
+        | Reply::Mknod(entry)
+        | Reply::Symlink(entry) => out.push(entry.attr.ino),
+        _ => {}
+    }
+    out
+}
+
+/// The commit request (`Fsync` of the root stands for "commit this shard").
+fn commit_request() -> Request {
+    Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false }
+}
+
+impl Cluster {
+    /// Notes changes to `inos` acknowledged by a shard with boot id `boot`.
+    pub(crate) fn note_unsynced(&self, inos: &[InodeId], server: u32, worker: u32, boot: u64) {
+        for &ino in inos {
+            if self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot) {
+                continue;
+            }
+            // Full: commit everything this client changed, then note.
+            let all = self.unsynced.lock().expect("unsynced lock").take_all();
+            if let Err(e) = self.commit_marks(all, &[], true) {
+                log::warn!("committing {UNSYNCED_INODES_MAX} files' changes: {e}");
+            }
+            self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot);
+        }
+    }
+
+    /// Asks each shard of `taken` (and of `also`) to commit, in parallel. Marks
+    /// whose shard answered from the boot that acknowledged them are done; one
+    /// that answered from a later boot (the server restarted), or a mark already
+    /// `lost`, makes its inode lost. Marks whose commit could not be asked for go
+    /// back to the table. Returns the lost inodes for the caller to report, or
+    /// the first error; with `keep_lost`, or on an error, lost marks go back to
+    /// the table too (marked lost), so whoever syncs that inode next is told.
+    pub(crate) fn commit_marks(
+        &self,
+        taken: Taken,
+        also: &[(ServerId, WorkerId)],
+        keep_lost: bool,
+    ) -> FsResult<BTreeSet<InodeId>> {
+        let mut shards: BTreeSet<(u32, u32)> =
+            taken.iter().map(|(_, m)| (m.server, m.worker)).collect();
+        shards.extend(also.iter().map(|(s, w)| (s.0, w.0)));
+        let mut sent = Vec::with_capacity(shards.len());
+        let mut first_error = None;
+        for &(s, w) in &shards {
+            match self.send_to(ServerId(s), WorkerId(w), commit_request()) {
+                Ok(x) => sent.push(((s, w), Some(x))),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    sent.push(((s, w), None));
+                }
+            }
+        }
+        let mut boots = HashMap::new();
+        for ((s, w), x) in sent {
+            let Some((conn, x)) = x else { continue };
+            // A commit changes nothing by itself, so unlike other requests it is
+            // sent again once when its connection had dropped (a restarted
+            // server): the answer then tells which boot holds the changes.
+            let result = match self.conns[conn].wait_boot(x) {
+                Err(FsError::Io(_)) => self
+                    .send_to(ServerId(s), WorkerId(w), commit_request())
+                    .and_then(|(conn, x)| self.conns[conn].wait_boot(x)),
+                other => other,
+            };
+            match result {
+                Ok((_, boot)) => {
+                    boots.insert((s, w), boot);
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        let mut lost = Vec::new();
+        let mut back = Vec::new();
+        for (ino, m) in taken {
+            match boots.get(&(m.server, m.worker)) {
+                Some(&boot) if !m.lost && boot == m.boot => {}
+                Some(_) => lost.push((ino, Mark { lost: true, ..m })),
+                None => back.push((ino, m)),
+            }
+        }
+        // Lost changes are reported to whoever syncs that inode, never dropped.
+        let report = !keep_lost && first_error.is_none();
+        let lost_inodes: BTreeSet<InodeId> = lost.iter().map(|(ino, _)| *ino).collect();
+        if !report {
+            back.extend(lost);
+        }
+        if !back.is_empty() {
+            self.unsynced.lock().expect("unsynced lock").restore(back);
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok(if report { lost_inodes } else { BTreeSet::new() })
+    }
+
+    /// Makes every acknowledged change of this client to `inos` durable, and
+    /// commits the shards `also` (other clients' changes there included).
+    /// `EIO` when a server restarted after acknowledging some of them.
+    pub(crate) fn sync_inodes(
+        &self,
+        inos: &[InodeId],
+        also: &[(ServerId, WorkerId)],
+    ) -> FsResult<()> {
+        let taken = self.unsynced.lock().expect("unsynced lock").take(inos);
+        let lost = self.commit_marks(taken, also, false)?;
+        match lost.first() {
+            None => Ok(()),
+            Some(ino) => Err(FsError::Io(format!(
+                "a server restarted after it acknowledged changes to inode {ino} that were not \
+                 yet durable: they may be lost"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::wire::{Entry, InodeLayout, RenameFlags};
+    use pfs_core::{FileAttr, FileType};
+
+    fn attr(ino: u64) -> FileAttr {
+        FileAttr {
+            ino: InodeId(ino),
+            size: 0,
+            blocks: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            kind: FileType::Regular,
+            perm: 0o644,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+        }
+    }
+
+    #[test]
+    fn a_create_dirties_its_parent_and_the_new_inode() {
+        let req = Request::Create {
+            parent: InodeId(2),
+            name: b"f".to_vec(),
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            flags: 0,
+            layout: pfs_core::FileLayout::Block,
+        };
+        let entry = Entry { attr: attr(9), layout: InodeLayout::default() };
+        let reply = Reply::Create { entry, fh: FileHandle(0) };
+        assert_eq!(dirtied(&req, &reply), [InodeId(2), InodeId(9)]);
+    }
+
+    #[test]
+    fn renames_dirty_both_parents_and_reads_nothing() {
+        let req = Request::Rename {
+            parent: InodeId(2),
+            name: b"a".to_vec(),
+            new_parent: InodeId(3),
+            new_name: b"b".to_vec(),
+            flags: RenameFlags::empty(),
+        };
+        let reply = Reply::Rename { replaced: None };
+        assert_eq!(dirtied(&req, &reply), [InodeId(2), InodeId(3)]);
+        let read = Request::GetAttr { ino: InodeId(4) };
+        assert!(dirtied(&read, &Reply::GetAttr(attr(4))).is_empty());
+        let write = Request::Write { ino: InodeId(5), fh: FileHandle(1), offset: 0, data: vec![1] };
+        assert_eq!(dirtied(&write, &Reply::Write { written: 1 }), [InodeId(5)]);
+    }
+}

@@ -1,0 +1,275 @@
+//! Data: reads and writes cut at block boundaries (`placement`), writes
+//! pipelined through each handle's window (`files`), and what makes them
+//! visible: a handle's writes are waited for and the end written on other
+//! shards is published to the home (`ExtendSize`) at flush, close, fsync, and
+//! whenever this client looks at the file's size (commit consistency:
+//! docs/reliability.md; close is not fsync).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pfs_core::wire::{Reply, Request, MAX_IO_BYTES};
+use pfs_core::{FileHandle, FsError, FsResult, InodeId};
+
+use super::files::{OpenFile, OpenState, Pending};
+use super::Cluster;
+
+impl Cluster {
+    /// Completes the oldest pending write of `state` (a write to `ino`).
+    fn complete_one(&self, ino: InodeId, state: &mut OpenState) {
+        if let Some(p) = state.pending.pop_front() {
+            let result = self.conns[p.server].wait_boot(p.sent);
+            self.conns[p.server].release_pipelined();
+            match result {
+                Ok((_, boot)) => self.note_unsynced(&[ino], p.server as u32, p.worker, boot),
+                Err(e) => {
+                    state.first_error.get_or_insert(e);
+                }
+            }
+        }
+    }
+
+    /// Takes room for one pipelined write to server `s`. While the connection's
+    /// pipeline is full, reaps this file's oldest write, or else the writes of
+    /// other open files whose owners are not running (the kernel parks a writer
+    /// while another writes the same inode): their replies hold credits that
+    /// nobody else would give back. With nothing to reap, it waits a little for
+    /// the owners that run.
+    fn reserve_pipelined(&self, s: usize, file: &Arc<OpenFile>, st: &mut OpenState) {
+        let conn = &self.conns[s];
+        let limit = conn.pipeline_limit();
+        let mut pause = Duration::from_micros(50);
+        while !conn.reserve_pipelined(limit) {
+            if !st.pending.is_empty() {
+                self.complete_one(file.ino, st);
+                continue;
+            }
+            let mut reaped = false;
+            for other in self.files.others(file) {
+                // A file whose lock is taken has a running owner, who reaps.
+                if let Ok(mut theirs) = other.state.try_lock() {
+                    while theirs.pending.iter().any(|p| p.server == s) {
+                        self.complete_one(other.ino, &mut theirs);
+                        reaped = true;
+                    }
+                }
+                if reaped {
+                    break;
+                }
+            }
+            if !reaped {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(5));
+            }
+        }
+    }
+
+    /// Waits for every write in `st` (a handle of `ino`) and publishes the end
+    /// it wrote on other shards; the first write error stays in `st`.
+    fn publish(&self, ino: InodeId, st: &mut OpenState) -> FsResult<()> {
+        while !st.pending.is_empty() {
+            self.complete_one(ino, st);
+        }
+        if st.extend_to > 0 && st.first_error.is_none() {
+            let size = st.extend_to;
+            let attr = expect_reply!(
+                self.call_home(ino, Request::ExtendSize { ino, size })?,
+                Reply::ExtendSize(a) => a
+            )?;
+            st.size = Some(attr.size);
+            st.extend_to = 0;
+        }
+        Ok(())
+    }
+
+    /// Waits for every write of `file`, publishes its end, and returns (and
+    /// clears) the first error.
+    fn drain(&self, file: &OpenFile) -> FsResult<()> {
+        let mut st = file.state.lock().expect("open file lock");
+        self.publish(file.ino, &mut st)?;
+        match st.first_error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes this client's writes to `ino`, through any of its handles, count in
+    /// the size at home, so a process always sees its own writes in `stat`.
+    /// Write errors stay with their handle for its next write, flush or close.
+    /// Returns whether `ino` is open here.
+    pub(crate) fn publish_writes(&self, ino: InodeId) -> FsResult<bool> {
+        let files = self.files.of_ino(ino);
+        for file in &files {
+            self.publish(ino, &mut file.state.lock().expect("open file lock"))?;
+        }
+        Ok(!files.is_empty())
+    }
+
+    /// The current size of `ino` at its home.
+    fn size_at_home(&self, ino: InodeId) -> FsResult<u64> {
+        expect_reply!(self.call_home(ino, Request::GetAttr { ino })?, Reply::GetAttr(a) => a.size)
+    }
+
+    /// Has the home of `ino` reserve data past `end` for other shards before
+    /// a write there, so the file's removal or truncate frees it even if this
+    /// client dies before it publishes the size. Asks for up to twice `end`
+    /// (at most 64 MiB more), so a growing file asks once per doubling.
+    fn reserve_data(&self, ino: InodeId, end: u64) -> FsResult<u64> {
+        let ask = end.saturating_mul(2).min(end.saturating_add(64 << 20)).max(end);
+        let ask = ask.min(pfs_core::MAX_FILE_SIZE).max(end);
+        expect_reply!(
+            self.call_home(ino, Request::ReserveData { ino, end: ask })?,
+            Reply::ReserveData { end: got } => got
+        )
+    }
+
+    /// `FileSystem::read`.
+    pub(crate) fn read_range(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Vec<u8>> {
+        if size as usize > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("read of {size} bytes: at most 1 MiB")));
+        }
+        let file = self.files.get(fh)?;
+        let layout = file.layout;
+        let pieces = self.placement.pieces(ino, layout, offset, u64::from(size));
+        if let [p] = pieces.as_slice() {
+            if p.home {
+                let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                let reply = self.call_to(p.route.server, p.route.proc_worker, req)?;
+                return expect_reply!(reply, Reply::Read(d) => d);
+            }
+        }
+        // Data on other shards reads as zeros past the end: clamp to the size.
+        let known = file.state.lock().expect("open file lock").size;
+        let file_size = match known {
+            Some(s) if s >= offset + u64::from(size) => s,
+            _ => {
+                // Other handles of this client may hold writes the home does
+                // not count yet: publish them first (without this lock).
+                self.publish_writes(ino)?;
+                let s = self.size_at_home(ino)?;
+                file.state.lock().expect("open file lock").size = Some(s);
+                s
+            }
+        };
+        if offset >= file_size {
+            return Ok(Vec::new());
+        }
+        let len = u64::from(size).min(file_size - offset);
+        let mut sent = Vec::new();
+        for p in self.placement.pieces(ino, layout, offset, len) {
+            let req = if p.home {
+                Request::Read { ino, fh, offset: p.offset, size: p.len as u32 }
+            } else {
+                Request::ReadData { ino, layout, offset: p.offset, size: p.len as u32 }
+            };
+            sent.push((p.offset, p.len, self.send_to(p.route.server, p.route.proc_worker, req)?));
+        }
+        let mut out = vec![0u8; len as usize];
+        for (o, n, (s, x)) in sent {
+            let data =
+                expect_reply!(self.conns[s].wait(x)?, Reply::Read(d) | Reply::ReadData(d) => d)?;
+            let at = (o - offset) as usize;
+            let n = (n as usize).min(data.len());
+            out[at..at + n].copy_from_slice(&data[..n]);
+        }
+        Ok(out)
+    }
+
+    /// `FileSystem::write`: returns once the pieces are sent.
+    pub(crate) fn write_range(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<u32> {
+        if data.len() > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("write of {} bytes: at most 1 MiB", data.len())));
+        }
+        let file = self.files.get(fh)?;
+        let layout = file.layout;
+        let mut st = file.state.lock().expect("open file lock");
+        if let Some(e) = st.first_error.take() {
+            return Err(e);
+        }
+        for p in self.placement.pieces(ino, layout, offset, data.len() as u64) {
+            let (o, n) = (p.offset, p.len);
+            let bytes = data[(o - offset) as usize..(o - offset + n) as usize].to_vec();
+            let req = if p.home {
+                Request::Write { ino, fh, offset: o, data: bytes }
+            } else {
+                if o + n > st.reserved {
+                    st.reserved = self.reserve_data(ino, o + n)?;
+                }
+                st.extend_to = st.extend_to.max(o + n);
+                Request::WriteData { ino, layout, offset: o, data: bytes }
+            };
+            while st.pending.len() >= self.opts.max_unfinished_writes.max(1) {
+                self.complete_one(ino, &mut st);
+            }
+            let server = p.route.server.0 as usize;
+            self.reserve_pipelined(server, &file, &mut st);
+            let (s, sent) = match self.send_to(p.route.server, p.route.proc_worker, req) {
+                Ok(x) => x,
+                Err(e) => {
+                    self.conns[server].release_pipelined();
+                    return Err(e);
+                }
+            };
+            st.pending.push_back(Pending { server: s, worker: p.route.proc_worker.0, sent });
+            if self.opts.strict {
+                self.complete_one(ino, &mut st);
+            }
+        }
+        if let Some(size) = st.size.as_mut() {
+            *size = (*size).max(offset + data.len() as u64);
+        }
+        if let Some(e) = st.first_error.take() {
+            return Err(e);
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// `FileSystem::flush`.
+    pub(crate) fn flush_handle(&self, fh: FileHandle) -> FsResult<()> {
+        self.drain(&*self.files.get(fh)?)
+    }
+
+    /// `FileSystem::fsync`: every write of this client to the file, through
+    /// any handle, made visible and then durable.
+    pub(crate) fn fsync_handle(&self, ino: InodeId, fh: FileHandle) -> FsResult<()> {
+        self.publish_writes(ino)?;
+        let file = self.files.get(fh)?;
+        self.drain(&file)?;
+        self.sync_inodes(&[file.ino], &[])
+    }
+
+    /// `FileSystem::release`. Close is not fsync (docs/reliability.md): it
+    /// makes the writes and the size visible to every client; they stay noted as
+    /// unsynced, so a later fsync of the file (through any handle) commits them.
+    pub(crate) fn release_handle(&self, fh: FileHandle) -> FsResult<()> {
+        self.drain(&*self.files.close(fh)?)
+    }
+
+    /// `FileSystem::fallocate`: mode 0 grows the size; `KEEP_SIZE` allocates
+    /// nothing (blocks are allocated as they are written).
+    pub(crate) fn fallocate_range(
+        &self,
+        ino: InodeId,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    ) -> FsResult<()> {
+        if keep_size {
+            return Ok(());
+        }
+        let size = offset.checked_add(len).ok_or(FsError::FileTooLarge)?;
+        expect_reply!(self.call_home(ino, Request::ExtendSize { ino, size })?, Reply::ExtendSize(_) => ())
+    }
+}

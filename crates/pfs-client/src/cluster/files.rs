@@ -1,0 +1,139 @@
+//! The open files of one client: a bounded table of handles, and each handle's
+//! write window (writes in flight, the first error, the end written on other
+//! shards and not yet published, the size learned from the home, the data end
+//! the home reserved). What waits on connections is in `data.rs`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId};
+
+use crate::conn::Sent;
+
+/// A pipelined write sent and not yet answered.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    /// Index of the server connection.
+    pub server: usize,
+    /// Its processing worker.
+    pub worker: u32,
+    /// The request.
+    pub sent: Sent,
+}
+
+/// The write window of one handle.
+#[derive(Debug, Default)]
+pub(crate) struct OpenState {
+    /// Writes in flight, oldest first.
+    pub pending: VecDeque<Pending>,
+    /// The first error of a write, for the next write, flush, fsync or close.
+    pub first_error: Option<FsError>,
+    /// End of the furthest write that went to a data-only shard, not yet
+    /// published to the home (`ExtendSize`); 0 when none.
+    pub extend_to: u64,
+    /// The size last learned from the home (reads of other shards clamp to it).
+    pub size: Option<u64>,
+    /// The data end the home reserved for other shards (`ReserveData`):
+    /// writes there below it need not ask again.
+    pub reserved: u64,
+}
+
+/// One open handle.
+#[derive(Debug)]
+pub(crate) struct OpenFile {
+    /// The file.
+    pub ino: InodeId,
+    /// Its data layout.
+    pub layout: FileLayout,
+    /// Its write window.
+    pub state: Mutex<OpenState>,
+}
+
+/// The handles of one client, at most `max`.
+#[derive(Debug)]
+pub(crate) struct OpenFiles {
+    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    next: AtomicU64,
+    max: usize,
+}
+
+impl OpenFiles {
+    /// A table of at most `max` handles.
+    pub fn new(max: usize) -> OpenFiles {
+        OpenFiles { files: Mutex::new(HashMap::new()), next: AtomicU64::new(1), max }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
+        self.files.lock().expect("open files lock")
+    }
+
+    /// A new handle of `ino`; `size` is the size known at open, if any.
+    /// `TryAgain` while the table is full.
+    pub fn open(
+        &self,
+        ino: InodeId,
+        layout: FileLayout,
+        size: Option<u64>,
+    ) -> FsResult<FileHandle> {
+        let mut files = self.table();
+        if files.len() >= self.max {
+            return Err(FsError::TryAgain);
+        }
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        let state = OpenState { size, ..OpenState::default() };
+        files.insert(fh, Arc::new(OpenFile { ino, layout, state: Mutex::new(state) }));
+        Ok(FileHandle(fh))
+    }
+
+    /// The open handle `fh`.
+    pub fn get(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
+        self.table().get(&fh.0).cloned().ok_or_else(|| not_open(fh))
+    }
+
+    /// Takes handle `fh` out of the table (its writes may still be in flight).
+    pub fn close(&self, fh: FileHandle) -> FsResult<Arc<OpenFile>> {
+        self.table().remove(&fh.0).ok_or_else(|| not_open(fh))
+    }
+
+    /// The open handles of `ino`.
+    pub fn of_ino(&self, ino: InodeId) -> Vec<Arc<OpenFile>> {
+        self.table().values().filter(|f| f.ino == ino).cloned().collect()
+    }
+
+    /// Every open handle but `not`.
+    pub fn others(&self, not: &Arc<OpenFile>) -> Vec<Arc<OpenFile>> {
+        self.table().values().filter(|f| !Arc::ptr_eq(f, not)).cloned().collect()
+    }
+}
+
+fn not_open(fh: FileHandle) -> FsError {
+    FsError::Invalid(format!("file handle {} is not open", fh.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_open_find_and_close_within_the_bound() {
+        let t = OpenFiles::new(2);
+        let (a, b) = (InodeId(10), InodeId(11));
+        let fa = t.open(a, FileLayout::Block, Some(5)).unwrap();
+        let fb = t.open(b, FileLayout::Io, None).unwrap();
+        assert_ne!(fa, fb);
+        assert_eq!(t.open(a, FileLayout::Block, None), Err(FsError::TryAgain), "full");
+        let f = t.get(fa).unwrap();
+        assert_eq!((f.ino, f.layout), (a, FileLayout::Block));
+        assert_eq!(f.state.lock().unwrap().size, Some(5));
+        assert_eq!(t.of_ino(b).len(), 1);
+        assert_eq!(t.others(&f).len(), 1);
+        t.close(fa).unwrap();
+        assert!(t.get(fa).is_err());
+        assert!(t.close(fa).is_err(), "closed twice");
+        // Room again, and handle numbers are never reused.
+        let fc = t.open(a, FileLayout::Block, None).unwrap();
+        assert!(fc.0 > fb.0);
+        assert!(t.of_ino(a).iter().all(|f| f.state.lock().unwrap().size.is_none()));
+    }
+}
