@@ -13,7 +13,8 @@
 #
 # Usage: benches/fuse-vs-memfs.sh > report.md   (as root)
 # Environment: EASY (files per process, 5000), HARD (files per process, 2000),
-#   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (2), WORK (target/bench-fuse),
+#   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (pfs up's default: half the
+#   cores), WORK (target/bench-fuse),
 #   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +24,7 @@ HARD=${HARD:-2000}
 PROCS=${PROCS:-2}
 SIZE_MIB=${SIZE_MIB:-1024}
 WORK=${WORK:-$PWD/target/bench-fuse}
-WORKERS=${WORKERS:-2}
+WORKERS=${WORKERS:-}
 UP_ARGS=${UP_ARGS:-}
 
 for tool in fio jq tar; do
@@ -49,7 +50,7 @@ cleanup() {
 trap cleanup EXIT
 
 # shellcheck disable=SC2086
-"$PFS" up --mount "$WORK/pfs-mnt" --data "$WORK/pfs-data" --workers "$WORKERS" \
+"$PFS" up --mount "$WORK/pfs-mnt" --data "$WORK/pfs-data" ${WORKERS:+--workers "$WORKERS"} \
     --master-listen 127.0.0.1:0 --size-gib 8 $UP_ARGS > "$WORK/up.log" 2>&1 &
 UP_PID=$!
 for _ in $(seq 300); do grep -q "mounted on" "$WORK/up.log" && break; sleep 0.1; done
@@ -67,7 +68,8 @@ cpu_ns() { # pid -> user + system ns, all threads
     awk -v t="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) * 1e9 / t }' "/proc/$1/stat"
 }
 
-echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, pfs up with 1 server x $WORKERS workers${UP_ARGS:+ ($UP_ARGS)}."
+SHAPE=$(sed -n 's/^pfs up: master on [^,]*, \(.*\), data in .*/\1/p' "$WORK/up.log")
+echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, pfs up with $SHAPE${UP_ARGS:+ ($UP_ARGS)}."
 for w in md-easy md-hard; do
     files=$([ "$w" = md-easy ] && echo "$EASY" || echo "$HARD")
     for t in memfs pfs; do
