@@ -46,8 +46,8 @@ fn main() {
         let pfs = Up(Some(child), mnt.clone());
         timed("fsx_on_pfs_writeback_cache", || {
             let (first, _, ops) = seeds();
-            println!("fsx with writeback_cache: seeds {first}..{}", first + 6);
-            fsx_seeds(&mnt, first, 6, ops, |seed| ["block", "io", "file"][(seed % 3) as usize]);
+            println!("fsx with writeback_cache: seeds {first}..{}", first + 4);
+            fsx_seeds(&mnt, first, 4, ops, |seed| ["block", "io", "file"][(seed % 3) as usize]);
         });
         timed("pjdfstest_writeback_cache", || pjdfstest(&base, &mnt, Some(WRITEBACK_DIRS)));
         drop(pfs);

@@ -37,6 +37,15 @@ pub struct LinkInfo {
     pub one_sided: (u64, u64),
 }
 
+/// How a wait for an answer ended.
+#[derive(Debug)]
+pub enum Waited {
+    /// The server's reply, or the error it answered with (or a timeout).
+    Answer(FsResult<(Reply, u64)>),
+    /// The connection went down before the answer came.
+    Dropped(FsError),
+}
+
 /// A request sent and not yet answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sent {
@@ -126,11 +135,22 @@ impl Conn {
 
     /// [`wait`](Self::wait), and the boot id of the server process that answered.
     pub fn wait_boot(&self, sent: Sent) -> FsResult<(Reply, u64)> {
+        match self.wait_answer(sent) {
+            Waited::Answer(r) => r,
+            Waited::Dropped(e) => Err(e),
+        }
+    }
+
+    /// Waits for the answer to `sent`: the reply or the server's error, or
+    /// `Dropped` when the connection went down first (a restarted server; the
+    /// request may or may not have run).
+    pub fn wait_answer(&self, sent: Sent) -> Waited {
+        let answer = |r: FsResult<(Reply, u64)>| Waited::Answer(r);
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
             match rpc.poll_boot(sent.id) {
                 Ok(Some((frame, boot))) => {
-                    return match frame.body {
+                    return answer(match frame.body {
                         Body::Reply(r) => Ok((r, boot)),
                         Body::Error { error, .. } => Err(error),
                         Body::Request(r) => Err(FsError::Io(format!(
@@ -138,10 +158,11 @@ impl Conn {
                             self.addr,
                             r.opcode()
                         ))),
-                    }
+                    })
                 }
                 Ok(None) => {}
-                Err(e) => return Err(net_error(e)),
+                Err(e @ NetError::Disconnected { .. }) => return Waited::Dropped(net_error(e)),
+                Err(e) => return answer(Err(net_error(e))),
             }
             // Arm the wake-up before parking: a shared-memory peer rings the
             // eventfd only for a reader that said it sleeps.

@@ -313,9 +313,21 @@ impl Cluster {
         let deadline = Instant::now() + self.opts.request_timeout;
         let mut pause = Duration::from_micros(100);
         let mutation = req.is_mutation();
+        let mut resent = false;
         loop {
             let (s, sent) = self.send_to(server, worker, req.clone())?;
-            match self.conns[s].wait_boot(sent) {
+            let answer = match self.conns[s].wait_answer(sent) {
+                crate::conn::Waited::Answer(a) => a,
+                // A read changes nothing: after a dropped connection (a
+                // restarted server) it goes once more, on the new connection,
+                // instead of failing the first call after a restart with EIO.
+                crate::conn::Waited::Dropped(_) if !mutation && !resent => {
+                    resent = true;
+                    continue;
+                }
+                crate::conn::Waited::Dropped(e) => Err(e),
+            };
+            match answer {
                 Err(FsError::TryAgain) if Instant::now() + pause < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(50));
