@@ -8,7 +8,7 @@ mod common;
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -190,6 +190,15 @@ fn own_writes_in_fstat(root: &Path) {
     f.set_len(0x30000).unwrap();
     model.resize(0x30000, 0);
     check(&f, &model, "truncate down and up");
+    // A chmod right after writes that went to other shards: its reply must
+    // carry the size those writes made, not the one the home knew before.
+    for round in 0..8usize {
+        let off = model.len() + 5 * 65536;
+        write(&f, &mut model, off, 3 * 65536 + round, 4);
+        let mode = if round % 2 == 0 { 0o600 } else { 0o644 };
+        f.set_permissions(fs::Permissions::from_mode(mode)).unwrap();
+        check(&f, &model, &format!("write then chmod, round {round}"));
+    }
 }
 
 /// One process renames new versions onto `dst` while another opens `dst` in a

@@ -462,10 +462,9 @@ impl FileSystem for Cluster {
     }
 
     fn setattr(&self, ino: InodeId, set: &SetAttr) -> FsResult<FileAttr> {
-        if set.size.is_some() {
-            // Writes still in flight land before the cut, not after it.
-            self.publish_writes(ino)?;
-        }
+        // Writes still in flight land before a cut, not after it; and the
+        // reply's size (which the kernel takes) counts this client's writes.
+        self.publish_writes(ino)?;
         let attr = expect_reply!(self.call_home(ino, Request::SetAttr { ino, set: *set })?, Reply::SetAttr(a) => a)?;
         if attr.kind == FileType::Directory {
             // A cached lookup of this directory would hand the old mode back.
