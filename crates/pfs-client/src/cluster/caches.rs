@@ -176,20 +176,7 @@ mod tests {
     use pfs_core::{DirLayout, FileAttr, FileType};
 
     fn dir_attr(ino: u64) -> FileAttr {
-        FileAttr {
-            ino: InodeId(ino),
-            size: 0,
-            blocks: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            kind: FileType::Directory,
-            perm: 0o755,
-            nlink: 2,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        }
+        crate::cluster::test_attr(ino, FileType::Directory)
     }
 
     #[test]

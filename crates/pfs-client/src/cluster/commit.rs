@@ -170,20 +170,7 @@ mod tests {
     use pfs_core::{FileAttr, FileType};
 
     fn attr(ino: u64) -> FileAttr {
-        FileAttr {
-            ino: InodeId(ino),
-            size: 0,
-            blocks: 0,
-            atime_ns: 0,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            kind: FileType::Regular,
-            perm: 0o644,
-            nlink: 1,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-        }
+        crate::cluster::test_attr(ino, FileType::Regular)
     }
 
     #[test]

@@ -183,6 +183,25 @@ pub fn fetch_view(master: SocketAddr, key: &ClusterKey, timeout: Duration) -> Fs
     }
 }
 
+/// Attributes for unit tests: inode `ino` of kind `kind`, the rest zero.
+#[cfg(test)]
+pub(crate) fn test_attr(ino: u64, kind: FileType) -> FileAttr {
+    FileAttr {
+        ino: InodeId(ino),
+        size: 0,
+        blocks: 0,
+        atime_ns: 0,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        kind,
+        perm: 0o644,
+        nlink: 1,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+    }
+}
+
 /// The error for a reply of the wrong kind (a bug of the peer, or of this client).
 fn unexpected(reply: Reply) -> FsError {
     FsError::Io(format!("unexpected reply {:?}", reply.opcode()))
@@ -380,6 +399,15 @@ impl Cluster {
         }
     }
 
+    /// Makes the new entry `name` in `parent` with `req` (mknod, mkdir,
+    /// symlink) on the name's shard; its attributes.
+    fn add_entry(&self, parent: InodeId, name: &[u8], req: Request) -> FsResult<FileAttr> {
+        let at = self.route(self.dentry_key(parent, name)?);
+        let reply = self.call_to(at.server, at.proc_worker, req)?;
+        self.touch_parent(parent, &at);
+        self.entry_attr(reply)
+    }
+
     /// Updates the times of `dir` at its home after one of its entries changed
     /// on the shard `at`, when that is not the home (a bigdir name away from
     /// the directory's inode), so a `stat` right after sees them. A change of
@@ -515,12 +543,8 @@ impl FileSystem for Cluster {
         gid: u32,
         rdev: u32,
     ) -> FsResult<FileAttr> {
-        let key = self.dentry_key(parent, name)?;
-        let at = self.route(key);
         let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
-        let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at);
-        self.entry_attr(reply)
+        self.add_entry(parent, name, req)
     }
 
     fn mkdir(
@@ -531,13 +555,9 @@ impl FileSystem for Cluster {
         uid: u32,
         gid: u32,
     ) -> FsResult<FileAttr> {
-        let key = self.dentry_key(parent, name)?;
-        let at = self.route(key);
         let layout = self.layout_of(parent)?;
         let req = Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout };
-        let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at);
-        self.entry_attr(reply)
+        self.add_entry(parent, name, req)
     }
 
     fn symlink(
@@ -548,13 +568,9 @@ impl FileSystem for Cluster {
         uid: u32,
         gid: u32,
     ) -> FsResult<FileAttr> {
-        let key = self.dentry_key(parent, name)?;
-        let at = self.route(key);
         let req =
             Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
-        let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at);
-        self.entry_attr(reply)
+        self.add_entry(parent, name, req)
     }
 
     fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> FsResult<FileAttr> {
