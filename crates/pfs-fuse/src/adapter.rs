@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -185,6 +185,8 @@ pub struct PfsFuse {
     gate: RwLock<()>,
     exit_when_unmounted: bool,
     writeback_cache: bool,
+    /// The io_uring counters, once the session has them (logged at unmount).
+    pub(crate) uring_stats: Arc<OnceLock<Arc<fuser::UringStats>>>,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -234,6 +236,7 @@ impl PfsFuse {
             gate: RwLock::new(()),
             exit_when_unmounted: false,
             writeback_cache: false,
+            uring_stats: Arc::new(OnceLock::new()),
         }
     }
 
@@ -488,6 +491,9 @@ impl fuser::Filesystem for PfsFuse {
             if let Err(e) = self.fs.unlink(h.parent, &h.name) {
                 log::warn!("removing {} at unmount: {e}", String::from_utf8_lossy(&h.name));
             }
+        }
+        if let Some(u) = self.uring_stats.get() {
+            log::info!("FUSE over io_uring served {} requests", u.requests());
         }
         if self.exit_when_unmounted {
             // Returning would let fuser umount the mountpoint path once more, and

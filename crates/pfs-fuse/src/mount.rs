@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fuser::{Config, INodeNo, MountOption, Session, SessionACL};
+use fuser::{Config, INodeNo, MountOption, Session, SessionACL, UringConfig};
 use pfs_client::api::Invalidation;
 use pfs_client::FileSystem;
 use pfs_core::config::ConfigFile;
@@ -27,6 +27,17 @@ pub fn default_threads() -> usize {
     (cores * 2).clamp(4, 64)
 }
 
+/// Most io_uring threads per kernel queue (`uring_threads=`).
+pub const URING_THREADS_MAX: usize = 64;
+
+/// Where the kernel says whether FUSE over io_uring may be used.
+pub const ENABLE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Whether this kernel lets FUSE daemons use io_uring (`enable_uring` is `Y`).
+pub fn uring_enabled() -> bool {
+    std::fs::read_to_string(ENABLE_URING_PARAM).is_ok_and(|s| s.trim() == "Y")
+}
+
 /// Everything a mount is configured with.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -40,6 +51,10 @@ pub struct MountConfig {
     pub clone_fd: bool,
     /// The kernel's writeback cache (`-o writeback_cache`, docs/posix.md).
     pub writeback_cache: bool,
+    /// FUSE over io_uring (`-o uring`): threads per kernel queue (one queue per
+    /// CPU) and whether they are pinned to it. Falls back to /dev/fuse when the
+    /// kernel does not offer it.
+    pub uring: Option<UringConfig>,
     /// Kernel mount flags and access options passed through.
     pub kernel: Vec<MountOption>,
     /// Who may use the mount besides its owner.
@@ -61,6 +76,7 @@ impl Default for MountConfig {
             threads: default_threads(),
             clone_fd: true,
             writeback_cache: false,
+            uring: None,
             kernel: Vec::new(),
             acl: SessionACL::Owner,
             log: None,
@@ -133,6 +149,23 @@ impl MountConfig {
                 }
                 "writeback_cache" => self.writeback_cache = true,
                 "nowriteback_cache" => self.writeback_cache = false,
+                "uring" => {
+                    self.uring.get_or_insert_with(UringConfig::default);
+                }
+                "nouring" => self.uring = None,
+                "uring_threads" => {
+                    let v = need()?;
+                    let n: usize = v.parse().map_err(|_| {
+                        format!("mount option uring_threads={v:?}: expected a number")
+                    })?;
+                    if !(1..=URING_THREADS_MAX).contains(&n) {
+                        return Err(format!(
+                            "mount option uring_threads={n}: allowed 1 to {URING_THREADS_MAX}"
+                        ));
+                    }
+                    self.uring.get_or_insert_with(UringConfig::default).threads_per_queue = n;
+                }
+                "uring_pin" => self.uring.get_or_insert_with(UringConfig::default).pin = true,
                 "clone_fd" => self.clone_fd = true,
                 "noclone_fd" => self.clone_fd = false,
                 "log" => self.log = Some(need()?.into()),
@@ -176,6 +209,7 @@ impl MountConfig {
         c.acl = self.acl;
         c.n_threads = Some(self.threads);
         c.clone_fd = self.clone_fd;
+        c.uring = self.uring;
         c
     }
 }
@@ -203,8 +237,25 @@ pub fn mount(
     let adapter = PfsFuse::new(fs.clone(), cfg.ttl)
         .exit_when_unmounted(cfg.exit_when_unmounted)
         .writeback_cache(cfg.writeback_cache);
+    let uring_stats = adapter.uring_stats.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
+    match (cfg.uring, session.uring_stats()) {
+        (_, Some(stats)) => {
+            log::info!(
+                "FUSE over io_uring: {} queues, {} threads",
+                stats.queues(),
+                stats.threads()
+            );
+            let _ = uring_stats.set(stats);
+        }
+        (Some(_), None) => log::warn!(
+            "FUSE over io_uring asked for but not in use ({ENABLE_URING_PARAM} is {}): \
+             requests go through /dev/fuse",
+            if uring_enabled() { "Y, so see the log above" } else { "not Y" }
+        ),
+        (None, None) => {}
+    }
     let notifier = session.notifier();
     fs.set_invalidator(Box::new(move |inv| {
         // ENOENT means the kernel holds nothing to drop: fine.
