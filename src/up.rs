@@ -247,7 +247,12 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
         opts.data.display()
     );
     println!("pfs up: cluster key {}", cluster.key_file.display());
-    println!("pfs up: mounted on {} (Ctrl-C unmounts and stops)", mountpoint.display());
+    println!(
+        "pfs up: mounted on {} over {} (Ctrl-C unmounts and stops)",
+        mountpoint.display(),
+        mount.transport()
+    );
+    let uring = mount.uring_stats();
     // A server that fail-stops (a failed sync, a panicked worker) takes the
     // mount down with it: pfs up exits non-zero with the reason, and the next
     // run recovers the shards from their logs.
@@ -269,6 +274,9 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     stop.store(true, std::sync::atomic::Ordering::Release);
     let _ = watcher.join();
     println!("pfs up: unmounted {}, stopping the servers", mountpoint.display());
+    if let Some(u) = uring {
+        println!("pfs up: FUSE over io_uring served {} requests", u.requests());
+    }
     let stopped = cluster.stop();
     served?;
     stopped?;

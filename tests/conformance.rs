@@ -8,6 +8,11 @@
 //! directories about data, sizes and times (the cache changes how writes,
 //! truncates and mtime reach pfs; the full suite was run by hand, docs/posix.md).
 //!
+//! Then FUSE over io_uring (`-o uring`, with the `fuse` module's `enable_uring`
+//! set for the case and restored after): the exerciser, pjdfstest directories,
+//! large transfers and a large directory through the rings, counting the requests
+//! they served; and the fallback to /dev/fuse when the kernel does not allow it.
+//!
 //! `PFS_FSX_SEED` (first seed; default from the clock, printed), `PFS_FSX_SEEDS`
 //! (default 20) and `PFS_FSX_OPS` (default 5000) change the exerciser's run.
 //! Cases run one after another (harness = false): two cores.
@@ -19,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{mounted, up_with, PFS};
+use common::{mounted, up_logged, up_with, PFS};
 
 fn main() {
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -51,6 +56,10 @@ fn main() {
         });
         timed("pjdfstest_writeback_cache", || pjdfstest(&base, &mnt, Some(WRITEBACK_DIRS)));
         drop(pfs);
+    }
+    if want("uring") {
+        timed("uring", || uring(&base));
+        timed("uring_fallback_to_dev_fuse", || uring_fallback(&base));
     }
     let _ = std::fs::remove_dir_all(&base);
     println!("test result: ok");
@@ -175,6 +184,97 @@ fn fsx_on_pfs(mnt: &Path) {
 /// The pjdfstest directories run again with the writeback cache.
 const WRITEBACK_DIRS: &[&str] =
     &["open", "truncate", "ftruncate", "utimensat", "chmod", "unlink", "rename", "link"];
+
+/// The pjdfstest directories run through FUSE over io_uring.
+const URING_DIRS: &[&str] = &["open", "mkdir", "unlink", "link", "truncate"];
+
+/// Sets the `fuse` module's `enable_uring` for a case and restores it after.
+struct EnableUring(String);
+
+impl EnableUring {
+    fn set(on: bool) -> EnableUring {
+        let param = pfs_fuse::mount::ENABLE_URING_PARAM;
+        let old = std::fs::read_to_string(param).unwrap_or_else(|e| {
+            panic!("{param}: {e}: this kernel has no FUSE over io_uring (Linux 6.14+)")
+        });
+        std::fs::write(param, if on { "Y" } else { "N" }).unwrap();
+        EnableUring(old.trim().to_string())
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        let _ = std::fs::write(pfs_fuse::mount::ENABLE_URING_PARAM, &self.0);
+    }
+}
+
+/// What `pfs up` printed about io_uring: the mount line's transport and the
+/// request count at the end.
+fn uring_report(log: &[String]) -> (String, Option<u64>) {
+    let mounted = log.iter().find(|l| l.starts_with("pfs up: mounted on")).cloned();
+    let served = log.iter().find_map(|l| {
+        l.strip_prefix("pfs up: FUSE over io_uring served ")?.split(' ').next()?.parse().ok()
+    });
+    (mounted.expect("pfs up printed its mount line"), served)
+}
+
+/// Through the rings: fsx, pjdfstest directories, transfers of every size up to
+/// the largest request, and a directory larger than one readdir reply.
+fn uring(base: &Path) {
+    let _param = EnableUring::set(true);
+    let (data, mnt) = (base.join("data-uring"), base.join("mnt-uring"));
+    let (child, _, log) = up_logged(&data, &mnt, &["--workers", "2", "-o", "allow_other,uring"]);
+    let pfs = Up(Some(child), mnt.clone());
+    let (line, _) = uring_report(&log.lock().unwrap());
+    assert!(line.contains("over io_uring ("), "the mount did not take io_uring: {line}");
+
+    let (first, _, ops) = seeds();
+    println!("fsx over io_uring: seeds {first}..{}", first + 2);
+    fsx_seeds(&mnt, first, 2, ops, |seed| ["block", "io"][(seed % 2) as usize]);
+
+    // Writes and reads of 1 byte to 4 MiB (the kernel splits at 1 MiB, the
+    // largest entry payload), compared byte for byte.
+    let mut data = vec![0u8; 4 << 20];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i * 131 % 251) as u8;
+    }
+    for len in [1usize, 4095, 4096, 65_537, 1 << 20, (1 << 20) + 1, 4 << 20] {
+        let f = mnt.join(format!("transfer-{len}"));
+        std::fs::write(&f, &data[..len]).unwrap();
+        assert!(
+            std::fs::read(&f).unwrap() == data[..len],
+            "a {len}-byte transfer came back different"
+        );
+    }
+    let dir = mnt.join("many");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..3000 {
+        std::fs::write(dir.join(format!("entry-with-a-longish-name-{i:05}")), b"x").unwrap();
+    }
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3000);
+    pjdfstest(base, &mnt, Some(URING_DIRS));
+    drop(pfs);
+    let (_, served) = uring_report(&log.lock().unwrap());
+    let served = served.expect("pfs up reported the requests io_uring served");
+    println!("io_uring served {served} requests");
+    // Each of the 3000 creates alone is a lookup, a create and a release.
+    assert!(served > 9000, "io_uring served only {served} requests");
+}
+
+/// `-o uring` on a kernel that does not allow it: a warning, and /dev/fuse.
+fn uring_fallback(base: &Path) {
+    let _param = EnableUring::set(false);
+    let (data, mnt) = (base.join("data-uring-off"), base.join("mnt-uring-off"));
+    let (child, _, log) = up_logged(&data, &mnt, &["--workers", "2", "-o", "uring"]);
+    let pfs = Up(Some(child), mnt.clone());
+    let (line, _) = uring_report(&log.lock().unwrap());
+    assert!(line.contains("over /dev/fuse ("), "expected the /dev/fuse fallback: {line}");
+    std::fs::write(mnt.join("f"), b"through /dev/fuse").unwrap();
+    assert_eq!(std::fs::read(mnt.join("f")).unwrap(), b"through /dev/fuse");
+    drop(pfs);
+    let (_, served) = uring_report(&log.lock().unwrap());
+    assert_eq!(served, None, "no ring served this mount");
+}
 
 /// pjdfstest, built (once) in a temporary directory from `third_party/pjdfstest`:
 /// every test file, or those of `dirs`.

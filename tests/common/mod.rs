@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 pub const PFS: &str = env!("CARGO_BIN_EXE_pfs");
 
@@ -34,6 +35,17 @@ pub fn up_with(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
 /// `pfs up` with only these arguments besides the data, the mount point, a free
 /// master port and 2 GiB.
 pub fn up_exactly(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
+    let (child, master, _) = up_logged(data, mnt, args);
+    (child, master)
+}
+
+/// [`up_exactly`], also keeping every line `pfs up` prints (the ones after the
+/// "mounted" line arrive while it runs and as it stops).
+pub fn up_logged(
+    data: &Path,
+    mnt: &Path,
+    args: &[&str],
+) -> (Child, String, Arc<Mutex<Vec<String>>>) {
     let mut child = Command::new(PFS)
         .args(["up", "--master-listen", "127.0.0.1:0", "--size-gib", "2"])
         .arg("--data")
@@ -45,6 +57,7 @@ pub fn up_exactly(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let log = Arc::new(Mutex::new(Vec::new()));
     let mut master = None;
     for line in lines.by_ref() {
         let line = line.unwrap();
@@ -52,16 +65,20 @@ pub fn up_exactly(data: &Path, mnt: &Path, args: &[&str]) -> (Child, String) {
         if let Some(rest) = line.strip_prefix("pfs up: master on ") {
             master = Some(rest.split(',').next().unwrap().to_string());
         }
-        if line.starts_with("pfs up: mounted on") {
+        let mounted = line.starts_with("pfs up: mounted on");
+        log.lock().unwrap().push(line);
+        if mounted {
             break;
         }
     }
     // Keep draining stdout so the process never blocks on a full pipe.
+    let keep = log.clone();
     std::thread::spawn(move || {
         for l in lines.map_while(Result::ok) {
-            println!("{l}")
+            println!("{l}");
+            keep.lock().unwrap().push(l);
         }
     });
     assert!(mounted(mnt), "pfs up said mounted but {mnt:?} is not");
-    (child, master.expect("pfs up printed its master"))
+    (child, master.expect("pfs up printed its master"), log)
 }

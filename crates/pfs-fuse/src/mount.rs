@@ -219,6 +219,7 @@ impl MountConfig {
 pub struct Mount {
     session: Session<PfsFuse>,
     mountpoint: PathBuf,
+    threads: usize,
 }
 
 /// Mounts `fs` on `mountpoint`. When this returns the kernel has finished its
@@ -269,10 +270,29 @@ pub fn mount(
             log::debug!("kernel invalidation: {e}");
         }
     }));
-    Ok(Mount { session, mountpoint: mountpoint.to_path_buf() })
+    Ok(Mount { session, mountpoint: mountpoint.to_path_buf(), threads: cfg.threads })
 }
 
 impl Mount {
+    /// The io_uring counters, when requests come over FUSE-over-io_uring queues
+    /// (`-o uring` and a kernel that offers them); they count on after `run`.
+    pub fn uring_stats(&self) -> Option<Arc<fuser::UringStats>> {
+        self.session.uring_stats()
+    }
+
+    /// How kernel requests reach the file system, for the operator:
+    /// `io_uring (2 queues x 2 threads)` or `/dev/fuse (4 threads)`.
+    pub fn transport(&self) -> String {
+        match self.uring_stats() {
+            Some(u) => format!(
+                "io_uring ({} queues x {} threads)",
+                u.queues(),
+                u.threads() / u.queues().max(1)
+            ),
+            None => format!("/dev/fuse ({} threads)", self.threads),
+        }
+    }
+
     /// Serves kernel requests until the file system is unmounted (`umount`, or
     /// `stop` becoming true, which unmounts it).
     pub fn run(mut self, stop: Arc<AtomicBool>) -> Result<(), String> {
