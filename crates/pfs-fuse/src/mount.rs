@@ -372,3 +372,31 @@ pub mod signals {
         flag
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(opts: &str) -> Result<MountConfig, String> {
+        let mut c = MountConfig::default();
+        c.apply_options(&[opts.to_string()]).map(|()| c)
+    }
+
+    #[test]
+    fn uring_is_opt_in_and_its_options_imply_it() {
+        assert_eq!(with("allow_other").unwrap().uring, None);
+        assert_eq!(with("uring").unwrap().uring, Some(UringConfig::default()));
+        let c = with("uring_threads=3,uring_pin").unwrap().uring.unwrap();
+        assert_eq!((c.threads_per_queue, c.pin, c.depth), (3, true, 1));
+        assert_eq!(with("uring,nouring").unwrap().uring, None);
+        assert_eq!(with("uring").unwrap().fuser_config().uring, Some(UringConfig::default()));
+    }
+
+    #[test]
+    fn bad_uring_threads_are_refused_by_name() {
+        for bad in ["uring_threads=0", "uring_threads=65", "uring_threads=many", "uring_threads"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("uring_threads"), "{bad}: {e}");
+        }
+    }
+}
