@@ -60,7 +60,7 @@ mount_target() { # target transport -> sets PID
     [ "$2" = uring ] && opts=$URING_OPTS
     if [ "$1" = memfs ]; then
         "$PFS_FUSE" memory "$WORK/mnt" -o "log=$WORK/memfs.log${opts:+,$opts}"
-        PID=$(pgrep -f "pfs-fuse memory $WORK/mnt" | head -1)
+        PID=$(pgrep -n -f "pfs-fuse memory $WORK/mnt")
     else
         rm -rf "$WORK/data"
         "$PFS" up --mount "$WORK/mnt" --data "$WORK/data" --master-listen 127.0.0.1:0 \
@@ -72,7 +72,14 @@ mount_target() { # target transport -> sets PID
     fi
 }
 unmount_target() {
-    if [ "$1" = memfs ]; then umount "$WORK/mnt"; else kill -INT "$PID"; wait "$PID" || true; fi
+    if [ "$1" = memfs ]; then
+        umount "$WORK/mnt"
+        # The daemon exits on its own after the unmount: wait, so the next
+        # mount's process is the only one.
+        while kill -0 "$PID" 2>/dev/null; do sleep 0.05; done
+    else
+        kill -INT "$PID"; wait "$PID" || true
+    fi
     PID=
 }
 

@@ -36,7 +36,8 @@ const READY_FD: i32 = 3;
 /// close; see docs/posix.md), uring (FUSE over io_uring: Linux 6.14+, after
 /// `echo Y > /sys/module/fuse/parameters/enable_uring`; otherwise /dev/fuse with
 /// a warning), uring_threads=N (threads per CPU queue, default 2, 1 to 64),
-/// uring_pin (pin them to their CPU), log=FILE (where the background daemon logs),
+/// uring_nopin (do not pin them to their CPU), log=FILE (where the background
+/// daemon logs),
 /// allow_other, allow_root, fsname=NAME, and the usual ro, nodev, nosuid,
 /// noexec, noatime, sync, dirsync. mount(8) options such as _netdev, nofail,
 /// defaults, auto are accepted and ignored.

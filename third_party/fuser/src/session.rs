@@ -363,6 +363,9 @@ impl<FS: Filesystem> Session<FS> {
                 }
             };
             if let Err(e) = res {
+                // pfs fork: say why, since `destroy` may end the process before
+                // the caller sees the error.
+                error!("FUSE session thread ended: {e}");
                 if reply.is_ok() {
                     reply = Err(e);
                 }
