@@ -230,6 +230,15 @@ impl Entry {
     }
 }
 
+/// A bare `fuse_out_header` answering request `unique` with EIO.
+fn eio_reply(unique: u64) -> [u8; OUT_HEADER_BYTES] {
+    let mut out = [0u8; OUT_HEADER_BYTES];
+    out[0..4].copy_from_slice(&(OUT_HEADER_BYTES as u32).to_ne_bytes());
+    out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+    out[8..16].copy_from_slice(&unique.to_ne_bytes());
+    out
+}
+
 /// Entries answered and waiting for their commit, and the eventfd that wakes the
 /// ring thread when the answer came from another thread.
 struct Done {
@@ -284,12 +293,9 @@ impl EntrySender {
         let header = self.entry.header();
         let r = if total < OUT_HEADER_BYTES || total - OUT_HEADER_BYTES > capacity {
             error!("FUSE over io_uring: a reply of {total} bytes does not fit the entry");
-            // Answer EIO rather than leave the caller waiting.
-            let mut out = [0u8; OUT_HEADER_BYTES];
-            out[0..4].copy_from_slice(&(OUT_HEADER_BYTES as u32).to_ne_bytes());
-            out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            // `unique` is the commit id (the kernel's request id).
-            out[8..16].copy_from_slice(&self.entry.read_u64(COMMIT_ID_OFFSET).to_ne_bytes());
+            // Answer EIO rather than leave the caller waiting; the commit id is
+            // the kernel's request id.
+            let out = eio_reply(self.entry.read_u64(COMMIT_ID_OFFSET));
             // SAFETY: this request's single reply owns the entry's buffers.
             unsafe {
                 std::ptr::copy_nonoverlapping(out.as_ptr(), header, OUT_HEADER_BYTES);
@@ -583,12 +589,7 @@ impl RingThread {
                 "FUSE over io_uring: request of {len} bytes with a {payload_sz}-byte payload \
                  does not fit an entry"
             );
-            let unique = e.read_u64(8);
-            let mut out = [0u8; OUT_HEADER_BYTES];
-            out[0..4].copy_from_slice(&(OUT_HEADER_BYTES as u32).to_ne_bytes());
-            out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-            out[8..16].copy_from_slice(&unique.to_ne_bytes());
-            let _ = sender.send(&[IoSlice::new(&out)]);
+            let _ = sender.send(&[IoSlice::new(&eio_reply(e.read_u64(8)))]);
             return;
         };
         // SAFETY: the kernel has completed the command, so the ring thread owns the
@@ -609,12 +610,7 @@ impl RingThread {
         match RequestWithSender::new_uring(se.ch.sender(), sender.clone(), &buf[..len]) {
             Some(req) => req.dispatch(se),
             None => {
-                let unique = e.read_u64(8);
-                let mut out = [0u8; OUT_HEADER_BYTES];
-                out[0..4].copy_from_slice(&(OUT_HEADER_BYTES as u32).to_ne_bytes());
-                out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
-                out[8..16].copy_from_slice(&unique.to_ne_bytes());
-                let _ = sender.send(&[IoSlice::new(&out)]);
+                let _ = sender.send(&[IoSlice::new(&eio_reply(e.read_u64(8)))]);
             }
         }
     }
