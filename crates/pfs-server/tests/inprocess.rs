@@ -554,3 +554,26 @@ fn a_smaller_published_size_keeps_another_writers_data_elsewhere() {
     drop(fs);
     cluster.stop();
 }
+
+#[test]
+fn open_sends_nothing_and_a_file_removed_meanwhile_fails_at_its_first_read() {
+    let dir = test_dir("open-removed");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let other = cluster.client();
+    let ino = write_file(&fs, InodeId::ROOT, "gone", b"soon removed");
+    // This client has looked the file up (its layout is known); another removes it.
+    assert_eq!(fs.lookup(InodeId::ROOT, b"gone").unwrap().ino, ino);
+    other.unlink(InodeId::ROOT, b"gone").unwrap();
+    // The open checks nothing at the servers, so it succeeds; the first read and
+    // getattr find no inode (ESTALE through a mount; docs/posix.md).
+    let fh = fs.open(ino, libc::O_RDONLY as u32).unwrap();
+    assert_eq!(fs.read(ino, fh, 0, 100), Err(FsError::NotFound));
+    assert_eq!(fs.getattr(ino).map(|a| a.ino), Err(FsError::NotFound));
+    fs.release(ino, fh).unwrap();
+    // An inode this client never saw still costs one request, which checks it.
+    let fresh = cluster.client();
+    assert_eq!(fresh.open(ino, 0).map(|_| ()), Err(FsError::NotFound));
+    drop((fs, other, fresh));
+    cluster.stop();
+}

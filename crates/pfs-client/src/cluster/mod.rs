@@ -766,8 +766,13 @@ impl FileSystem for Cluster {
         Ok(out)
     }
 
-    fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle> {
-        expect_reply!(self.call_home(ino, Request::Open { ino, flags })?, Reply::Open { .. } => ())?;
+    /// Opens without a round trip when the file's layout is known (the lookup
+    /// or create that found the inode left it here): the server's `Open` only
+    /// checks that the inode exists, which the lookup just did. A file another
+    /// client removed in between then opens, and its reads and `fstat` fail with
+    /// `NotFound` (`ESTALE` through the mount) instead of the open
+    /// (docs/posix.md). Otherwise one `LayoutGet` both checks and learns it.
+    fn open(&self, ino: InodeId, _flags: u32) -> FsResult<FileHandle> {
         let layout = self.layout_of(ino)?.file;
         self.files.open(ino, layout, None)
     }
