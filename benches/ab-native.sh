@@ -6,13 +6,14 @@
 # and the CPU time per operation (the pfs up process and the bench processes).
 #
 #   benches/ab-native.sh OLD_PFS NEW_PFS      # as root; ROUNDS=2 by default
+#   WORKLOADS="io-easy ckpt" benches/ab-native.sh ...   # any of md-easy md-hard io-easy io-hard ckpt
 set -euo pipefail
 A=$1
 B=$2
 ROUNDS=${ROUNDS:-2}
 WORK=${WORK:-/tmp/pfs-ab}
-declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512")
-WORKLOADS="md-easy md-hard io-easy"
+declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
+WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
 rm -rf "$WORK"
 mkdir -p "$WORK"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

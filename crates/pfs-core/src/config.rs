@@ -200,6 +200,14 @@ pub struct ServerConfig {
     pub icache_blocks: u32,
     /// Largest share of inode cache blocks that may be dirty before write-back.
     pub dirty_ratio: f64,
+    /// Read cache of file data per worker, MiB (`pfs_store::shard::cache`);
+    /// unset sizes it from memory ([`ServerConfig::read_cache_bytes`]), 0 turns
+    /// it off.
+    pub read_cache_mib: Option<u64>,
+    /// Read-ahead of sequential readers into the read cache, in multiples of
+    /// their read (DESIGN.md: 10); 0, the default, reads no more than asked:
+    /// while device reads block the worker, read-ahead measured slower.
+    pub read_ahead_factor: u64,
     /// Write-ahead log bytes per worker.
     pub wal_size_bytes: u64,
     /// Slots in each worker-to-worker ring.
@@ -241,6 +249,8 @@ impl Default for ServerConfig {
             memcpy_threshold_bytes: 4 * KIB,
             icache_blocks: 4096,
             dirty_ratio: 0.05,
+            read_cache_mib: None,
+            read_ahead_factor: 0,
             wal_size_bytes: 256 * MIB,
             ring_depth: 1024,
             io_queue_depth: 256,
@@ -252,6 +262,17 @@ impl Default for ServerConfig {
             rdma_device: String::new(),
             rdma_port: 1,
             rdma_gid_index: 0,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Each worker's read cache in bytes: `read_cache_mib`, or when unset 1/64 of
+    /// `memory_bytes` (the machine's) shared by the workers, 16 MiB to 1 GiB each.
+    pub fn read_cache_bytes(&self, memory_bytes: u64) -> u64 {
+        match self.read_cache_mib {
+            Some(mib) => mib * MIB,
+            None => (memory_bytes / 64 / u64::from(self.workers.max(1))).clamp(16 * MIB, GIB),
         }
     }
 }
@@ -282,6 +303,10 @@ impl ConfigFile for ServerConfig {
                 value: self.dirty_ratio.to_string(),
                 allowed: "greater than 0, at most 1".into(),
             });
+        }
+        check_range("read_ahead_factor", self.read_ahead_factor, 0, 64)?;
+        if let Some(mib) = self.read_cache_mib {
+            check_range("read_cache_mib", mib, 0, 1 << 20)?;
         }
         check_range("wal_size_bytes", self.wal_size_bytes, MIB, 64 * GIB)?;
         check_range("ring_depth", self.ring_depth, 2, 1 << 20)?;
@@ -516,6 +541,23 @@ mod tests {
         assert_eq!(ServerConfig::from_toml_str("").unwrap(), ServerConfig::default());
         assert_eq!(ServerConfig::default().dirty_ratio, 0.05);
         assert_eq!(ClientConfig::default().dir_layout, DirLayout::BigDir);
+    }
+
+    #[test]
+    fn the_read_cache_is_sized_from_memory_unless_set() {
+        let auto = ServerConfig { workers: 2, ..ServerConfig::default() };
+        assert_eq!(auto.read_cache_bytes(24 * GIB), 192 * MIB, "1/64 of 24 GiB over 2 workers");
+        assert_eq!(auto.read_cache_bytes(GIB), 16 * MIB, "at least 16 MiB");
+        assert_eq!(auto.read_cache_bytes(1 << 50), GIB, "at most 1 GiB");
+        let off = ServerConfig::from_toml_str("read_cache_mib = 0").unwrap();
+        assert_eq!(off.read_cache_bytes(24 * GIB), 0);
+        let set = ServerConfig::from_toml_str("read_cache_mib = 100").unwrap();
+        assert_eq!(set.read_cache_bytes(24 * GIB), 100 * MIB);
+        let e = ServerConfig::from_toml_str("read_cache_mib = 9999999").unwrap_err();
+        assert!(e.to_string().contains("read_cache_mib"), "{e}");
+        assert_eq!(ServerConfig::default().read_ahead_factor, 0);
+        let e = ServerConfig::from_toml_str("read_ahead_factor = 65").unwrap_err();
+        assert!(e.to_string().contains("read_ahead_factor"), "{e}");
     }
 
     #[test]

@@ -268,8 +268,22 @@ fn shard_options(cfg: &ServerConfig) -> ShardOptions {
     ShardOptions {
         icache_blocks: cfg.icache_blocks as usize,
         dirty_ratio: cfg.dirty_ratio,
+        read_cache_pages: (cfg.read_cache_bytes(memory_bytes())
+            / pfs_store::shard::geometry::PAGE_SIZE) as usize,
+        read_ahead_factor: cfg.read_ahead_factor,
         ..ShardOptions::default()
     }
+}
+
+/// The machine's memory (`MemTotal`), or 4 GiB when /proc/meminfo says nothing.
+fn memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let line = m.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(4 << 30, |kib| kib * 1024)
 }
 
 /// The size of each worker's zone, checked.

@@ -30,7 +30,13 @@ struct Node {
 type Model = BTreeMap<(InodeId, Vec<u8>), Node>;
 
 fn opts() -> ShardOptions {
-    ShardOptions { icache_blocks: 8, dirty_ratio: 0.25, wal_group_bytes: 64 << 10 }
+    ShardOptions {
+        icache_blocks: 8,
+        dirty_ratio: 0.25,
+        wal_group_bytes: 64 << 10,
+        read_cache_pages: 64,
+        read_ahead_factor: 10,
+    }
 }
 
 fn format_options() -> FormatOptions {

@@ -31,7 +31,13 @@ const ROOT: InodeId = InodeId::ROOT;
 const TXN: u64 = 7;
 
 fn opts() -> ShardOptions {
-    ShardOptions { icache_blocks: 32, dirty_ratio: 0.25, wal_group_bytes: 64 << 10 }
+    ShardOptions {
+        icache_blocks: 32,
+        dirty_ratio: 0.25,
+        wal_group_bytes: 64 << 10,
+        read_cache_pages: 64,
+        read_ahead_factor: 10,
+    }
 }
 
 fn format(shard: u32) -> (MemDevice, Shard<MemDevice>) {

@@ -11,6 +11,7 @@
 
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId};
 
+use super::cache::READ_AHEAD_FACTOR;
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -90,7 +91,28 @@ impl<D: Device> Shard<D> {
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
         self.settle(ino)?;
-        self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)
+        let data = self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)?;
+        // The file's size is known at its home only: read ahead as far as the
+        // factor asks; holes past the end cost no device read.
+        let ahead = end.saturating_add(len as u64 * READ_AHEAD_FACTOR);
+        self.read_ahead(&Self::homed_elsewhere(ino, layout, ahead), offset, len);
+        Ok(data)
+    }
+
+    /// After a read of `len` bytes at `offset`: when it continues the file's last
+    /// read, keeps `READ_AHEAD_FACTOR` times as much read ahead of it in the read
+    /// cache (up to the end of `inode`, at most `MAX_IO_BYTES` at once;
+    /// [`Readers::ahead`](super::cache::Readers::ahead)). A device error here is
+    /// left for the read that needs those bytes.
+    fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize) {
+        let factor = self.opts.read_ahead_factor;
+        let Some((from, to)) = self.readers.ahead(inode.ino, offset, len as u64, factor) else {
+            return;
+        };
+        let to = to.min(inode.size).min(from.saturating_add(MAX_IO_BYTES as u64));
+        if from < to {
+            let _ = self.read_inode_pages(inode, from, (to - from) as usize, true);
+        }
     }
 
     /// Frees the data at or past `size` of a file whose inode lives elsewhere (its
@@ -176,11 +198,28 @@ impl<D: Device> Shard<D> {
         }
         let len = len.min((inode.size - offset) as usize);
         self.settle(ino)?;
-        self.read_inode_data(&inode, offset, len)
+        let data = self.read_inode_data(&inode, offset, len)?;
+        self.read_ahead(&inode, offset, len);
+        Ok(data)
     }
 
     /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are zeros).
     fn read_inode_data(&mut self, inode: &Inode, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+        self.read_inode_pages(inode, offset, len, false)
+    }
+
+    /// [`read_inode_data`](Self::read_inode_data); what it reads from the device
+    /// goes to the read cache when `cache_all` (read-ahead) or when it is a
+    /// partly filled block (small files, the tail a writer appends to). Whole
+    /// blocks read once are not worth the copy: caching them made streaming
+    /// reads 0.8x (docs/benchmarks.md).
+    fn read_inode_pages(
+        &mut self,
+        inode: &Inode,
+        offset: u64,
+        len: usize,
+        cache_all: bool,
+    ) -> FsResult<Vec<u8>> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
@@ -213,6 +252,11 @@ impl<D: Device> Shard<D> {
                 ));
             }
         }
+        // Pieces the read cache holds are copied from it; the rest are read
+        // from the device, and cached.
+        pieces.retain(|&(run, first, _, at, skip, n)| {
+            !self.read_cache.read(run.page + first, skip, &mut out[at..at + n])
+        });
         let reqs = pieces
             .iter()
             .map(|(run, first, pages, ..)| IoRequest {
@@ -223,9 +267,14 @@ impl<D: Device> Shard<D> {
             })
             .collect();
         let mut err = None;
-        for (c, (_, _, _, at, skip, n)) in self.io.run(reqs).into_iter().zip(&pieces) {
+        for (c, (run, first, _, at, skip, n)) in self.io.run(reqs).into_iter().zip(&pieces) {
             match c.result {
-                Ok(()) => out[*at..*at + *n].copy_from_slice(&c.buf[*skip..*skip + *n]),
+                Ok(()) => {
+                    out[*at..*at + *n].copy_from_slice(&c.buf[*skip..*skip + *n]);
+                    if cache_all || run.valid < self.geo.block_size {
+                        self.read_cache.put(run.page + first, &c.buf);
+                    }
+                }
                 Err(e) => err = Some(e),
             }
             self.io.device_mut().free_buf(c.buf);
@@ -321,6 +370,7 @@ impl<D: Device> Shard<D> {
         // Read the old blocks a partial write must merge.
         let mut plans: Vec<(BlockIndex, Option<Run>, u64, u64, u32)> = Vec::new();
         let mut merge_reads = Vec::new();
+        let mut cached = Vec::new();
         for b in offset / bs..end.div_ceil(bs) {
             let block = BlockIndex(b);
             let old = self.block_run(inode, block);
@@ -330,25 +380,38 @@ impl<D: Device> Shard<D> {
             // Bytes past the end of file read as zeros even if a run still holds them.
             let old_valid = old_valid.min(inode.size.saturating_sub(start));
             let new_valid = old_valid.max(to) as u32;
+            let mut old_data = None;
             if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
                 let pages = old_valid.div_ceil(PAGE_SIZE);
-                merge_reads.push((
-                    plans.len(),
-                    IoRequest {
-                        tag: 0,
-                        kind: IoKind::Read,
-                        offset: self.geo.data_offset(run.page),
-                        buf: self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize),
-                    },
-                ));
+                let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+                if self.read_cache.read(run.page, 0, &mut buf) {
+                    old_data = Some(buf);
+                } else {
+                    merge_reads.push((
+                        plans.len(),
+                        run.page,
+                        IoRequest {
+                            tag: 0,
+                            kind: IoKind::Read,
+                            offset: self.geo.data_offset(run.page),
+                            buf,
+                        },
+                    ));
+                }
             }
             plans.push((block, old, from, to, new_valid));
+            cached.push(old_data);
         }
-        let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = merge_reads.into_iter().unzip();
-        let mut old_data: Vec<Option<crate::device::AlignedBuf>> =
-            (0..plans.len()).map(|_| None).collect();
-        for (i, c) in idx.into_iter().zip(self.io.run(reqs)) {
+        let mut idx = Vec::with_capacity(merge_reads.len());
+        let mut reqs = Vec::with_capacity(merge_reads.len());
+        for (i, page, req) in merge_reads {
+            idx.push((i, page));
+            reqs.push(req);
+        }
+        let mut old_data: Vec<Option<crate::device::AlignedBuf>> = cached;
+        for ((i, page), c) in idx.into_iter().zip(self.io.run(reqs)) {
             c.result?;
+            self.read_cache.put(page, &c.buf);
             old_data[i] = Some(c.buf);
         }
         // Allocate and write the new runs.
@@ -385,9 +448,13 @@ impl<D: Device> Shard<D> {
             self.io.device_mut().free_buf(buf);
         }
         let mut failed = None;
-        for c in self.io.run(writes) {
-            if let Err(e) = c.result {
-                failed = Some(e);
+        let full_block = self.geo.block_size;
+        for (c, run) in self.io.run(writes).into_iter().zip(&new_runs) {
+            match c.result {
+                // A partly filled block is what the next append reads back.
+                Ok(()) if run.valid < full_block => self.read_cache.put(run.page, &c.buf),
+                Ok(()) => self.read_cache.forget(run.page, u64::from(run.pages)),
+                Err(e) => failed = Some(e),
             }
             self.io.device_mut().free_buf(c.buf);
         }
@@ -425,6 +492,8 @@ impl<D: Device> Shard<D> {
         let req =
             IoRequest { tag: 0, kind: IoKind::Write, offset: self.geo.data_offset(page), buf };
         let c = self.io.run(vec![req]).pop().expect("one completion");
+        // Streaming (io layout) writes are not worth a copy: drop the pages.
+        self.read_cache.forget(page, pages);
         self.io.device_mut().free_buf(c.buf);
         if let Err(e) = c.result {
             self.page_bitmap.clear_run(page, pages);

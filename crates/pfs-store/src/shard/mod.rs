@@ -4,6 +4,7 @@
 //! - [`tables`]: encoding of the in-memory tables into a checkpoint.
 //! - [`meta`]: namespace operations (create, lookup, rename, readdir, xattrs, ...).
 //! - [`data`]: file data (block / file / io layouts), truncate.
+//! - [`cache`]: the read cache of data pages, and read-ahead for sequential readers.
 //! - this file: state, format, open (recovery), the operation frame
 //!   (`begin` / `log` / `finish`), commit and checkpoint.
 //!
@@ -11,6 +12,7 @@
 //! [`Shard::log`], which both changes memory and appends to the operation's WAL
 //! record, so live operation and replay share one code path.
 
+pub mod cache;
 pub mod check;
 pub mod data;
 pub mod follow;
@@ -53,11 +55,21 @@ pub struct ShardOptions {
     pub dirty_ratio: f64,
     /// Bytes of WAL records that may wait for one commit.
     pub wal_group_bytes: usize,
+    /// Data pages the read cache holds (0: none); see [`cache`].
+    pub read_cache_pages: usize,
+    /// Read-ahead of sequential readers, in multiples of their read (0: none).
+    pub read_ahead_factor: u64,
 }
 
 impl Default for ShardOptions {
     fn default() -> Self {
-        ShardOptions { icache_blocks: 4096, dirty_ratio: 0.05, wal_group_bytes: 4 << 20 }
+        ShardOptions {
+            icache_blocks: 4096,
+            dirty_ratio: 0.05,
+            wal_group_bytes: 4 << 20,
+            read_cache_pages: 4096,
+            read_ahead_factor: cache::READ_AHEAD_FACTOR,
+        }
     }
 }
 
@@ -72,6 +84,11 @@ pub struct ShardStats {
     pub checkpoints: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
+    /// Data reads served from the read cache, and those that went to the device
+    /// (one per piece of a read: a block, or an extent).
+    pub read_cache_hits: u64,
+    /// See `read_cache_hits`.
+    pub read_cache_misses: u64,
 }
 
 /// One shard over its zone of device `D`.
@@ -123,6 +140,9 @@ pub struct Shard<D: Device> {
     failed: Option<String>,
     now_ns: TimeNs,
     stats: ShardStats,
+    /// Data pages as the device holds them, and where sequential readers are.
+    read_cache: cache::PageCache,
+    readers: cache::Readers,
 }
 
 /// Reserves everything of the zone but its data pages (superblock, metadata,
@@ -325,6 +345,8 @@ impl<D: Device> Shard<D> {
             failed: None,
             now_ns: wall_clock_ns(),
             stats: ShardStats::default(),
+            read_cache: cache::PageCache::new(opts.read_cache_pages),
+            readers: cache::Readers::default(),
             geo,
             opts,
         }
@@ -342,7 +364,12 @@ impl<D: Device> Shard<D> {
 
     /// Counters.
     pub fn stats(&self) -> ShardStats {
-        ShardStats { icache: self.icache.stats(), ..self.stats }
+        ShardStats {
+            icache: self.icache.stats(),
+            read_cache_hits: self.read_cache.hits,
+            read_cache_misses: self.read_cache.misses,
+            ..self.stats
+        }
     }
 
     /// Sets the clock used for timestamps (the worker sets it once per tick).

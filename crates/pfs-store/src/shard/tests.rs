@@ -9,7 +9,13 @@ const ZONE: u64 = 64 << 20;
 const ROOT: InodeId = InodeId::ROOT;
 
 fn small_opts() -> ShardOptions {
-    ShardOptions { icache_blocks: 16, dirty_ratio: 0.25, wal_group_bytes: 64 << 10 }
+    ShardOptions {
+        icache_blocks: 16,
+        dirty_ratio: 0.25,
+        wal_group_bytes: 64 << 10,
+        read_cache_pages: 64,
+        read_ahead_factor: 10,
+    }
 }
 
 fn fresh() -> (Shard<MemDevice>, MemDevice) {
@@ -660,4 +666,108 @@ fn a_checkpoint_cut_at_any_write_loses_nothing_committed() {
             }
         }
     }
+}
+
+/// Random writes, truncates and reads of files of both layouts, checked against a
+/// model, with a read cache of 8 pages (most reads miss, evictions all the time)
+/// and of 64: the cache never shows anything but what was written last.
+#[test]
+fn the_read_cache_always_shows_the_last_write() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 =
+        std::env::var("PFS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        });
+    println!("seed {seed} (PFS_SEED={seed} replays it)");
+    for cache_pages in [8usize, 64] {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ cache_pages as u64);
+        let dev = MemDevice::new(BIG_ZONE, 64);
+        let opts = ShardOptions { read_cache_pages: cache_pages, ..small_opts() };
+        let mut s =
+            Shard::format(dev, &FormatOptions::new(ShardId(0), BIG_ZONE), opts.clone()).unwrap();
+        let mut files = Vec::new();
+        for (i, layout) in [FileLayout::Block, FileLayout::Io].into_iter().enumerate() {
+            let args = CreateArgs {
+                layout: Some((pfs_core::DirLayout::default(), layout)),
+                ..CreateArgs::file(0o644)
+            };
+            let f = s.create(ROOT, format!("f{i}").as_bytes(), args).unwrap();
+            files.push((f.ino, Vec::<u8>::new()));
+        }
+        for step in 0..600 {
+            let (ino, model) = &mut files[rng.gen_range(0..2)];
+            let ctx = format!("seed {seed}, cache {cache_pages}, step {step}");
+            match rng.gen_range(0..10) {
+                0..=4 => {
+                    let off = rng.gen_range(0..300_000u64);
+                    let len = rng.gen_range(1..70_000usize);
+                    let fill: u8 = rng.gen();
+                    let data: Vec<u8> = (0..len).map(|i| fill.wrapping_add(i as u8)).collect();
+                    s.write(*ino, off, &data).unwrap();
+                    let end = off as usize + len;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].copy_from_slice(&data);
+                }
+                5 => {
+                    let size = rng.gen_range(0..300_000u64);
+                    s.setattr(*ino, SetAttr { size: Some(size), ..SetAttr::default() }).unwrap();
+                    model.resize(size as usize, 0);
+                    run_trims(&mut s);
+                }
+                _ => {
+                    let off = rng.gen_range(0..model.len().max(1) as u64);
+                    let len = rng.gen_range(1..200_000usize);
+                    let got = s.read(*ino, off, len).unwrap();
+                    let from = (off as usize).min(model.len());
+                    let to = (off as usize + len).min(model.len());
+                    assert!(got == model[from..to], "{ctx}: read {len} at {off} differs");
+                }
+            }
+            // Commit often: freed pages become reusable, and a reused page must
+            // not show what the cache kept of its last life.
+            if step % 3 == 2 {
+                s.commit().unwrap();
+            }
+        }
+        for (ino, model) in &files {
+            assert!(s.read(*ino, 0, model.len()).unwrap() == *model, "seed {seed}: whole file");
+        }
+        let st = s.stats();
+        assert!(st.read_cache_hits > 0 && st.read_cache_misses > 0, "{st:?}");
+    }
+}
+
+#[test]
+fn sequential_reads_read_ahead_into_the_cache() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let f = s.create(ROOT, b"seq", CreateArgs::file(0o644)).unwrap();
+    let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 253) as u8).collect();
+    s.write(f.ino, 0, &data).unwrap();
+    // A reopened shard starts with an empty cache.
+    let mut s = reopen(s);
+    let piece = 16 << 10;
+    let misses = |s: &Shard<MemDevice>| s.stats().read_cache_misses;
+    assert_eq!(s.read(f.ino, 0, piece).unwrap(), data[..piece]);
+    assert_eq!(s.read(f.ino, piece as u64, piece).unwrap(), data[piece..2 * piece]);
+    // The second read continued the first: READ_AHEAD_FACTOR pieces were read
+    // ahead, and every half window more, so 40 more sequential reads go to the
+    // device only for those windows (a window of 10 pieces spans 3 blocks).
+    let before = misses(&s);
+    for i in 2..42 {
+        let at = i * piece;
+        assert_eq!(s.read(f.ino, at as u64, piece).unwrap(), data[at..at + piece]);
+    }
+    let sequential = misses(&s) - before;
+    assert!(sequential <= 8 * 3, "{sequential} device reads for 40 sequential reads");
+    // A reader that jumps around reads no more than it asks for.
+    let mut s = reopen(s);
+    let before = misses(&s);
+    for i in (0..40).rev() {
+        let at = i * 2 * piece;
+        assert_eq!(s.read(f.ino, at as u64, piece).unwrap(), data[at..at + piece]);
+    }
+    assert_eq!(misses(&s) - before, 40, "each backward read misses");
 }
