@@ -370,7 +370,7 @@ impl<D: Device> Shard<D> {
         // Read the old blocks a partial write must merge.
         let mut plans: Vec<(BlockIndex, Option<Run>, u64, u64, u32)> = Vec::new();
         let mut merge_reads = Vec::new();
-        let mut cached = Vec::new();
+        let mut old_data: Vec<Option<crate::device::AlignedBuf>> = Vec::new();
         for b in offset / bs..end.div_ceil(bs) {
             let block = BlockIndex(b);
             let old = self.block_run(inode, block);
@@ -380,16 +380,15 @@ impl<D: Device> Shard<D> {
             // Bytes past the end of file read as zeros even if a run still holds them.
             let old_valid = old_valid.min(inode.size.saturating_sub(start));
             let new_valid = old_valid.max(to) as u32;
-            let mut old_data = None;
+            let mut from_cache = None;
             if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
                 let pages = old_valid.div_ceil(PAGE_SIZE);
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
                 if self.read_cache.read(run.page, 0, &mut buf) {
-                    old_data = Some(buf);
+                    from_cache = Some(buf);
                 } else {
                     merge_reads.push((
                         plans.len(),
-                        run.page,
                         IoRequest {
                             tag: 0,
                             kind: IoKind::Read,
@@ -400,18 +399,12 @@ impl<D: Device> Shard<D> {
                 }
             }
             plans.push((block, old, from, to, new_valid));
-            cached.push(old_data);
+            old_data.push(from_cache);
         }
-        let mut idx = Vec::with_capacity(merge_reads.len());
-        let mut reqs = Vec::with_capacity(merge_reads.len());
-        for (i, page, req) in merge_reads {
-            idx.push((i, page));
-            reqs.push(req);
-        }
-        let mut old_data: Vec<Option<crate::device::AlignedBuf>> = cached;
-        for ((i, page), c) in idx.into_iter().zip(self.io.run(reqs)) {
+        // Not cached: the old run is replaced by this write and freed.
+        let (idx, reqs): (Vec<usize>, Vec<IoRequest>) = merge_reads.into_iter().unzip();
+        for (i, c) in idx.into_iter().zip(self.io.run(reqs)) {
             c.result?;
-            self.read_cache.put(page, &c.buf);
             old_data[i] = Some(c.buf);
         }
         // Allocate and write the new runs.
