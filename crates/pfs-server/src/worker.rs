@@ -402,6 +402,9 @@ impl<D: Device> Worker<D> {
         }
         work += self.poll_sweep();
         work += self.flush_backlog();
+        // Finished data writes give back their buffers (a failed one fails
+        // the shard, seen below).
+        self.shard.poll_data_writes();
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
             // time, only when no request waits.

@@ -1,23 +1,35 @@
 //! The shard's one path to its device: blocking batches for the operation at hand,
-//! plus asynchronous write-backs (Icache) whose completions are collected later.
+//! plus two kinds of asynchronous requests whose completions are collected later:
+//! Icache write-backs and data writes (`shard/writeback.rs`).
 
 use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
 /// Tags with this bit set belong to asynchronous requests.
 const ASYNC_TAG: u64 = 1 << 63;
+/// Asynchronous tags with this bit set as well are data writes.
+const DATA_TAG: u64 = 1 << 62;
+
+/// Completions and the count in flight of one kind of asynchronous request.
+#[derive(Debug, Default)]
+struct AsyncKind {
+    done: Vec<IoCompletion>,
+    in_flight: usize,
+}
 
 /// The device plus completion routing.
 #[derive(Debug)]
 pub struct DevIo<D> {
     dev: D,
-    async_done: Vec<IoCompletion>,
-    async_in_flight: usize,
+    /// Icache write-backs.
+    meta: AsyncKind,
+    /// Data writes.
+    data: AsyncKind,
 }
 
 impl<D: Device> DevIo<D> {
     /// Wraps a device.
     pub fn new(dev: D) -> DevIo<D> {
-        DevIo { dev, async_done: Vec::new(), async_in_flight: 0 }
+        DevIo { dev, meta: AsyncKind::default(), data: AsyncKind::default() }
     }
 
     /// The device.
@@ -33,6 +45,7 @@ impl<D: Device> DevIo<D> {
     /// Gives the device back.
     pub fn into_device(mut self) -> D {
         self.wait_async_all();
+        self.wait_data_all();
         self.dev
     }
 
@@ -61,12 +74,8 @@ impl<D: Device> DevIo<D> {
                 submit.push(req);
             }
         }
-        let (async_done, in_flight) = (&mut self.async_done, &mut self.async_in_flight);
-        let done = run_batch(&mut self.dev, submit, |mut c| {
-            c.tag &= !ASYNC_TAG;
-            *in_flight -= 1;
-            async_done.push(c);
-        });
+        let (meta, data) = (&mut self.meta, &mut self.data);
+        let done = run_batch(&mut self.dev, submit, |c| route(meta, data, c));
         if injected.iter().all(Option::is_none) {
             return done;
         }
@@ -96,10 +105,32 @@ impl<D: Device> DevIo<D> {
         Ok(out)
     }
 
-    /// Submits an asynchronous request tagged `tag` (< 2^63); waits for room if full.
+    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^62); waits
+    /// for room if full.
     pub fn submit_async(&mut self, mut req: IoRequest, tag: u64) {
-        assert!(tag & ASYNC_TAG == 0, "async tag {tag} too large");
+        assert!(tag & (ASYNC_TAG | DATA_TAG) == 0, "async tag {tag} too large");
         req.tag = tag | ASYNC_TAG;
+        self.submit_waiting(req);
+        self.meta.in_flight += 1;
+    }
+
+    /// Submits an asynchronous data write tagged `tag` (< 2^62); waits for room
+    /// if full. Failpoint `device.write` fails it as [`run`](Self::run) would.
+    pub fn submit_data(&mut self, mut req: IoRequest, tag: u64) {
+        assert!(tag & (ASYNC_TAG | DATA_TAG) == 0, "data tag {tag} too large");
+        if pfs_core::failpoint::fire("device.write") {
+            let result = Err(DeviceError::Io { offset: req.offset, errno: libc::EIO });
+            let IoRequest { kind, offset, buf, .. } = req;
+            self.data.done.push(IoCompletion { tag, kind, offset, buf, result });
+            return;
+        }
+        req.tag = tag | ASYNC_TAG | DATA_TAG;
+        self.submit_waiting(req);
+        self.data.in_flight += 1;
+    }
+
+    /// Submits `req`, reaping completions while the device is full.
+    fn submit_waiting(&mut self, mut req: IoRequest) {
         let mut out = Vec::new();
         loop {
             match self.dev.submit(req) {
@@ -111,33 +142,65 @@ impl<D: Device> DevIo<D> {
                 }
             }
         }
-        self.async_in_flight += 1;
     }
 
-    /// Asynchronous completions so far (tags without the async bit), non-blocking.
+    /// Asynchronous Icache completions so far (tags without the async bit),
+    /// non-blocking; submits what was queued.
     pub fn take_async(&mut self) -> Vec<IoCompletion> {
-        let mut out = Vec::new();
-        self.dev.poll(&mut out);
-        self.absorb(&mut out);
-        std::mem::take(&mut self.async_done)
+        self.poll();
+        std::mem::take(&mut self.meta.done)
     }
 
-    /// Waits for every asynchronous request; returns their completions.
+    /// Waits for every asynchronous Icache request; returns their completions.
     pub fn wait_async_all(&mut self) -> Vec<IoCompletion> {
         let mut out = Vec::new();
-        while self.async_in_flight > 0 {
+        while self.meta.in_flight > 0 {
             self.dev.wait(&mut out, 1);
             self.absorb(&mut out);
         }
-        std::mem::take(&mut self.async_done)
+        std::mem::take(&mut self.meta.done)
+    }
+
+    /// Data writes in flight.
+    pub fn data_in_flight(&self) -> usize {
+        self.data.in_flight
+    }
+
+    /// Finished data writes so far (their tags), non-blocking; submits what
+    /// was queued.
+    pub fn take_data(&mut self) -> Vec<IoCompletion> {
+        self.poll();
+        std::mem::take(&mut self.data.done)
+    }
+
+    /// Waits for every data write; returns their completions.
+    pub fn wait_data_all(&mut self) -> Vec<IoCompletion> {
+        let mut out = Vec::new();
+        while self.data.in_flight > 0 {
+            self.dev.wait(&mut out, 1);
+            self.absorb(&mut out);
+        }
+        std::mem::take(&mut self.data.done)
+    }
+
+    fn poll(&mut self) {
+        let mut out = Vec::new();
+        self.dev.poll(&mut out);
+        self.absorb(&mut out);
     }
 
     fn absorb(&mut self, out: &mut Vec<IoCompletion>) {
-        for mut c in out.drain(..) {
+        for c in out.drain(..) {
             assert!(c.tag & ASYNC_TAG != 0, "synchronous completion {} outside run()", c.tag);
-            c.tag &= !ASYNC_TAG;
-            self.async_in_flight -= 1;
-            self.async_done.push(c);
+            route(&mut self.meta, &mut self.data, c);
         }
     }
+}
+
+/// Files an asynchronous completion under its kind, its tag as submitted.
+fn route(meta: &mut AsyncKind, data: &mut AsyncKind, mut c: IoCompletion) {
+    let kind = if c.tag & DATA_TAG != 0 { data } else { meta };
+    c.tag &= !(ASYNC_TAG | DATA_TAG);
+    kind.in_flight -= 1;
+    kind.done.push(c);
 }

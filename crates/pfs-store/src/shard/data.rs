@@ -252,11 +252,14 @@ impl<D: Device> Shard<D> {
                 ));
             }
         }
-        // Pieces the read cache holds are copied from it; the rest are read
-        // from the device, and cached.
+        // Pieces in memory (written and not yet on the device, or in the read
+        // cache) are copied from it; the rest are read from the device.
         pieces.retain(|&(run, first, _, at, skip, n)| {
-            !self.read_cache.read(run.page + first, skip, &mut out[at..at + n])
+            !self.read_data_memory(run.page + first, skip, &mut out[at..at + n])
         });
+        for &(run, first, pages, ..) in &pieces {
+            self.settle_data_pages(run.page + first, pages)?;
+        }
         let reqs = pieces
             .iter()
             .map(|(run, first, pages, ..)| IoRequest {
@@ -384,9 +387,10 @@ impl<D: Device> Shard<D> {
             if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
                 let pages = old_valid.div_ceil(PAGE_SIZE);
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
-                if self.read_cache.read(run.page, 0, &mut buf) {
+                if self.read_data_memory(run.page, 0, &mut buf) {
                     from_cache = Some(buf);
                 } else {
+                    self.settle_data_pages(run.page, pages)?;
                     merge_reads.push((
                         plans.len(),
                         IoRequest {
@@ -409,12 +413,15 @@ impl<D: Device> Shard<D> {
         }
         // Allocate and write the new runs.
         let mut new_runs: Vec<Run> = Vec::with_capacity(plans.len());
-        let mut writes = Vec::with_capacity(plans.len());
+        let mut bufs = Vec::with_capacity(plans.len());
         for (i, &(block, _, from, to, new_valid)) in plans.iter().enumerate() {
             let pages = (new_valid as u64).div_ceil(PAGE_SIZE);
             let Some(page) = self.page_bitmap.alloc_run(pages) else {
                 for r in &new_runs {
                     self.page_bitmap.clear_run(r.page, r.pages as u64);
+                }
+                for buf in bufs.into_iter().chain(old_data.into_iter().flatten()) {
+                    self.io.device_mut().free_buf(buf);
                 }
                 return Err(FsError::NoSpace);
             };
@@ -429,35 +436,17 @@ impl<D: Device> Shard<D> {
             }
             let src = (block.0 * bs + from - offset) as usize;
             buf[from as usize..to as usize].copy_from_slice(&data[src..src + (to - from) as usize]);
-            writes.push(IoRequest {
-                tag: 0,
-                kind: IoKind::Write,
-                offset: self.geo.data_offset(page),
-                buf,
-            });
+            bufs.push(buf);
             new_runs.push(run);
         }
         for buf in old_data.into_iter().flatten() {
             self.io.device_mut().free_buf(buf);
         }
-        let mut failed = None;
+        // A partly filled block is what the next append reads back.
         let full_block = self.geo.block_size;
-        for (c, run) in self.io.run(writes).into_iter().zip(&new_runs) {
-            match c.result {
-                // A partly filled block is what the next append reads back.
-                Ok(()) if run.valid < full_block => self.read_cache.put(run.page, &c.buf),
-                Ok(()) => self.read_cache.forget(run.page, u64::from(run.pages)),
-                Err(e) => failed = Some(e),
-            }
-            self.io.device_mut().free_buf(c.buf);
+        for (buf, run) in bufs.into_iter().zip(&new_runs) {
+            self.stage_data(run.page, buf, run.valid < full_block);
         }
-        if let Some(e) = failed {
-            for r in &new_runs {
-                self.page_bitmap.clear_run(r.page, r.pages as u64);
-            }
-            return Err(e.into());
-        }
-        self.data_unsynced = true;
         // Map the new runs; the old ones are freed once this is durable.
         for (&(block, old, ..), run) in plans.iter().zip(new_runs) {
             if let Some(old) = old {
@@ -482,17 +471,8 @@ impl<D: Device> Shard<D> {
         let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         buf[..data.len()].copy_from_slice(data);
         buf[data.len()..].fill(0);
-        let req =
-            IoRequest { tag: 0, kind: IoKind::Write, offset: self.geo.data_offset(page), buf };
-        let c = self.io.run(vec![req]).pop().expect("one completion");
-        // Streaming (io layout) writes are not worth a copy: drop the pages.
-        self.read_cache.forget(page, pages);
-        self.io.device_mut().free_buf(c.buf);
-        if let Err(e) = c.result {
-            self.page_bitmap.clear_run(page, pages);
-            return Err(e.into());
-        }
-        self.data_unsynced = true;
+        // Streaming (io layout) writes are not worth the read cache.
+        self.stage_data(page, buf, false);
         self.trim_extents(inode, offset, offset + data.len() as u64)?;
         let extent = Extent { len: data.len() as u32, skip: 0, run };
         inode.pages += pages;

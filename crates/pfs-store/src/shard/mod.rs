@@ -21,6 +21,7 @@ pub mod meta;
 mod tables;
 mod trim;
 pub mod txn;
+pub mod writeback;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -89,6 +90,9 @@ pub struct ShardStats {
     pub read_cache_hits: u64,
     /// See `read_cache_hits`.
     pub read_cache_misses: u64,
+    /// Device writes of file data submitted; neighbouring runs share one
+    /// (`writeback.rs`).
+    pub data_writes: u64,
 }
 
 /// One shard over its zone of device `D`.
@@ -143,6 +147,8 @@ pub struct Shard<D: Device> {
     /// Data pages as the device holds them, and where sequential readers are.
     read_cache: cache::PageCache,
     readers: cache::Readers,
+    /// Data runs written and not yet on the device.
+    writes: writeback::DataWrites,
 }
 
 /// Reserves everything of the zone but its data pages (superblock, metadata,
@@ -346,6 +352,7 @@ impl<D: Device> Shard<D> {
             now_ns: wall_clock_ns(),
             stats: ShardStats::default(),
             read_cache: cache::PageCache::new(opts.read_cache_pages),
+            writes: writeback::DataWrites::default(),
             readers: cache::Readers::default(),
             geo,
             opts,
@@ -405,6 +412,7 @@ impl<D: Device> Shard<D> {
         if pfs_core::failpoint::fire("shard.commit") {
             return Err(FsError::Io("device sync failed (failpoint shard.commit)".into()));
         }
+        self.wait_data_writes()?;
         if self.data_unsynced {
             self.sync()?;
             self.data_unsynced = false;

@@ -1,0 +1,213 @@
+//! Data writes that do not hold up the worker.
+//!
+//! A data write (`write_blocks`, `write_io`) fills its new run's pages in a
+//! device buffer and *stages* them here instead of waiting for the device, so
+//! its reply goes out at once. Staged runs are submitted as asynchronous writes
+//! once [`BATCH_BYTES`] have gathered, and at every commit. Runs that lie next to
+//! each other on the device (the pages of consecutive small files, the runs an
+//! append leaves) go out as one write of up to `BATCH_BYTES`: a thousand 3901-byte
+//! files cost a few device writes instead of a thousand.
+//!
+//! The contract is unchanged: a commit waits for every data write before it
+//! syncs the data and writes the log, so whatever a durable record maps is on
+//! the device. Before that, the written pages are read from memory: staged runs
+//! from their buffers; a read that needs pages whose write is in flight waits for
+//! the data writes first. Once written, the runs of partly filled blocks go to
+//! the read cache, as they did when writes were synchronous.
+//!
+//! A data write that fails after its reply is an acknowledged write lost: the
+//! shard fails (fail-stop), and recovery brings back the last commit.
+//!
+//! A staged run that a later write replaced before the commit is written all
+//! the same: a log cut by a crash inside its commit can end between the record
+//! that mapped the run and the one that replaced it.
+
+use std::collections::BTreeMap;
+
+use super::{Shard, PAGE_SIZE};
+use crate::device::{AlignedBuf, Device, IoCompletion, IoKind, IoRequest};
+use pfs_core::FsResult;
+
+/// Staged bytes that start a submission, and the longest write one submission
+/// makes of neighbouring runs.
+pub const BATCH_BYTES: usize = 1 << 20;
+
+/// A run written by an operation, not yet submitted.
+#[derive(Debug)]
+struct Staged {
+    pages: u64,
+    buf: AlignedBuf,
+    /// A partly filled block: worth the read cache once written.
+    cache: bool,
+}
+
+/// One device write in flight: neighbouring runs `(first page, pages, cache)`
+/// starting at its key.
+#[derive(Debug)]
+struct InFlight {
+    pages: u64,
+    runs: Vec<(u64, u64, bool)>,
+}
+
+/// The data runs of a shard between their operation and the device.
+#[derive(Debug, Default)]
+pub struct DataWrites {
+    /// First page -> staged run.
+    staged: BTreeMap<u64, Staged>,
+    staged_bytes: usize,
+    /// First page of a device write (its tag) -> what it writes.
+    in_flight: BTreeMap<u64, InFlight>,
+}
+
+impl DataWrites {
+    /// Copies `out.len()` bytes starting `skip` bytes into page `first` from a
+    /// staged run holding all of them; `false` if none does.
+    fn read(&self, first: u64, skip: usize, out: &mut [u8]) -> bool {
+        let Some((&start, run)) = self.staged.range(..=first).next_back() else {
+            return false;
+        };
+        let at = (first - start) as usize * PAGE_SIZE as usize + skip;
+        if at + out.len() > (run.pages * PAGE_SIZE) as usize {
+            return false;
+        }
+        out.copy_from_slice(&run.buf[at..at + out.len()]);
+        true
+    }
+
+    /// Whether a write in flight covers any of the `pages` pages from `first`.
+    fn in_flight_overlaps(&self, first: u64, pages: u64) -> bool {
+        self.in_flight
+            .range(..first + pages)
+            .next_back()
+            .is_some_and(|(&start, w)| start + w.pages > first)
+    }
+
+    /// Takes the staged runs, grouped into writes of neighbouring runs of at
+    /// most `BATCH_BYTES` (a single run may be longer).
+    fn take_groups(&mut self) -> Vec<Vec<(u64, Staged)>> {
+        let mut groups: Vec<Vec<(u64, Staged)>> = Vec::new();
+        let mut end = u64::MAX;
+        let mut bytes = 0;
+        for (page, run) in std::mem::take(&mut self.staged) {
+            let len = (run.pages * PAGE_SIZE) as usize;
+            match groups.last_mut() {
+                Some(g) if page == end && bytes + len <= BATCH_BYTES => {
+                    bytes += len;
+                    g.push((page, run));
+                }
+                _ => {
+                    bytes = len;
+                    groups.push(vec![(page, run)]);
+                }
+            }
+            end = page + groups.last().expect("pushed").last().expect("pushed").1.pages;
+        }
+        self.staged_bytes = 0;
+        groups
+    }
+}
+
+impl<D: Device> Shard<D> {
+    /// Stages the new run at page `first` whose pages `buf` holds; a partly
+    /// filled block goes to the read cache once written (`cache`).
+    pub(super) fn stage_data(&mut self, first: u64, buf: AlignedBuf, cache: bool) {
+        let pages = buf.len() as u64 / PAGE_SIZE;
+        // The cache may hold what a freed run left on these pages.
+        self.read_cache.forget(first, pages);
+        self.writes.staged_bytes += buf.len();
+        self.writes.staged.insert(first, Staged { pages, buf, cache });
+        self.data_unsynced = true;
+        if self.writes.staged_bytes >= BATCH_BYTES {
+            self.submit_staged();
+        }
+    }
+
+    /// Submits every staged run, neighbours as one write.
+    fn submit_staged(&mut self) {
+        for group in self.writes.take_groups() {
+            let first = group[0].0;
+            let runs: Vec<(u64, u64, bool)> =
+                group.iter().map(|(p, s)| (*p, s.pages, s.cache)).collect();
+            let pages: u64 = runs.iter().map(|r| r.1).sum();
+            let buf = if group.len() == 1 {
+                group.into_iter().next().expect("one run").1.buf
+            } else {
+                let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+                let mut at = 0;
+                for (_, s) in group {
+                    buf[at..at + s.buf.len()].copy_from_slice(&s.buf);
+                    at += s.buf.len();
+                    self.io.device_mut().free_buf(s.buf);
+                }
+                buf
+            };
+            let offset = self.geo.data_offset(first);
+            let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
+            self.writes.in_flight.insert(first, InFlight { pages, runs });
+            self.stats.data_writes += 1;
+            self.io.submit_data(req, first);
+        }
+    }
+
+    /// Collects finished data writes without waiting; returns how many. The
+    /// worker calls it every round.
+    pub fn poll_data_writes(&mut self) -> usize {
+        if self.writes.in_flight.is_empty() {
+            return 0;
+        }
+        let done = self.io.take_data();
+        let n = done.len();
+        for c in done {
+            self.finish_data_write(c);
+        }
+        n
+    }
+
+    /// Submits what is staged and waits for every data write; fails if one
+    /// failed (the shard has then failed too).
+    pub(super) fn wait_data_writes(&mut self) -> FsResult<()> {
+        self.submit_staged();
+        for c in self.io.wait_data_all() {
+            self.finish_data_write(c);
+        }
+        self.check_failed()
+    }
+
+    fn finish_data_write(&mut self, c: IoCompletion) {
+        let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data write");
+        match c.result {
+            Ok(()) => {
+                let mut at = 0;
+                for (first, pages, cache) in w.runs {
+                    let len = (pages * PAGE_SIZE) as usize;
+                    if cache {
+                        self.read_cache.put(first, &c.buf[at..at + len]);
+                    }
+                    at += len;
+                }
+            }
+            Err(e) => self.fail(format!(
+                "a data write of {} pages at page {} failed after its operation was \
+                 acknowledged: {e}",
+                w.pages, c.tag
+            )),
+        }
+        self.io.device_mut().free_buf(c.buf);
+    }
+
+    /// Copies `out.len()` bytes starting `skip` bytes into data page `first`
+    /// from memory: a staged run, or the read cache. `false` if neither holds
+    /// them all.
+    pub(super) fn read_data_memory(&mut self, first: u64, skip: usize, out: &mut [u8]) -> bool {
+        self.writes.read(first, skip, out) || self.read_cache.read(first, skip, out)
+    }
+
+    /// Before reading `pages` data pages from `first` from the device: waits
+    /// for the data writes if one of them is still writing those pages.
+    pub(super) fn settle_data_pages(&mut self, first: u64, pages: u64) -> FsResult<()> {
+        if self.writes.in_flight_overlaps(first, pages) {
+            self.wait_data_writes()?;
+        }
+        Ok(())
+    }
+}
