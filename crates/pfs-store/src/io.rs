@@ -1,6 +1,6 @@
 //! The shard's one path to its device: blocking batches for the operation at hand,
 //! plus two kinds of asynchronous requests whose completions are collected later:
-//! Icache write-backs and data writes (`shard/writeback.rs`).
+//! Icache write-backs and data writes (`shard/dataio.rs`).
 
 use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
@@ -114,11 +114,16 @@ impl<D: Device> DevIo<D> {
         self.meta.in_flight += 1;
     }
 
-    /// Submits an asynchronous data write tagged `tag` (< 2^62); waits for room
-    /// if full. Failpoint `device.write` fails it as [`run`](Self::run) would.
+    /// Submits an asynchronous data write or read tagged `tag` (< 2^62); waits
+    /// for room if full. Failpoints `device.write` and `device.read` fail it as
+    /// [`run`](Self::run) would.
     pub fn submit_data(&mut self, mut req: IoRequest, tag: u64) {
         assert!(tag & (ASYNC_TAG | DATA_TAG) == 0, "data tag {tag} too large");
-        if pfs_core::failpoint::fire("device.write") {
+        let point = match req.kind {
+            IoKind::Read => "device.read",
+            _ => "device.write",
+        };
+        if pfs_core::failpoint::fire(point) {
             let result = Err(DeviceError::Io { offset: req.offset, errno: libc::EIO });
             let IoRequest { kind, offset, buf, .. } = req;
             self.data.done.push(IoCompletion { tag, kind, offset, buf, result });
@@ -159,11 +164,6 @@ impl<D: Device> DevIo<D> {
             self.absorb(&mut out);
         }
         std::mem::take(&mut self.meta.done)
-    }
-
-    /// Data writes in flight.
-    pub fn data_in_flight(&self) -> usize {
-        self.data.in_flight
     }
 
     /// Finished data writes so far (their tags), non-blocking; submits what

@@ -95,6 +95,12 @@ impl PageCache {
         true
     }
 
+    /// Whether all `n` pages from `first` are cached (not counted as a hit or
+    /// a miss).
+    pub fn holds(&self, first: u64, n: u64) -> bool {
+        self.cap > 0 && (first..first + n).all(|p| self.pages.contains_key(&p))
+    }
+
     /// Remembers whole pages starting at page `first` (`data` holds a multiple
     /// of the page size), as the device now holds them.
     pub fn put(&mut self, first: u64, data: &[u8]) {

@@ -11,7 +11,6 @@
 
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId};
 
-use super::cache::READ_AHEAD_FACTOR;
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -23,6 +22,10 @@ use crate::wal::Change;
 pub const MAX_FILE_SIZE: u64 = pfs_core::MAX_FILE_SIZE;
 /// Largest single write or read.
 pub const MAX_IO_BYTES: usize = 16 << 20;
+
+/// Part of a read on one run: `(run, first page in run, pages, where in the
+/// output, skip bytes in the first page, bytes)`.
+type Piece = (Run, u64, u64, usize, usize, usize);
 
 impl<D: Device> Shard<D> {
     /// Writes `data` at `offset` of file `ino`; returns the bytes written. The data
@@ -94,7 +97,7 @@ impl<D: Device> Shard<D> {
         let data = self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)?;
         // The file's size is known at its home only: read ahead as far as the
         // factor asks; holes past the end cost no device read.
-        let ahead = end.saturating_add(len as u64 * READ_AHEAD_FACTOR);
+        let ahead = end.saturating_add(len as u64 * self.opts.read_ahead_factor);
         self.read_ahead(&Self::homed_elsewhere(ino, layout, ahead), offset, len);
         Ok(data)
     }
@@ -102,8 +105,8 @@ impl<D: Device> Shard<D> {
     /// After a read of `len` bytes at `offset`: when it continues the file's last
     /// read, keeps `READ_AHEAD_FACTOR` times as much read ahead of it in the read
     /// cache (up to the end of `inode`, at most `MAX_IO_BYTES` at once;
-    /// [`Readers::ahead`](super::cache::Readers::ahead)). A device error here is
-    /// left for the read that needs those bytes.
+    /// [`Readers::ahead`](super::cache::Readers::ahead)), read in the background
+    /// ([`prefetch`](Self::prefetch)).
     fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize) {
         let factor = self.opts.read_ahead_factor;
         let Some((from, to)) = self.readers.ahead(inode.ino, offset, len as u64, factor) else {
@@ -111,7 +114,9 @@ impl<D: Device> Shard<D> {
         };
         let to = to.min(inode.size).min(from.saturating_add(MAX_IO_BYTES as u64));
         if from < to {
-            let _ = self.read_inode_pages(inode, from, (to - from) as usize, true);
+            for (run, first, pages, ..) in self.data_pieces(inode, from, (to - from) as usize) {
+                self.prefetch(run.page + first, pages);
+            }
         }
     }
 
@@ -203,63 +208,25 @@ impl<D: Device> Shard<D> {
         Ok(data)
     }
 
-    /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are zeros).
-    fn read_inode_data(&mut self, inode: &Inode, offset: u64, len: usize) -> FsResult<Vec<u8>> {
-        self.read_inode_pages(inode, offset, len, false)
-    }
-
-    /// [`read_inode_data`](Self::read_inode_data); what it reads from the device
-    /// goes to the read cache when `cache_all` (read-ahead) or when it is a
+    /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are
+    /// zeros). What it reads from the device goes to the read cache when it is a
     /// partly filled block (small files, the tail a writer appends to). Whole
     /// blocks read once are not worth the copy: caching them made streaming
-    /// reads 0.8x (docs/benchmarks.md).
-    fn read_inode_pages(
-        &mut self,
-        inode: &Inode,
-        offset: u64,
-        len: usize,
-        cache_all: bool,
-    ) -> FsResult<Vec<u8>> {
+    /// reads 0.8x (docs/benchmarks.md); read-ahead caches them (`prefetch`).
+    fn read_inode_data(&mut self, inode: &Inode, offset: u64, len: usize) -> FsResult<Vec<u8>> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
         let mut out = vec![0u8; len];
-        // (run, first page in run, pages, where in `out`, skip bytes in first page, bytes)
-        let mut pieces: Vec<(Run, u64, u64, usize, usize, usize)> = Vec::new();
-        if inode.file_layout == FileLayout::Io {
-            self.io_pieces(inode, offset, len, &mut pieces);
-        } else {
-            let bs = self.geo.block_size as u64;
-            let end = offset + len as u64;
-            for b in offset / bs..end.div_ceil(bs) {
-                let Some(run) = self.block_run(inode, BlockIndex(b)) else { continue };
-                let block_start = b * bs;
-                let from = offset.max(block_start) - block_start;
-                let to = (end.min(block_start + bs) - block_start).min(run.valid as u64);
-                if from >= to {
-                    continue;
-                }
-                let first = from / PAGE_SIZE;
-                let pages = to.div_ceil(PAGE_SIZE) - first;
-                let at = (block_start + from - offset) as usize;
-                pieces.push((
-                    run,
-                    first,
-                    pages,
-                    at,
-                    (from % PAGE_SIZE) as usize,
-                    (to - from) as usize,
-                ));
-            }
-        }
+        let mut pieces = self.data_pieces(inode, offset, len);
         // Pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device.
+        self.settle_data_pages(
+            pieces.iter().map(|&(run, first, pages, ..)| (run.page + first, pages)),
+        )?;
         pieces.retain(|&(run, first, _, at, skip, n)| {
             !self.read_data_memory(run.page + first, skip, &mut out[at..at + n])
         });
-        for &(run, first, pages, ..) in &pieces {
-            self.settle_data_pages(run.page + first, pages)?;
-        }
         let reqs = pieces
             .iter()
             .map(|(run, first, pages, ..)| IoRequest {
@@ -274,7 +241,7 @@ impl<D: Device> Shard<D> {
             match c.result {
                 Ok(()) => {
                     out[*at..*at + *n].copy_from_slice(&c.buf[*skip..*skip + *n]);
-                    if cache_all || run.valid < self.geo.block_size {
+                    if run.valid < self.geo.block_size {
                         self.read_cache.put(run.page + first, &c.buf);
                     }
                 }
@@ -288,13 +255,34 @@ impl<D: Device> Shard<D> {
         }
     }
 
-    fn io_pieces(
-        &self,
-        inode: &Inode,
-        offset: u64,
-        len: usize,
-        pieces: &mut Vec<(Run, u64, u64, usize, usize, usize)>,
-    ) {
+    /// Where the `len` bytes at `offset` of `inode` lie on this shard: `(run,
+    /// first page in run, pages, where in the output, skip bytes in the first
+    /// page, bytes)`; holes have none.
+    fn data_pieces(&self, inode: &Inode, offset: u64, len: usize) -> Vec<Piece> {
+        let mut pieces: Vec<Piece> = Vec::new();
+        if inode.file_layout == FileLayout::Io {
+            self.io_pieces(inode, offset, len, &mut pieces);
+            return pieces;
+        }
+        let bs = self.geo.block_size as u64;
+        let end = offset + len as u64;
+        for b in offset / bs..end.div_ceil(bs) {
+            let Some(run) = self.block_run(inode, BlockIndex(b)) else { continue };
+            let block_start = b * bs;
+            let from = offset.max(block_start) - block_start;
+            let to = (end.min(block_start + bs) - block_start).min(run.valid as u64);
+            if from >= to {
+                continue;
+            }
+            let first = from / PAGE_SIZE;
+            let pages = to.div_ceil(PAGE_SIZE) - first;
+            let at = (block_start + from - offset) as usize;
+            pieces.push((run, first, pages, at, (from % PAGE_SIZE) as usize, (to - from) as usize));
+        }
+        pieces
+    }
+
+    fn io_pieces(&self, inode: &Inode, offset: u64, len: usize, pieces: &mut Vec<Piece>) {
         let end = offset + len as u64;
         let before = self
             .extents
@@ -386,11 +374,11 @@ impl<D: Device> Shard<D> {
             let mut from_cache = None;
             if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
                 let pages = old_valid.div_ceil(PAGE_SIZE);
+                self.settle_data_pages([(run.page, pages)])?;
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
                 if self.read_data_memory(run.page, 0, &mut buf) {
                     from_cache = Some(buf);
                 } else {
-                    self.settle_data_pages(run.page, pages)?;
                     merge_reads.push((
                         plans.len(),
                         IoRequest {

@@ -15,13 +15,13 @@
 pub mod cache;
 pub mod check;
 pub mod data;
+pub mod dataio;
 pub mod follow;
 pub mod geometry;
 pub mod meta;
 mod tables;
 mod trim;
 pub mod txn;
-pub mod writeback;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -91,8 +91,10 @@ pub struct ShardStats {
     /// See `read_cache_hits`.
     pub read_cache_misses: u64,
     /// Device writes of file data submitted; neighbouring runs share one
-    /// (`writeback.rs`).
+    /// (`dataio.rs`).
     pub data_writes: u64,
+    /// Device reads submitted ahead of a sequential reader.
+    pub read_aheads: u64,
 }
 
 /// One shard over its zone of device `D`.
@@ -148,7 +150,7 @@ pub struct Shard<D: Device> {
     read_cache: cache::PageCache,
     readers: cache::Readers,
     /// Data runs written and not yet on the device.
-    writes: writeback::DataWrites,
+    writes: dataio::DataIo,
 }
 
 /// Reserves everything of the zone but its data pages (superblock, metadata,
@@ -352,7 +354,7 @@ impl<D: Device> Shard<D> {
             now_ns: wall_clock_ns(),
             stats: ShardStats::default(),
             read_cache: cache::PageCache::new(opts.read_cache_pages),
-            writes: writeback::DataWrites::default(),
+            writes: dataio::DataIo::default(),
             readers: cache::Readers::default(),
             geo,
             opts,

@@ -797,15 +797,16 @@ fn sequential_reads_read_ahead_into_the_cache() {
     assert_eq!(s.read(f.ino, 0, piece).unwrap(), data[..piece]);
     assert_eq!(s.read(f.ino, piece as u64, piece).unwrap(), data[piece..2 * piece]);
     // The second read continued the first: READ_AHEAD_FACTOR pieces were read
-    // ahead, and every half window more, so 40 more sequential reads go to the
-    // device only for those windows (a window of 10 pieces spans 3 blocks).
+    // ahead, and every half window more, so 40 more sequential reads find
+    // their pages read ahead (or wait for the read-ahead in flight).
     let before = misses(&s);
     for i in 2..42 {
         let at = i * piece;
         assert_eq!(s.read(f.ino, at as u64, piece).unwrap(), data[at..at + piece]);
     }
     let sequential = misses(&s) - before;
-    assert!(sequential <= 8 * 3, "{sequential} device reads for 40 sequential reads");
+    assert_eq!(sequential, 0, "40 sequential reads all hit what was read ahead");
+    assert!(s.stats().read_aheads > 0, "read ahead in the background");
     // A reader that jumps around reads no more than it asks for.
     let mut s = reopen(s);
     let before = misses(&s);

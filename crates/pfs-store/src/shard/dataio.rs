@@ -1,6 +1,7 @@
-//! Data writes that do not hold up the worker.
+//! Asynchronous data I/O: writes that do not hold up the worker, and read-ahead
+//! that reads while the worker serves.
 //!
-//! A data write (`write_blocks`, `write_io`) fills its new run's pages in a
+//! **Writes.** A data write (`write_blocks`, `write_io`) fills its new run's pages in a
 //! device buffer and *stages* them here instead of waiting for the device, so
 //! its reply goes out at once. Staged runs are submitted as asynchronous writes
 //! once [`BATCH_BYTES`] have gathered, and at every commit. Runs that lie next to
@@ -21,6 +22,12 @@
 //! A staged run that a later write replaced before the commit is written all
 //! the same: a log cut by a crash inside its commit can end between the record
 //! that mapped the run and the one that replaced it.
+//!
+//! **Read-ahead.** Pages a sequential reader will want next are read
+//! asynchronously into the read cache ([`Shard::prefetch`]); the read that
+//! triggered it is answered at once. A read that needs pages still being read
+//! ahead waits for them, as for a write in flight. A failed read-ahead caches
+//! nothing: the read that needs those pages reads them itself and meets the error.
 
 use std::collections::BTreeMap;
 
@@ -41,17 +48,19 @@ struct Staged {
     cache: bool,
 }
 
-/// One device write in flight: neighbouring runs `(first page, pages, cache)`
-/// starting at its key.
+/// One device request in flight, starting at its key.
 #[derive(Debug)]
 struct InFlight {
     pages: u64,
+    /// A write: its neighbouring runs `(first page, pages, cache)`. A
+    /// read-ahead: empty.
     runs: Vec<(u64, u64, bool)>,
+    read: bool,
 }
 
 /// The data runs of a shard between their operation and the device.
 #[derive(Debug, Default)]
-pub struct DataWrites {
+pub struct DataIo {
     /// First page -> staged run.
     staged: BTreeMap<u64, Staged>,
     staged_bytes: usize,
@@ -59,7 +68,7 @@ pub struct DataWrites {
     in_flight: BTreeMap<u64, InFlight>,
 }
 
-impl DataWrites {
+impl DataIo {
     /// Copies `out.len()` bytes starting `skip` bytes into page `first` from a
     /// staged run holding all of them; `false` if none does.
     fn read(&self, first: u64, skip: usize, out: &mut [u8]) -> bool {
@@ -74,7 +83,15 @@ impl DataWrites {
         true
     }
 
-    /// Whether a write in flight covers any of the `pages` pages from `first`.
+    /// Whether a staged run holds all `pages` pages from `first`.
+    fn holds(&self, first: u64, pages: u64) -> bool {
+        self.staged
+            .range(..=first)
+            .next_back()
+            .is_some_and(|(&start, run)| first + pages <= start + run.pages)
+    }
+
+    /// Whether a request in flight covers any of the `pages` pages from `first`.
     fn in_flight_overlaps(&self, first: u64, pages: u64) -> bool {
         self.in_flight
             .range(..first + pages)
@@ -143,7 +160,7 @@ impl<D: Device> Shard<D> {
             };
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            self.writes.in_flight.insert(first, InFlight { pages, runs });
+            self.writes.in_flight.insert(first, InFlight { pages, runs, read: false });
             self.stats.data_writes += 1;
             self.io.submit_data(req, first);
         }
@@ -167,6 +184,11 @@ impl<D: Device> Shard<D> {
     /// failed (the shard has then failed too).
     pub(super) fn wait_data_writes(&mut self) -> FsResult<()> {
         self.submit_staged();
+        self.wait_in_flight()
+    }
+
+    /// Waits for every data request in flight.
+    fn wait_in_flight(&mut self) -> FsResult<()> {
         for c in self.io.wait_data_all() {
             self.finish_data_write(c);
         }
@@ -174,8 +196,11 @@ impl<D: Device> Shard<D> {
     }
 
     fn finish_data_write(&mut self, c: IoCompletion) {
-        let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data write");
+        let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data request");
         match c.result {
+            Ok(()) if w.read => self.read_cache.put(c.tag, &c.buf),
+            // Left for the read that needs these pages.
+            Err(_) if w.read => {}
             Ok(()) => {
                 let mut at = 0;
                 for (first, pages, cache) in w.runs {
@@ -202,11 +227,38 @@ impl<D: Device> Shard<D> {
         self.writes.read(first, skip, out) || self.read_cache.read(first, skip, out)
     }
 
-    /// Before reading `pages` data pages from `first` from the device: waits
-    /// for the data writes if one of them is still writing those pages.
-    pub(super) fn settle_data_pages(&mut self, first: u64, pages: u64) -> FsResult<()> {
-        if self.writes.in_flight_overlaps(first, pages) {
-            self.wait_data_writes()?;
+    /// Reads `pages` data pages from `first` into the read cache in the
+    /// background, unless memory holds them or a request for some of them is
+    /// in flight. Bounded by the device queue: a full queue skips it.
+    pub(super) fn prefetch(&mut self, first: u64, pages: u64) {
+        if self.writes.holds(first, pages)
+            || self.read_cache.holds(first, pages)
+            || self.writes.in_flight_overlaps(first, pages)
+            || self.io.device().in_flight() >= self.io.device().queue_depth()
+        {
+            return;
+        }
+        let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+        let offset = self.geo.data_offset(first);
+        let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
+        self.writes.in_flight.insert(first, InFlight { pages, runs: Vec::new(), read: true });
+        self.stats.read_aheads += 1;
+        self.io.submit_data(req, first);
+    }
+
+    /// Before reading `pieces` from the device or from memory: waits for the
+    /// data requests if one is still writing (or reading ahead) some of their
+    /// pages. After it, those pages are on the device, and in the read cache if
+    /// worth it.
+    pub(super) fn settle_data_pages(
+        &mut self,
+        pieces: impl IntoIterator<Item = (u64, u64)>,
+    ) -> FsResult<()> {
+        if self.writes.in_flight.is_empty() {
+            return Ok(());
+        }
+        if pieces.into_iter().any(|(first, pages)| self.writes.in_flight_overlaps(first, pages)) {
+            self.wait_in_flight()?;
         }
         Ok(())
     }
