@@ -404,14 +404,17 @@ impl<D: Device> Shard<D> {
         let mut bufs = Vec::with_capacity(plans.len());
         for (i, &(block, _, from, to, new_valid)) in plans.iter().enumerate() {
             let pages = (new_valid as u64).div_ceil(PAGE_SIZE);
-            let Some(page) = self.page_bitmap.alloc_run(pages) else {
-                for r in &new_runs {
-                    self.page_bitmap.clear_run(r.page, r.pages as u64);
+            let page = match self.alloc_data_run(pages) {
+                Ok(page) => page,
+                Err(e) => {
+                    for r in &new_runs {
+                        self.page_bitmap.clear_run(r.page, r.pages as u64);
+                    }
+                    for buf in bufs.into_iter().chain(old_data.into_iter().flatten()) {
+                        self.io.device_mut().free_buf(buf);
+                    }
+                    return Err(e);
                 }
-                for buf in bufs.into_iter().chain(old_data.into_iter().flatten()) {
-                    self.io.device_mut().free_buf(buf);
-                }
-                return Err(FsError::NoSpace);
             };
             let run = Run { page, pages: pages as u32, valid: new_valid };
             let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
@@ -454,7 +457,7 @@ impl<D: Device> Shard<D> {
     fn write_io(&mut self, inode: &mut Inode, offset: u64, data: &[u8]) -> FsResult<()> {
         let pages = (data.len() as u64).div_ceil(PAGE_SIZE);
         self.reserve_table_bytes(super::tables::EXTENT_BYTES * 2)?;
-        let page = self.page_bitmap.alloc_run(pages).ok_or(FsError::NoSpace)?;
+        let page = self.alloc_data_run(pages)?;
         let run = Run { page, pages: pages as u32, valid: data.len() as u32 };
         let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         buf[..data.len()].copy_from_slice(data);

@@ -19,6 +19,11 @@
 //! A data write that fails after its reply is an acknowledged write lost: the
 //! shard fails (fail-stop), and recovery brings back the last commit.
 //!
+//! A staged write cannot meet a full disk: a data file that is sparse allocates
+//! its blocks when pages are first handed out (`alloc_data_run`, 64 MiB at a
+//! time, or just the run when the disk has less), so a full disk under it is
+//! `ENOSPC` for the write that asked, as when writes were synchronous.
+//!
 //! A staged run that a later write replaced before the commit is written all
 //! the same: a log cut by a crash inside its commit can end between the record
 //! that mapped the run and the one that replaced it.
@@ -33,11 +38,14 @@ use std::collections::BTreeMap;
 
 use super::{Shard, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device, IoCompletion, IoKind, IoRequest};
-use pfs_core::FsResult;
+use pfs_core::{FsError, FsResult};
 
 /// Staged bytes that start a submission, and the longest write one submission
 /// makes of neighbouring runs.
 pub const BATCH_BYTES: usize = 1 << 20;
+
+/// Data pages reserved on the device at a time (64 MiB).
+const RESERVE_CHUNK_PAGES: u64 = (64 << 20) / PAGE_SIZE;
 
 /// A run written by an operation, not yet submitted.
 #[derive(Debug)]
@@ -66,6 +74,9 @@ pub struct DataIo {
     staged_bytes: usize,
     /// First page of a device write (its tag) -> what it writes.
     in_flight: BTreeMap<u64, InFlight>,
+    /// Chunks of `RESERVE_CHUNK_PAGES` data pages reserved on the device, one
+    /// bit each.
+    reserved: Vec<u64>,
 }
 
 impl DataIo {
@@ -125,6 +136,45 @@ impl DataIo {
 }
 
 impl<D: Device> Shard<D> {
+    /// Allocates a run of `pages` data pages whose blocks the device has
+    /// reserved: `ENOSPC` when either is full.
+    pub(super) fn alloc_data_run(&mut self, pages: u64) -> FsResult<u64> {
+        let page = self.page_bitmap.alloc_run(pages).ok_or(FsError::NoSpace)?;
+        if let Err(e) = self.reserve_data_pages(page, pages) {
+            self.page_bitmap.clear_run(page, pages);
+            return Err(e);
+        }
+        Ok(page)
+    }
+
+    /// Reserves the chunks that `pages` pages from `first` touch; a chunk the
+    /// disk has no room for reserves just this run's part of it.
+    fn reserve_data_pages(&mut self, first: u64, pages: u64) -> FsResult<()> {
+        let total = self.geo.data_pages;
+        for chunk in first / RESERVE_CHUNK_PAGES..=(first + pages - 1) / RESERVE_CHUNK_PAGES {
+            let (word, bit) = ((chunk / 64) as usize, chunk % 64);
+            if self.writes.reserved.get(word).is_some_and(|w| w & (1 << bit) != 0) {
+                continue;
+            }
+            let start = chunk * RESERVE_CHUNK_PAGES;
+            let end = (start + RESERVE_CHUNK_PAGES).min(total);
+            if self.reserve_pages(start, end).is_ok() {
+                if self.writes.reserved.len() <= word {
+                    self.writes.reserved.resize(word + 1, 0);
+                }
+                self.writes.reserved[word] |= 1 << bit;
+            } else {
+                self.reserve_pages(first.max(start), (first + pages).min(end))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn reserve_pages(&mut self, from: u64, to: u64) -> FsResult<()> {
+        let offset = self.geo.data_offset(from);
+        Ok(self.io.device_mut().reserve(offset, (to - from) * PAGE_SIZE)?)
+    }
+
     /// Stages the new run at page `first` whose pages `buf` holds; a partly
     /// filled block goes to the read cache once written (`cache`).
     pub(super) fn stage_data(&mut self, first: u64, buf: AlignedBuf, cache: bool) {
