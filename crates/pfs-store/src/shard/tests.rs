@@ -816,3 +816,55 @@ fn sequential_reads_read_ahead_into_the_cache() {
     }
     assert_eq!(misses(&s) - before, 40, "each backward read misses");
 }
+
+#[test]
+fn reads_of_the_device_finish_in_the_background() {
+    use super::dataio::ReadStart;
+    use crate::device::{mem::Fault, IoKind};
+    for seed in 0..4 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let old: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        s.write(f.ino, 0, &old).unwrap();
+        // Reopened: nothing in memory, every piece goes to the device.
+        let mut s = reopen(s);
+        handle.reorder(Some(seed));
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, 0, true) else {
+            panic!("seed {seed}: a read of the device must wait for it");
+        };
+        // A write that lands meanwhile replaces the blocks; the read sees the
+        // file as it was when it started, whole.
+        s.write(f.ino, 0, &[7u8; 100_000]).unwrap();
+        assert!(s.take_finished_reads().is_empty(), "seed {seed}: answered before a poll");
+        let mut got = Vec::new();
+        for _ in 0..1000 {
+            s.poll_data_writes();
+            got.extend(s.take_finished_reads());
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 1, "seed {seed}: the read finished");
+        assert_eq!(got[0].0, id);
+        assert!(got[0].1.as_ref().unwrap() == &old[1000..151_000], "seed {seed}: bytes");
+        // Memory answers at once; a hole past the end pads.
+        assert!(matches!(
+            s.read_start(f.ino, 0, 10, 0, true),
+            Ok(ReadStart::Done(d)) if d == [7u8; 10]
+        ));
+        assert_eq!(s.read_start(f.ino, 1 << 30, 10, 16, true), Ok(ReadStart::Done(vec![0; 16])));
+        // A device error reaches that read only; the shard goes on.
+        s.commit().unwrap();
+        let mut s = reopen(s);
+        s.getattr(f.ino).unwrap();
+        handle.inject(Fault::next(IoKind::Read, 1));
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, 0, true) else {
+            panic!("seed {seed}: pending");
+        };
+        s.commit().unwrap();
+        let done = s.take_finished_reads();
+        assert!(matches!(&done[..], [(i, Err(FsError::Io(_)))] if *i == id), "{done:?}");
+        assert!(s.failure().is_none());
+        assert_eq!(s.read(f.ino, 150_000, 10).unwrap(), &old[150_000..150_010]);
+    }
+}
