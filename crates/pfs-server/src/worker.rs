@@ -13,19 +13,18 @@
 //! once per loop round for all of them (group commit); other changes are committed
 //! at least every `commit_interval`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request};
-use pfs_core::{ClientId, FsError, FsResult, RequestId};
+use pfs_core::wire::{Body, Frame, FrameHeader, Reply, Request};
+use pfs_core::{ClientId, FsError, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
-use pfs_store::shard::dataio::ReadStart;
 use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Peers, Waiter};
@@ -206,8 +205,6 @@ pub struct Worker<D: Device> {
     completions: Vec<Completion>,
     /// Replies held until the next commit: (origin worker, connection, frame).
     pub(crate) after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
-    /// Reads waiting for the device, by the shard's read id.
-    reads: HashMap<u64, PendingReply>,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -224,32 +221,6 @@ pub struct Worker<D: Device> {
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
-}
-
-/// Where the reply of a read waiting for the device goes.
-#[derive(Debug)]
-struct PendingReply {
-    origin: u16,
-    conn: ConnRef,
-    ids: (RequestId, ClientId),
-    /// `Read` or `ReadData`.
-    op: Opcode,
-    /// The request's buffer, reused for the reply.
-    buf: Vec<u8>,
-}
-
-/// The reply frame of a data read (`op` is `Read` or `ReadData`).
-fn read_reply(
-    op: Opcode,
-    (request_id, client): (RequestId, ClientId),
-    result: FsResult<Vec<u8>>,
-) -> Frame {
-    let body = match result {
-        Ok(data) if op == Opcode::ReadData => Body::Reply(Reply::ReadData(data)),
-        Ok(data) => Body::Reply(Reply::Read(data)),
-        Err(error) => Body::Error { op, error },
-    };
-    Frame { request_id, client, body }
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -322,7 +293,6 @@ impl<D: Device> Worker<D> {
             epoll,
             completions: Vec::with_capacity(pfs_net::POLL_BATCH),
             after_commit: Vec::new(),
-            reads: HashMap::new(),
             dirty_since: None,
             now: Instant::now(),
             cross: Vec::new(),
@@ -371,9 +341,7 @@ impl<D: Device> Worker<D> {
             // Replies from peer servers arrive on connections the epoll set does
             // not watch: while a transaction waits for one, stay awake (yielding
             // the core) instead of parking up to PARK_MAX per step.
-            // Nor do device completions: while a read waits for the device, stay
-            // awake too.
-            if self.awaiting_peers() || !self.reads.is_empty() {
+            if self.awaiting_peers() {
                 std::thread::yield_now();
                 continue;
             }
@@ -397,8 +365,7 @@ impl<D: Device> Worker<D> {
         let drain_end = Instant::now() + Duration::from_secs(2);
         for _ in 0..1000 {
             let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
-            let busy = copying || !self.reads.is_empty();
-            if self.round() == 0 && (!busy || Instant::now() > drain_end) {
+            if self.round() == 0 && (!copying || Instant::now() > drain_end) {
                 break;
             }
         }
@@ -436,9 +403,8 @@ impl<D: Device> Worker<D> {
         work += self.poll_sweep();
         work += self.flush_backlog();
         // Finished data writes give back their buffers (a failed one fails
-        // the shard, seen below); finished reads are answered.
+        // the shard, seen below).
         self.shard.poll_data_writes();
-        work += self.send_finished_reads();
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
             // time, only when no request waits.
@@ -713,23 +679,6 @@ impl<D: Device> Worker<D> {
         if pfs_core::failpoint::fire("worker.panic") {
             panic!("failpoint worker.panic, before {op:?}");
         }
-        // Reads that must go to the device are answered when it is done.
-        let req = match self.start_read(req) {
-            Ok(started) => {
-                let ids = (frame.request_id, frame.client);
-                let result = match started {
-                    Ok(ReadStart::Done(data)) => Ok(data),
-                    Ok(ReadStart::Pending(id)) => {
-                        self.reads.insert(id, PendingReply { origin, conn, ids, op, buf });
-                        return None;
-                    }
-                    Err(e) => Err(e),
-                };
-                let reply = read_reply(op, ids, result);
-                return self.encode_reply(origin, conn, reply, Durability::Now, buf);
-            }
-            Err(req) => req,
-        };
         let mutates = is_mutation(&req);
         let mark = self.shard.txn_id_mark();
         let (result, durability) = execute(&mut self.shard, req);
@@ -748,7 +697,19 @@ impl<D: Device> Worker<D> {
             Err(error) => Body::Error { op, error },
         };
         let reply = Frame { request_id: frame.request_id, client: frame.client, body };
-        let buf = self.encode_reply(origin, conn, reply, durability, buf)?;
+        // `None`: the memcpy pool encodes and sends it.
+        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
+        buf.clear();
+        if let Err(e) = reply.encode(&mut buf) {
+            let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
+            let fallback = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Error { op, error },
+            };
+            buf.clear();
+            fallback.encode(&mut buf).expect("an error frame always encodes");
+        }
         if !held.is_empty() {
             self.hold_reply(held, origin, conn, buf);
             return None;
@@ -756,60 +717,6 @@ impl<D: Device> Worker<D> {
         if durability == Durability::AfterCommit {
             self.after_commit.push((origin, conn, buf));
             return None;
-        }
-        Some(buf)
-    }
-
-    /// Starts `req` if it is a data read: `Err(req)` gives back any other
-    /// request. A read that must wait for the device is answered by
-    /// `send_finished_reads`.
-    fn start_read(&mut self, req: Request) -> Result<FsResult<ReadStart>, Request> {
-        let started = match req {
-            Request::Read { ino, fh: _, offset, size } => {
-                self.shard.read_start(ino, offset, size as usize, 0, true)
-            }
-            Request::ReadData { ino, layout, offset, size } => {
-                self.shard.read_data_start(ino, layout, offset, size as usize, true)
-            }
-            other => return Err(other),
-        };
-        // As `execute` does: an operation cut halfway fails the shard.
-        self.shard.end_request();
-        Ok(started)
-    }
-
-    /// Sends the replies of reads the device finished.
-    fn send_finished_reads(&mut self) -> usize {
-        let finished = self.shard.take_finished_reads();
-        let n = finished.len();
-        for (id, result) in finished {
-            let Some(p) = self.reads.remove(&id) else { continue };
-            let reply = read_reply(p.op, p.ids, result);
-            if let Some(buf) = self.encode_reply(p.origin, p.conn, reply, Durability::Now, p.buf) {
-                self.route_reply(p.origin, p.conn, buf);
-            }
-        }
-        n
-    }
-
-    /// Encodes `reply` into `buf` (reused), or hands it to the memcpy pool
-    /// (`None`: the pool encodes and sends it).
-    fn encode_reply(
-        &mut self,
-        origin: u16,
-        conn: ConnRef,
-        reply: Frame,
-        durability: Durability,
-        buf: Vec<u8>,
-    ) -> Option<Vec<u8>> {
-        let (request_id, client, op) = (reply.request_id, reply.client, reply.opcode());
-        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
-        buf.clear();
-        if let Err(e) = reply.encode(&mut buf) {
-            let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
-            let fallback = Frame { request_id, client, body: Body::Error { op, error } };
-            buf.clear();
-            fallback.encode(&mut buf).expect("an error frame always encodes");
         }
         Some(buf)
     }

@@ -28,20 +28,13 @@
 //! the same: a log cut by a crash inside its commit can end between the record
 //! that mapped the run and the one that replaced it.
 //!
-//! **Reads.** A read whose pages are not in memory submits its device reads and
-//! returns [`ReadStart::Pending`]; the worker serves other requests and sends the
-//! reply when [`Shard::take_finished_reads`] hands the data over. Such reads
-//! need no ordering: pages a mapped run holds are never rewritten in place, and
-//! the pages of a run a write replaced are freed only after a commit, which
-//! waits for every data request.
-//!
 //! **Read-ahead.** Pages a sequential reader will want next are read
 //! asynchronously into the read cache ([`Shard::prefetch`]); the read that
 //! triggered it is answered at once. A read that needs pages still being read
 //! ahead waits for them, as for a write in flight. A failed read-ahead caches
 //! nothing: the read that needs those pages reads them itself and meets the error.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::{Shard, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device, IoCompletion, IoKind, IoRequest};
@@ -63,60 +56,24 @@ struct Staged {
     cache: bool,
 }
 
-/// What a device request in flight is for.
-#[derive(Debug)]
-enum Purpose {
-    /// Neighbouring runs written: `(first page, pages, cache)`.
-    Write(Vec<(u64, u64, bool)>),
-    /// Pages read ahead into the read cache.
-    ReadAhead,
-    /// A piece of read `id`: bytes `skip..skip + n` of the pages go to `at` of
-    /// its output; `cache`: the pages are worth the read cache.
-    Read { id: u64, at: usize, skip: usize, n: usize, cache: bool },
-}
-
-/// One device request in flight.
+/// One device request in flight, starting at its key.
 #[derive(Debug)]
 struct InFlight {
-    first: u64,
     pages: u64,
-    purpose: Purpose,
+    /// A write: its neighbouring runs `(first page, pages, cache)`. A
+    /// read-ahead: empty.
+    runs: Vec<(u64, u64, bool)>,
+    read: bool,
 }
 
-/// A read waiting for its device reads.
-#[derive(Debug)]
-struct PendingRead {
-    out: Vec<u8>,
-    left: usize,
-    error: Option<FsError>,
-}
-
-/// How a read started: answered from memory or by a synchronous read, or
-/// waiting for the device (its id comes back from `take_finished_reads`).
-#[derive(Debug, PartialEq, Eq)]
-pub enum ReadStart {
-    /// The bytes.
-    Done(Vec<u8>),
-    /// Being read; the id of the read.
-    Pending(u64),
-}
-
-/// The data runs of a shard between their operation and the device, and the
-/// reads under way.
+/// The data runs of a shard between their operation and the device.
 #[derive(Debug, Default)]
 pub struct DataIo {
     /// First page -> staged run.
     staged: BTreeMap<u64, Staged>,
     staged_bytes: usize,
-    /// Tag -> device request in flight.
-    in_flight: HashMap<u64, InFlight>,
-    /// First page -> pages of the writes and read-aheads in flight: a read of
-    /// those pages waits for them. They never overlap one another.
-    busy: BTreeMap<u64, u64>,
-    next_tag: u64,
-    /// Reads waiting for their pieces, by id, and those finished.
-    reads: HashMap<u64, PendingRead>,
-    finished: Vec<(u64, FsResult<Vec<u8>>)>,
+    /// First page of a device write (its tag) -> what it writes.
+    in_flight: BTreeMap<u64, InFlight>,
     /// Chunks of `RESERVE_CHUNK_PAGES` data pages reserved on the device, one
     /// bit each.
     reserved: Vec<u64>,
@@ -145,21 +102,12 @@ impl DataIo {
             .is_some_and(|(&start, run)| first + pages <= start + run.pages)
     }
 
-    /// Whether a write or read-ahead in flight covers any of the `pages` pages
-    /// from `first`.
-    fn busy_overlaps(&self, first: u64, pages: u64) -> bool {
-        self.busy.range(..first + pages).next_back().is_some_and(|(&start, &n)| start + n > first)
-    }
-
-    /// Notes a request in flight; returns its tag.
-    fn start(&mut self, first: u64, pages: u64, purpose: Purpose) -> u64 {
-        let tag = self.next_tag;
-        self.next_tag += 1;
-        if !matches!(purpose, Purpose::Read { .. }) {
-            self.busy.insert(first, pages);
-        }
-        self.in_flight.insert(tag, InFlight { first, pages, purpose });
-        tag
+    /// Whether a request in flight covers any of the `pages` pages from `first`.
+    fn in_flight_overlaps(&self, first: u64, pages: u64) -> bool {
+        self.in_flight
+            .range(..first + pages)
+            .next_back()
+            .is_some_and(|(&start, w)| start + w.pages > first)
     }
 
     /// Takes the staged runs, grouped into writes of neighbouring runs of at
@@ -262,14 +210,14 @@ impl<D: Device> Shard<D> {
             };
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            let tag = self.writes.start(first, pages, Purpose::Write(runs));
+            self.writes.in_flight.insert(first, InFlight { pages, runs, read: false });
             self.stats.data_writes += 1;
-            self.io.submit_data(req, tag);
+            self.io.submit_data(req, first);
         }
     }
 
-    /// Collects finished data requests without waiting; returns how many. The
-    /// worker calls it every round (and then `take_finished_reads`).
+    /// Collects finished data writes without waiting; returns how many. The
+    /// worker calls it every round.
     pub fn poll_data_writes(&mut self) -> usize {
         if self.writes.in_flight.is_empty() {
             return 0;
@@ -299,13 +247,13 @@ impl<D: Device> Shard<D> {
 
     fn finish_data_write(&mut self, c: IoCompletion) {
         let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data request");
-        if !matches!(w.purpose, Purpose::Read { .. }) {
-            self.writes.busy.remove(&w.first);
-        }
-        match (w.purpose, c.result) {
-            (Purpose::Write(runs), Ok(())) => {
+        match c.result {
+            Ok(()) if w.read => self.read_cache.put(c.tag, &c.buf),
+            // Left for the read that needs these pages.
+            Err(_) if w.read => {}
+            Ok(()) => {
                 let mut at = 0;
-                for (first, pages, cache) in runs {
+                for (first, pages, cache) in w.runs {
                     let len = (pages * PAGE_SIZE) as usize;
                     if cache {
                         self.read_cache.put(first, &c.buf[at..at + len]);
@@ -313,64 +261,13 @@ impl<D: Device> Shard<D> {
                     at += len;
                 }
             }
-            (Purpose::Write(_), Err(e)) => self.fail(format!(
+            Err(e) => self.fail(format!(
                 "a data write of {} pages at page {} failed after its operation was \
                  acknowledged: {e}",
-                w.pages, w.first
+                w.pages, c.tag
             )),
-            (Purpose::ReadAhead, Ok(())) => self.read_cache.put(w.first, &c.buf),
-            // Left for the read that needs these pages.
-            (Purpose::ReadAhead, Err(_)) => {}
-            (Purpose::Read { id, at, skip, n, cache }, result) => {
-                let r = self.writes.reads.get_mut(&id).expect("a piece of a pending read");
-                let ok = result.is_ok();
-                match result {
-                    Ok(()) => r.out[at..at + n].copy_from_slice(&c.buf[skip..skip + n]),
-                    Err(e) => {
-                        r.error.get_or_insert(e.into());
-                    }
-                }
-                r.left -= 1;
-                if r.left == 0 {
-                    let r = self.writes.reads.remove(&id).expect("just seen");
-                    self.writes.finished.push((id, r.error.map_or(Ok(r.out), Err)));
-                }
-                if cache && ok {
-                    self.read_cache.put(w.first, &c.buf);
-                }
-            }
         }
         self.io.device_mut().free_buf(c.buf);
-    }
-
-    /// Reads that were pending and are finished: their ids and bytes (or the
-    /// device error).
-    pub fn take_finished_reads(&mut self) -> Vec<(u64, FsResult<Vec<u8>>)> {
-        std::mem::take(&mut self.writes.finished)
-    }
-
-    /// Submits the device reads of `pieces` (a read's parts not in memory) into
-    /// `out`; returns the id of the pending read.
-    pub(super) fn read_in_background(
-        &mut self,
-        out: Vec<u8>,
-        pieces: &[super::data::Piece],
-    ) -> u64 {
-        let id = self.writes.next_tag;
-        self.writes.next_tag += 1;
-        self.writes.reads.insert(id, PendingRead { out, left: pieces.len(), error: None });
-        let block = u64::from(self.geo.block_size);
-        for &(run, first, pages, at, skip, n) in pieces {
-            let page = run.page + first;
-            let cache = u64::from(run.valid) < block;
-            let purpose = Purpose::Read { id, at, skip, n, cache };
-            let tag = self.writes.start(page, pages, purpose);
-            let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
-            let req =
-                IoRequest { tag: 0, kind: IoKind::Read, offset: self.geo.data_offset(page), buf };
-            self.io.submit_data(req, tag);
-        }
-        id
     }
 
     /// Copies `out.len()` bytes starting `skip` bytes into data page `first`
@@ -386,7 +283,7 @@ impl<D: Device> Shard<D> {
     pub(super) fn prefetch(&mut self, first: u64, pages: u64) {
         if self.writes.holds(first, pages)
             || self.read_cache.holds(first, pages)
-            || self.writes.busy_overlaps(first, pages)
+            || self.writes.in_flight_overlaps(first, pages)
             || self.io.device().in_flight() >= self.io.device().queue_depth()
         {
             return;
@@ -394,9 +291,9 @@ impl<D: Device> Shard<D> {
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
-        let tag = self.writes.start(first, pages, Purpose::ReadAhead);
+        self.writes.in_flight.insert(first, InFlight { pages, runs: Vec::new(), read: true });
         self.stats.read_aheads += 1;
-        self.io.submit_data(req, tag);
+        self.io.submit_data(req, first);
     }
 
     /// Before reading `pieces` from the device or from memory: waits for the
@@ -407,10 +304,10 @@ impl<D: Device> Shard<D> {
         &mut self,
         pieces: impl IntoIterator<Item = (u64, u64)>,
     ) -> FsResult<()> {
-        if self.writes.busy.is_empty() {
+        if self.writes.in_flight.is_empty() {
             return Ok(());
         }
-        if pieces.into_iter().any(|(first, pages)| self.writes.busy_overlaps(first, pages)) {
+        if pieces.into_iter().any(|(first, pages)| self.writes.in_flight_overlaps(first, pages)) {
             self.wait_in_flight()?;
         }
         Ok(())
