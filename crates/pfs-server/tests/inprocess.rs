@@ -577,3 +577,66 @@ fn open_sends_nothing_and_a_file_removed_meanwhile_fails_at_its_first_read() {
     drop((fs, other, fresh));
     cluster.stop();
 }
+
+/// Issue 15, small files: creating a 3901-byte file (create, write, close) is two
+/// round trips to one shard, and reading it back one. In a `bigdir` a name that
+/// lands away from the directory's home also updates the directory's times there
+/// (one more). (That the shard's data writes of many such files share a device
+/// write is `neighbouring_small_writes_reach_the_device_as_one_write` in
+/// pfs-store.)
+#[test]
+fn a_small_file_costs_two_round_trips_to_one_shard_and_its_read_one() {
+    let dir = test_dir("small-file-trips");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let delta = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        after.iter().zip(before).map(|(a, b)| a - b).collect()
+    };
+    let regular = fs.mkdir(InodeId::ROOT, b"regular", 0o755, 0, 0).unwrap().ino;
+    fs.setxattr(regular, b"user.pfs.dir_layout", b"regular", Default::default()).unwrap();
+    let bigdir = fs.mkdir(InodeId::ROOT, b"bigdir", 0o755, 0, 0).unwrap().ino;
+    for (parent, kind) in [(regular, "regular"), (bigdir, "bigdir")] {
+        // The first create in a directory also takes the directory's token.
+        write_file(&fs, parent, "warm-up", b"x");
+        let mut shards_used = std::collections::BTreeSet::new();
+        let mut touched = 0;
+        for i in 0..40u8 {
+            let data = vec![i; 3901];
+            let name = format!("{kind}-{i}");
+            let before = fs.requests_sent();
+            let (attr, fh) = fs.create(parent, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+            fs.write(attr.ino, fh, 0, &data).unwrap();
+            fs.flush(attr.ino, fh).unwrap();
+            fs.release(attr.ino, fh).unwrap();
+            let d = delta(&before, &fs.requests_sent());
+            // The file's shard got the create and the write; anything else is
+            // the one touch of the directory at its home.
+            let shard = d.iter().position(|&n| n >= 2).unwrap_or_else(|| panic!("{name}: {d:?}"));
+            let others: u64 = d.iter().sum::<u64>() - d[shard];
+            assert_eq!(d[shard], 2, "{name}: create and write, nothing at close: {d:?}");
+            match kind {
+                "regular" => assert_eq!(others, 0, "{name}: one shard: {d:?}"),
+                _ => assert!(others <= 1, "{name}: at most the directory's touch: {d:?}"),
+            }
+            touched += others;
+            shards_used.insert(shard);
+
+            let before = fs.requests_sent();
+            let fh = fs.open(attr.ino, libc::O_RDONLY as u32).unwrap();
+            assert_eq!(fs.read(attr.ino, fh, 0, 8192).unwrap(), data, "{name}");
+            fs.release(attr.ino, fh).unwrap();
+            let d = delta(&before, &fs.requests_sent());
+            assert_eq!(d.iter().sum::<u64>(), 1, "{name}: open sends nothing, one read: {d:?}");
+            assert_eq!(d[shard], 1, "{name}: the read goes to the file's shard: {d:?}");
+        }
+        if kind == "regular" {
+            assert_eq!(shards_used.len(), 1, "a regular directory's files stay with it");
+        } else {
+            // Names spread over the 4 shards; those away from home touch it.
+            assert!(shards_used.len() > 1, "40 names on one shard of 4: {shards_used:?}");
+            assert!(touched > 0 && touched < 40, "{touched} touches of the home");
+        }
+    }
+    drop(fs);
+    cluster.stop();
+}

@@ -146,6 +146,8 @@ pub struct Cluster {
     view: View,
     placement: Placement,
     conns: Arc<Vec<Conn>>,
+    /// Requests sent to each shard (`server * workers + worker`).
+    sent: Box<[AtomicU64]>,
     files: OpenFiles,
     caches: Arc<Caches>,
     /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
@@ -272,11 +274,13 @@ impl Cluster {
                 .spawn(move || notification_loop(conns, caches, stop))
                 .map_err(|e| FsError::Io(format!("cannot start the notification thread: {e}")))?
         };
+        let shards = placement.servers() as usize * placement.workers() as usize;
         let c = Cluster {
             client,
             view,
             placement,
             conns,
+            sent: (0..shards).map(|_| AtomicU64::new(0)).collect(),
             files: OpenFiles::new(OPEN_FILES_MAX),
             caches,
             unsynced: Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)),
@@ -291,6 +295,12 @@ impl Cluster {
     /// Each server connection as it is now, in view order (`None`: reconnecting).
     pub fn links(&self) -> Vec<Option<crate::conn::LinkInfo>> {
         self.conns.iter().map(|c| c.link_info()).collect()
+    }
+
+    /// Requests this client sent to each shard so far, indexed `server *
+    /// workers + worker`: how many round trips an operation costs, and where.
+    pub fn requests_sent(&self) -> Vec<u64> {
+        self.sent.iter().map(|n| n.load(Ordering::Relaxed)).collect()
     }
 
     /// Dentry cache (hits, misses) so far.
@@ -310,6 +320,8 @@ impl Cluster {
     fn send_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<(usize, Sent)> {
         let s = server.0 as usize;
         let sent = self.conns[s].send(req, worker.0 as u16, self.opts.request_timeout)?;
+        let shard = s * self.placement.workers() as usize + worker.0 as usize;
+        self.sent[shard].fetch_add(1, Ordering::Relaxed);
         Ok((s, sent))
     }
 
