@@ -141,6 +141,25 @@ impl Conn {
         }
     }
 
+    /// The answer to `sent` if it has come, without waiting.
+    pub fn try_answer(&self, sent: Sent) -> Option<Waited> {
+        let mut rpc = self.rpc.lock().expect("connection lock");
+        match rpc.poll_boot(sent.id) {
+            Ok(Some((frame, boot))) => Some(Waited::Answer(match frame.body {
+                Body::Reply(r) => Ok((r, boot)),
+                Body::Error { error, .. } => Err(error),
+                Body::Request(r) => Err(FsError::Io(format!(
+                    "{} answered with a request ({:?})",
+                    self.addr,
+                    r.opcode()
+                ))),
+            })),
+            Ok(None) => None,
+            Err(e @ NetError::Disconnected { .. }) => Some(Waited::Dropped(net_error(e))),
+            Err(e) => Some(Waited::Answer(Err(net_error(e)))),
+        }
+    }
+
     /// Waits for the answer to `sent`: the reply or the server's error, or
     /// `Dropped` when the connection went down first (a restarted server; the
     /// request may or may not have run).

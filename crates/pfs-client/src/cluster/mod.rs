@@ -27,6 +27,7 @@ mod data;
 mod files;
 pub mod placement;
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -139,6 +140,19 @@ impl ClusterOptions {
     }
 }
 
+/// Directory touches a client keeps out unanswered (`touch_parent`); past it,
+/// the next one waits for the oldest.
+const TOUCHES_MAX: usize = 64;
+
+/// A touch of a directory's times at its home, sent and not yet answered.
+#[derive(Clone, Copy, Debug)]
+struct Touch {
+    server: usize,
+    worker: WorkerId,
+    sent: crate::conn::Sent,
+    dir: InodeId,
+}
+
 /// A client of one pfs cluster.
 pub struct Cluster {
     opts: ClusterOptions,
@@ -148,6 +162,8 @@ pub struct Cluster {
     conns: Arc<Vec<Conn>>,
     /// Requests sent to each shard (`server * workers + worker`).
     sent: Box<[AtomicU64]>,
+    /// Touches of directories' times sent and not yet answered.
+    touches: Mutex<VecDeque<Touch>>,
     files: OpenFiles,
     caches: Arc<Caches>,
     /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
@@ -281,6 +297,7 @@ impl Cluster {
             placement,
             conns,
             sent: (0..shards).map(|_| AtomicU64::new(0)).collect(),
+            touches: Mutex::new(VecDeque::new()),
             files: OpenFiles::new(OPEN_FILES_MAX),
             caches,
             unsynced: Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)),
@@ -430,11 +447,58 @@ impl Cluster {
         if self.placement.is_home(dir, at) {
             return;
         }
-        match self.call_home(dir, Request::AdjustDir { dir, nlink_delta: 0 }) {
-            Ok(Reply::AdjustDir) | Err(FsError::NotFound) => {}
-            Ok(other) => log::warn!("updating directory {dir}: {}", unexpected(other)),
+        // Sent without waiting: a later request of this client to the home
+        // travels the same connection to the same worker, after it, so a
+        // `stat` right after sees the times; `fsyncdir` reaps it first.
+        let (server, worker) = self.placement.home(dir);
+        let mut touches = self.touches.lock().expect("touches lock");
+        match self.send_to(server, worker, Request::AdjustDir { dir, nlink_delta: 0 }) {
+            Ok((s, sent)) => touches.push_back(Touch { server: s, worker, sent, dir }),
             Err(e) => log::warn!("updating directory {dir} after a change elsewhere: {e}"),
         }
+        self.reap_touches(&mut touches, false);
+    }
+
+    /// Takes the answers of directory touches that came (all of them, waiting,
+    /// with `all`, or while more than `TOUCHES_MAX` are out), noting each as
+    /// an unsynced change of its directory.
+    fn reap_touches(&self, touches: &mut VecDeque<Touch>, all: bool) {
+        while let Some(t) = touches.front().copied() {
+            let conn = &self.conns[t.server];
+            let answer = if all || touches.len() > TOUCHES_MAX {
+                Some(conn.wait_answer(t.sent))
+            } else {
+                conn.try_answer(t.sent)
+            };
+            let Some(answer) = answer else { break };
+            touches.pop_front();
+            let dir = t.dir;
+            let result = match answer {
+                crate::conn::Waited::Answer(a) => a,
+                crate::conn::Waited::Dropped(e) => Err(e),
+            };
+            match result {
+                Ok((Reply::AdjustDir, boot)) => {
+                    self.note_unsynced(&[dir], t.server as u32, t.worker.0, boot)
+                }
+                Ok((other, _)) => log::warn!("updating directory {dir}: {}", unexpected(other)),
+                Err(FsError::NotFound) => {}
+                // An rmdir of the directory is deciding: ask again, waiting.
+                Err(FsError::TryAgain) => {
+                    if let Err(e) = self.call_home(dir, Request::AdjustDir { dir, nlink_delta: 0 })
+                    {
+                        log::warn!("updating directory {dir} after a change elsewhere: {e}");
+                    }
+                }
+                Err(e) => log::warn!("updating directory {dir} after a change elsewhere: {e}"),
+            }
+        }
+    }
+
+    /// Waits for every directory touch still out (before an `fsyncdir`).
+    fn flush_touches(&self) {
+        let mut touches = self.touches.lock().expect("touches lock");
+        self.reap_touches(&mut touches, true);
     }
 
     /// Refuses (`EINVAL`) to move directory `dir` under `under` when `under` is
@@ -806,6 +870,7 @@ impl FileSystem for Cluster {
     }
 
     fn fsyncdir(&self, dir: InodeId, _fh: FileHandle, _datasync: bool) -> FsResult<()> {
+        self.flush_touches();
         // The directory's entries: this client's changes wherever they are, and
         // every shard that holds entries of it, for other clients' changes
         // acknowledged before this call (a bigdir's are on every shard).
