@@ -205,8 +205,9 @@ pub struct ServerConfig {
     /// it off.
     pub read_cache_mib: Option<u64>,
     /// Read-ahead of sequential readers into the read cache, in multiples of
-    /// their read (DESIGN.md: 10); 0, the default, reads no more than asked:
-    /// while device reads block the worker, read-ahead measured slower.
+    /// their read (DESIGN.md: 10), read in the background; 0, the default,
+    /// reads no more than asked: read-ahead has not paid in measurements yet
+    /// (docs/benchmarks.md).
     pub read_ahead_factor: u64,
     /// Write-ahead log bytes per worker.
     pub wal_size_bytes: u64,
