@@ -143,8 +143,13 @@ impl Conn {
 
     /// The answer to `sent` if it has come, without waiting.
     pub fn try_answer(&self, sent: Sent) -> Option<Waited> {
-        let mut rpc = self.rpc.lock().expect("connection lock");
-        match rpc.poll_boot(sent.id) {
+        let polled = self.rpc.lock().expect("connection lock").poll_boot(sent.id);
+        self.answered(polled)
+    }
+
+    /// What a poll for an answer found: `None` while it has not come.
+    fn answered(&self, polled: Result<Option<(Frame, u64)>, NetError>) -> Option<Waited> {
+        match polled {
             Ok(Some((frame, boot))) => Some(Waited::Answer(match frame.body {
                 Body::Reply(r) => Ok((r, boot)),
                 Body::Error { error, .. } => Err(error),
@@ -164,24 +169,10 @@ impl Conn {
     /// `Dropped` when the connection went down first (a restarted server; the
     /// request may or may not have run).
     pub fn wait_answer(&self, sent: Sent) -> Waited {
-        let answer = |r: FsResult<(Reply, u64)>| Waited::Answer(r);
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
-            match rpc.poll_boot(sent.id) {
-                Ok(Some((frame, boot))) => {
-                    return answer(match frame.body {
-                        Body::Reply(r) => Ok((r, boot)),
-                        Body::Error { error, .. } => Err(error),
-                        Body::Request(r) => Err(FsError::Io(format!(
-                            "{} answered with a request ({:?})",
-                            self.addr,
-                            r.opcode()
-                        ))),
-                    })
-                }
-                Ok(None) => {}
-                Err(e @ NetError::Disconnected { .. }) => return Waited::Dropped(net_error(e)),
-                Err(e) => return answer(Err(net_error(e))),
+            if let Some(answer) = self.answered(rpc.poll_boot(sent.id)) {
+                return answer;
             }
             // Arm the wake-up before parking: a shared-memory peer rings the
             // eventfd only for a reader that said it sleeps.

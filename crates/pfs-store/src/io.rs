@@ -158,12 +158,7 @@ impl<D: Device> DevIo<D> {
 
     /// Waits for every asynchronous Icache request; returns their completions.
     pub fn wait_async_all(&mut self) -> Vec<IoCompletion> {
-        let mut out = Vec::new();
-        while self.meta.in_flight > 0 {
-            self.dev.wait(&mut out, 1);
-            self.absorb(&mut out);
-        }
-        std::mem::take(&mut self.meta.done)
+        self.wait_all(|io| &mut io.meta)
     }
 
     /// Finished data writes so far (their tags), non-blocking; submits what
@@ -173,14 +168,20 @@ impl<D: Device> DevIo<D> {
         std::mem::take(&mut self.data.done)
     }
 
-    /// Waits for every data write; returns their completions.
+    /// Waits for every data request; returns their completions.
     pub fn wait_data_all(&mut self) -> Vec<IoCompletion> {
+        self.wait_all(|io| &mut io.data)
+    }
+
+    /// Waits until nothing of the kind `kind` picks is in flight; returns its
+    /// completions.
+    fn wait_all(&mut self, kind: fn(&mut DevIo<D>) -> &mut AsyncKind) -> Vec<IoCompletion> {
         let mut out = Vec::new();
-        while self.data.in_flight > 0 {
+        while kind(self).in_flight > 0 {
             self.dev.wait(&mut out, 1);
             self.absorb(&mut out);
         }
-        std::mem::take(&mut self.data.done)
+        std::mem::take(&mut kind(self).done)
     }
 
     fn poll(&mut self) {
