@@ -60,10 +60,9 @@ struct Staged {
 #[derive(Debug)]
 struct InFlight {
     pages: u64,
-    /// A write: its neighbouring runs `(first page, pages, cache)`. A
-    /// read-ahead: empty.
-    runs: Vec<(u64, u64, bool)>,
-    read: bool,
+    /// A write: its neighbouring runs `(first page, pages, cache)`; `None`:
+    /// a read-ahead.
+    runs: Option<Vec<(u64, u64, bool)>>,
 }
 
 /// The data runs of a shard between their operation and the device.
@@ -210,7 +209,7 @@ impl<D: Device> Shard<D> {
             };
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            self.writes.in_flight.insert(first, InFlight { pages, runs, read: false });
+            self.writes.in_flight.insert(first, InFlight { pages, runs: Some(runs) });
             self.stats.data_writes += 1;
             self.io.submit_data(req, first);
         }
@@ -247,13 +246,13 @@ impl<D: Device> Shard<D> {
 
     fn finish_data_write(&mut self, c: IoCompletion) {
         let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data request");
-        match c.result {
-            Ok(()) if w.read => self.read_cache.put(c.tag, &c.buf),
-            // Left for the read that needs these pages.
-            Err(_) if w.read => {}
-            Ok(()) => {
+        match (w.runs, c.result) {
+            (None, Ok(())) => self.read_cache.put(c.tag, &c.buf),
+            // A failed read-ahead is left for the read that needs these pages.
+            (None, Err(_)) => {}
+            (Some(runs), Ok(())) => {
                 let mut at = 0;
-                for (first, pages, cache) in w.runs {
+                for (first, pages, cache) in runs {
                     let len = (pages * PAGE_SIZE) as usize;
                     if cache {
                         self.read_cache.put(first, &c.buf[at..at + len]);
@@ -261,7 +260,7 @@ impl<D: Device> Shard<D> {
                     at += len;
                 }
             }
-            Err(e) => self.fail(format!(
+            (Some(_), Err(e)) => self.fail(format!(
                 "a data write of {} pages at page {} failed after its operation was \
                  acknowledged: {e}",
                 w.pages, c.tag
@@ -291,7 +290,7 @@ impl<D: Device> Shard<D> {
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
-        self.writes.in_flight.insert(first, InFlight { pages, runs: Vec::new(), read: true });
+        self.writes.in_flight.insert(first, InFlight { pages, runs: None });
         self.stats.read_aheads += 1;
         self.io.submit_data(req, first);
     }
