@@ -1,0 +1,2368 @@
+//! The C symbols the library defines in place of libc's. Each converts its
+//! arguments, sends a pfs path or descriptor to [`crate::ops`], and everything
+//! else to libc's own definition ([`real!`]) untouched. docs/preload.md lists
+//! them.
+//!
+//! Variadic C functions (`open`, `openat`, `fcntl`, `ioctl`) are defined with
+//! their optional argument as a plain one: on x86-64 and aarch64 Linux a
+//! variadic integer or pointer argument travels in the same register as a
+//! fixed one, and it is only read when the flags say it is there.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t, ssize_t, FILE};
+use pfs_core::{FileAttr, SetAttr};
+
+use crate::client::{self, busy, with_busy, Errno, Res};
+use crate::convert::{fopen_flags, major, minor};
+use crate::fds;
+use crate::ops::{self, Target};
+use crate::real::real;
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+fn set_errno(e: Errno) {
+    // SAFETY: the calling thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn ret_unit(r: Res<()>) -> c_int {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn ret_int(r: Res<i32>) -> c_int {
+    r.unwrap_or_else(|e| {
+        set_errno(e);
+        -1
+    })
+}
+
+fn ret_size(r: Res<usize>) -> ssize_t {
+    match r {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// Where path argument `path` (relative to `dirfd`) leads.
+unsafe fn target(dirfd: c_int, path: *const c_char) -> Target {
+    if path.is_null() || busy() {
+        return Target::Real;
+    }
+    // SAFETY: the caller passes a nul-terminated path.
+    let p = unsafe { CStr::from_ptr(path) }.to_bytes();
+    ops::classify(dirfd, p)
+}
+
+/// Runs the libc call `$real` with `$p` bound to the path it should get, or
+/// `$pfs` with `$abs` bound to the pfs path.
+macro_rules! by_path {
+    ($dirfd:expr, $path:expr, |$abs:ident| $pfs:expr, |$p:ident| $real:expr) => {
+        // SAFETY: forwarded from the caller.
+        match unsafe { target($dirfd, $path) } {
+            Target::Pfs($abs) => with_busy(|| $pfs),
+            Target::Real => {
+                let $p = $path;
+                $real
+            }
+            Target::Elsewhere(c) => {
+                let $p = c.as_ptr();
+                $real
+            }
+        }
+    };
+}
+
+fn slice_mut<'a>(buf: *mut c_void, n: size_t) -> &'a mut [u8] {
+    if n == 0 || buf.is_null() {
+        return &mut [];
+    }
+    // SAFETY: the caller of the hooked function passes `n` writable bytes.
+    unsafe { std::slice::from_raw_parts_mut(buf.cast(), n) }
+}
+
+fn slice<'a>(buf: *const c_void, n: size_t) -> &'a [u8] {
+    if n == 0 || buf.is_null() {
+        return &[];
+    }
+    // SAFETY: the caller of the hooked function passes `n` readable bytes.
+    unsafe { std::slice::from_raw_parts(buf.cast(), n) }
+}
+
+fn dev() -> u64 {
+    client::config().map_or(0, |c| c.dev)
+}
+
+const _: () = assert!(std::mem::size_of::<libc::stat>() == std::mem::size_of::<libc::stat64>());
+
+unsafe fn fill_stat(a: &FileAttr, st: *mut libc::stat) {
+    // SAFETY: all-zero is a valid `stat`.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    s.st_dev = dev();
+    s.st_ino = a.ino.0;
+    s.st_mode = a.mode();
+    s.st_nlink = a.nlink as _;
+    s.st_uid = a.uid;
+    s.st_gid = a.gid;
+    s.st_rdev = a.rdev as u64;
+    s.st_size = a.size as i64;
+    s.st_blksize = pfs_core::BLOCK_SIZE_BYTES as _;
+    s.st_blocks = a.blocks as i64;
+    s.st_atime = a.atime_ns.div_euclid(1_000_000_000);
+    s.st_atime_nsec = a.atime_ns.rem_euclid(1_000_000_000);
+    s.st_mtime = a.mtime_ns.div_euclid(1_000_000_000);
+    s.st_mtime_nsec = a.mtime_ns.rem_euclid(1_000_000_000);
+    s.st_ctime = a.ctime_ns.div_euclid(1_000_000_000);
+    s.st_ctime_nsec = a.ctime_ns.rem_euclid(1_000_000_000);
+    // SAFETY: the caller passes a writable `struct stat`.
+    unsafe { st.write(s) };
+}
+
+fn stat_into(r: Res<FileAttr>, st: *mut libc::stat) -> c_int {
+    match r {
+        Ok(a) if !st.is_null() => {
+            // SAFETY: checked non-null; the caller's buffer.
+            unsafe { fill_stat(&a, st) };
+            0
+        }
+        Ok(_) => ret_unit(Err(libc::EFAULT)),
+        Err(e) => ret_unit(Err(e)),
+    }
+}
+
+fn statx_time(ns: i64) -> libc::statx_timestamp {
+    // SAFETY: all-zero is a valid timestamp.
+    let mut t: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+    t.tv_sec = ns.div_euclid(1_000_000_000);
+    t.tv_nsec = ns.rem_euclid(1_000_000_000) as u32;
+    t
+}
+
+unsafe fn fill_statx(a: &FileAttr, out: *mut libc::statx) {
+    // SAFETY: all-zero is a valid `statx`.
+    let mut s: libc::statx = unsafe { std::mem::zeroed() };
+    s.stx_mask = libc::STATX_BASIC_STATS;
+    s.stx_blksize = pfs_core::BLOCK_SIZE_BYTES as u32;
+    s.stx_nlink = a.nlink;
+    s.stx_uid = a.uid;
+    s.stx_gid = a.gid;
+    s.stx_mode = a.mode() as u16;
+    s.stx_ino = a.ino.0;
+    s.stx_size = a.size;
+    s.stx_blocks = a.blocks;
+    s.stx_atime = statx_time(a.atime_ns);
+    s.stx_mtime = statx_time(a.mtime_ns);
+    s.stx_ctime = statx_time(a.ctime_ns);
+    s.stx_rdev_major = major(a.rdev as u64);
+    s.stx_rdev_minor = minor(a.rdev as u64);
+    s.stx_dev_major = major(dev());
+    s.stx_dev_minor = minor(dev());
+    // SAFETY: the caller passes a writable `struct statx`.
+    unsafe { out.write(s) };
+}
+
+// ---------------------------------------------------------------------------
+// Start, fork and exit.
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
+extern "C" fn init() {
+    // SAFETY: registers three functions of this library.
+    unsafe {
+        libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child))
+    };
+}
+
+extern "C" fn fini() {
+    with_busy(ops::flush_all_at_exit);
+}
+
+thread_local! {
+    static FORK_HELD: RefCell<Option<(client::ForkHold, fds::ForkHold)>> = const { RefCell::new(None) };
+}
+
+extern "C" fn before_fork() {
+    if client::config().is_none() {
+        return;
+    }
+    let held = (client::hold_for_fork(), fds::hold_for_fork());
+    FORK_HELD.with(|h| *h.borrow_mut() = Some(held));
+}
+
+extern "C" fn after_fork_parent() {
+    FORK_HELD.with(|h| h.borrow_mut().take());
+}
+
+extern "C" fn after_fork_child() {
+    if let Some((c, t)) = FORK_HELD.with(|h| h.borrow_mut().take()) {
+        drop(t);
+        c.forget_in_child();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// open and close.
+
+unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    by_path!(dirfd, path, |abs| ret_int(ops::open(abs, flags, mode)), |p| {
+        let f = real!(openat: fn(c_int, *const c_char, c_int, c_uint) -> c_int);
+        // SAFETY: libc's openat with the caller's arguments.
+        unsafe { f(dirfd, p, flags, mode) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(libc::AT_FDCWD, path, flags, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn openat(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(dirfd, path, flags, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn openat64(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(dirfd, path, flags, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(dirfd, path, flags, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(dirfd, path, flags, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { open_at(libc::AT_FDCWD, path, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { creat(path, mode) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's close.
+        return unsafe { real!(close: fn(c_int) -> c_int)(fd) };
+    }
+    ret_unit(with_busy(|| ops::close(fd)))
+}
+
+// ---------------------------------------------------------------------------
+// Data.
+
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, n: size_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's read with the caller's arguments.
+        return unsafe { real!(read: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, n) };
+    }
+    ret_size(with_busy(|| ops::read(fd, slice_mut(buf, n))))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    _buflen: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded (the fortify check is the caller's compiler's).
+    unsafe { read(fd, buf, n) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's write with the caller's arguments.
+        return unsafe { real!(write: fn(c_int, *const c_void, size_t) -> ssize_t)(fd, buf, n) };
+    }
+    ret_size(with_busy(|| ops::write(fd, slice(buf, n))))
+}
+
+fn pread_pfs(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    ret_size(with_busy(|| {
+        if off < 0 {
+            return Err(libc::EINVAL);
+        }
+        ops::read_at(&*ops::file(fd)?, off as u64, slice_mut(buf, n))
+    }))
+}
+
+fn pwrite_pfs(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
+    ret_size(with_busy(|| {
+        if off < 0 {
+            return Err(libc::EINVAL);
+        }
+        ops::write_at(&*ops::file(fd)?, Some(off as u64), slice(buf, n)).map(|(n, _)| n)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pread(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(pread: fn(c_int, *mut c_void, size_t, off_t) -> ssize_t);
+        // SAFETY: libc's pread with the caller's arguments.
+        return unsafe { f(fd, buf, n, off) };
+    }
+    pread_pfs(fd, buf, n, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pread64(fd: c_int, buf: *mut c_void, n: size_t, off: off_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(pread64: fn(c_int, *mut c_void, size_t, off_t) -> ssize_t);
+        // SAFETY: libc's pread64 with the caller's arguments.
+        return unsafe { f(fd, buf, n, off) };
+    }
+    pread_pfs(fd, buf, n, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __pread_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    off: off_t,
+    _buflen: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { pread(fd, buf, n, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __pread64_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    n: size_t,
+    off: off_t,
+    _buflen: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { pread64(fd, buf, n, off) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwrite(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(pwrite: fn(c_int, *const c_void, size_t, off_t) -> ssize_t);
+        // SAFETY: libc's pwrite with the caller's arguments.
+        return unsafe { f(fd, buf, n, off) };
+    }
+    pwrite_pfs(fd, buf, n, off)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pwrite64(fd: c_int, buf: *const c_void, n: size_t, off: off_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(pwrite64: fn(c_int, *const c_void, size_t, off_t) -> ssize_t);
+        // SAFETY: libc's pwrite64 with the caller's arguments.
+        return unsafe { f(fd, buf, n, off) };
+    }
+    pwrite_pfs(fd, buf, n, off)
+}
+
+fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Res<&'a [libc::iovec]> {
+    if !(0..=libc::UIO_MAXIOV).contains(&cnt) {
+        return Err(libc::EINVAL);
+    }
+    if cnt == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: the caller passes `cnt` iovecs.
+    Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
+}
+
+/// A vectored read into one buffer, then scattered: `read_into` fills the
+/// buffer and says how much.
+fn readv_with(
+    iov: *const libc::iovec,
+    cnt: c_int,
+    read_into: impl FnOnce(&mut [u8]) -> Res<usize>,
+) -> Res<usize> {
+    let v = iovecs(iov, cnt)?;
+    let total: usize = v.iter().map(|x| x.iov_len).sum();
+    let mut buf = vec![0u8; total];
+    let n = read_into(&mut buf)?;
+    let mut at = 0;
+    for x in v {
+        if at >= n {
+            break;
+        }
+        let k = x.iov_len.min(n - at);
+        slice_mut(x.iov_base, k).copy_from_slice(&buf[at..at + k]);
+        at += k;
+    }
+    Ok(n)
+}
+
+fn gather(iov: *const libc::iovec, cnt: c_int) -> Res<Vec<u8>> {
+    let v = iovecs(iov, cnt)?;
+    let mut buf = Vec::with_capacity(v.iter().map(|x| x.iov_len).sum());
+    for x in v {
+        buf.extend_from_slice(slice(x.iov_base, x.iov_len));
+    }
+    Ok(buf)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(readv: fn(c_int, *const libc::iovec, c_int) -> ssize_t);
+        // SAFETY: libc's readv with the caller's arguments.
+        return unsafe { f(fd, iov, cnt) };
+    }
+    ret_size(with_busy(|| readv_with(iov, cnt, |b| ops::read(fd, b))))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const libc::iovec, cnt: c_int) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(writev: fn(c_int, *const libc::iovec, c_int) -> ssize_t);
+        // SAFETY: libc's writev with the caller's arguments.
+        return unsafe { f(fd, iov, cnt) };
+    }
+    ret_size(with_busy(|| ops::write(fd, &gather(iov, cnt)?)))
+}
+
+fn preadv_pfs(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t {
+    ret_size(with_busy(|| {
+        if off < 0 {
+            return Err(libc::EINVAL);
+        }
+        let f = ops::file(fd)?;
+        readv_with(iov, cnt, |b| ops::read_at(&f, off as u64, b))
+    }))
+}
+
+fn pwritev_pfs(fd: c_int, iov: *const libc::iovec, cnt: c_int, off: off_t) -> ssize_t {
+    ret_size(with_busy(|| {
+        if off < 0 {
+            return Err(libc::EINVAL);
+        }
+        let f = ops::file(fd)?;
+        ops::write_at(&f, Some(off as u64), &gather(iov, cnt)?).map(|(n, _)| n)
+    }))
+}
+
+macro_rules! positioned_vec {
+    ($name:ident, $pfs:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const libc::iovec,
+            cnt: c_int,
+            off: off_t,
+        ) -> ssize_t {
+            if !fds::is_pfs(fd) {
+                let f = real!($name: fn(c_int, *const libc::iovec, c_int, off_t) -> ssize_t);
+                // SAFETY: libc's function with the caller's arguments.
+                return unsafe { f(fd, iov, cnt, off) };
+            }
+            $pfs(fd, iov, cnt, off)
+        }
+    };
+}
+
+positioned_vec!(preadv, preadv_pfs);
+positioned_vec!(preadv64, preadv_pfs);
+positioned_vec!(pwritev, pwritev_pfs);
+positioned_vec!(pwritev64, pwritev_pfs);
+
+macro_rules! positioned_vec2 {
+    ($name:ident, $pfs:ident, $plain:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            fd: c_int,
+            iov: *const libc::iovec,
+            cnt: c_int,
+            off: off_t,
+            flags: c_int,
+        ) -> ssize_t {
+            if !fds::is_pfs(fd) {
+                let f = real!($name: fn(c_int, *const libc::iovec, c_int, off_t, c_int) -> ssize_t);
+                // SAFETY: libc's function with the caller's arguments.
+                return unsafe { f(fd, iov, cnt, off, flags) };
+            }
+            if off == -1 {
+                // SAFETY: forwarded.
+                return unsafe { $plain(fd, iov, cnt) };
+            }
+            $pfs(fd, iov, cnt, off)
+        }
+    };
+}
+
+positioned_vec2!(preadv2, preadv_pfs, readv);
+positioned_vec2!(pwritev2, pwritev_pfs, writev);
+
+#[no_mangle]
+pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's lseek with the caller's arguments.
+        return unsafe { real!(lseek: fn(c_int, off_t, c_int) -> off_t)(fd, off, whence) };
+    }
+    match with_busy(|| ops::lseek(fd, off, whence)) {
+        Ok(o) => o as off_t,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lseek64(fd: c_int, off: off_t, whence: c_int) -> off_t {
+    // SAFETY: forwarded (the same call on 64-bit Linux).
+    unsafe { lseek(fd, off, whence) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fsync.
+        return unsafe { real!(fsync: fn(c_int) -> c_int)(fd) };
+    }
+    ret_unit(with_busy(|| ops::fsync(fd, false)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fdatasync.
+        return unsafe { real!(fdatasync: fn(c_int) -> c_int)(fd) };
+    }
+    ret_unit(with_busy(|| ops::fsync(fd, true)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's ftruncate.
+        return unsafe { real!(ftruncate: fn(c_int, off_t) -> c_int)(fd, len) };
+    }
+    ret_unit(with_busy(|| ops::ftruncate(fd, len)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { ftruncate(fd, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
+    by_path!(libc::AT_FDCWD, path, |abs| ret_unit(ops::truncate(&abs, len)), |p| {
+        // SAFETY: libc's truncate.
+        unsafe { real!(truncate: fn(*const c_char, off_t) -> c_int)(p, len) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn truncate64(path: *const c_char, len: off_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { truncate(path, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(fallocate: fn(c_int, c_int, off_t, off_t) -> c_int);
+        // SAFETY: libc's fallocate.
+        return unsafe { f(fd, mode, off, len) };
+    }
+    ret_unit(with_busy(|| ops::fallocate(fd, mode, off, len)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fallocate64(fd: c_int, mode: c_int, off: off_t, len: off_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fallocate(fd, mode, off, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate(fd: c_int, off: off_t, len: off_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(posix_fallocate: fn(c_int, off_t, off_t) -> c_int);
+        // SAFETY: libc's posix_fallocate.
+        return unsafe { f(fd, off, len) };
+    }
+    // Returns the error number instead of setting errno.
+    with_busy(|| ops::fallocate(fd, 0, off, len)).err().unwrap_or(0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fallocate64(fd: c_int, off: off_t, len: off_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { posix_fallocate(fd, off, len) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fadvise(fd: c_int, off: off_t, len: off_t, advice: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(posix_fadvise: fn(c_int, off_t, off_t, c_int) -> c_int);
+        // SAFETY: libc's posix_fadvise.
+        return unsafe { f(fd, off, len, advice) };
+    }
+    // Advice only: the servers read ahead on their own.
+    0
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_fadvise64(
+    fd: c_int,
+    off: off_t,
+    len: off_t,
+    advice: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { posix_fadvise(fd, off, len, advice) }
+}
+
+/// Copies at most 1 MiB from `fd_in` to `fd_out` (either may be a pfs
+/// descriptor), at the given offsets or each descriptor's own.
+fn copy_range(
+    fd_in: c_int,
+    off_in: Option<u64>,
+    fd_out: c_int,
+    off_out: Option<u64>,
+    len: usize,
+) -> Res<usize> {
+    let mut buf = vec![0u8; len.min(1 << 20)];
+    let n = match (fds::get(fd_in), off_in) {
+        (Some(f), Some(o)) => ops::read_at(&f, o, &mut buf)?,
+        (Some(_), None) => ops::read(fd_in, &mut buf)?,
+        (None, off) => {
+            // SAFETY: libc's pread/read into a buffer of this length.
+            let r = unsafe {
+                match off {
+                    Some(o) => pread(fd_in, buf.as_mut_ptr().cast(), buf.len(), o as off_t),
+                    None => read(fd_in, buf.as_mut_ptr().cast(), buf.len()),
+                }
+            };
+            if r < 0 {
+                return Err(ops::last_errno());
+            }
+            r as usize
+        }
+    };
+    let data = &buf[..n];
+    let mut done = 0;
+    while done < n {
+        let w = match (fds::get(fd_out), off_out) {
+            (Some(f), Some(o)) => ops::write_at(&f, Some(o + done as u64), &data[done..])?.0,
+            (Some(_), None) => ops::write(fd_out, &data[done..])?,
+            (None, off) => {
+                let rest = &data[done..];
+                // SAFETY: libc's pwrite/write of this buffer.
+                let r = unsafe {
+                    match off {
+                        Some(o) => pwrite(
+                            fd_out,
+                            rest.as_ptr().cast(),
+                            rest.len(),
+                            (o + done as u64) as off_t,
+                        ),
+                        None => write(fd_out, rest.as_ptr().cast(), rest.len()),
+                    }
+                };
+                if r < 0 {
+                    return Err(ops::last_errno());
+                }
+                r as usize
+            }
+        };
+        if w == 0 {
+            break;
+        }
+        done += w;
+    }
+    Ok(done)
+}
+
+unsafe fn offset_arg(p: *mut i64) -> Res<Option<u64>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a readable offset.
+    let o = unsafe { *p };
+    if o < 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(Some(o as u64))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut i64,
+    fd_out: c_int,
+    off_out: *mut i64,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if !fds::is_pfs(fd_in) && !fds::is_pfs(fd_out) {
+        let f =
+            real!(copy_file_range: fn(c_int, *mut i64, c_int, *mut i64, size_t, c_uint) -> ssize_t);
+        // SAFETY: libc's copy_file_range with the caller's arguments.
+        return unsafe { f(fd_in, off_in, fd_out, off_out, len, flags) };
+    }
+    ret_size(with_busy(|| {
+        if flags != 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's offsets.
+        let (oi, oo) = unsafe { (offset_arg(off_in)?, offset_arg(off_out)?) };
+        let n = copy_range(fd_in, oi, fd_out, oo, len)?;
+        // SAFETY: the caller's offsets, advanced by what was copied.
+        unsafe {
+            if let Some(o) = oi {
+                *off_in = (o + n as u64) as i64;
+            }
+            if let Some(o) = oo {
+                *off_out = (o + n as u64) as i64;
+            }
+        }
+        Ok(n)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    if !fds::is_pfs(in_fd) && !fds::is_pfs(out_fd) {
+        let f = real!(sendfile: fn(c_int, c_int, *mut off_t, size_t) -> ssize_t);
+        // SAFETY: libc's sendfile with the caller's arguments.
+        return unsafe { f(out_fd, in_fd, offset, count) };
+    }
+    ret_size(with_busy(|| {
+        // SAFETY: the caller's offset.
+        let oi = unsafe { offset_arg(offset)? };
+        let n = copy_range(in_fd, oi, out_fd, None, count)?;
+        if let Some(o) = oi {
+            // SAFETY: the caller's offset, advanced by what was sent.
+            unsafe { *offset = (o + n as u64) as off_t };
+        }
+        Ok(n)
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { sendfile(out_fd, in_fd, offset, count) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    if flags & libc::MAP_ANONYMOUS != 0 || !fds::is_pfs(fd) {
+        let f = real!(mmap: fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void);
+        // SAFETY: libc's mmap with the caller's arguments.
+        return unsafe { f(addr, len, prot, flags, fd, off) };
+    }
+    match with_busy(|| ops::map_copy(fd, len, prot, flags, off)) {
+        Ok(p) => p,
+        Err(e) => {
+            set_errno(e);
+            libc::MAP_FAILED
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    // SAFETY: forwarded.
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+// ---------------------------------------------------------------------------
+// Attributes.
+
+unsafe fn fstatat_any(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the caller's path, when not null.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && (fds::is_pfs(dirfd) || dirfd == libc::AT_FDCWD)
+    {
+        if fds::is_pfs(dirfd) {
+            return stat_into(with_busy(|| ops::fstat(dirfd)), st);
+        }
+        if let Some(cwd) = ops::virtual_cwd() {
+            return stat_into(with_busy(|| ops::stat(&cwd, true)), st);
+        }
+    }
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    by_path!(dirfd, path, |abs| stat_into(ops::stat(&abs, follow), st), |p| {
+        let f = real!(fstatat: fn(c_int, *const c_char, *mut libc::stat, c_int) -> c_int);
+        // SAFETY: libc's fstatat with the caller's arguments.
+        unsafe { f(dirfd, p, st, flags) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn stat(path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(libc::AT_FDCWD, path, st, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn stat64(path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(libc::AT_FDCWD, path, st, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lstat(path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(libc::AT_FDCWD, path, st, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lstat64(path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(libc::AT_FDCWD, path, st, libc::AT_SYMLINK_NOFOLLOW) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstatat(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(dirfd, path, st, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstatat64(
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(dirfd, path, st, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstat(fd: c_int, st: *mut libc::stat) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fstat.
+        return unsafe { real!(fstat: fn(c_int, *mut libc::stat) -> c_int)(fd, st) };
+    }
+    stat_into(with_busy(|| ops::fstat(fd)), st)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fstat64(fd: c_int, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstat(fd, st) }
+}
+
+// The `__xstat` family: what programs built against glibc before 2.33 call.
+#[no_mangle]
+pub unsafe extern "C" fn __xstat(_ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { stat(path, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __xstat64(_ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { stat(path, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __lxstat(_ver: c_int, path: *const c_char, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { lstat(path, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __lxstat64(
+    _ver: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { lstat(path, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __fxstat(_ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstat(fd, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __fxstat64(_ver: c_int, fd: c_int, st: *mut libc::stat) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstat(fd, st) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __fxstatat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(dirfd, path, st, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __fxstatat64(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    st: *mut libc::stat,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fstatat_any(dirfd, path, st, flags) }
+}
+
+fn statx_into(r: Res<FileAttr>, out: *mut libc::statx) -> c_int {
+    match r {
+        Ok(a) if !out.is_null() => {
+            // SAFETY: checked non-null; the caller's buffer.
+            unsafe { fill_statx(&a, out) };
+            0
+        }
+        Ok(_) => ret_unit(Err(libc::EFAULT)),
+        Err(e) => ret_unit(Err(e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mask: c_uint,
+    out: *mut libc::statx,
+) -> c_int {
+    // SAFETY: the caller's path, when not null.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && fds::is_pfs(dirfd) {
+        return statx_into(with_busy(|| ops::fstat(dirfd)), out);
+    }
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    by_path!(dirfd, path, |abs| statx_into(ops::stat(&abs, follow), out), |p| {
+        let f = real!(statx: fn(c_int, *const c_char, c_int, c_uint, *mut libc::statx) -> c_int);
+        // SAFETY: libc's statx with the caller's arguments.
+        unsafe { f(dirfd, p, flags, mask, out) }
+    })
+}
+
+unsafe fn access_at(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    by_path!(dirfd, path, |abs| ret_unit(ops::access(&abs, mode, follow)), |p| {
+        let f = real!(faccessat: fn(c_int, *const c_char, c_int, c_int) -> c_int);
+        // SAFETY: libc's faccessat with the caller's arguments.
+        unsafe { f(dirfd, p, mode, flags) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn access(path: *const c_char, mode: c_int) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { access_at(libc::AT_FDCWD, path, mode, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn faccessat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { access_at(dirfd, path, mode, flags) }
+}
+
+unsafe fn setattr_at(
+    dirfd: c_int,
+    path: *const c_char,
+    follow: bool,
+    set: SetAttr,
+    real_call: impl FnOnce(*const c_char) -> c_int,
+) -> c_int {
+    by_path!(dirfd, path, |abs| ret_unit(ops::setattr_path(&abs, follow, &set)), |p| real_call(p))
+}
+
+fn setattr_fd(fd: c_int, set: SetAttr) -> c_int {
+    ret_unit(with_busy(|| ops::setattr_fd(fd, &set)))
+}
+
+fn perm_set(mode: mode_t) -> SetAttr {
+    SetAttr { perm: Some((mode & 0o7777) as u16), ..SetAttr::default() }
+}
+
+fn owner_set(uid: libc::uid_t, gid: libc::gid_t) -> SetAttr {
+    SetAttr {
+        uid: (uid != u32::MAX).then_some(uid),
+        gid: (gid != u32::MAX).then_some(gid),
+        ..SetAttr::default()
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn chmod(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        setattr_at(libc::AT_FDCWD, path, true, perm_set(mode), |p| {
+            real!(chmod: fn(*const c_char, mode_t) -> c_int)(p, mode)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    flags: c_int,
+) -> c_int {
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    // SAFETY: forwarded.
+    unsafe {
+        setattr_at(dirfd, path, follow, perm_set(mode), |p| {
+            real!(fchmodat: fn(c_int, *const c_char, mode_t, c_int) -> c_int)(dirfd, p, mode, flags)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fchmod.
+        return unsafe { real!(fchmod: fn(c_int, mode_t) -> c_int)(fd, mode) };
+    }
+    setattr_fd(fd, perm_set(mode))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn chown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        setattr_at(libc::AT_FDCWD, path, true, owner_set(uid, gid), |p| {
+            real!(chown: fn(*const c_char, libc::uid_t, libc::gid_t) -> c_int)(p, uid, gid)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lchown(path: *const c_char, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe {
+        setattr_at(libc::AT_FDCWD, path, false, owner_set(uid, gid), |p| {
+            real!(lchown: fn(*const c_char, libc::uid_t, libc::gid_t) -> c_int)(p, uid, gid)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: *const c_char,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the caller's path, when not null.
+    let empty = !path.is_null() && unsafe { *path } == 0;
+    if empty && flags & libc::AT_EMPTY_PATH != 0 && fds::is_pfs(dirfd) {
+        return setattr_fd(dirfd, owner_set(uid, gid));
+    }
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    // SAFETY: forwarded.
+    unsafe {
+        setattr_at(dirfd, path, follow, owner_set(uid, gid), |p| {
+            let f =
+                real!(fchownat: fn(c_int, *const c_char, libc::uid_t, libc::gid_t, c_int) -> c_int);
+            f(dirfd, p, uid, gid, flags)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fchown.
+        return unsafe {
+            real!(fchown: fn(c_int, libc::uid_t, libc::gid_t) -> c_int)(fd, uid, gid)
+        };
+    }
+    setattr_fd(fd, owner_set(uid, gid))
+}
+
+/// The times `utimensat` sets (`NULL`: both now).
+unsafe fn times_set(times: *const libc::timespec) -> Res<SetAttr> {
+    if times.is_null() {
+        let now = ops::now_ns();
+        return Ok(SetAttr { atime_ns: Some(now), mtime_ns: Some(now), ..SetAttr::default() });
+    }
+    // SAFETY: the caller passes two timespecs.
+    let (a, m) = unsafe { (&*times, &*times.add(1)) };
+    Ok(SetAttr { atime_ns: ops::time_of(a)?, mtime_ns: ops::time_of(m)?, ..SetAttr::default() })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
+    let real_call = |p: *const c_char| {
+        let f = real!(utimensat: fn(c_int, *const c_char, *const libc::timespec, c_int) -> c_int);
+        // SAFETY: libc's utimensat with the caller's arguments.
+        unsafe { f(dirfd, p, times, flags) }
+    };
+    if path.is_null() {
+        if !fds::is_pfs(dirfd) {
+            return real_call(path);
+        }
+        // SAFETY: the caller's times.
+        return match unsafe { times_set(times) } {
+            Ok(set) => setattr_fd(dirfd, set),
+            Err(e) => ret_unit(Err(e)),
+        };
+    }
+    let follow = flags & libc::AT_SYMLINK_NOFOLLOW == 0;
+    // SAFETY: the caller's times.
+    let set = unsafe { times_set(times) };
+    by_path!(
+        dirfd,
+        path,
+        |abs| ret_unit(set.and_then(|s| ops::setattr_path(&abs, follow, &s))),
+        |p| real_call(p)
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn futimens(fd: c_int, times: *const libc::timespec) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(futimens: fn(c_int, *const libc::timespec) -> c_int);
+        // SAFETY: libc's futimens.
+        return unsafe { f(fd, times) };
+    }
+    // SAFETY: the caller's times.
+    match unsafe { times_set(times) } {
+        Ok(set) => setattr_fd(fd, set),
+        Err(e) => ret_unit(Err(e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
+    // SAFETY: libc's umask.
+    let old = unsafe { real!(umask: fn(mode_t) -> mode_t)(mask) };
+    ops::set_umask(mask);
+    old
+}
+
+// ---------------------------------------------------------------------------
+// Names.
+
+#[no_mangle]
+pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
+    by_path!(libc::AT_FDCWD, path, |abs| ret_unit(ops::mkdir(&abs, mode)), |p| {
+        // SAFETY: libc's mkdir.
+        unsafe { real!(mkdir: fn(*const c_char, mode_t) -> c_int)(p, mode) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    by_path!(dirfd, path, |abs| ret_unit(ops::mkdir(&abs, mode)), |p| {
+        // SAFETY: libc's mkdirat.
+        unsafe { real!(mkdirat: fn(c_int, *const c_char, mode_t) -> c_int)(dirfd, p, mode) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rmdir(path: *const c_char) -> c_int {
+    by_path!(libc::AT_FDCWD, path, |abs| ret_unit(ops::rmdir(&abs)), |p| {
+        // SAFETY: libc's rmdir.
+        unsafe { real!(rmdir: fn(*const c_char) -> c_int)(p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn unlink(path: *const c_char) -> c_int {
+    by_path!(libc::AT_FDCWD, path, |abs| ret_unit(ops::unlink(&abs)), |p| {
+        // SAFETY: libc's unlink.
+        unsafe { real!(unlink: fn(*const c_char) -> c_int)(p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    by_path!(
+        dirfd,
+        path,
+        |abs| ret_unit(if flags & libc::AT_REMOVEDIR != 0 {
+            ops::rmdir(&abs)
+        } else {
+            ops::unlink(&abs)
+        }),
+        |p| {
+            // SAFETY: libc's unlinkat.
+            unsafe { real!(unlinkat: fn(c_int, *const c_char, c_int) -> c_int)(dirfd, p, flags) }
+        }
+    )
+}
+
+/// A call on two paths: both pfs (`pfs`), neither (`real`, with the paths
+/// libc should get), or one of each (`EXDEV`, as between two file systems).
+unsafe fn two_paths(
+    d1: c_int,
+    p1: *const c_char,
+    d2: c_int,
+    p2: *const c_char,
+    pfs: impl FnOnce(&[u8], &[u8]) -> Res<()>,
+    real_call: impl FnOnce(*const c_char, *const c_char) -> c_int,
+) -> c_int {
+    // SAFETY: the caller's paths.
+    let (a, b) = unsafe { (target(d1, p1), target(d2, p2)) };
+    let libc_path = |t: &Target, orig: *const c_char| match t {
+        Target::Elsewhere(c) => Some(c.as_ptr()),
+        Target::Real => Some(orig),
+        Target::Pfs(_) => None,
+    };
+    match (&a, &b) {
+        (Target::Pfs(x), Target::Pfs(y)) => ret_unit(with_busy(|| pfs(x, y))),
+        (Target::Pfs(_), _) | (_, Target::Pfs(_)) => ret_unit(Err(libc::EXDEV)),
+        _ => real_call(libc_path(&a, p1).unwrap_or(p1), libc_path(&b, p2).unwrap_or(p2)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rename(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { renameat2(libc::AT_FDCWD, from, libc::AT_FDCWD, to, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn renameat(
+    d1: c_int,
+    from: *const c_char,
+    d2: c_int,
+    to: *const c_char,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { renameat2(d1, from, d2, to, 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn renameat2(
+    d1: c_int,
+    from: *const c_char,
+    d2: c_int,
+    to: *const c_char,
+    flags: c_uint,
+) -> c_int {
+    // SAFETY: the caller's paths.
+    unsafe {
+        two_paths(
+            d1,
+            from,
+            d2,
+            to,
+            |a, b| ops::rename(a, b, flags),
+            |x, y| {
+                if flags == 0 {
+                    real!(renameat: fn(c_int, *const c_char, c_int, *const c_char) -> c_int)(
+                        d1, x, d2, y,
+                    )
+                } else {
+                    let f = real!(renameat2: fn(c_int, *const c_char, c_int, *const c_char, c_uint) -> c_int);
+                    f(d1, x, d2, y, flags)
+                }
+            },
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn link(from: *const c_char, to: *const c_char) -> c_int {
+    // SAFETY: the caller's paths.
+    unsafe {
+        two_paths(
+            libc::AT_FDCWD,
+            from,
+            libc::AT_FDCWD,
+            to,
+            |a, b| ops::link(a, b, false),
+            |x, y| real!(link: fn(*const c_char, *const c_char) -> c_int)(x, y),
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn linkat(
+    d1: c_int,
+    from: *const c_char,
+    d2: c_int,
+    to: *const c_char,
+    flags: c_int,
+) -> c_int {
+    let follow = flags & libc::AT_SYMLINK_FOLLOW != 0;
+    // SAFETY: the caller's paths.
+    unsafe {
+        two_paths(
+            d1,
+            from,
+            d2,
+            to,
+            |a, b| ops::link(a, b, follow),
+            |x, y| {
+                let f =
+                    real!(linkat: fn(c_int, *const c_char, c_int, *const c_char, c_int) -> c_int);
+                f(d1, x, d2, y, flags)
+            },
+        )
+    }
+}
+
+unsafe fn symlink_at(target_path: *const c_char, dirfd: c_int, path: *const c_char) -> c_int {
+    if target_path.is_null() {
+        return ret_unit(Err(libc::EFAULT));
+    }
+    // SAFETY: the caller's nul-terminated target.
+    let t = unsafe { CStr::from_ptr(target_path) }.to_bytes();
+    by_path!(dirfd, path, |abs| ret_unit(ops::symlink(t, &abs)), |p| {
+        let f = real!(symlinkat: fn(*const c_char, c_int, *const c_char) -> c_int);
+        // SAFETY: libc's symlinkat.
+        unsafe { f(target_path, dirfd, p) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn symlink(target_path: *const c_char, path: *const c_char) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { symlink_at(target_path, libc::AT_FDCWD, path) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn symlinkat(
+    target_path: *const c_char,
+    dirfd: c_int,
+    path: *const c_char,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { symlink_at(target_path, dirfd, path) }
+}
+
+unsafe fn readlink_at(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: size_t,
+) -> ssize_t {
+    by_path!(
+        dirfd,
+        path,
+        |abs| ret_size(ops::readlink(&abs).map(|t| {
+            let n = t.len().min(size);
+            slice_mut(buf.cast(), n).copy_from_slice(&t[..n]);
+            n
+        })),
+        |p| {
+            let f = real!(readlinkat: fn(c_int, *const c_char, *mut c_char, size_t) -> ssize_t);
+            // SAFETY: libc's readlinkat.
+            unsafe { f(dirfd, p, buf, size) }
+        }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readlink(path: *const c_char, buf: *mut c_char, size: size_t) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { readlink_at(libc::AT_FDCWD, path, buf, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __readlink_chk(
+    path: *const c_char,
+    buf: *mut c_char,
+    size: size_t,
+    _buflen: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { readlink_at(libc::AT_FDCWD, path, buf, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: *const c_char,
+    buf: *mut c_char,
+    size: size_t,
+) -> ssize_t {
+    // SAFETY: forwarded.
+    unsafe { readlink_at(dirfd, path, buf, size) }
+}
+
+// ---------------------------------------------------------------------------
+// Descriptors.
+
+#[no_mangle]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: libc's dup.
+    let newfd = unsafe { real!(dup: fn(c_int) -> c_int)(fd) };
+    if newfd < 0 || !fds::is_pfs(fd) {
+        return newfd;
+    }
+    ret_int(with_busy(|| ops::duplicated(fd, newfd)))
+}
+
+unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int) -> c_int {
+    let old_pfs = fds::is_pfs(oldfd);
+    let new_pfs = fds::is_pfs(newfd);
+    let r = real_call();
+    if r < 0 || oldfd == newfd || (!old_pfs && !new_pfs) {
+        return r;
+    }
+    with_busy(|| {
+        if old_pfs {
+            ret_int(ops::duplicated(oldfd, newfd))
+        } else {
+            ops::replaced(newfd);
+            r
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
+    // SAFETY: libc's dup2 with the caller's arguments.
+    unsafe { dup_onto(oldfd, newfd, || real!(dup2: fn(c_int, c_int) -> c_int)(oldfd, newfd)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int {
+    // SAFETY: libc's dup3 with the caller's arguments.
+    unsafe {
+        dup_onto(oldfd, newfd, || {
+            real!(dup3: fn(c_int, c_int, c_int) -> c_int)(oldfd, newfd, flags)
+        })
+    }
+}
+
+/// Status flags `F_SETFL` may change (Linux's list).
+const SETFL_MASK: c_int =
+    libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME | libc::O_ASYNC;
+
+unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, name: &'static str) -> c_int {
+    let real_call = || {
+        let f = if name == "fcntl64" {
+            real!(fcntl64: fn(c_int, c_int, c_ulong) -> c_int)
+        } else {
+            real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int)
+        };
+        // SAFETY: libc's fcntl with the caller's arguments.
+        unsafe { f(fd, cmd, arg) }
+    };
+    if !fds::is_pfs(fd) {
+        return real_call();
+    }
+    match cmd {
+        // The kernel keeps the descriptor flags of the reserved descriptor.
+        libc::F_GETFD | libc::F_SETFD => real_call(),
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            let newfd = real_call();
+            if newfd < 0 {
+                return newfd;
+            }
+            ret_int(with_busy(|| ops::duplicated(fd, newfd)))
+        }
+        libc::F_GETFL => match fds::get(fd) {
+            Some(f) => f.flags() | libc::O_LARGEFILE,
+            None => ret_int(Err(libc::EBADF)),
+        },
+        libc::F_SETFL => match fds::get(fd) {
+            Some(f) => {
+                let keep = f.flags() & !SETFL_MASK;
+                f.flags.store(keep | (arg as c_int & SETFL_MASK), Ordering::Relaxed);
+                0
+            }
+            None => ret_int(Err(libc::EBADF)),
+        },
+        // Record locks are not kept for pfs files (docs/preload.md).
+        libc::F_GETLK
+        | libc::F_SETLK
+        | libc::F_SETLKW
+        | libc::F_OFD_GETLK
+        | libc::F_OFD_SETLK
+        | libc::F_OFD_SETLKW => ret_int(Err(libc::ENOLCK)),
+        _ => ret_int(Err(libc::EINVAL)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fcntl_any(fd, cmd, arg, "fcntl") }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { fcntl_any(fd, cmd, arg, "fcntl64") }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's ioctl with the caller's arguments.
+        return unsafe { real!(ioctl: fn(c_int, c_ulong, *mut c_void) -> c_int)(fd, request, arg) };
+    }
+    // No ioctl applies to a pfs file (not a terminal, no reflink).
+    ret_int(Err(libc::ENOTTY))
+}
+
+// ---------------------------------------------------------------------------
+// File systems.
+
+unsafe fn fill_statfs(s: &pfs_core::StatFs, out: *mut libc::statfs) {
+    // SAFETY: all-zero is a valid `statfs`.
+    let mut f: libc::statfs = unsafe { std::mem::zeroed() };
+    // What the mount reports: FUSE_SUPER_MAGIC.
+    f.f_type = 0x6573_5546;
+    f.f_bsize = s.block_size as _;
+    f.f_frsize = s.block_size as _;
+    f.f_blocks = s.blocks;
+    f.f_bfree = s.blocks_free;
+    f.f_bavail = s.blocks_free;
+    f.f_files = s.files;
+    f.f_ffree = s.files_free;
+    f.f_namelen = s.name_max as _;
+    // SAFETY: the caller's buffer.
+    unsafe { out.write(f) };
+}
+
+unsafe fn fill_statvfs(s: &pfs_core::StatFs, out: *mut libc::statvfs) {
+    // SAFETY: all-zero is a valid `statvfs`.
+    let mut f: libc::statvfs = unsafe { std::mem::zeroed() };
+    f.f_bsize = s.block_size as _;
+    f.f_frsize = s.block_size as _;
+    f.f_blocks = s.blocks;
+    f.f_bfree = s.blocks_free;
+    f.f_bavail = s.blocks_free;
+    f.f_files = s.files;
+    f.f_ffree = s.files_free;
+    f.f_favail = s.files_free;
+    f.f_namemax = s.name_max as _;
+    // SAFETY: the caller's buffer.
+    unsafe { out.write(f) };
+}
+
+fn statfs_into<T>(
+    exists: Res<()>,
+    out: *mut T,
+    fill: unsafe fn(&pfs_core::StatFs, *mut T),
+) -> c_int {
+    if out.is_null() {
+        return ret_unit(Err(libc::EFAULT));
+    }
+    ret_unit(exists.and_then(|()| ops::statfs()).map(|s| {
+        // SAFETY: checked non-null; the caller's buffer.
+        unsafe { fill(&s, out) }
+    }))
+}
+
+macro_rules! statfs_hooks {
+    ($path_fn:ident, $fd_fn:ident, $ty:ty, $fill:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $path_fn(path: *const c_char, out: *mut $ty) -> c_int {
+            by_path!(
+                libc::AT_FDCWD,
+                path,
+                |abs| statfs_into(ops::access(&abs, libc::F_OK, true), out, $fill),
+                |p| {
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { real!($path_fn: fn(*const c_char, *mut $ty) -> c_int)(p, out) }
+                }
+            )
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $fd_fn(fd: c_int, out: *mut $ty) -> c_int {
+            if !fds::is_pfs(fd) {
+                // SAFETY: libc's function with the caller's arguments.
+                return unsafe { real!($fd_fn: fn(c_int, *mut $ty) -> c_int)(fd, out) };
+            }
+            with_busy(|| statfs_into(Ok(()), out, $fill))
+        }
+    };
+}
+
+statfs_hooks!(statfs, fstatfs, libc::statfs, fill_statfs);
+statfs_hooks!(statfs64, fstatfs64, libc::statfs, fill_statfs);
+statfs_hooks!(statvfs, fstatvfs, libc::statvfs, fill_statvfs);
+statfs_hooks!(statvfs64, fstatvfs64, libc::statvfs, fill_statvfs);
+
+// ---------------------------------------------------------------------------
+// The working directory.
+
+#[no_mangle]
+pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
+    let real_chdir = |p: *const c_char| {
+        // SAFETY: libc's chdir.
+        let r = unsafe { real!(chdir: fn(*const c_char) -> c_int)(p) };
+        if r == 0 {
+            ops::left_pfs();
+        }
+        r
+    };
+    by_path!(libc::AT_FDCWD, path, |abs| ret_unit(ops::chdir(&abs)), |p| real_chdir(p))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fchdir(fd: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fchdir.
+        let r = unsafe { real!(fchdir: fn(c_int) -> c_int)(fd) };
+        if r == 0 && !busy() {
+            with_busy(ops::left_pfs);
+        }
+        return r;
+    }
+    ret_unit(with_busy(|| ops::fchdir(fd)))
+}
+
+/// Copies `s` as a C string into `buf` of `size` bytes, or into fresh
+/// `malloc`ed memory when `buf` is null (glibc's extension).
+fn c_string_out(s: &[u8], buf: *mut c_char, size: size_t) -> *mut c_char {
+    let need = s.len() + 1;
+    let out = if buf.is_null() {
+        // SAFETY: a fresh allocation the caller frees.
+        let p = unsafe { libc::malloc(need.max(size)) }.cast::<c_char>();
+        if p.is_null() {
+            set_errno(libc::ENOMEM);
+            return std::ptr::null_mut();
+        }
+        p
+    } else {
+        if size < need {
+            set_errno(libc::ERANGE);
+            return std::ptr::null_mut();
+        }
+        buf
+    };
+    let dst = slice_mut(out.cast(), need);
+    dst[..s.len()].copy_from_slice(s);
+    dst[s.len()] = 0;
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getcwd(buf: *mut c_char, size: size_t) -> *mut c_char {
+    let cwd = if busy() { None } else { ops::virtual_cwd() };
+    match cwd {
+        Some(c) => c_string_out(&c, buf, if buf.is_null() { 0 } else { size }),
+        // SAFETY: libc's getcwd with the caller's arguments.
+        None => unsafe { real!(getcwd: fn(*mut c_char, size_t) -> *mut c_char)(buf, size) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __getcwd_chk(
+    buf: *mut c_char,
+    size: size_t,
+    _buflen: size_t,
+) -> *mut c_char {
+    // SAFETY: forwarded.
+    unsafe { getcwd(buf, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn get_current_dir_name() -> *mut c_char {
+    // SAFETY: forwarded (a fresh allocation).
+    unsafe { getcwd(std::ptr::null_mut(), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realpath(path: *const c_char, resolved: *mut c_char) -> *mut c_char {
+    // SAFETY: the caller's path.
+    match unsafe { target(libc::AT_FDCWD, path) } {
+        Target::Pfs(abs) => match with_busy(|| ops::realpath(&abs)) {
+            Ok(p) => c_string_out(
+                &p,
+                resolved,
+                if resolved.is_null() { 0 } else { libc::PATH_MAX as usize },
+            ),
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        },
+        t => {
+            let p = match &t {
+                Target::Elsewhere(c) => c.as_ptr(),
+                _ => path,
+            };
+            // SAFETY: libc's realpath.
+            unsafe { real!(realpath: fn(*const c_char, *mut c_char) -> *mut c_char)(p, resolved) }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __realpath_chk(
+    path: *const c_char,
+    resolved: *mut c_char,
+    _len: size_t,
+) -> *mut c_char {
+    // SAFETY: forwarded.
+    unsafe { realpath(path, resolved) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn canonicalize_file_name(path: *const c_char) -> *mut c_char {
+    // SAFETY: forwarded.
+    unsafe { realpath(path, std::ptr::null_mut()) }
+}
+
+// ---------------------------------------------------------------------------
+// Directory streams.
+
+/// A `DIR` of a pfs directory: the descriptor and the entry `readdir` returns.
+struct PfsDir {
+    fd: c_int,
+    entry: libc::dirent64,
+}
+
+static DIRS: Mutex<BTreeMap<usize, ()>> = Mutex::new(BTreeMap::new());
+static DIR_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// `d` as a pfs stream, if it is one.
+fn pfs_dir(d: *mut libc::DIR) -> Option<*mut PfsDir> {
+    if DIR_COUNT.load(Ordering::Acquire) == 0 || d.is_null() {
+        return None;
+    }
+    let dirs = DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    dirs.contains_key(&(d as usize)).then_some(d.cast())
+}
+
+fn new_dir(fd: c_int) -> *mut libc::DIR {
+    // SAFETY: all-zero is a valid dirent64.
+    let entry = unsafe { std::mem::zeroed() };
+    let p = Box::into_raw(Box::new(PfsDir { fd, entry }));
+    DIRS.lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize, ());
+    DIR_COUNT.fetch_add(1, Ordering::AcqRel);
+    p.cast()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
+    // SAFETY: the caller's path.
+    match unsafe { target(libc::AT_FDCWD, path) } {
+        Target::Pfs(abs) => match with_busy(|| ops::opendir(abs)) {
+            Ok(fd) => new_dir(fd),
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        },
+        t => {
+            let p = match &t {
+                Target::Elsewhere(c) => c.as_ptr(),
+                _ => path,
+            };
+            // SAFETY: libc's opendir.
+            unsafe { real!(opendir: fn(*const c_char) -> *mut libc::DIR)(p) }
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fdopendir(fd: c_int) -> *mut libc::DIR {
+    let Some(f) = fds::get(fd) else {
+        // SAFETY: libc's fdopendir.
+        return unsafe { real!(fdopendir: fn(c_int) -> *mut libc::DIR)(fd) };
+    };
+    if f.kind != pfs_core::FileType::Directory {
+        set_errno(libc::ENOTDIR);
+        return std::ptr::null_mut();
+    }
+    new_dir(fd)
+}
+
+unsafe fn readdir_pfs(d: *mut PfsDir) -> *mut libc::dirent64 {
+    // SAFETY: `d` is a live stream of this library.
+    let dir = unsafe { &mut *d };
+    // The end of a listing leaves errno as it was (callers clear it to tell
+    // the end from an error); the client's own calls may have changed it.
+    // SAFETY: the calling thread's errno slot.
+    let errno_before = unsafe { *libc::__errno_location() };
+    let r = with_busy(|| ops::file(dir.fd).and_then(|f| ops::next_entry(&f)));
+    match r {
+        Ok(Some((ino, kind, name, off))) => {
+            let e = &mut dir.entry;
+            let n = name.len().min(e.d_name.len() - 1);
+            e.d_ino = ino;
+            e.d_off = off as i64;
+            e.d_reclen = std::mem::size_of::<libc::dirent64>() as u16;
+            e.d_type = ops::dtype(kind);
+            for (i, b) in name[..n].iter().enumerate() {
+                e.d_name[i] = *b as c_char;
+            }
+            e.d_name[n] = 0;
+            e
+        }
+        Ok(None) => {
+            set_errno(errno_before);
+            std::ptr::null_mut()
+        }
+        Err(e) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir64(d: *mut libc::DIR) -> *mut libc::dirent64 {
+    match pfs_dir(d) {
+        // SAFETY: one of this library's streams.
+        Some(p) => unsafe { readdir_pfs(p) },
+        // SAFETY: libc's readdir64.
+        None => unsafe { real!(readdir64: fn(*mut libc::DIR) -> *mut libc::dirent64)(d) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readdir(d: *mut libc::DIR) -> *mut libc::dirent {
+    const _: () =
+        assert!(std::mem::size_of::<libc::dirent>() == std::mem::size_of::<libc::dirent64>());
+    match pfs_dir(d) {
+        // SAFETY: one of this library's streams; dirent and dirent64 are one
+        // layout on 64-bit Linux.
+        Some(p) => unsafe { readdir_pfs(p) }.cast(),
+        // SAFETY: libc's readdir.
+        None => unsafe { real!(readdir: fn(*mut libc::DIR) -> *mut libc::dirent)(d) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closedir(d: *mut libc::DIR) -> c_int {
+    let Some(p) = pfs_dir(d) else {
+        // SAFETY: libc's closedir.
+        return unsafe { real!(closedir: fn(*mut libc::DIR) -> c_int)(d) };
+    };
+    DIRS.lock().unwrap_or_else(|e| e.into_inner()).remove(&(p as usize));
+    DIR_COUNT.fetch_sub(1, Ordering::AcqRel);
+    // SAFETY: made by `new_dir` and now out of the registry.
+    let dir = unsafe { Box::from_raw(p) };
+    ret_unit(with_busy(|| ops::close(dir.fd)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn dirfd(d: *mut libc::DIR) -> c_int {
+    match pfs_dir(d) {
+        // SAFETY: one of this library's streams.
+        Some(p) => unsafe { (*p).fd },
+        // SAFETY: libc's dirfd.
+        None => unsafe { real!(dirfd: fn(*mut libc::DIR) -> c_int)(d) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rewinddir(d: *mut libc::DIR) {
+    match pfs_dir(d) {
+        Some(p) => {
+            // SAFETY: one of this library's streams.
+            let fd = unsafe { (*p).fd };
+            let _ = with_busy(|| ops::lseek(fd, 0, libc::SEEK_SET));
+        }
+        // SAFETY: libc's rewinddir.
+        None => unsafe { real!(rewinddir: fn(*mut libc::DIR) -> ())(d) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn telldir(d: *mut libc::DIR) -> libc::c_long {
+    match pfs_dir(d) {
+        Some(p) => {
+            // SAFETY: one of this library's streams.
+            let fd = unsafe { (*p).fd };
+            match fds::get(fd) {
+                Some(f) => f.state().offset as libc::c_long,
+                None => {
+                    set_errno(libc::EBADF);
+                    -1
+                }
+            }
+        }
+        // SAFETY: libc's telldir.
+        None => unsafe { real!(telldir: fn(*mut libc::DIR) -> libc::c_long)(d) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn seekdir(d: *mut libc::DIR, pos: libc::c_long) {
+    match pfs_dir(d) {
+        Some(p) => {
+            // SAFETY: one of this library's streams.
+            let fd = unsafe { (*p).fd };
+            with_busy(|| {
+                let Some(f) = fds::get(fd) else { return };
+                if ops::lseek(fd, 0, libc::SEEK_SET).is_err() {
+                    return;
+                }
+                // Bounded by the listing: next_entry returns None at its end.
+                while (f.state().offset as libc::c_long) < pos {
+                    if !matches!(ops::next_entry(&f), Ok(Some(_))) {
+                        break;
+                    }
+                }
+            });
+        }
+        // SAFETY: libc's seekdir.
+        None => unsafe { real!(seekdir: fn(*mut libc::DIR, libc::c_long) -> ())(d, pos) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn getdents64(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's getdents64 with the caller's arguments.
+        return unsafe {
+            real!(getdents64: fn(c_int, *mut c_void, size_t) -> ssize_t)(fd, buf, count)
+        };
+    }
+    ret_size(with_busy(|| ops::getdents64(fd, slice_mut(buf, count))))
+}
+
+// ---------------------------------------------------------------------------
+// stdio: a pfs FILE is a `fopencookie` stream over a pfs descriptor.
+
+type CookieRead = unsafe extern "C" fn(*mut c_void, *mut c_char, size_t) -> ssize_t;
+type CookieWrite = unsafe extern "C" fn(*mut c_void, *const c_char, size_t) -> ssize_t;
+type CookieSeek = unsafe extern "C" fn(*mut c_void, *mut i64, c_int) -> c_int;
+type CookieClose = unsafe extern "C" fn(*mut c_void) -> c_int;
+
+#[repr(C)]
+struct CookieIo {
+    read: Option<CookieRead>,
+    write: Option<CookieWrite>,
+    seek: Option<CookieSeek>,
+    close: Option<CookieClose>,
+}
+
+extern "C" {
+    fn fopencookie(cookie: *mut c_void, mode: *const c_char, io: CookieIo) -> *mut FILE;
+}
+
+unsafe extern "C" fn cookie_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
+    ret_size(with_busy(|| ops::read(c as usize as c_int, slice_mut(buf.cast(), n))))
+}
+
+unsafe extern "C" fn cookie_write(c: *mut c_void, buf: *const c_char, n: size_t) -> ssize_t {
+    // A failed write is 0 bytes written: stdio then sets the error flag.
+    match with_busy(|| ops::write(c as usize as c_int, slice(buf.cast(), n))) {
+        Ok(n) => n as ssize_t,
+        Err(e) => {
+            set_errno(e);
+            0
+        }
+    }
+}
+
+unsafe extern "C" fn cookie_seek(c: *mut c_void, pos: *mut i64, whence: c_int) -> c_int {
+    // SAFETY: stdio passes a readable and writable position.
+    let off = unsafe { *pos };
+    match with_busy(|| ops::lseek(c as usize as c_int, off, whence)) {
+        Ok(o) => {
+            // SAFETY: as above.
+            unsafe { *pos = o as i64 };
+            0
+        }
+        Err(e) => ret_unit(Err(e)),
+    }
+}
+
+unsafe extern "C" fn cookie_close(c: *mut c_void) -> c_int {
+    ret_unit(with_busy(|| ops::close(c as usize as c_int)))
+}
+
+static FILES: Mutex<BTreeMap<usize, c_int>> = Mutex::new(BTreeMap::new());
+static FILE_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// A stdio stream over pfs descriptor `fd` (closed on failure).
+fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
+    let io = CookieIo {
+        read: Some(cookie_read),
+        write: Some(cookie_write),
+        seek: Some(cookie_seek),
+        close: Some(cookie_close),
+    };
+    // SAFETY: glibc's fopencookie; the cookie is the descriptor number.
+    let f = unsafe { fopencookie(fd as usize as *mut c_void, mode, io) };
+    if f.is_null() {
+        let e = ops::last_errno();
+        let _ = with_busy(|| ops::close(fd));
+        set_errno(e);
+        return f;
+    }
+    FILES.lock().unwrap_or_else(|e| e.into_inner()).insert(f as usize, fd);
+    FILE_COUNT.fetch_add(1, Ordering::AcqRel);
+    f
+}
+
+unsafe fn fopen_any(
+    path: *const c_char,
+    mode: *const c_char,
+    real_call: impl FnOnce(*const c_char) -> *mut FILE,
+) -> *mut FILE {
+    // SAFETY: the caller's path.
+    match unsafe { target(libc::AT_FDCWD, path) } {
+        Target::Pfs(abs) => {
+            // SAFETY: the caller's nul-terminated mode.
+            let m = if mode.is_null() {
+                None
+            } else {
+                Some(unsafe { CStr::from_ptr(mode) }.to_bytes())
+            };
+            let Some(flags) = m.and_then(fopen_flags) else {
+                set_errno(libc::EINVAL);
+                return std::ptr::null_mut();
+            };
+            match with_busy(|| ops::open(abs, flags, 0o666)) {
+                Ok(fd) => stream(fd, mode),
+                Err(e) => {
+                    set_errno(e);
+                    std::ptr::null_mut()
+                }
+            }
+        }
+        Target::Real => real_call(path),
+        Target::Elsewhere(c) => real_call(c.as_ptr()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    // SAFETY: the caller's arguments; libc's fopen otherwise.
+    unsafe {
+        fopen_any(path, mode, |p| {
+            real!(fopen: fn(*const c_char, *const c_char) -> *mut FILE)(p, mode)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
+    // SAFETY: the caller's arguments; libc's fopen64 otherwise.
+    unsafe {
+        fopen_any(path, mode, |p| {
+            real!(fopen64: fn(*const c_char, *const c_char) -> *mut FILE)(p, mode)
+        })
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fdopen.
+        return unsafe { real!(fdopen: fn(c_int, *const c_char) -> *mut FILE)(fd, mode) };
+    }
+    stream(fd, mode)
+}
+
+/// The pfs descriptor behind stream `f`, if it is one.
+fn pfs_stream(f: *mut FILE) -> Option<c_int> {
+    if FILE_COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    FILES.lock().unwrap_or_else(|e| e.into_inner()).get(&(f as usize)).copied()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fileno(f: *mut FILE) -> c_int {
+    match pfs_stream(f) {
+        Some(fd) => fd,
+        // SAFETY: libc's fileno.
+        None => unsafe { real!(fileno: fn(*mut FILE) -> c_int)(f) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fileno_unlocked(f: *mut FILE) -> c_int {
+    match pfs_stream(f) {
+        Some(fd) => fd,
+        // SAFETY: libc's fileno_unlocked.
+        None => unsafe { real!(fileno_unlocked: fn(*mut FILE) -> c_int)(f) },
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
+    if pfs_stream(f).is_some() {
+        FILES.lock().unwrap_or_else(|e| e.into_inner()).remove(&(f as usize));
+        FILE_COUNT.fetch_sub(1, Ordering::AcqRel);
+    }
+    // SAFETY: libc's fclose (a pfs stream's close function closes its descriptor).
+    unsafe { real!(fclose: fn(*mut FILE) -> c_int)(f) }
+}
+
+// ---------------------------------------------------------------------------
+// Extended attributes.
+
+/// Copies `v` out as the xattr calls do: `size` 0 asks for the length, a
+/// smaller buffer is `ERANGE`.
+fn xattr_out(r: Res<Vec<u8>>, buf: *mut c_void, size: size_t) -> ssize_t {
+    ret_size(r.and_then(|v| {
+        if size == 0 {
+            return Ok(v.len());
+        }
+        if size < v.len() {
+            return Err(libc::ERANGE);
+        }
+        slice_mut(buf, v.len()).copy_from_slice(&v);
+        Ok(v.len())
+    }))
+}
+
+unsafe fn c_bytes<'a>(p: *const c_char) -> Res<&'a [u8]> {
+    if p.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: the caller's nul-terminated string.
+    Ok(unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+macro_rules! xattr_hooks {
+    ($get:ident, $list:ident, $set:ident, $remove:ident, follow: $follow:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $get(
+            path: *const c_char,
+            name: *const c_char,
+            value: *mut c_void,
+            size: size_t,
+        ) -> ssize_t {
+            by_path!(
+                libc::AT_FDCWD,
+                path,
+                // SAFETY: the caller's name.
+                |abs| xattr_out(unsafe { c_bytes(name) }.and_then(|n| ops::getxattr(ops::Named::Path(&abs, $follow), n)), value, size),
+                |p| {
+                    let f = real!($get: fn(*const c_char, *const c_char, *mut c_void, size_t) -> ssize_t);
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { f(p, name, value, size) }
+                }
+            )
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $list(path: *const c_char, list: *mut c_char, size: size_t) -> ssize_t {
+            by_path!(
+                libc::AT_FDCWD,
+                path,
+                |abs| xattr_out(ops::listxattr(ops::Named::Path(&abs, $follow)), list.cast(), size),
+                |p| {
+                    let f = real!($list: fn(*const c_char, *mut c_char, size_t) -> ssize_t);
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { f(p, list, size) }
+                }
+            )
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $set(
+            path: *const c_char,
+            name: *const c_char,
+            value: *const c_void,
+            size: size_t,
+            flags: c_int,
+        ) -> c_int {
+            by_path!(
+                libc::AT_FDCWD,
+                path,
+                // SAFETY: the caller's name.
+                |abs| ret_unit(unsafe { c_bytes(name) }.and_then(|n| ops::setxattr(ops::Named::Path(&abs, $follow), n, slice(value, size), flags))),
+                |p| {
+                    let f = real!($set: fn(*const c_char, *const c_char, *const c_void, size_t, c_int) -> c_int);
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { f(p, name, value, size, flags) }
+                }
+            )
+        }
+
+        #[no_mangle]
+        pub unsafe extern "C" fn $remove(path: *const c_char, name: *const c_char) -> c_int {
+            by_path!(
+                libc::AT_FDCWD,
+                path,
+                // SAFETY: the caller's name.
+                |abs| ret_unit(unsafe { c_bytes(name) }.and_then(|n| ops::removexattr(ops::Named::Path(&abs, $follow), n))),
+                |p| {
+                    let f = real!($remove: fn(*const c_char, *const c_char) -> c_int);
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { f(p, name) }
+                }
+            )
+        }
+    };
+}
+
+xattr_hooks!(getxattr, listxattr, setxattr, removexattr, follow: true);
+xattr_hooks!(lgetxattr, llistxattr, lsetxattr, lremovexattr, follow: false);
+
+#[no_mangle]
+pub unsafe extern "C" fn fgetxattr(
+    fd: c_int,
+    name: *const c_char,
+    value: *mut c_void,
+    size: size_t,
+) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(fgetxattr: fn(c_int, *const c_char, *mut c_void, size_t) -> ssize_t);
+        // SAFETY: libc's fgetxattr with the caller's arguments.
+        return unsafe { f(fd, name, value, size) };
+    }
+    // SAFETY: the caller's name.
+    let r =
+        with_busy(|| unsafe { c_bytes(name) }.and_then(|n| ops::getxattr(ops::Named::Fd(fd), n)));
+    xattr_out(r, value, size)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn flistxattr(fd: c_int, list: *mut c_char, size: size_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(flistxattr: fn(c_int, *mut c_char, size_t) -> ssize_t);
+        // SAFETY: libc's flistxattr with the caller's arguments.
+        return unsafe { f(fd, list, size) };
+    }
+    xattr_out(with_busy(|| ops::listxattr(ops::Named::Fd(fd))), list.cast(), size)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fsetxattr(
+    fd: c_int,
+    name: *const c_char,
+    value: *const c_void,
+    size: size_t,
+    flags: c_int,
+) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(fsetxattr: fn(c_int, *const c_char, *const c_void, size_t, c_int) -> c_int);
+        // SAFETY: libc's fsetxattr with the caller's arguments.
+        return unsafe { f(fd, name, value, size, flags) };
+    }
+    // SAFETY: the caller's name.
+    ret_unit(with_busy(|| {
+        unsafe { c_bytes(name) }
+            .and_then(|n| ops::setxattr(ops::Named::Fd(fd), n, slice(value, size), flags))
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's fremovexattr.
+        return unsafe { real!(fremovexattr: fn(c_int, *const c_char) -> c_int)(fd, name) };
+    }
+    // SAFETY: the caller's name.
+    ret_unit(with_busy(|| {
+        unsafe { c_bytes(name) }.and_then(|n| ops::removexattr(ops::Named::Fd(fd), n))
+    }))
+}

@@ -1,0 +1,1093 @@
+//! The file operations on pfs paths and descriptors, in Rust terms: each takes
+//! absolute pfs paths or open descriptions and returns a value or an errno. The
+//! hooks (`hooks.rs`) only convert arguments and set `errno`.
+//!
+//! Paths are resolved component by component from the root with the client's
+//! `lookup` (directories come from its dentry cache), following symbolic links
+//! inside pfs (at most [`SYMLINKS_MAX`]). `..` is resolved lexically before that,
+//! as a shell does.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use pfs_client::{Cluster, FileSystem};
+use pfs_core::wire::RenameFlags;
+use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, StatFs, TimeNs};
+
+use crate::client::{self, errno, Errno, Res};
+use crate::fds::{self, OpenFile};
+use crate::paths::{self, normalize, wants_dir, AbsPath};
+use crate::real::real;
+
+/// Symbolic links one path resolution follows before `ELOOP` (Linux's 40).
+pub const SYMLINKS_MAX: usize = 40;
+/// Longest name (Linux's `NAME_MAX`).
+const NAME_MAX: usize = 255;
+/// Largest piece one read or write request carries.
+const IO_MAX: usize = pfs_core::wire::MAX_IO_BYTES;
+/// Prefix of the name an open file unlinked here keeps until its last close
+/// (the mount's, so listings of both leave them out).
+const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
+
+/// The connected client and the generation its handles belong to.
+pub struct Fs {
+    fs: Arc<Cluster>,
+    generation: u64,
+}
+
+impl Fs {
+    /// The client, connecting if needed.
+    pub fn get() -> Res<Fs> {
+        let (fs, generation) = client::cluster()?;
+        Ok(Fs { fs, generation })
+    }
+
+    fn handle(&self, f: &OpenFile) -> Res<FileHandle> {
+        f.handle(&*self.fs, self.generation)
+    }
+}
+
+/// Where a path argument leads.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A pfs path (absolute, normalized).
+    Pfs(AbsPath),
+    /// Not pfs: libc gets the call as it was.
+    Real,
+    /// Not pfs, but relative to a pfs directory: libc gets this absolute path.
+    Elsewhere(CString),
+}
+
+static CWD: Mutex<Option<AbsPath>> = Mutex::new(None);
+static CWD_READ: AtomicBool = AtomicBool::new(false);
+static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// The working directory when it is a pfs directory. At the first call it is
+/// the process's own if that is under the mount (a FUSE mount of it).
+pub fn virtual_cwd() -> Option<AbsPath> {
+    let mut cwd = CWD.lock().unwrap_or_else(|p| p.into_inner());
+    if !CWD_READ.swap(true, Ordering::Relaxed) {
+        let cfg = client::config()?;
+        if let Ok(d) = client::with_busy(std::env::current_dir) {
+            let abs = normalize(b"/", std::os::unix::ffi::OsStrExt::as_bytes(d.as_os_str()));
+            if cfg.mount.inside(&abs).is_some() {
+                *cwd = Some(abs);
+            }
+        }
+    }
+    cwd.clone()
+}
+
+fn set_virtual_cwd(to: Option<AbsPath>) {
+    let _ = virtual_cwd();
+    *CWD.lock().unwrap_or_else(|p| p.into_inner()) = to;
+}
+
+/// Classifies path argument `path` of a call relative to `dirfd` (`AT_FDCWD`
+/// or a descriptor).
+pub fn classify(dirfd: i32, path: &[u8]) -> Target {
+    let Some(cfg) = client::config() else { return Target::Real };
+    if path.is_empty() {
+        return Target::Real;
+    }
+    if path[0] == b'/' {
+        let prefix = cfg.mount.prefix();
+        // The common case, a path elsewhere with nothing to normalize.
+        if !path.starts_with(prefix) && !path.windows(2).any(|w| w == b".." || w == b"//") {
+            return Target::Real;
+        }
+        let abs = normalize(b"/", path);
+        return match cfg.mount.inside(&abs) {
+            Some(_) => Target::Pfs(abs),
+            // `/pfs/..`: leaves the mount lexically, as the library resolves
+            // `..` (the mount point may not exist here).
+            None => CString::new(abs).map_or(Target::Real, Target::Elsewhere),
+        };
+    }
+    let base = if dirfd == libc::AT_FDCWD {
+        match virtual_cwd() {
+            Some(c) => c,
+            None => return Target::Real,
+        }
+    } else {
+        match fds::get(dirfd) {
+            Some(f) => f.path.clone(),
+            None => return Target::Real,
+        }
+    };
+    let abs = normalize(&base, path);
+    match cfg.mount.inside(&abs) {
+        Some(_) => Target::Pfs(abs),
+        None => CString::new(abs).map_or(Target::Real, Target::Elsewhere),
+    }
+}
+
+/// A resolved path: its parent directory, last name and what is there.
+#[derive(Debug)]
+pub struct Found {
+    /// The directory holding the last name (the root for the mount point).
+    pub parent: InodeId,
+    /// The last name (empty for the mount point).
+    pub name: Vec<u8>,
+    /// The path after the symbolic links followed.
+    pub path: AbsPath,
+    /// What the name is, `None` when it does not exist.
+    pub attr: Option<FileAttr>,
+}
+
+fn mount_rel(abs: &[u8]) -> Res<&[u8]> {
+    let cfg = client::config().ok_or(libc::EIO)?;
+    // A symbolic link whose target leaves the mount: not followed.
+    cfg.mount.inside(abs).ok_or(libc::ENOENT)
+}
+
+/// Resolves `abs`, following symbolic links on the way and, if `follow`, in
+/// the last component.
+pub fn resolve(fs: &Fs, abs: &[u8], follow: bool) -> Res<Found> {
+    walk(fs, abs, follow, true)
+}
+
+/// Resolves the directory `abs`'s last name is in (links followed), without
+/// looking the last name up.
+pub fn resolve_parent(fs: &Fs, abs: &[u8]) -> Res<Found> {
+    walk(fs, abs, false, false)
+}
+
+fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
+    let cfg = client::config().ok_or(libc::EIO)?;
+    let mut path = abs.to_vec();
+    let mut links = 0;
+    'restart: loop {
+        let rel = mount_rel(&path)?.to_vec();
+        let comps: Vec<&[u8]> = paths::components(&rel).collect();
+        if comps.is_empty() {
+            let attr =
+                if look_last { Some(fs.fs.getattr(InodeId::ROOT).map_err(errno)?) } else { None };
+            return Ok(Found { parent: InodeId::ROOT, name: Vec::new(), path, attr });
+        }
+        let mut dir = InodeId::ROOT;
+        for (i, c) in comps.iter().enumerate() {
+            if c.len() > NAME_MAX {
+                return Err(libc::ENAMETOOLONG);
+            }
+            let last = i + 1 == comps.len();
+            if last && !look_last {
+                return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None });
+            }
+            let attr = match fs.fs.lookup(dir, c) {
+                Ok(a) => a,
+                Err(FsError::NotFound) if last => {
+                    return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None })
+                }
+                Err(e) => return Err(errno(e)),
+            };
+            if attr.kind == FileType::Symlink && (!last || follow) {
+                links += 1;
+                if links > SYMLINKS_MAX {
+                    return Err(libc::ELOOP);
+                }
+                let target = fs.fs.readlink(attr.ino).map_err(errno)?;
+                let here = cfg.mount.join(&comps[..i].join(&b'/'));
+                let mut next = normalize(&here, &target);
+                let rest = comps[i + 1..].join(&b'/');
+                if !rest.is_empty() {
+                    next = normalize(&next, &rest);
+                }
+                path = next;
+                continue 'restart;
+            }
+            if last {
+                return Ok(Found { parent: dir, name: c.to_vec(), path, attr: Some(attr) });
+            }
+            if attr.kind != FileType::Directory {
+                return Err(libc::ENOTDIR);
+            }
+            dir = attr.ino;
+        }
+        unreachable!("a path with components returns from the loop");
+    }
+}
+
+fn euid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn egid() -> u32 {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getegid() }
+}
+
+/// The process's umask, read once from /proc and followed through `umask`.
+pub fn umask() -> u32 {
+    let m = UMASK.load(Ordering::Relaxed);
+    if m != u32::MAX {
+        return m;
+    }
+    let read = client::with_busy(|| std::fs::read_to_string("/proc/self/status")).ok();
+    let m = read
+        .as_deref()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:")))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .unwrap_or(0o022);
+    UMASK.store(m, Ordering::Relaxed);
+    m
+}
+
+/// Records a new umask (the hook of `umask` calls this).
+pub fn set_umask(m: u32) {
+    UMASK.store(m & 0o777, Ordering::Relaxed);
+}
+
+fn in_group(gid: u32) -> bool {
+    if gid == egid() {
+        return true;
+    }
+    let mut groups = [0 as libc::gid_t; 256];
+    // SAFETY: the buffer holds `groups.len()` entries.
+    let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+    n > 0 && groups[..n as usize].contains(&gid)
+}
+
+/// Whether the caller may access `a` for `mask` (`R_OK | W_OK | X_OK`), by its
+/// permission bits, as the kernel checks them on the mount
+/// (`default_permissions`).
+pub fn permitted(a: &FileAttr, mask: i32) -> bool {
+    let mask = (mask & 7) as u16;
+    if euid() == 0 {
+        // Root reads and writes anything, and executes what anyone may.
+        return mask & 1 == 0 || a.kind == FileType::Directory || a.perm & 0o111 != 0;
+    }
+    let bits = if a.uid == euid() {
+        (a.perm >> 6) & 7
+    } else if in_group(a.gid) {
+        (a.perm >> 3) & 7
+    } else {
+        a.perm & 7
+    };
+    bits & mask == mask
+}
+
+fn access_mask(flags: i32) -> i32 {
+    match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => libc::R_OK,
+        libc::O_WRONLY => libc::W_OK,
+        _ => libc::R_OK | libc::W_OK,
+    }
+}
+
+/// Reserves a real descriptor for a pfs file: `O_PATH` of `/dev/null`, so the
+/// number is the kernel's and an uncaught call on it fails with `EBADF`.
+fn reserve(cloexec: bool) -> Res<i32> {
+    let flags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
+    let open = real!(open: fn(*const libc::c_char, i32, libc::c_uint) -> i32);
+    // SAFETY: a nul-terminated path.
+    let fd = unsafe { open(c"/dev/null".as_ptr(), flags, 0) };
+    if fd < 0 {
+        return Err(last_errno());
+    }
+    Ok(fd)
+}
+
+fn real_close(fd: i32) {
+    let close = real!(close: fn(i32) -> i32);
+    // SAFETY: `fd` is a descriptor this library reserved.
+    unsafe { close(fd) };
+}
+
+/// The errno libc left.
+pub fn last_errno() -> Errno {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Gives `file` a descriptor; the description is dropped on failure.
+fn install(file: OpenFile, cloexec: bool) -> Res<i32> {
+    let fd = reserve(cloexec)?;
+    match fds::insert(fd, Arc::new(file)) {
+        Ok(old) => {
+            drop(old);
+            Ok(fd)
+        }
+        Err(e) => {
+            real_close(fd);
+            Err(e)
+        }
+    }
+}
+
+/// `open(2)` of pfs path `abs`.
+pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let fs = Fs::get()?;
+    let cloexec = flags & libc::O_CLOEXEC != 0;
+    let keep = flags & !(libc::O_CLOEXEC | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+    if flags & libc::O_CREAT != 0 {
+        if wants_dir(&abs) {
+            return Err(libc::EISDIR);
+        }
+        let p = resolve_parent(&fs, &abs)?;
+        if p.name.is_empty() {
+            return Err(if flags & libc::O_EXCL != 0 { libc::EEXIST } else { libc::EISDIR });
+        }
+        let perm = (mode & 0o7777 & !umask()) as u16;
+        match fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32) {
+            Ok((attr, fh)) => {
+                let file = OpenFile::new(p.path, attr.ino, attr.kind, keep);
+                file.state().handle = Some(fds::Handle { generation: fs.generation, fh });
+                return install(file, cloexec);
+            }
+            Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    let found = resolve(&fs, &abs, flags & libc::O_NOFOLLOW == 0 || flags & libc::O_PATH != 0)?;
+    let attr = found.attr.ok_or(libc::ENOENT)?;
+    if flags & libc::O_PATH == 0 {
+        match attr.kind {
+            FileType::Symlink => return Err(libc::ELOOP),
+            FileType::Directory if flags & libc::O_ACCMODE != libc::O_RDONLY => {
+                return Err(libc::EISDIR)
+            }
+            FileType::Directory if flags & libc::O_CREAT != 0 => return Err(libc::EISDIR),
+            FileType::Regular | FileType::Directory => {}
+            _ => return Err(libc::ENXIO),
+        }
+        if !permitted(&attr, access_mask(flags)) {
+            return Err(libc::EACCES);
+        }
+    }
+    if attr.kind != FileType::Directory && (flags & libc::O_DIRECTORY != 0 || wants_dir(&abs)) {
+        return Err(libc::ENOTDIR);
+    }
+    let file = OpenFile::new(found.path, attr.ino, attr.kind, keep);
+    if attr.kind == FileType::Regular && flags & libc::O_PATH == 0 {
+        if flags & libc::O_TRUNC != 0 && file.writable() {
+            let set = SetAttr { size: Some(0), ..SetAttr::default() };
+            fs.fs.setattr(attr.ino, &set).map_err(errno)?;
+        }
+        fs.handle(&file)?;
+    }
+    install(file, cloexec)
+}
+
+/// The description behind pfs descriptor `fd`.
+pub fn file(fd: i32) -> Res<Arc<OpenFile>> {
+    fds::get(fd).ok_or(libc::EBADF)
+}
+
+/// `close(2)`: the descriptor goes; the last one of a description waits for its
+/// writes and returns the first error they had.
+pub fn close(fd: i32) -> Res<()> {
+    let file = fds::remove(fd).ok_or(libc::EBADF)?;
+    real_close(fd);
+    finish(file)
+}
+
+/// Drops one reference to a description; the last one flushes its writes.
+fn finish(file: Arc<OpenFile>) -> Res<()> {
+    if Arc::strong_count(&file) > 1 {
+        return Ok(());
+    }
+    let handle = file.state().handle;
+    let mut r = Ok(());
+    if let Some(h) = handle {
+        if let Some((fs, generation)) = client::connected() {
+            if h.generation == generation {
+                r = fs.flush(file.ino, h.fh).map_err(errno);
+            }
+        }
+    }
+    file.closed.store(true, Ordering::Relaxed);
+    drop(file);
+    r
+}
+
+/// `dup`-like: `newfd` (from the kernel) is now another descriptor of `fd`'s
+/// description.
+pub fn duplicated(fd: i32, newfd: i32) -> Res<i32> {
+    let f = file(fd)?;
+    match fds::insert(newfd, f) {
+        Ok(old) => {
+            if let Some(old) = old {
+                let _ = finish(old);
+            }
+            Ok(newfd)
+        }
+        Err(e) => {
+            real_close(newfd);
+            Err(e)
+        }
+    }
+}
+
+/// A real descriptor (from `dup2` over it) replaced pfs descriptor `fd`.
+pub fn replaced(fd: i32) {
+    if let Some(old) = fds::remove(fd) {
+        let _ = finish(old);
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `offset` (short at the end of the file).
+pub fn read_at(f: &OpenFile, offset: u64, buf: &mut [u8]) -> Res<usize> {
+    let (fs, fh) = io_handle(f, f.readable())?;
+    read_with(&fs, f, fh, offset, buf)
+}
+
+/// The client and handle for a read (`readable`) or write (`writable`).
+fn io_handle(f: &OpenFile, allowed: bool) -> Res<(Fs, FileHandle)> {
+    if f.kind == FileType::Directory {
+        return Err(libc::EISDIR);
+    }
+    if !allowed {
+        return Err(libc::EBADF);
+    }
+    let fs = Fs::get()?;
+    let fh = fs.handle(f)?;
+    Ok((fs, fh))
+}
+
+fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Res<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let want = (buf.len() - done).min(IO_MAX);
+        let got = match fs.fs.read(f.ino, fh, offset + done as u64, want as u32) {
+            Ok(d) => d,
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(errno(e)),
+        };
+        let n = got.len().min(want);
+        buf[done..done + n].copy_from_slice(&got[..n]);
+        done += n;
+        if n < want {
+            break;
+        }
+    }
+    Ok(done)
+}
+
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Writes `data` at `offset` (at the end of the file for `O_APPEND`); returns
+/// the bytes written and the offset after them.
+pub fn write_at(f: &OpenFile, offset: Option<u64>, data: &[u8]) -> Res<(usize, u64)> {
+    let (fs, fh) = io_handle(f, f.writable())?;
+    write_with(&fs, f, fh, offset, data)
+}
+
+fn write_with(
+    fs: &Fs,
+    f: &OpenFile,
+    fh: FileHandle,
+    offset: Option<u64>,
+    data: &[u8],
+) -> Res<(usize, u64)> {
+    let mut at = match offset {
+        Some(o) if f.flags() & libc::O_APPEND == 0 => o,
+        _ => fs.fs.getattr(f.ino).map_err(errno)?.size,
+    };
+    let mut done = 0;
+    while done < data.len() {
+        let end = (done + IO_MAX).min(data.len());
+        match fs.fs.write(f.ino, fh, at, &data[done..end]) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n as usize;
+                at += n as u64;
+            }
+            Err(_) if done > 0 => break,
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    if EXITING.load(Ordering::Relaxed) || f.flags() & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+        // After the exit flush nothing waits for this write any more; an
+        // O_SYNC file's writes are durable when they return.
+        if f.flags() & (libc::O_SYNC | libc::O_DSYNC) != 0 {
+            fs.fs.fsync(f.ino, fh, f.flags() & libc::O_SYNC == 0).map_err(errno)?;
+        } else {
+            fs.fs.flush(f.ino, fh).map_err(errno)?;
+        }
+    }
+    Ok((done, at))
+}
+
+/// `read(2)` at the description's offset.
+pub fn read(fd: i32, buf: &mut [u8]) -> Res<usize> {
+    let f = file(fd)?;
+    // The handle first: it takes the state lock too.
+    let (fs, fh) = io_handle(&f, f.readable())?;
+    let mut st = f.state();
+    let n = read_with(&fs, &f, fh, st.offset, buf)?;
+    st.offset += n as u64;
+    Ok(n)
+}
+
+/// `write(2)` at the description's offset.
+pub fn write(fd: i32, data: &[u8]) -> Res<usize> {
+    let f = file(fd)?;
+    let (fs, fh) = io_handle(&f, f.writable())?;
+    let mut st = f.state();
+    let (n, end) = write_with(&fs, &f, fh, Some(st.offset), data)?;
+    st.offset = end;
+    Ok(n)
+}
+
+/// `lseek(2)`.
+pub fn lseek(fd: i32, offset: i64, whence: i32) -> Res<u64> {
+    let f = file(fd)?;
+    let size = || -> Res<i64> {
+        let fs = Fs::get()?;
+        Ok(fs.fs.getattr(f.ino).map_err(errno)?.size as i64)
+    };
+    let cur = f.state().offset as i64;
+    let to = match whence {
+        libc::SEEK_SET => offset,
+        libc::SEEK_CUR => cur.checked_add(offset).ok_or(libc::EOVERFLOW)?,
+        libc::SEEK_END => size()?.checked_add(offset).ok_or(libc::EOVERFLOW)?,
+        // Every byte is data: the only hole is the one past the end.
+        libc::SEEK_DATA => {
+            if offset < 0 || offset >= size()? {
+                return Err(libc::ENXIO);
+            }
+            offset
+        }
+        libc::SEEK_HOLE => {
+            let s = size()?;
+            if offset < 0 || offset > s {
+                return Err(libc::ENXIO);
+            }
+            s
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    if to < 0 {
+        return Err(libc::EINVAL);
+    }
+    let mut st = f.state();
+    if f.kind == FileType::Directory {
+        if to != 0 {
+            return Err(libc::EINVAL);
+        }
+        st.dir = fds::DirCursor::default();
+    }
+    st.offset = to as u64;
+    Ok(to as u64)
+}
+
+/// Attributes as the mount shows them (an open file unlinked here has no
+/// links).
+fn visible(f: Option<&OpenFile>, mut a: FileAttr) -> FileAttr {
+    if f.is_some_and(|f| f.hidden.lock().map(|h| h.is_some()).unwrap_or(false)) {
+        a.nlink = 0;
+    }
+    a
+}
+
+/// `fstat(2)`.
+pub fn fstat(fd: i32) -> Res<FileAttr> {
+    let f = file(fd)?;
+    let fs = Fs::get()?;
+    let a = fs.fs.getattr(f.ino).map_err(errno)?;
+    Ok(visible(Some(&f), a))
+}
+
+/// `stat(2)` (`follow`) or `lstat(2)`.
+pub fn stat(abs: &[u8], follow: bool) -> Res<FileAttr> {
+    let fs = Fs::get()?;
+    let found = resolve(&fs, abs, follow)?;
+    let a = found.attr.ok_or(libc::ENOENT)?;
+    if wants_dir(abs) && a.kind != FileType::Directory {
+        return Err(libc::ENOTDIR);
+    }
+    Ok(a)
+}
+
+/// `fsync(2)` / `fdatasync(2)`.
+pub fn fsync(fd: i32, datasync: bool) -> Res<()> {
+    let f = file(fd)?;
+    let fs = Fs::get()?;
+    if f.kind == FileType::Directory {
+        return fs.fs.fsyncdir(f.ino, FileHandle(0), datasync).map_err(errno);
+    }
+    let fh = fs.handle(&f)?;
+    fs.fs.fsync(f.ino, fh, datasync).map_err(errno)
+}
+
+fn set_size(fs: &Fs, ino: InodeId, size: i64) -> Res<()> {
+    if size < 0 {
+        return Err(libc::EINVAL);
+    }
+    let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
+    fs.fs.setattr(ino, &set).map(|_| ()).map_err(errno)
+}
+
+/// `ftruncate(2)`.
+pub fn ftruncate(fd: i32, size: i64) -> Res<()> {
+    let f = file(fd)?;
+    if f.kind != FileType::Regular || !f.writable() {
+        return Err(libc::EINVAL);
+    }
+    set_size(&Fs::get()?, f.ino, size)
+}
+
+/// `truncate(2)`.
+pub fn truncate(abs: &[u8], size: i64) -> Res<()> {
+    let fs = Fs::get()?;
+    let a = resolve(&fs, abs, true)?.attr.ok_or(libc::ENOENT)?;
+    match a.kind {
+        FileType::Directory => return Err(libc::EISDIR),
+        FileType::Regular => {}
+        _ => return Err(libc::EINVAL),
+    }
+    if !permitted(&a, libc::W_OK) {
+        return Err(libc::EACCES);
+    }
+    set_size(&fs, a.ino, size)
+}
+
+/// `fallocate(2)` with mode 0 or `FALLOC_FL_KEEP_SIZE`.
+pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
+    let f = file(fd)?;
+    if offset < 0 || len <= 0 {
+        return Err(libc::EINVAL);
+    }
+    if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if !f.writable() {
+        return Err(libc::EBADF);
+    }
+    let fs = Fs::get()?;
+    let fh = fs.handle(&f)?;
+    let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
+}
+
+/// `mkdir(2)`.
+pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
+    let fs = Fs::get()?;
+    let p = resolve_parent(&fs, abs)?;
+    if p.name.is_empty() {
+        return Err(libc::EEXIST);
+    }
+    let perm = (mode & 0o7777 & !umask()) as u16;
+    fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid()).map(|_| ()).map_err(errno)
+}
+
+/// `rmdir(2)`.
+pub fn rmdir(abs: &[u8]) -> Res<()> {
+    let fs = Fs::get()?;
+    let p = resolve_parent(&fs, abs)?;
+    match p.name.as_slice() {
+        b"" => Err(libc::EBUSY),
+        _ if abs.ends_with(b"/.") => Err(libc::EINVAL),
+        name => fs.fs.rmdir(p.parent, name).map_err(errno),
+    }
+}
+
+/// `unlink(2)`. A regular file open here keeps its data until its last close,
+/// under a hidden name in the same directory (as the mount does).
+pub fn unlink(abs: &[u8]) -> Res<()> {
+    if wants_dir(abs) {
+        return Err(libc::ENOTDIR);
+    }
+    let fs = Fs::get()?;
+    let p = resolve_parent(&fs, abs)?;
+    if p.name.is_empty() {
+        return Err(libc::EISDIR);
+    }
+    let open = fds::all();
+    if !open.iter().any(|f| f.kind == FileType::Regular) {
+        return fs.fs.unlink(p.parent, &p.name).map_err(errno);
+    }
+    let a = fs.fs.lookup(p.parent, &p.name).map_err(errno)?;
+    let holder = open.iter().find(|f| f.ino == a.ino);
+    match holder {
+        Some(f) if a.kind == FileType::Regular && a.nlink <= 1 => {
+            let mut hidden = f.hidden.lock().unwrap_or_else(|e| e.into_inner());
+            if hidden.is_some() {
+                return fs.fs.unlink(p.parent, &p.name).map_err(errno);
+            }
+            let mut name = HIDDEN_PREFIX.to_vec();
+            name.extend_from_slice(a.ino.0.to_string().as_bytes());
+            fs.fs
+                .rename(p.parent, &p.name, p.parent, &name, RenameFlags::empty())
+                .map_err(errno)?;
+            *hidden = Some((p.parent, name));
+            Ok(())
+        }
+        _ => fs.fs.unlink(p.parent, &p.name).map_err(errno),
+    }
+}
+
+/// Whether a listing shows `name` (hidden names of open unlinked files not).
+pub fn listed(name: &[u8]) -> bool {
+    !name.starts_with(HIDDEN_PREFIX)
+}
+
+/// `renameat2(2)` between two pfs paths.
+pub fn rename(from: &[u8], to: &[u8], flags: u32) -> Res<()> {
+    let allowed = RenameFlags::NOREPLACE.bits() | RenameFlags::EXCHANGE.bits();
+    if flags & !allowed != 0 {
+        return Err(libc::EINVAL);
+    }
+    let flags = RenameFlags::from_bits(flags).ok_or(libc::EINVAL)?;
+    let fs = Fs::get()?;
+    let a = resolve_parent(&fs, from)?;
+    let b = resolve_parent(&fs, to)?;
+    if a.name.is_empty() || b.name.is_empty() {
+        return Err(libc::EBUSY);
+    }
+    fs.fs.rename(a.parent, &a.name, b.parent, &b.name, flags).map_err(errno)
+}
+
+/// `link(2)`.
+pub fn link(from: &[u8], to: &[u8], follow: bool) -> Res<()> {
+    let fs = Fs::get()?;
+    let a = resolve(&fs, from, follow)?.attr.ok_or(libc::ENOENT)?;
+    if a.kind == FileType::Directory {
+        return Err(libc::EPERM);
+    }
+    let b = resolve_parent(&fs, to)?;
+    if b.name.is_empty() {
+        return Err(libc::EEXIST);
+    }
+    fs.fs.link(a.ino, b.parent, &b.name).map(|_| ()).map_err(errno)
+}
+
+/// `symlink(2)`: `abs` becomes a link to `target`.
+pub fn symlink(target: &[u8], abs: &[u8]) -> Res<()> {
+    if target.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    let fs = Fs::get()?;
+    let p = resolve_parent(&fs, abs)?;
+    if p.name.is_empty() {
+        return Err(libc::EEXIST);
+    }
+    fs.fs.symlink(p.parent, &p.name, target, euid(), egid()).map(|_| ()).map_err(errno)
+}
+
+/// `readlink(2)`: the target.
+pub fn readlink(abs: &[u8]) -> Res<Vec<u8>> {
+    let fs = Fs::get()?;
+    let a = resolve(&fs, abs, false)?.attr.ok_or(libc::ENOENT)?;
+    if a.kind != FileType::Symlink {
+        return Err(libc::EINVAL);
+    }
+    fs.fs.readlink(a.ino).map_err(errno)
+}
+
+/// `access(2)` (`mode` of `F_OK`, `R_OK`, `W_OK`, `X_OK`).
+pub fn access(abs: &[u8], mode: i32, follow: bool) -> Res<()> {
+    let fs = Fs::get()?;
+    let a = resolve(&fs, abs, follow)?.attr.ok_or(libc::ENOENT)?;
+    if mode == libc::F_OK || permitted(&a, mode) {
+        Ok(())
+    } else {
+        Err(libc::EACCES)
+    }
+}
+
+/// What a setattr-like call changes, checked against the caller: only the
+/// owner (or root) changes modes and times, only root changes owners.
+fn setattr_checked(fs: &Fs, a: &FileAttr, set: &SetAttr) -> Res<()> {
+    let me = euid();
+    if me != 0 {
+        let owner_only = set.perm.is_some() || set.atime_ns.is_some() || set.mtime_ns.is_some();
+        if owner_only && a.uid != me {
+            return Err(libc::EPERM);
+        }
+        if set.uid.is_some_and(|u| u != a.uid) || set.gid.is_some_and(|g| !in_group(g)) {
+            return Err(libc::EPERM);
+        }
+    }
+    fs.fs.setattr(a.ino, set).map(|_| ()).map_err(errno)
+}
+
+/// `chmod`/`chown`/`utimensat` by path.
+pub fn setattr_path(abs: &[u8], follow: bool, set: &SetAttr) -> Res<()> {
+    let fs = Fs::get()?;
+    let a = resolve(&fs, abs, follow)?.attr.ok_or(libc::ENOENT)?;
+    setattr_checked(&fs, &a, set)
+}
+
+/// `fchmod`/`fchown`/`futimens`.
+pub fn setattr_fd(fd: i32, set: &SetAttr) -> Res<()> {
+    let f = file(fd)?;
+    let fs = Fs::get()?;
+    let a = fs.fs.getattr(f.ino).map_err(errno)?;
+    setattr_checked(&fs, &a, set)
+}
+
+/// The time `ts` names for `utimensat` (`None`: `UTIME_OMIT`).
+pub fn time_of(ts: &libc::timespec) -> Res<Option<TimeNs>> {
+    match ts.tv_nsec {
+        libc::UTIME_OMIT => Ok(None),
+        libc::UTIME_NOW => Ok(Some(now_ns())),
+        n if !(0..1_000_000_000).contains(&n) => Err(libc::EINVAL),
+        n => Ok(Some(ts.tv_sec as i64 * 1_000_000_000 + n as i64)),
+    }
+}
+
+/// Now, in nanoseconds since the epoch.
+pub fn now_ns() -> TimeNs {
+    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    d.as_nanos() as TimeNs
+}
+
+/// `statfs(2)` of the cluster.
+pub fn statfs() -> Res<StatFs> {
+    Fs::get()?.fs.statfs().map_err(errno)
+}
+
+/// `chdir(2)` into pfs directory `abs`.
+pub fn chdir(abs: &[u8]) -> Res<()> {
+    let fs = Fs::get()?;
+    let found = resolve(&fs, abs, true)?;
+    let a = found.attr.ok_or(libc::ENOENT)?;
+    if a.kind != FileType::Directory {
+        return Err(libc::ENOTDIR);
+    }
+    if !permitted(&a, libc::X_OK) {
+        return Err(libc::EACCES);
+    }
+    set_virtual_cwd(Some(found.path));
+    Ok(())
+}
+
+/// `fchdir(2)` to pfs descriptor `fd`.
+pub fn fchdir(fd: i32) -> Res<()> {
+    let f = file(fd)?;
+    if f.kind != FileType::Directory {
+        return Err(libc::ENOTDIR);
+    }
+    set_virtual_cwd(Some(f.path.clone()));
+    Ok(())
+}
+
+/// The working directory left pfs (`chdir` elsewhere succeeded).
+pub fn left_pfs() {
+    set_virtual_cwd(None);
+}
+
+/// `realpath(3)`: the path with every link followed; it must exist.
+pub fn realpath(abs: &[u8]) -> Res<AbsPath> {
+    let fs = Fs::get()?;
+    let found = resolve(&fs, abs, true)?;
+    found.attr.ok_or(libc::ENOENT)?;
+    Ok(found.path)
+}
+
+/// The next entry of a directory listing through `f`: inode, type, name.
+pub fn next_entry(f: &OpenFile) -> Res<Option<(u64, FileType, Vec<u8>, u64)>> {
+    if f.kind != FileType::Directory {
+        return Err(libc::ENOTDIR);
+    }
+    let mut st = f.state();
+    let pos = st.offset;
+    let entry = match pos {
+        0 => Some((f.ino.0, FileType::Directory, b".".to_vec())),
+        1 => Some((f.ino.0, FileType::Directory, b"..".to_vec())),
+        _ => loop {
+            if let Some(e) = st.dir.window.pop_front() {
+                if listed(&e.name) {
+                    break Some((e.ino.0, e.kind, e.name));
+                }
+                continue;
+            }
+            if st.dir.done {
+                break None;
+            }
+            let fs = Fs::get()?;
+            let after = st.dir.after.take();
+            let batch = fs
+                .fs
+                .readdir(f.ino, after.as_deref(), pfs_client::api::READDIR_BATCH)
+                .map_err(errno)?;
+            match batch.last() {
+                Some(last) => st.dir.after = Some(last.name.clone()),
+                None => st.dir.done = true,
+            }
+            st.dir.window.extend(batch);
+        },
+    };
+    Ok(entry.map(|(ino, kind, name)| {
+        st.offset = pos + 1;
+        (ino, kind, name, pos + 1)
+    }))
+}
+
+/// Puts back the entry [`next_entry`] returned last (it did not fit).
+pub fn unread_entry(f: &OpenFile, ino: u64, kind: FileType, name: Vec<u8>) {
+    let mut st = f.state();
+    st.offset -= 1;
+    if st.offset >= 2 {
+        st.dir.window.push_front(pfs_client::DirListing { name, ino: InodeId(ino), kind });
+    }
+}
+
+/// `d_type` of a file type.
+pub fn dtype(k: FileType) -> u8 {
+    match k {
+        FileType::Regular => libc::DT_REG,
+        FileType::Directory => libc::DT_DIR,
+        FileType::Symlink => libc::DT_LNK,
+        FileType::CharDevice => libc::DT_CHR,
+        FileType::BlockDevice => libc::DT_BLK,
+        FileType::Fifo => libc::DT_FIFO,
+        FileType::Socket => libc::DT_SOCK,
+    }
+}
+
+/// `getdents64(2)`: packs `struct linux_dirent64` records into `buf`.
+pub fn getdents64(fd: i32, buf: &mut [u8]) -> Res<usize> {
+    let f = file(fd)?;
+    let mut used = 0;
+    while let Some((ino, kind, name, off)) = next_entry(&f)? {
+        let reclen = (19 + name.len() + 1).next_multiple_of(8);
+        if used + reclen > buf.len() {
+            unread_entry(&f, ino, kind, name);
+            if used == 0 {
+                return Err(libc::EINVAL);
+            }
+            break;
+        }
+        let r = &mut buf[used..used + reclen];
+        r.fill(0);
+        r[0..8].copy_from_slice(&ino.to_ne_bytes());
+        r[8..16].copy_from_slice(&(off as i64).to_ne_bytes());
+        r[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
+        r[18] = dtype(kind);
+        r[19..19 + name.len()].copy_from_slice(&name);
+        used += reclen;
+    }
+    Ok(used)
+}
+
+/// Opens pfs directory `abs` for a directory stream.
+pub fn opendir(abs: AbsPath) -> Res<i32> {
+    open(abs, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)
+}
+
+/// Copies the pfs file behind `fd` into fresh private memory for a `mmap`.
+pub fn map_copy(fd: i32, len: usize, prot: i32, flags: i32, offset: i64) -> Res<*mut libc::c_void> {
+    let f = file(fd)?;
+    if flags & libc::MAP_SHARED != 0 && prot & libc::PROT_WRITE != 0 {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "libpfs_preload: a shared writable mmap of {} is not supported (ENODEV): read and write it instead",
+                paths::lossy(&f.path)
+            );
+        }
+        return Err(libc::ENODEV);
+    }
+    if !f.readable() || offset < 0 || len == 0 {
+        return Err(if f.readable() { libc::EINVAL } else { libc::EACCES });
+    }
+    let mmap = real!(mmap: fn(*mut libc::c_void, usize, i32, i32, i32, i64) -> *mut libc::c_void);
+    // SAFETY: an anonymous private mapping the kernel places.
+    let p = unsafe {
+        mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_errno());
+    }
+    // SAFETY: `p` maps `len` writable bytes.
+    let mem = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+    let r = read_at(&f, offset as u64, mem).and_then(|_| {
+        // SAFETY: changes the protection of the mapping made above.
+        if unsafe { libc::mprotect(p, len, prot) } != 0 {
+            return Err(last_errno());
+        }
+        Ok(())
+    });
+    match r {
+        Ok(()) => Ok(p),
+        Err(e) => {
+            // SAFETY: unmaps the mapping made above.
+            unsafe { libc::munmap(p, len) };
+            Err(e)
+        }
+    }
+}
+
+/// At exit: every open pfs file's writes are waited for, and writes after this
+/// (stdio's buffers, flushed after the library's destructor) each wait for
+/// themselves.
+pub fn flush_all_at_exit() {
+    EXITING.store(true, Ordering::Relaxed);
+    let Some((fs, generation)) = client::connected() else { return };
+    for f in fds::all() {
+        let h = f.state().handle;
+        if let Some(h) = h.filter(|h| h.generation == generation) {
+            let _ = fs.flush(f.ino, h.fh);
+        }
+    }
+}
+
+/// What an xattr call names: a path (links followed or not) or a descriptor.
+#[derive(Debug)]
+pub enum Named<'a> {
+    /// A pfs path.
+    Path(&'a [u8], bool),
+    /// A pfs descriptor.
+    Fd(i32),
+}
+
+fn ino_of(fs: &Fs, what: Named<'_>) -> Res<InodeId> {
+    match what {
+        Named::Path(abs, follow) => Ok(resolve(fs, abs, follow)?.attr.ok_or(libc::ENOENT)?.ino),
+        Named::Fd(fd) => Ok(file(fd)?.ino),
+    }
+}
+
+/// `getxattr(2)`: the value.
+pub fn getxattr(what: Named<'_>, name: &[u8]) -> Res<Vec<u8>> {
+    let fs = Fs::get()?;
+    let ino = ino_of(&fs, what)?;
+    fs.fs.getxattr(ino, name).map_err(errno)
+}
+
+/// `listxattr(2)`: the names, each followed by a nul.
+pub fn listxattr(what: Named<'_>) -> Res<Vec<u8>> {
+    let fs = Fs::get()?;
+    let ino = ino_of(&fs, what)?;
+    let mut out = Vec::new();
+    for n in fs.fs.listxattr(ino).map_err(errno)? {
+        out.extend_from_slice(&n);
+        out.push(0);
+    }
+    Ok(out)
+}
+
+/// `setxattr(2)` with `XATTR_CREATE` / `XATTR_REPLACE` flags.
+pub fn setxattr(what: Named<'_>, name: &[u8], value: &[u8], flags: i32) -> Res<()> {
+    use pfs_core::wire::XattrSetMode;
+    let mode = match flags {
+        0 => XattrSetMode::Any,
+        libc::XATTR_CREATE => XattrSetMode::Create,
+        libc::XATTR_REPLACE => XattrSetMode::Replace,
+        _ => return Err(libc::EINVAL),
+    };
+    let fs = Fs::get()?;
+    let ino = ino_of(&fs, what)?;
+    fs.fs.setxattr(ino, name, value, mode).map_err(errno)
+}
+
+/// `removexattr(2)`.
+pub fn removexattr(what: Named<'_>, name: &[u8]) -> Res<()> {
+    let fs = Fs::get()?;
+    let ino = ino_of(&fs, what)?;
+    fs.fs.removexattr(ino, name).map_err(errno)
+}

@@ -1,0 +1,131 @@
+//! Paths: which ones are pfs paths, and the absolute, lexically normalized form
+//! the library resolves. Pure functions, unit tested.
+
+/// An absolute, normalized path (`/a/b`, no `.`, `..`, `//` or trailing `/`).
+pub type AbsPath = Vec<u8>;
+
+/// The directory under which every path is a pfs path (`PFS_MOUNT`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    prefix: AbsPath,
+}
+
+impl Mount {
+    /// The mount at `dir`, which must be absolute and not `/` itself.
+    pub fn new(dir: &[u8]) -> Result<Mount, String> {
+        if !dir.starts_with(b"/") {
+            return Err(format!("PFS_MOUNT={:?} is not an absolute path", lossy(dir)));
+        }
+        let prefix = normalize(b"/", dir);
+        if prefix == b"/" {
+            return Err("PFS_MOUNT=/ would take every path of the machine".into());
+        }
+        Ok(Mount { prefix })
+    }
+
+    /// The mount point.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The part of absolute normalized `abs` below the mount (`""` for the mount
+    /// point itself, `a/b` below it), or `None` outside it.
+    pub fn inside<'a>(&self, abs: &'a [u8]) -> Option<&'a [u8]> {
+        let rest = abs.strip_prefix(self.prefix.as_slice())?;
+        match rest {
+            [] => Some(rest),
+            [b'/', tail @ ..] => Some(tail),
+            _ => None,
+        }
+    }
+
+    /// The absolute path of `rel` (below the mount).
+    pub fn join(&self, rel: &[u8]) -> AbsPath {
+        let mut p = self.prefix.clone();
+        if !rel.is_empty() {
+            p.push(b'/');
+            p.extend_from_slice(rel);
+        }
+        p
+    }
+}
+
+/// `path` made absolute against `cwd` (absolute) and normalized lexically: `.`
+/// and empty components dropped, `..` removes the component before it (`/..`
+/// is `/`). Symbolic links are not looked at here; pfs resolves those.
+pub fn normalize(cwd: &[u8], path: &[u8]) -> AbsPath {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let start: &[u8] = if path.starts_with(b"/") { b"" } else { cwd };
+    for c in start.split(|&b| b == b'/').chain(path.split(|&b| b == b'/')) {
+        match c {
+            b"" | b"." => {}
+            b".." => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    let mut out = Vec::with_capacity(path.len() + cwd.len() + 1);
+    for c in &parts {
+        out.push(b'/');
+        out.extend_from_slice(c);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
+}
+
+/// Whether `path` ends in `/` (or `/.`) after a name: then it must name a
+/// directory.
+pub fn wants_dir(path: &[u8]) -> bool {
+    path.len() > 1 && (path.ends_with(b"/") || path.ends_with(b"/."))
+}
+
+/// The components of a relative path below the mount.
+pub fn components(rel: &[u8]) -> impl Iterator<Item = &[u8]> {
+    rel.split(|&b| b == b'/').filter(|c| !c.is_empty())
+}
+
+/// Bytes as text for messages.
+pub fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_resolves_dots_and_slashes_against_the_cwd() {
+        assert_eq!(normalize(b"/a/b", b"c"), b"/a/b/c");
+        assert_eq!(normalize(b"/a/b", b"./c/../d//e/"), b"/a/b/d/e");
+        assert_eq!(normalize(b"/a/b", b"../../../x"), b"/x");
+        assert_eq!(normalize(b"/a", b"/p//q/."), b"/p/q");
+        assert_eq!(normalize(b"/", b".."), b"/");
+        assert_eq!(normalize(b"/a", b""), b"/a");
+    }
+
+    #[test]
+    fn a_mount_knows_its_paths_and_no_others() {
+        let m = Mount::new(b"/pfs/").unwrap();
+        assert_eq!(m.prefix(), b"/pfs");
+        assert_eq!(m.inside(b"/pfs"), Some(&b""[..]));
+        assert_eq!(m.inside(b"/pfs/a/b"), Some(&b"a/b"[..]));
+        assert_eq!(m.inside(b"/pfsx/a"), None);
+        assert_eq!(m.inside(b"/etc"), None);
+        assert_eq!(m.join(b""), b"/pfs");
+        assert_eq!(m.join(b"a"), b"/pfs/a");
+        assert!(Mount::new(b"pfs").unwrap_err().contains("absolute"));
+        assert!(Mount::new(b"/a/..").is_err());
+    }
+
+    #[test]
+    fn components_and_directory_suffixes() {
+        assert_eq!(components(b"a//b/").collect::<Vec<_>>(), vec![&b"a"[..], &b"b"[..]]);
+        assert!(wants_dir(b"a/"));
+        assert!(wants_dir(b"a/."));
+        assert!(!wants_dir(b"/"));
+        assert!(!wants_dir(b"a"));
+    }
+}
