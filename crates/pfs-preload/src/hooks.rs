@@ -21,7 +21,7 @@ use pfs_core::{FileAttr, SetAttr};
 
 use crate::client::{self, busy, with_busy, Errno, Res};
 use crate::convert::{fopen_flags, major, minor};
-use crate::fds;
+use crate::{fds, maps};
 use crate::ops::{self, Target};
 use crate::real::real;
 
@@ -840,12 +840,38 @@ pub unsafe extern "C" fn mmap(
         // SAFETY: libc's mmap with the caller's arguments.
         return unsafe { f(addr, len, prot, flags, fd, off) };
     }
-    match with_busy(|| ops::map_copy(fd, len, prot, flags, off)) {
+    match with_busy(|| maps::map(fd, len, prot, flags, off)) {
         Ok(p) => p,
         Err(e) => {
             set_errno(e);
             libc::MAP_FAILED
         }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> c_int {
+    if maps::any() && !busy() {
+        if let Err(e) = with_busy(|| maps::sync(addr as usize, len, flags)) {
+            return ret_unit(Err(e));
+        }
+    }
+    // SAFETY: libc's msync with the caller's arguments.
+    unsafe { real!(msync: fn(*mut c_void, size_t, c_int) -> c_int)(addr, len, flags) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    let written = if maps::any() && !busy() {
+        with_busy(|| maps::unmap(addr as usize, len))
+    } else {
+        Ok(())
+    };
+    // SAFETY: libc's munmap with the caller's arguments.
+    let r = unsafe { real!(munmap: fn(*mut c_void, size_t) -> c_int)(addr, len) };
+    match written {
+        Ok(()) => r,
+        Err(e) => ret_unit(Err(e)),
     }
 }
 

@@ -10,6 +10,7 @@
 //! - `fds`: the file map (pfs descriptors are real `O_PATH` descriptors of
 //!   `/dev/null`, so their numbers never collide with the kernel's).
 //! - `ops`: the operations in Rust terms, returning an errno on failure.
+//! - `maps`: `mmap` of pfs files (private copies, written back at `msync`).
 //! - `hooks`: the C symbols (`open`, `read`, `stat`, `opendir`, `fopen`, ...).
 //! - `convert`, `real`: C conventions, and libc's own definitions.
 
@@ -18,6 +19,7 @@ mod convert;
 mod fds;
 #[cfg(not(test))]
 mod hooks;
+mod maps;
 mod ops;
 mod paths;
 mod real;

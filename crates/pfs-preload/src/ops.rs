@@ -972,56 +972,6 @@ pub fn opendir(abs: AbsPath) -> Res<i32> {
     open(abs, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC, 0)
 }
 
-/// Copies the pfs file behind `fd` into fresh private memory for a `mmap`.
-pub fn map_copy(fd: i32, len: usize, prot: i32, flags: i32, offset: i64) -> Res<*mut libc::c_void> {
-    let f = file(fd)?;
-    if flags & libc::MAP_SHARED != 0 && prot & libc::PROT_WRITE != 0 {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "libpfs_preload: a shared writable mmap of {} is not supported (ENODEV): read and write it instead",
-                paths::lossy(&f.path)
-            );
-        }
-        return Err(libc::ENODEV);
-    }
-    if !f.readable() || offset < 0 || len == 0 {
-        return Err(if f.readable() { libc::EINVAL } else { libc::EACCES });
-    }
-    let mmap = real!(mmap: fn(*mut libc::c_void, usize, i32, i32, i32, i64) -> *mut libc::c_void);
-    // SAFETY: an anonymous private mapping the kernel places.
-    let p = unsafe {
-        mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(last_errno());
-    }
-    // SAFETY: `p` maps `len` writable bytes.
-    let mem = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
-    let r = read_at(&f, offset as u64, mem).and_then(|_| {
-        // SAFETY: changes the protection of the mapping made above.
-        if unsafe { libc::mprotect(p, len, prot) } != 0 {
-            return Err(last_errno());
-        }
-        Ok(())
-    });
-    match r {
-        Ok(()) => Ok(p),
-        Err(e) => {
-            // SAFETY: unmaps the mapping made above.
-            unsafe { libc::munmap(p, len) };
-            Err(e)
-        }
-    }
-}
-
 /// At exit: every open pfs file's writes are waited for, and writes after this
 /// (stdio's buffers, flushed after the library's destructor) each wait for
 /// themselves.
@@ -1090,4 +1040,16 @@ pub fn removexattr(what: Named<'_>, name: &[u8]) -> Res<()> {
     let fs = Fs::get()?;
     let ino = ino_of(&fs, what)?;
     fs.fs.removexattr(ino, name).map_err(errno)
+}
+
+/// The size of `f`'s file now (this client's writes included).
+pub fn file_size(f: &OpenFile) -> Res<u64> {
+    Ok(Fs::get()?.fs.getattr(f.ino).map_err(errno)?.size)
+}
+
+/// Waits for every write through `f`'s handle (as close does, without closing).
+pub fn flush_file(f: &OpenFile) -> Res<()> {
+    let fs = Fs::get()?;
+    let fh = fs.handle(f)?;
+    fs.fs.flush(f.ino, fh).map_err(errno)
 }
