@@ -197,6 +197,11 @@ pub fn remove(fd: i32) -> Option<Arc<OpenFile>> {
     t.remove(&fd)
 }
 
+/// Every pfs descriptor and its description.
+pub fn entries() -> Vec<(i32, Arc<OpenFile>)> {
+    table().iter().map(|(&fd, f)| (fd, f.clone())).collect()
+}
+
 /// Every open description (for the flush at exit and for unlink).
 pub fn all() -> Vec<Arc<OpenFile>> {
     table().values().cloned().collect()

@@ -21,9 +21,9 @@ use pfs_core::{FileAttr, SetAttr};
 
 use crate::client::{self, busy, with_busy, Errno, Res};
 use crate::convert::{fopen_flags, major, minor};
-use crate::{fds, maps};
 use crate::ops::{self, Target};
 use crate::real::real;
+use crate::{fds, maps};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -189,6 +189,8 @@ static INIT: extern "C" fn() = init;
 static FINI: extern "C" fn() = fini;
 
 extern "C" fn init() {
+    with_busy(ops::restore_handover);
+    replace_inherited_std_streams();
     // SAFETY: registers three functions of this library.
     unsafe {
         libc::pthread_atfork(Some(before_fork), Some(after_fork_parent), Some(after_fork_child))
@@ -862,11 +864,8 @@ pub unsafe extern "C" fn msync(addr: *mut c_void, len: size_t, flags: c_int) -> 
 
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
-    let written = if maps::any() && !busy() {
-        with_busy(|| maps::unmap(addr as usize, len))
-    } else {
-        Ok(())
-    };
+    let written =
+        if maps::any() && !busy() { with_busy(|| maps::unmap(addr as usize, len)) } else { Ok(()) };
     // SAFETY: libc's munmap with the caller's arguments.
     let r = unsafe { real!(munmap: fn(*mut c_void, size_t) -> c_int)(addr, len) };
     match written {
@@ -1542,13 +1541,20 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int) -> c_int {
     let old_pfs = fds::is_pfs(oldfd);
     let new_pfs = fds::is_pfs(newfd);
+    if old_pfs && oldfd != newfd {
+        flush_std_stream(newfd);
+    }
     let r = real_call();
     if r < 0 || oldfd == newfd || (!old_pfs && !new_pfs) {
         return r;
     }
     with_busy(|| {
         if old_pfs {
-            ret_int(ops::duplicated(oldfd, newfd))
+            let r = ret_int(ops::duplicated(oldfd, newfd));
+            if r >= 0 {
+                replace_std_stream(newfd);
+            }
+            r
         } else {
             ops::replaced(newfd);
             r
@@ -1733,8 +1739,8 @@ pub unsafe extern "C" fn chdir(path: *const c_char) -> c_int {
     let real_chdir = |p: *const c_char| {
         // SAFETY: libc's chdir.
         let r = unsafe { real!(chdir: fn(*const c_char) -> c_int)(p) };
-        if r == 0 {
-            ops::left_pfs();
+        if r == 0 && !busy() {
+            with_busy(ops::left_pfs);
         }
         r
     };
@@ -2078,42 +2084,100 @@ extern "C" {
     fn fopencookie(cookie: *mut c_void, mode: *const c_char, io: CookieIo) -> *mut FILE;
 }
 
+// A stream's cookie is its descriptor number; its functions go through this
+// library's own `read`/`write`/`lseek`/`close`, so a stream stays right when
+// its descriptor stops being a pfs one (a replaced `stdout` after `dup2`).
+
 unsafe extern "C" fn cookie_read(c: *mut c_void, buf: *mut c_char, n: size_t) -> ssize_t {
-    ret_size(with_busy(|| ops::read(c as usize as c_int, slice_mut(buf.cast(), n))))
+    // SAFETY: stdio passes `n` writable bytes.
+    unsafe { read(c as usize as c_int, buf.cast(), n) }
 }
 
 unsafe extern "C" fn cookie_write(c: *mut c_void, buf: *const c_char, n: size_t) -> ssize_t {
+    // SAFETY: stdio passes `n` readable bytes.
+    let r = unsafe { write(c as usize as c_int, buf.cast(), n) };
     // A failed write is 0 bytes written: stdio then sets the error flag.
-    match with_busy(|| ops::write(c as usize as c_int, slice(buf.cast(), n))) {
-        Ok(n) => n as ssize_t,
-        Err(e) => {
-            set_errno(e);
-            0
-        }
-    }
+    r.max(0)
 }
 
 unsafe extern "C" fn cookie_seek(c: *mut c_void, pos: *mut i64, whence: c_int) -> c_int {
     // SAFETY: stdio passes a readable and writable position.
-    let off = unsafe { *pos };
-    match with_busy(|| ops::lseek(c as usize as c_int, off, whence)) {
-        Ok(o) => {
-            // SAFETY: as above.
-            unsafe { *pos = o as i64 };
-            0
-        }
-        Err(e) => ret_unit(Err(e)),
+    let o = unsafe { lseek(c as usize as c_int, *pos, whence) };
+    if o < 0 {
+        return -1;
     }
+    // SAFETY: as above.
+    unsafe { *pos = o };
+    0
 }
 
 unsafe extern "C" fn cookie_close(c: *mut c_void) -> c_int {
-    ret_unit(with_busy(|| ops::close(c as usize as c_int)))
+    // SAFETY: the stream's own descriptor.
+    unsafe { close(c as usize as c_int) }
+}
+
+extern "C" {
+    static mut stdin: *mut FILE;
+    static mut stdout: *mut FILE;
+    static mut stderr: *mut FILE;
+}
+
+static STD_SWAPPED: [std::sync::atomic::AtomicBool; 3] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 3];
+
+/// libc's own `stdin`/`stdout`/`stderr` write and read their descriptor inside
+/// libc, out of this library's reach. When descriptor 0, 1 or 2 becomes a pfs
+/// one, the standard stream is replaced (once) by one over this library's
+/// calls, which serves whatever the descriptor is from then on.
+fn replace_std_stream(fd: c_int) {
+    let Some(slot) = usize::try_from(fd).ok().filter(|&i| i < 3) else { return };
+    if STD_SWAPPED[slot].swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let mode = if fd == 0 { c"r" } else { c"w" };
+    let f = stream(fd, mode.as_ptr());
+    if f.is_null() {
+        return;
+    }
+    // SAFETY: libc's standard stream variables, assigned as C programs may;
+    // stderr stays unbuffered.
+    unsafe {
+        match fd {
+            0 => stdin = f,
+            1 => stdout = f,
+            _ => {
+                libc::setvbuf(f, std::ptr::null_mut(), libc::_IONBF, 0);
+                stderr = f;
+            }
+        }
+    }
+}
+
+/// Before descriptor 0, 1 or 2 changes: what libc's own stream buffered goes
+/// where the descriptor points now.
+fn flush_std_stream(fd: c_int) {
+    let Some(slot) = usize::try_from(fd).ok().filter(|&i| i < 3) else { return };
+    if slot == 0 || STD_SWAPPED[slot].load(Ordering::Acquire) {
+        return;
+    }
+    // SAFETY: libc's standard stream.
+    unsafe { libc::fflush(if slot == 1 { stdout } else { stderr }) };
+}
+
+/// At start: standard descriptors handed over as pfs ones get streams.
+fn replace_inherited_std_streams() {
+    for fd in 0..3 {
+        if fds::is_pfs(fd) {
+            replace_std_stream(fd);
+        }
+    }
 }
 
 static FILES: Mutex<BTreeMap<usize, c_int>> = Mutex::new(BTreeMap::new());
 static FILE_COUNT: AtomicUsize = AtomicUsize::new(0);
 
-/// A stdio stream over pfs descriptor `fd` (closed on failure).
+/// A stdio stream over descriptor `fd`; on failure `fd` is closed unless it is
+/// a standard one.
 fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
     let io = CookieIo {
         read: Some(cookie_read),
@@ -2125,7 +2189,9 @@ fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
     let f = unsafe { fopencookie(fd as usize as *mut c_void, mode, io) };
     if f.is_null() {
         let e = ops::last_errno();
-        let _ = with_busy(|| ops::close(fd));
+        if fd > 2 {
+            let _ = with_busy(|| ops::close(fd));
+        }
         set_errno(e);
         return f;
     }
@@ -2391,4 +2457,98 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
     ret_unit(with_busy(|| {
         unsafe { c_bytes(name) }.and_then(|n| ops::removexattr(ops::Named::Fd(fd), n))
     }))
+}
+
+// ---------------------------------------------------------------------------
+// exec: the new program gets the pfs working directory and descriptors.
+
+extern "C" {
+    static environ: *const *const c_char;
+}
+
+/// `envp` without old hand-over entries, with this process's, as a
+/// null-terminated array (the strings live in `keep`).
+unsafe fn exec_env(
+    envp: *const *const c_char,
+    keep: &mut Vec<std::ffi::CString>,
+) -> Vec<*const c_char> {
+    *keep = with_busy(ops::exec_handover);
+    let mut out: Vec<*const c_char> = Vec::new();
+    let mut p = envp;
+    // SAFETY: `envp` is a null-terminated array of C strings (or null).
+    unsafe {
+        while !p.is_null() && !(*p).is_null() {
+            let e = CStr::from_ptr(*p).to_bytes();
+            if !e.starts_with(b"PFS_PRELOAD_CWD=") && !e.starts_with(b"PFS_PRELOAD_FDS=") {
+                out.push(*p);
+            }
+            p = p.add(1);
+        }
+    }
+    out.extend(keep.iter().map(|c| c.as_ptr()));
+    out.push(std::ptr::null());
+    out
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp, &mut keep) };
+    let f = real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's execve with the caller's arguments and the new environment.
+    unsafe { f(path, argv, env.as_ptr()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: forwarded with the process's environment.
+    unsafe { execve(path, argv, environ) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp, &mut keep) };
+    let f = real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's execvpe with the caller's arguments and the new environment.
+    unsafe { f(file, argv, env.as_ptr()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    // SAFETY: forwarded with the process's environment.
+    unsafe { execvpe(file, argv, environ) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp, &mut keep) };
+    let f = real!(fexecve: fn(c_int, *const *const c_char, *const *const c_char) -> c_int);
+    // SAFETY: libc's fexecve with the caller's arguments and the new environment.
+    unsafe { f(fd, argv, env.as_ptr()) }
+}
+
+/// `vfork` is `fork` here: a `vfork` child shares this library's memory with
+/// its parent, so its `open`/`dup2`/`close` before `exec` would change the
+/// parent's file map. POSIX allows `vfork` to be `fork`.
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: libc's fork.
+    unsafe { real!(fork: fn() -> libc::pid_t)() }
 }

@@ -12,6 +12,8 @@
 //! - `ops`: the operations in Rust terms, returning an errno on failure.
 //! - `maps`: `mmap` of pfs files (private copies, written back at `msync`).
 //! - `hooks`: the C symbols (`open`, `read`, `stat`, `opendir`, `fopen`, ...).
+//! - `inherit`: the pfs working directory and descriptors a program hands to
+//!   the one it `exec`s.
 //! - `convert`, `real`: C conventions, and libc's own definitions.
 
 mod client;
@@ -19,6 +21,7 @@ mod convert;
 mod fds;
 #[cfg(not(test))]
 mod hooks;
+mod inherit;
 mod maps;
 mod ops;
 mod paths;

@@ -77,7 +77,8 @@ pub fn map(fd: i32, len: usize, prot: i32, flags: i32, offset: i64) -> Res<*mut 
         return Err(e);
     }
     if shared_write {
-        let m = Mapping { addr: p as usize, len, file: f, offset: offset as u64, shadow: mem.to_vec() };
+        let m =
+            Mapping { addr: p as usize, len, file: f, offset: offset as u64, shadow: mem.to_vec() };
         MAPS.lock().unwrap_or_else(|e| e.into_inner()).push(m);
         COUNT.fetch_add(1, Ordering::Relaxed);
     }
@@ -107,7 +108,9 @@ fn write_back(m: &mut Mapping, start: usize, end: usize) -> Res<()> {
     let mut page = lo / PAGE * PAGE;
     while page < hi.min(in_file) {
         let run_start = page;
-        while page < hi.min(in_file) && mem[page..(page + PAGE).min(m.len)] != m.shadow[page..(page + PAGE).min(m.len)] {
+        while page < hi.min(in_file)
+            && mem[page..(page + PAGE).min(m.len)] != m.shadow[page..(page + PAGE).min(m.len)]
+        {
             page += PAGE;
         }
         if page > run_start {

@@ -59,34 +59,64 @@ pub enum Target {
     Elsewhere(CString),
 }
 
-static CWD: Mutex<Option<AbsPath>> = Mutex::new(None);
-static CWD_READ: AtomicBool = AtomicBool::new(false);
-static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
-
-/// The working directory when it is a pfs directory. At the first call it is
-/// the process's own if that is under the mount (a FUSE mount of it).
-pub fn virtual_cwd() -> Option<AbsPath> {
-    let mut cwd = CWD.lock().unwrap_or_else(|p| p.into_inner());
-    if !CWD_READ.swap(true, Ordering::Relaxed) {
-        let cfg = client::config()?;
-        if let Ok(d) = client::with_busy(std::env::current_dir) {
-            let abs = normalize(b"/", std::os::unix::ffi::OsStrExt::as_bytes(d.as_os_str()));
-            if cfg.mount.inside(&abs).is_some() {
-                *cwd = Some(abs);
-            }
-        }
-    }
-    cwd.clone()
+/// The working directory as the library sees it.
+#[derive(Debug)]
+struct Cwd {
+    /// Read from the kernel once.
+    known: bool,
+    /// The directory (empty when the kernel's could not be read).
+    path: AbsPath,
+    /// Whether it is a pfs directory (set by `chdir` into one, or the
+    /// process's own at start if under the mount).
+    pfs: bool,
 }
 
-fn set_virtual_cwd(to: Option<AbsPath>) {
-    let _ = virtual_cwd();
-    *CWD.lock().unwrap_or_else(|p| p.into_inner()) = to;
+static CWD: Mutex<Cwd> = Mutex::new(Cwd { known: false, path: Vec::new(), pfs: false });
+static UMASK: AtomicU32 = AtomicU32::new(u32::MAX);
+
+/// The kernel's working directory now (empty if it cannot be read).
+fn kernel_cwd() -> AbsPath {
+    client::with_busy(std::env::current_dir)
+        .map(|d| normalize(b"/", std::os::unix::ffi::OsStrExt::as_bytes(d.as_os_str())))
+        .unwrap_or_default()
+}
+
+fn cwd_state() -> std::sync::MutexGuard<'static, Cwd> {
+    let mut cwd = CWD.lock().unwrap_or_else(|p| p.into_inner());
+    if !cwd.known {
+        cwd.known = true;
+        cwd.path = kernel_cwd();
+        cwd.pfs = client::config().is_some_and(|c| c.mount.inside(&cwd.path).is_some());
+    }
+    cwd
+}
+
+/// The working directory when it is a pfs directory.
+pub fn virtual_cwd() -> Option<AbsPath> {
+    let cwd = cwd_state();
+    cwd.pfs.then(|| cwd.path.clone())
+}
+
+fn set_virtual_cwd(to: AbsPath) {
+    let mut cwd = cwd_state();
+    cwd.path = to;
+    cwd.pfs = true;
 }
 
 /// Classifies path argument `path` of a call relative to `dirfd` (`AT_FDCWD`
-/// or a descriptor).
+/// or a descriptor). A pfs path keeps a trailing `/` (it must name a
+/// directory: see [`wants_dir`]).
 pub fn classify(dirfd: i32, path: &[u8]) -> Target {
+    match classify_normalized(dirfd, path) {
+        Target::Pfs(mut abs) if wants_dir(path) && !abs.ends_with(b"/") => {
+            abs.push(b'/');
+            Target::Pfs(abs)
+        }
+        t => t,
+    }
+}
+
+fn classify_normalized(dirfd: i32, path: &[u8]) -> Target {
     let Some(cfg) = client::config() else { return Target::Real };
     if path.is_empty() {
         return Target::Real;
@@ -106,10 +136,20 @@ pub fn classify(dirfd: i32, path: &[u8]) -> Target {
         };
     }
     let base = if dirfd == libc::AT_FDCWD {
-        match virtual_cwd() {
-            Some(c) => c,
-            None => return Target::Real,
+        // Relative to a directory outside the mount, a path can still enter it
+        // (`mkdir -p` walks down with chdir and relative names).
+        let cwd = cwd_state();
+        if cwd.path.is_empty() {
+            return Target::Real;
         }
+        if !cwd.pfs {
+            let abs = normalize(&cwd.path, path);
+            return match cfg.mount.inside(&abs) {
+                Some(_) => Target::Pfs(abs),
+                None => Target::Real,
+            };
+        }
+        cwd.path.clone()
     } else {
         match fds::get(dirfd) {
             Some(f) => f.path.clone(),
@@ -157,6 +197,9 @@ pub fn resolve_parent(fs: &Fs, abs: &[u8]) -> Res<Found> {
 fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
     let cfg = client::config().ok_or(libc::EIO)?;
     let mut path = abs.to_vec();
+    if path.len() > 1 && path.ends_with(b"/") {
+        path.pop();
+    }
     let mut links = 0;
     'restart: loop {
         let rel = mount_rel(&path)?.to_vec();
@@ -854,7 +897,7 @@ pub fn chdir(abs: &[u8]) -> Res<()> {
     if !permitted(&a, libc::X_OK) {
         return Err(libc::EACCES);
     }
-    set_virtual_cwd(Some(found.path));
+    set_virtual_cwd(found.path);
     Ok(())
 }
 
@@ -864,13 +907,19 @@ pub fn fchdir(fd: i32) -> Res<()> {
     if f.kind != FileType::Directory {
         return Err(libc::ENOTDIR);
     }
-    set_virtual_cwd(Some(f.path.clone()));
+    set_virtual_cwd(f.path.clone());
     Ok(())
 }
 
-/// The working directory left pfs (`chdir` elsewhere succeeded).
+/// The kernel's working directory changed (`chdir` or `fchdir` outside the
+/// mount succeeded).
 pub fn left_pfs() {
-    set_virtual_cwd(None);
+    if client::config().is_none() {
+        return;
+    }
+    let mut cwd = cwd_state();
+    cwd.path = kernel_cwd();
+    cwd.pfs = false;
 }
 
 /// `realpath(3)`: the path with every link followed; it must exist.
@@ -1052,4 +1101,92 @@ pub fn flush_file(f: &OpenFile) -> Res<()> {
     let fs = Fs::get()?;
     let fh = fs.handle(f)?;
     fs.fs.flush(f.ino, fh).map_err(errno)
+}
+
+/// The environment entries that hand this process's pfs state to a program it
+/// `exec`s (see [`crate::inherit`]), after waiting for every pfs write (the
+/// process image and its client are about to go).
+pub fn exec_handover() -> Vec<CString> {
+    use crate::inherit::{encode_cwd, encode_fds, Passed, CWD_VAR, FDS_MAX, FDS_VAR};
+    if client::config().is_none() {
+        return Vec::new();
+    }
+    if let Some((fs, generation)) = client::connected() {
+        for f in fds::all() {
+            let h = f.state().handle;
+            if let Some(h) = h.filter(|h| h.generation == generation) {
+                let _ = fs.flush(f.ino, h.fh);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let pfs_cwd = virtual_cwd();
+    if let Some(p) = pfs_cwd {
+        let v = format!("{CWD_VAR}={}", encode_cwd(&kernel_cwd(), &p));
+        out.extend(CString::new(v));
+    }
+    let getfd = real!(fcntl: fn(i32, i32, libc::c_ulong) -> i32);
+    let mut passed = Vec::new();
+    for (fd, f) in fds::entries() {
+        // SAFETY: reads the descriptor flags of a reserved descriptor.
+        let fdflags = unsafe { getfd(fd, libc::F_GETFD, 0) };
+        if fdflags < 0 || fdflags & libc::FD_CLOEXEC != 0 || passed.len() == FDS_MAX {
+            continue;
+        }
+        let offset = f.state().offset;
+        passed.push(Passed {
+            fd,
+            ino: f.ino.0,
+            kind: f.kind as u8,
+            flags: f.flags(),
+            offset,
+            path: f.path.clone(),
+        });
+    }
+    if !passed.is_empty() {
+        out.extend(CString::new(format!("{FDS_VAR}={}", encode_fds(&passed))));
+    }
+    out
+}
+
+/// At start: takes over what the program that `exec`ed this one handed on
+/// (and removes it from the environment).
+pub fn restore_handover() {
+    use crate::inherit::{decode_cwd, decode_fds, CWD_VAR, FDS_VAR};
+    let cwd = std::env::var(CWD_VAR).ok();
+    let passed = std::env::var(FDS_VAR).ok();
+    if cwd.is_none() && passed.is_none() {
+        return;
+    }
+    // SAFETY: at library start, before the program's own threads exist.
+    unsafe {
+        libc::unsetenv(c"PFS_PRELOAD_CWD".as_ptr());
+        libc::unsetenv(c"PFS_PRELOAD_FDS".as_ptr());
+    }
+    let Some(cfg) = client::config() else { return };
+    if let Some((kernel, pfs)) = cwd.as_deref().and_then(decode_cwd) {
+        if cfg.mount.inside(&pfs).is_some() && kernel_cwd() == kernel {
+            let mut c = CWD.lock().unwrap_or_else(|p| p.into_inner());
+            *c = Cwd { known: true, path: pfs, pfs: true };
+        }
+    }
+    let getfl = real!(fcntl: fn(i32, i32, libc::c_ulong) -> i32);
+    let fstat = real!(fstat: fn(i32, *mut libc::stat) -> i32);
+    for p in passed.as_deref().map(decode_fds).unwrap_or_default() {
+        let Some(kind) = FileType::from_u8(p.kind) else { continue };
+        // SAFETY: plain queries of a descriptor number.
+        let reserved = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            getfl(p.fd, libc::F_GETFL, 0) & libc::O_PATH != 0
+                && fstat(p.fd, &mut st) == 0
+                && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+                && st.st_rdev == libc::makedev(1, 3)
+        };
+        if !reserved || cfg.mount.inside(&p.path).is_none() {
+            continue;
+        }
+        let file = OpenFile::new(p.path, InodeId(p.ino), kind, p.flags);
+        file.state().offset = p.offset;
+        let _ = fds::insert(p.fd, Arc::new(file));
+    }
 }

@@ -1,0 +1,447 @@
+//! libpfs_preload with real programs: `pfs up` starts a cluster and its FUSE
+//! mount; programs run with `LD_PRELOAD=libpfs_preload.so` on a `PFS_MOUNT`
+//! path, and what they did is checked through the FUSE mount of the same
+//! cluster (or against the mount's own answers, for errors).
+//!
+//! The library is built by `cargo test --workspace` (it is a workspace member);
+//! run alone, `cargo build -p pfs-preload` first.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{up, PFS};
+
+/// The shared library beside the `pfs` binary this test runs.
+fn library() -> PathBuf {
+    let lib = Path::new(PFS).with_file_name("libpfs_preload.so");
+    assert!(
+        lib.exists(),
+        "{} is missing: build it with `cargo build -p pfs-preload` (cargo test --workspace does)",
+        lib.display()
+    );
+    lib
+}
+
+/// A running `pfs up` and the environment that points the library at it.
+struct Cluster {
+    child: std::process::Child,
+    _dir: TempDir,
+    /// The FUSE mount.
+    mnt: PathBuf,
+    /// `PFS_MOUNT` for the library: a directory that does not exist here, so
+    /// only the library can serve it.
+    pfs: PathBuf,
+    master: String,
+    key: PathBuf,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Cluster {
+    fn start(name: &str) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("pfs-preload-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (data, mnt) = (dir.join("data"), dir.join("mnt"));
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&mnt).unwrap();
+        let (child, master) = up(&data, &mnt);
+        Cluster {
+            child,
+            mnt,
+            pfs: dir.join("pfs"),
+            master,
+            key: data.join("cluster.key"),
+            _dir: TempDir(dir),
+        }
+    }
+
+    /// `program args` with the library on `mount` (`PFS_MOUNT`).
+    fn run_on(&self, mount: &Path, program: &str, args: &[&str]) -> Output {
+        let out = Command::new(program)
+            .args(args)
+            .env("LD_PRELOAD", library())
+            .env("PFS_MASTER", &self.master)
+            .env("PFS_KEY", &self.key)
+            .env("PFS_MOUNT", mount)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+        println!("$ {program} {}", args.join(" "));
+        println!("{}", String::from_utf8_lossy(&out.stdout));
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        out
+    }
+
+    /// `program args` with the library on [`Cluster::pfs`]; must succeed.
+    fn run(&self, program: &str, args: &[&str]) -> String {
+        let out = self.run_on(&self.pfs, program, args);
+        assert!(out.status.success(), "{program} {args:?} failed: {:?}", out.status);
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// A path under the library's mount.
+    fn p(&self, rel: &str) -> String {
+        self.pfs.join(rel).to_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: signals the child this test started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = self.child.wait();
+    }
+}
+
+fn diff(a: &Path, b: &Path) {
+    let out =
+        Command::new("diff").arg("-r").arg("--no-dereference").arg(a).arg(b).output().unwrap();
+    assert!(
+        out.status.success(),
+        "diff -r {} {}:\n{}{}",
+        a.display(),
+        b.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn coreutils_reach_the_cluster_without_the_kernel() {
+    let c = Cluster::start("coreutils");
+    let src = c._dir.0.join("src.bin");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+
+    c.run("mkdir", &["-p", &c.p("a/b/c")]);
+    c.run("cp", &[src.to_str().unwrap(), &c.p("a/b/copy.bin")]);
+    assert_eq!(std::fs::read(c.mnt.join("a/b/copy.bin")).unwrap(), data, "cp wrote the file");
+    let dd_in = format!("if={}", c.p("a/b/copy.bin"));
+    let dd_out = format!("of={}", c.p("a/dd.bin"));
+    c.run("dd", &[&dd_in, &dd_out, "bs=64k", "status=none"]);
+    assert_eq!(std::fs::read(c.mnt.join("a/dd.bin")).unwrap(), data, "dd copied the file");
+    let cat = Command::new("cat")
+        .arg(c.p("a/dd.bin"))
+        .env("LD_PRELOAD", library())
+        .env("PFS_MASTER", &c.master)
+        .env("PFS_KEY", &c.key)
+        .env("PFS_MOUNT", &c.pfs)
+        .output()
+        .unwrap();
+    assert!(cat.status.success());
+    assert_eq!(cat.stdout, data, "cat read the file");
+    c.run("mv", &[&c.p("a/dd.bin"), &c.p("a/b/c/moved.bin")]);
+    // (Not checked through the mount: its kernel may keep the old name for its
+    // entry lifetime.)
+    assert_eq!(c.run("ls", &[&c.p("a")]).split_whitespace().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(std::fs::metadata(c.mnt.join("a/b/c/moved.bin")).unwrap().len(), data.len() as u64);
+    c.run("ln", &["-s", "c/moved.bin", &c.p("a/b/link")]);
+    assert_eq!(std::fs::read_link(c.mnt.join("a/b/link")).unwrap(), Path::new("c/moved.bin"));
+    assert_eq!(
+        c.run("stat", &["-L", "-c", "%s %F", &c.p("a/b/link")]).trim(),
+        "3000000 regular file"
+    );
+    let ls = c.run("ls", &["-1", &c.p("a/b")]);
+    assert_eq!(ls.lines().collect::<Vec<_>>(), ["c", "copy.bin", "link"]);
+    c.run("rm", &["-r", &c.p("a/b/c")]);
+    assert_eq!(
+        c.run("ls", &[&c.p("a/b")]).split_whitespace().collect::<Vec<_>>(),
+        ["copy.bin", "link"]
+    );
+    // A process started inside the mount point works with relative paths.
+    let rel = Command::new("sh")
+        .args([
+            "-c",
+            "cd \"$1\" && mkdir rel && echo hi > rel/f && cat rel/f && pwd",
+            "sh",
+            &c.p("a"),
+        ])
+        .env("LD_PRELOAD", library())
+        .env("PFS_MASTER", &c.master)
+        .env("PFS_KEY", &c.key)
+        .env("PFS_MOUNT", &c.pfs)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&rel.stdout);
+    assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["hi", &c.p("a")]);
+    assert_eq!(std::fs::read(c.mnt.join("a/rel/f")).unwrap(), b"hi\n");
+    // Redirections: the shell opens the pfs file, and the program it execs
+    // (seq, wc) gets the descriptor and the working directory.
+    let out = c.run(
+        "sh",
+        &[
+            "-c",
+            "cd \"$1\" && seq 1 1000 > seq.txt && seq 1001 1200 >> seq.txt && wc -l < seq.txt",
+            "sh",
+            &c.p("a"),
+        ],
+    );
+    assert_eq!(out.trim(), "1200");
+    let seq = std::fs::read_to_string(c.mnt.join("a/seq.txt")).unwrap();
+    assert_eq!(seq.lines().count(), 1200);
+    assert_eq!(seq.lines().last(), Some("1200"));
+}
+
+#[test]
+fn tar_trees_match_through_the_mount() {
+    let c = Cluster::start("tar");
+    // A tree with files of many sizes, a symbolic link and a hard link.
+    let src = c._dir.0.join("tree");
+    for d in 0..6 {
+        let dir = src.join(format!("d{d}/sub"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..12usize {
+            let len = (f * f * 997 + d * 13) % 200_000;
+            let body: Vec<u8> = (0..len).map(|i| (i * 31 + f + d) as u8).collect();
+            std::fs::write(dir.join(format!("f{f}")), body).unwrap();
+        }
+    }
+    std::os::unix::fs::symlink("d0/sub/f3", src.join("link")).unwrap();
+    std::fs::hard_link(src.join("d1/sub/f5"), src.join("hard")).unwrap();
+    let tarball = c._dir.0.join("tree.tar");
+    let ok =
+        Command::new("tar").arg("-C").arg(&src).arg("-cf").arg(&tarball).arg(".").status().unwrap();
+    assert!(ok.success());
+
+    c.run("mkdir", &[&c.p("x")]);
+    c.run("tar", &["-C", &c.p("x"), "-xf", tarball.to_str().unwrap()]);
+    diff(&src, &c.mnt.join("x"));
+    let hard = std::fs::metadata(c.mnt.join("x/hard")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&hard), 2, "tar made the hard link");
+
+    // And back: tar reads the tree through the library.
+    let back = c._dir.0.join("back.tar");
+    c.run("tar", &["-C", &c.p("x"), "-cf", back.to_str().unwrap(), "."]);
+    let out = c._dir.0.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let ok = Command::new("tar").arg("-C").arg(&out).arg("-xf").arg(&back).status().unwrap();
+    assert!(ok.success());
+    diff(&src, &out);
+}
+
+const PYTHON_FILES: &str = r#"
+import os, sys
+root = sys.argv[1]
+os.makedirs(os.path.join(root, 'py/a'), exist_ok=True)
+with open(os.path.join(root, 'py/a/f.txt'), 'w') as f:
+    f.write('x' * 10000)
+assert os.listdir(os.path.join(root, 'py/a')) == ['f.txt']
+os.rename(os.path.join(root, 'py/a/f.txt'), os.path.join(root, 'py/g.txt'))
+assert sorted(os.listdir(os.path.join(root, 'py'))) == ['a', 'g.txt']
+assert os.stat(os.path.join(root, 'py/g.txt')).st_size == 10000
+with open(os.path.join(root, 'py/g.txt'), 'rb') as f:
+    f.seek(9990)
+    assert f.read() == b'x' * 10
+with open(os.path.join(root, 'py/g.txt'), 'a') as f:
+    f.write('tail')
+os.chdir(os.path.join(root, 'py'))
+assert os.getcwd() == os.path.join(root, 'py')
+assert open('g.txt').read().endswith('xtail')
+os.symlink('g.txt', 'l')
+assert os.path.realpath('l') == os.path.join(root, 'py/g.txt')
+import mmap
+with open('g.txt', 'r+b') as f:
+    m = mmap.mmap(f.fileno(), 0)
+    assert m[:3] == b'xxx'
+    m[0:3] = b'abc'
+    m.flush()
+    m.close()
+assert open('g.txt', 'rb').read(4) == b'abcx'
+fd = os.open('forked', os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, b'parent1 ')
+pid = os.fork()
+if pid == 0:
+    os.pwrite(fd, b'child ', 8)
+    with open('from-child', 'w') as f:
+        f.write('child')
+    os.close(fd)
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+os.pwrite(fd, b'parent2', 14)
+os.close(fd)
+print('python ok')
+"#;
+
+#[test]
+fn python_files_dirs_mmap_and_fork() {
+    let c = Cluster::start("python");
+    let out = c.run("python3", &["-c", PYTHON_FILES, c.pfs.to_str().unwrap()]);
+    assert_eq!(out.trim(), "python ok");
+    let g = std::fs::read(c.mnt.join("py/g.txt")).unwrap();
+    assert_eq!(g.len(), 10004);
+    assert!(
+        g.starts_with(b"abcx") && g.ends_with(b"xtail"),
+        "the mmap write and the append reached the file"
+    );
+    assert_eq!(std::fs::read(c.mnt.join("py/forked")).unwrap(), b"parent1 child parent2");
+    assert_eq!(std::fs::read(c.mnt.join("py/from-child")).unwrap(), b"child");
+}
+
+/// Runs a list of failing calls under `root` and prints `name errno` for each:
+/// the same script through the mount and through the library must print the
+/// same lines.
+const PYTHON_ERRORS: &str = r#"
+import errno, os, sys
+root = sys.argv[1]
+os.chdir(root)
+os.makedirs('e/dir/sub', exist_ok=True)
+open('e/file', 'w').close()
+def t(name, f):
+    try:
+        f()
+        print(name, 'ok')
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, e.errno))
+t('open missing', lambda: os.open('e/missing', os.O_RDONLY))
+t('open excl', lambda: os.open('e/file', os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+t('open dir for write', lambda: os.open('e/dir', os.O_WRONLY))
+t('open file as dir', lambda: os.open('e/file', os.O_RDONLY | os.O_DIRECTORY))
+t('open under file', lambda: os.open('e/file/x', os.O_RDONLY))
+t('mkdir exists', lambda: os.mkdir('e/dir'))
+t('mkdir missing parent', lambda: os.mkdir('e/nope/x'))
+t('rmdir not empty', lambda: os.rmdir('e/dir'))
+t('rmdir file', lambda: os.rmdir('e/file'))
+t('unlink dir', lambda: os.unlink('e/dir'))
+t('unlink missing', lambda: os.unlink('e/missing'))
+t('rename into itself', lambda: os.rename('e/dir', 'e/dir/sub/inner'))
+t('rename dir over file', lambda: os.rename('e/dir', 'e/file'))
+t('readlink file', lambda: os.readlink('e/file'))
+t('truncate dir', lambda: os.truncate('e/dir', 0))
+t('listdir file', lambda: os.listdir('e/file'))
+t('stat trailing slash', lambda: os.stat('e/file/'))
+t('getxattr missing', lambda: os.getxattr('e/file', 'user.none'))
+t('setxattr replace missing', lambda: os.setxattr('e/file', 'user.a', b'1', os.XATTR_REPLACE))
+t('setxattr create', lambda: os.setxattr('e/file', 'user.b', b'1', os.XATTR_CREATE))
+t('setxattr create again', lambda: os.setxattr('e/file', 'user.b', b'1', os.XATTR_CREATE))
+t('link dir', lambda: os.link('e/dir', 'e/dirlink'))
+t('read write-only', lambda: os.read(os.open('e/file', os.O_WRONLY), 1))
+t('write read-only', lambda: os.write(os.open('e/file', os.O_RDONLY), b'x'))
+t('long name', lambda: os.open('e/' + 'n' * 300, os.O_CREAT | os.O_WRONLY))
+t('chdir file', lambda: os.chdir('e/file'))
+"#;
+
+#[test]
+fn errors_are_the_mounts() {
+    let c = Cluster::start("errors");
+    std::fs::create_dir_all(c.mnt.join("m")).unwrap();
+    std::fs::create_dir_all(c.mnt.join("l")).unwrap();
+    // Through the mount alone (no library).
+    let mount =
+        Command::new("python3").args(["-c", PYTHON_ERRORS]).arg(c.mnt.join("m")).output().unwrap();
+    assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
+    // Through the library, on the same cluster: the mount point is PFS_MOUNT,
+    // so every path under it goes to the library.
+    let lib =
+        c.run_on(&c.mnt, "python3", &["-c", PYTHON_ERRORS, c.mnt.join("l").to_str().unwrap()]);
+    assert!(lib.status.success());
+    let (m, l) = (String::from_utf8_lossy(&mount.stdout), String::from_utf8_lossy(&lib.stdout));
+    println!("mount:\n{m}");
+    assert_eq!(m.lines().count(), 26, "every case ran");
+    assert_eq!(l.lines().count(), 26, "every case ran through the library");
+    for (a, b) in m.lines().zip(l.lines()) {
+        assert_eq!(b, a, "the library answers as the mount does");
+    }
+}
+
+#[test]
+fn fio_pfs_bench_and_fsx_run_through_the_library() {
+    let c = Cluster::start("tools");
+    c.run("mkdir", &["-p", &c.p("fio"), &c.p("bench"), &c.p("fsx")]);
+    let dir = format!("--directory={}", c.p("fio"));
+    let out = c.run(
+        "fio",
+        &[
+            "--name=w",
+            &dir,
+            "--ioengine=psync",
+            "--rw=write",
+            "--bs=1M",
+            "--size=32M",
+            "--end_fsync=1",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    assert!(out.contains("err= 0"), "fio reported an error");
+    assert_eq!(std::fs::metadata(c.mnt.join("fio/w.0.0")).unwrap().len(), 32 << 20);
+    for (workload, files) in [("md-easy", "200"), ("md-hard", "200"), ("io-easy", "0")] {
+        let mut args = vec!["bench", workload, &c.pfs.join("bench").to_str().unwrap().to_string()]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>();
+        if files != "0" {
+            args.extend(["--files".into(), files.into()]);
+        } else {
+            args.extend(["--segments".into(), "16".into()]);
+        }
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.run(PFS, &refs);
+        assert!(out.contains("all phases verified"), "pfs bench {workload} verified its data");
+    }
+    let out = c.run(
+        PFS,
+        &["fsx", "--ops", "400", "--max-size", "2097152", "--max-len", "262144", &c.p("fsx")],
+    );
+    assert!(out.contains("all match"), "fsx found a mismatch");
+}
+
+/// Stats two pfs paths and lists `/` with the library pointed at a cluster
+/// that is not there, with `extra` environment; returns stdout and stderr.
+fn unreachable(extra: &[(&str, &Path)]) -> (String, String) {
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = "import os, sys\n\
+        for p in sys.argv[1:3]:\n\
+        \x20   try:\n\
+        \x20       os.stat(p)\n\
+        \x20   except OSError as e:\n\
+        \x20       print(p.rsplit('/', 1)[1], e.errno)\n\
+        print('root', len(os.listdir('/')) > 0)\n";
+    let mut cmd = Command::new("python3");
+    cmd.args(["-c", script, "/nowhere/pfs/a", "/nowhere/pfs/b"])
+        .env("LD_PRELOAD", library())
+        .env("PFS_MASTER", format!("127.0.0.1:{port}"))
+        .env("PFS_MOUNT", "/nowhere/pfs");
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("{stdout}{stderr}");
+    assert!(out.status.success(), "the program did not crash");
+    (stdout, stderr)
+}
+
+#[test]
+fn an_unreachable_cluster_is_one_message_and_eio() {
+    let dir = std::env::temp_dir().join(format!("pfs-preload-down-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _clean = TempDir(dir.clone());
+    let key = dir.join("cluster.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    let (stdout, stderr) = unreachable(&[("PFS_KEY", &key)]);
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        ["a 5", "b 5", "root True"],
+        "EIO, and other paths work"
+    );
+    assert_eq!(
+        stderr.matches("libpfs_preload: cannot reach the pfs cluster").count(),
+        1,
+        "one message"
+    );
+    // A configuration that cannot be read: the message names it.
+    let missing = dir.join("missing.toml");
+    let (stdout, stderr) = unreachable(&[("PFS_KEY", &key), ("PFS_CONFIG", &missing)]);
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["a 5", "b 5", "root True"]);
+    assert_eq!(stderr.matches("missing.toml").count(), 1, "one message, naming the file");
+}
