@@ -1927,7 +1927,7 @@ unsafe fn readdir_pfs(d: *mut PfsDir) -> *mut libc::dirent64 {
     let errno_before = unsafe { *libc::__errno_location() };
     let r = with_busy(|| ops::file(dir.fd).and_then(|f| ops::next_entry(&f)));
     match r {
-        Ok(Some((ino, kind, name, off))) => {
+        Ok(Some(ops::Entry { ino, kind, name, next: off })) => {
             let e = &mut dir.entry;
             let n = name.len().min(e.d_name.len() - 1);
             e.d_ino = ino;

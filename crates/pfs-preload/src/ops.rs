@@ -871,7 +871,7 @@ pub fn time_of(ts: &libc::timespec) -> Res<Option<TimeNs>> {
         libc::UTIME_OMIT => Ok(None),
         libc::UTIME_NOW => Ok(Some(now_ns())),
         n if !(0..1_000_000_000).contains(&n) => Err(libc::EINVAL),
-        n => Ok(Some(ts.tv_sec as i64 * 1_000_000_000 + n as i64)),
+        n => Ok(Some(ts.tv_sec * 1_000_000_000 + n)),
     }
 }
 
@@ -930,8 +930,21 @@ pub fn realpath(abs: &[u8]) -> Res<AbsPath> {
     Ok(found.path)
 }
 
-/// The next entry of a directory listing through `f`: inode, type, name.
-pub fn next_entry(f: &OpenFile) -> Res<Option<(u64, FileType, Vec<u8>, u64)>> {
+/// One entry of a directory listing.
+#[derive(Debug)]
+pub struct Entry {
+    /// The inode number.
+    pub ino: u64,
+    /// The type.
+    pub kind: FileType,
+    /// The name.
+    pub name: Vec<u8>,
+    /// The position after it (`d_off`).
+    pub next: u64,
+}
+
+/// The next entry of a directory listing through `f`.
+pub fn next_entry(f: &OpenFile) -> Res<Option<Entry>> {
     if f.kind != FileType::Directory {
         return Err(libc::ENOTDIR);
     }
@@ -965,16 +978,20 @@ pub fn next_entry(f: &OpenFile) -> Res<Option<(u64, FileType, Vec<u8>, u64)>> {
     };
     Ok(entry.map(|(ino, kind, name)| {
         st.offset = pos + 1;
-        (ino, kind, name, pos + 1)
+        Entry { ino, kind, name, next: pos + 1 }
     }))
 }
 
 /// Puts back the entry [`next_entry`] returned last (it did not fit).
-pub fn unread_entry(f: &OpenFile, ino: u64, kind: FileType, name: Vec<u8>) {
+pub fn unread_entry(f: &OpenFile, e: Entry) {
     let mut st = f.state();
     st.offset -= 1;
     if st.offset >= 2 {
-        st.dir.window.push_front(pfs_client::DirListing { name, ino: InodeId(ino), kind });
+        st.dir.window.push_front(pfs_client::DirListing {
+            name: e.name,
+            ino: InodeId(e.ino),
+            kind: e.kind,
+        });
     }
 }
 
@@ -995,10 +1012,11 @@ pub fn dtype(k: FileType) -> u8 {
 pub fn getdents64(fd: i32, buf: &mut [u8]) -> Res<usize> {
     let f = file(fd)?;
     let mut used = 0;
-    while let Some((ino, kind, name, off)) = next_entry(&f)? {
-        let reclen = (19 + name.len() + 1).next_multiple_of(8);
+    while let Some(e) = next_entry(&f)? {
+        let (ino, kind, off) = (e.ino, e.kind, e.next);
+        let reclen = (19 + e.name.len() + 1).next_multiple_of(8);
         if used + reclen > buf.len() {
-            unread_entry(&f, ino, kind, name);
+            unread_entry(&f, e);
             if used == 0 {
                 return Err(libc::EINVAL);
             }
@@ -1010,7 +1028,7 @@ pub fn getdents64(fd: i32, buf: &mut [u8]) -> Res<usize> {
         r[8..16].copy_from_slice(&(off as i64).to_ne_bytes());
         r[16..18].copy_from_slice(&(reclen as u16).to_ne_bytes());
         r[18] = dtype(kind);
-        r[19..19 + name.len()].copy_from_slice(&name);
+        r[19..19 + e.name.len()].copy_from_slice(&e.name);
         used += reclen;
     }
     Ok(used)
