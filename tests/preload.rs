@@ -255,6 +255,19 @@ with open('g.txt', 'r+b') as f:
     m.flush()
     m.close()
 assert open('g.txt', 'rb').read(4) == b'abcx'
+with open('eof', 'w') as f:
+    f.write('ab')
+r = open('eof')
+assert r.read() == 'ab' and r.read() == ''
+with open('eof', 'a') as f:
+    f.write('cd')
+assert r.read() == 'cd', 'a read at the old end sees what this process appended'
+r.close()
+fd = os.open('eof', os.O_RDONLY)
+os.closerange(fd, fd + 1)
+real = os.open('/proc/self/status', os.O_RDONLY)
+assert real == fd and os.read(real, 5) == b'Name:', 'a closed pfs number is a kernel file again'
+os.close(real)
 fd = os.open('forked', os.O_CREAT | os.O_RDWR, 0o644)
 os.write(fd, b'parent1 ')
 pid = os.fork()

@@ -61,6 +61,17 @@ pub struct FileState {
     pub dir: DirCursor,
 }
 
+/// Where a read through a description found the end of its file.
+#[derive(Clone, Copy, Debug)]
+pub struct EofHint {
+    /// The end.
+    pub end: u64,
+    /// The process's count of data changes when it was found.
+    pub changes: u64,
+    /// When.
+    pub at: std::time::Instant,
+}
+
 /// An open file description of a pfs file.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -79,6 +90,8 @@ pub struct OpenFile {
     pub hidden: Mutex<Option<(InodeId, Vec<u8>)>>,
     /// Closed explicitly (flush done, errors reported): the drop only releases.
     pub closed: AtomicBool,
+    /// The end of the file a short read found.
+    pub eof_hint: Mutex<Option<EofHint>>,
 }
 
 impl OpenFile {
@@ -92,6 +105,7 @@ impl OpenFile {
             state: Mutex::new(FileState::default()),
             hidden: Mutex::new(None),
             closed: AtomicBool::new(false),
+            eof_hint: Mutex::new(None),
         }
     }
 

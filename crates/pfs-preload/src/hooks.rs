@@ -2552,3 +2552,34 @@ pub unsafe extern "C" fn vfork() -> libc::pid_t {
     // SAFETY: libc's fork.
     unsafe { real!(fork: fn() -> libc::pid_t)() }
 }
+
+/// Forgets the pfs descriptors in `first..=last` that the kernel is about to
+/// close (a later descriptor with one of those numbers is a kernel file).
+fn forget_range(first: c_uint, last: c_uint) {
+    let last = last.min(fds::FD_MAX as c_uint - 1);
+    if first > last {
+        return;
+    }
+    for (fd, _) in fds::entries() {
+        if (first..=last).contains(&(fd as c_uint)) {
+            with_busy(|| ops::replaced(fd));
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    // SAFETY: libc's close_range with the caller's arguments.
+    let r = unsafe { real!(close_range: fn(c_uint, c_uint, c_int) -> c_int)(first, last, flags) };
+    if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        forget_range(first, last);
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // SAFETY: libc's closefrom.
+    unsafe { real!(closefrom: fn(c_int) -> ())(lowfd) };
+    forget_range(lowfd.max(0) as c_uint, c_uint::MAX);
+}

@@ -8,15 +8,16 @@
 //! as a shell does.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use pfs_client::{Cluster, FileSystem};
 use pfs_core::wire::RenameFlags;
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, StatFs, TimeNs};
 
 use crate::client::{self, errno, Errno, Res};
-use crate::fds::{self, OpenFile};
+use crate::fds::{self, EofHint, OpenFile};
 use crate::paths::{self, normalize, wants_dir, AbsPath};
 use crate::real::real;
 
@@ -408,6 +409,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
     let file = OpenFile::new(found.path, attr.ino, attr.kind, keep);
     if attr.kind == FileType::Regular && flags & libc::O_PATH == 0 {
         if flags & libc::O_TRUNC != 0 && file.writable() {
+            changed();
             let set = SetAttr { size: Some(0), ..SetAttr::default() };
             fs.fs.setattr(attr.ino, &set).map_err(errno)?;
         }
@@ -492,7 +494,29 @@ fn io_handle(f: &OpenFile, allowed: bool) -> Res<(Fs, FileHandle)> {
     Ok((fs, fh))
 }
 
+/// How long a read that ended short lets later reads at or past that end
+/// return 0 without asking a server: the mount's attribute lifetime, within
+/// which its kernel answers them from its cached size.
+const EOF_HINT_TTL: Duration = Duration::from_secs(1);
+
+/// Changes to file data or sizes this process made (any file): an end-of-file
+/// hint learned before one of them is not used.
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+fn changed() {
+    CHANGES.fetch_add(1, Ordering::AcqRel);
+}
+
 fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Res<usize> {
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    let changes = CHANGES.load(Ordering::Acquire);
+    if let Some(h) = *f.eof_hint.lock().unwrap_or_else(|p| p.into_inner()) {
+        if h.changes == changes && offset >= h.end && h.at.elapsed() < EOF_HINT_TTL {
+            return Ok(0);
+        }
+    }
     let mut done = 0;
     while done < buf.len() {
         let want = (buf.len() - done).min(IO_MAX);
@@ -505,6 +529,10 @@ fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8])
         buf[done..done + n].copy_from_slice(&got[..n]);
         done += n;
         if n < want {
+            // The end of the file, as of now: a reader that checks for it with
+            // one more read (`cat`, `read_to_end`) gets it without a request.
+            let hint = EofHint { end: offset + done as u64, changes, at: Instant::now() };
+            *f.eof_hint.lock().unwrap_or_else(|p| p.into_inner()) = Some(hint);
             break;
         }
     }
@@ -527,6 +555,7 @@ fn write_with(
     offset: Option<u64>,
     data: &[u8],
 ) -> Res<(usize, u64)> {
+    changed();
     let mut at = match offset {
         Some(o) if f.flags() & libc::O_APPEND == 0 => o,
         _ => fs.fs.getattr(f.ino).map_err(errno)?.size,
@@ -662,6 +691,7 @@ fn set_size(fs: &Fs, ino: InodeId, size: i64) -> Res<()> {
     if size < 0 {
         return Err(libc::EINVAL);
     }
+    changed();
     let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
     fs.fs.setattr(ino, &set).map(|_| ()).map_err(errno)
 }
@@ -704,6 +734,7 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
     }
     let fs = Fs::get()?;
     let fh = fs.handle(&f)?;
+    changed();
     let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
     fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
 }

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# libpfs_preload against the native client and the FUSE mount, in one run:
+# `pfs up` (1 server x 2 workers, its data file on this disk), then `pfs bench`
+# md-easy, md-hard and io-easy on three targets, alternating within each round
+# (this machine is shared and noisy):
+#   native  pfs://MASTER/nN             (the native client, no kernel)
+#   preload /pfs-preload-bench/pN       (LD_PRELOAD=libpfs_preload.so, PFS_MOUNT=/pfs-preload-bench)
+#   mount   MOUNTPOINT/mN               (the FUSE mount of pfs up)
+# Prints, per workload and phase, the mean rate of each, preload/native and
+# preload/mount, and the CPU time per operation (the pfs up process, with its
+# FUSE threads, and the bench processes).
+#
+#   cargo build --release -p pfs -p pfs-preload
+#   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/release/pfs}
+LIB=${LIB:-$PWD/target/release/libpfs_preload.so}
+ROUNDS=${ROUNDS:-2}
+WORK=${WORK:-/tmp/pfs-preload-bench}
+PFS_AT=/pfs-preload-bench
+declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
+WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
+TARGETS="native preload mount"
+rm -rf "$WORK"
+mkdir -p "$WORK"
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+for r in $(seq "$ROUNDS"); do
+    d=$WORK/$r
+    mkdir -p "$d/mnt"
+    "$BIN" up --mount "$d/mnt" --data "$d/data" --workers 2 \
+        --master-listen 127.0.0.1:0 --size-gib 8 > "$d/up.log" 2>&1 &
+    up=$!
+    for _ in $(seq 300); do grep -q "mounted on" "$d/up.log" && break; sleep 0.1; done
+    master=$(sed -n 's/^pfs up: master on \([^,]*\),.*/\1/p' "$d/up.log")
+    for w in $WORKLOADS; do
+        for t in $TARGETS; do
+            case $t in
+                native) target="pfs://$master/n-$w"; mkdir "$d/mnt/n-$w" ;;
+                preload) target="$PFS_AT/p-$w"; mkdir "$d/mnt/p-$w" ;;
+                mount) target="$d/mnt/m-$w"; mkdir "$d/mnt/m-$w" ;;
+            esac
+            env=()
+            [ "$t" = preload ] && env=(LD_PRELOAD="$LIB" PFS_MOUNT="$PFS_AT" PFS_MASTER="$master" PFS_KEY="$d/data/cluster.key")
+            before=$(ticks "$up")
+            TIMEFORMAT='%U %S'
+            # shellcheck disable=SC2086
+            { time env "${env[@]}" "$BIN" bench "$w" --procs 2 ${OPTS[$w]} --key "$d/data/cluster.key" \
+                --json "$d/$t-$w.json" "$target" > "$d/$t-$w.out" 2>&1; } 2> "$d/$t-$w.time"
+            echo $(( $(ticks "$up") - before )) > "$d/$t-$w.server_ticks"
+        done
+    done
+    kill -INT "$up"
+    wait "$up" || true
+done
+hz=$(getconf CLK_TCK)
+for w in $WORKLOADS; do
+    echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), mean of $ROUNDS runs each"
+    echo
+    echo "| phase | native | preload | mount | preload/native | preload/mount |"
+    echo "|---|---|---|---|---|---|"
+    for phase in $(jq -r '.phases[].name' "$WORK/1/native-$w.json"); do
+        mean() { cat "$WORK"/*/"$1-$w".json | jq -s "[.[].phases[] | select(.name==\"$phase\") | .rate] | add / length"; }
+        n=$(mean native)
+        p=$(mean preload)
+        m=$(mean mount)
+        printf '| %s | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$phase" "$n" "$p" "$m" \
+            "$(echo "$p / $n" | bc -l)" "$(echo "$p / $m" | bc -l)"
+    done
+    cpu() { # microseconds of CPU per operation, server and bench processes
+        local total=0 ops=0
+        for d in "$WORK"/*/; do
+            read -r u s < "$d/$1-$w.time"
+            total=$(echo "$total + ($(cat "$d/$1-$w.server_ticks") / $hz) + $u + $s" | bc -l)
+            ops=$((ops + $(jq '[.phases[].ops] | add' "$d/$1-$w.json")))
+        done
+        echo "$total * 1000000 / $ops" | bc -l
+    }
+    n=$(cpu native)
+    p=$(cpu preload)
+    m=$(cpu mount)
+    printf '| CPU µs/op (all phases) | %.1f | %.1f | %.1f | %.2f | %.2f |\n\n' "$n" "$p" "$m" \
+        "$(echo "$p / $n" | bc -l)" "$(echo "$p / $m" | bc -l)"
+done
