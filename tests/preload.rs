@@ -3,8 +3,8 @@
 //! path, and what they did is checked through the FUSE mount of the same
 //! cluster (or against the mount's own answers, for errors).
 //!
-//! The library is built by `cargo test --workspace` (it is a workspace member);
-//! run alone, `cargo build -p pfs-preload` first.
+//! The library is built by `cargo test --workspace` (pfs-preload's own tests
+//! make cargo build it into `target/debug/deps/`).
 
 mod common;
 
@@ -13,12 +13,13 @@ use std::process::{Command, Output};
 
 use common::{up, PFS};
 
-/// The shared library beside the `pfs` binary this test runs.
+/// The shared library `cargo test --workspace` built (in `deps/`, beside this
+/// test's executable; pfs-preload's own tests make cargo build it).
 fn library() -> PathBuf {
-    let lib = Path::new(PFS).with_file_name("libpfs_preload.so");
+    let lib = std::env::current_exe().unwrap().with_file_name("libpfs_preload.so");
     assert!(
         lib.exists(),
-        "{} is missing: build it with `cargo build -p pfs-preload` (cargo test --workspace does)",
+        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
         lib.display()
     );
     lib
@@ -385,25 +386,21 @@ fn fio_pfs_bench_and_fsx_run_through_the_library() {
     );
     assert!(out.contains("err= 0"), "fio reported an error");
     assert_eq!(std::fs::metadata(c.mnt.join("fio/w.0.0")).unwrap().len(), 32 << 20);
-    for (workload, files) in [("md-easy", "200"), ("md-hard", "200"), ("io-easy", "0")] {
-        let mut args = vec!["bench", workload, &c.pfs.join("bench").to_str().unwrap().to_string()]
-            .into_iter()
-            .map(String::from)
-            .collect::<Vec<_>>();
-        if files != "0" {
-            args.extend(["--files".into(), files.into()]);
-        } else {
-            args.extend(["--segments".into(), "16".into()]);
-        }
-        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = c.run(PFS, &refs);
+    let target = c.p("bench");
+    for (workload, size) in [
+        ("md-easy", ["--files", "200"]),
+        ("md-hard", ["--files", "200"]),
+        ("io-easy", ["--segments", "16"]),
+    ] {
+        let out = c.run(PFS, &["bench", workload, size[0], size[1], &target]);
         assert!(out.contains("all phases verified"), "pfs bench {workload} verified its data");
     }
-    let out = c.run(
-        PFS,
-        &["fsx", "--ops", "400", "--max-size", "2097152", "--max-len", "262144", &c.p("fsx")],
-    );
-    assert!(out.contains("all match"), "fsx found a mismatch");
+    for layout in ["none", "io"] {
+        let dir = c.p("fsx");
+        let fsx = ["fsx", "--ops", "400", "--max-size", "2097152", "--max-len", "262144"];
+        let out = c.run(PFS, &[&fsx[..], &["--layout", layout, &dir]].concat());
+        assert!(out.contains("all match"), "fsx (layout {layout}) found a mismatch");
+    }
 }
 
 /// Stats two pfs paths and lists `/` with the library pointed at a cluster
