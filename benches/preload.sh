@@ -8,7 +8,8 @@
 #   mount   MOUNTPOINT/mN               (the FUSE mount of pfs up)
 # Prints, per workload and phase, the mean rate of each, preload/native and
 # preload/mount, and the CPU time per operation (the pfs up process, with its
-# FUSE threads, and the bench processes).
+# FUSE threads, and the bench processes); then `tar xf` and `rm -rf` of
+# /usr/include through the library and through the mount.
 #
 #   cargo build --release -p pfs -p pfs-preload
 #   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
@@ -24,6 +25,8 @@ WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
 TARGETS="native preload mount"
 rm -rf "$WORK"
 mkdir -p "$WORK"
+tar -C /usr -cf "$WORK/include.tar" include
+entries=$(tar -tf "$WORK/include.tar" | wc -l)
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for r in $(seq "$ROUNDS"); do
     d=$WORK/$r
@@ -49,6 +52,22 @@ for r in $(seq "$ROUNDS"); do
                 --json "$d/$t-$w.json" "$target" > "$d/$t-$w.out" 2>&1; } 2> "$d/$t-$w.time"
             echo $(( $(ticks "$up") - before )) > "$d/$t-$w.server_ticks"
         done
+    done
+    # tar xf and rm -rf of /usr/include, through the library and through the mount.
+    for t in preload mount; do
+        env=()
+        case $t in
+            preload) dir="$PFS_AT/tar"; env=(LD_PRELOAD="$LIB" PFS_MOUNT="$PFS_AT" PFS_MASTER="$master" PFS_KEY="$d/data/cluster.key") ;;
+            mount) dir="$d/mnt/tar-m" ;;
+        esac
+        mkdir -p "$d/mnt/$(basename "$dir")"
+        before=$(ticks "$up")
+        TIMEFORMAT='%R %U %S'
+        { time env "${env[@]}" tar -C "$dir" -xf "$WORK/include.tar"; } 2> "$d/$t-tar.time"
+        echo $(( $(ticks "$up") - before )) > "$d/$t-tar.server_ticks"
+        before=$(ticks "$up")
+        { time env "${env[@]}" rm -rf "$dir"; } 2> "$d/$t-rm.time"
+        echo $(( $(ticks "$up") - before )) > "$d/$t-rm.server_ticks"
     done
     kill -INT "$up"
     wait "$up" || true
@@ -81,4 +100,22 @@ for w in $WORKLOADS; do
     m=$(cpu mount)
     printf '| CPU µs/op (all phases) | %.1f | %.1f | %.1f | %.2f | %.2f |\n\n' "$n" "$p" "$m" \
         "$(echo "$p / $n" | bc -l)" "$(echo "$p / $m" | bc -l)"
+done
+echo "### tar xf and rm -rf of /usr/include ($entries entries), mean of $ROUNDS runs each"
+echo
+echo "| step | preload s | mount s | preload/mount speed | preload CPU µs/entry | mount CPU µs/entry |"
+echo "|---|---|---|---|---|---|"
+for step in tar rm; do
+    avg() { # wall seconds, CPU seconds (tool + server), over the rounds
+        local wall=0 cpu=0
+        for d in "$WORK"/*/; do
+            read -r r u s < "$d/$1-$step.time"
+            wall=$(echo "$wall + $r" | bc -l)
+            cpu=$(echo "$cpu + $u + $s + $(cat "$d/$1-$step.server_ticks") / $hz" | bc -l)
+        done
+        echo "$(echo "$wall / $ROUNDS" | bc -l) $(echo "$cpu * 1000000 / $ROUNDS / $entries" | bc -l)"
+    }
+    read -r pw pc < <(avg preload)
+    read -r mw mc < <(avg mount)
+    printf '| %s | %.2f | %.2f | %.2f | %.0f | %.0f |\n' "$step" "$pw" "$mw" "$(echo "$mw / $pw" | bc -l)" "$pc" "$mc"
 done

@@ -281,6 +281,22 @@ if pid == 0:
 assert os.waitpid(pid, 0)[1] == 0
 os.pwrite(fd, b'parent2', 14)
 os.close(fd)
+import threading
+def worker(t):
+    os.makedirs('threads/t%d' % t)
+    for i in range(50):
+        with open('threads/t%d/f%d' % (t, i), 'wb') as f:
+            f.write(bytes([t]) * (i * 97 + 1))
+    for i in range(50):
+        with open('threads/t%d/f%d' % (t, i), 'rb') as f:
+            assert f.read() == bytes([t]) * (i * 97 + 1)
+ts = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+assert sorted(os.listdir('threads')) == ['t0', 't1', 't2', 't3']
+assert all(len(os.listdir('threads/t%d' % t)) == 50 for t in range(4))
 print('python ok')
 "#;
 
@@ -297,6 +313,10 @@ fn python_files_dirs_mmap_and_fork() {
     );
     assert_eq!(std::fs::read(c.mnt.join("py/forked")).unwrap(), b"parent1 child parent2");
     assert_eq!(std::fs::read(c.mnt.join("py/from-child")).unwrap(), b"child");
+    for t in 0..4u8 {
+        let f = std::fs::read(c.mnt.join(format!("py/threads/t{t}/f49"))).unwrap();
+        assert_eq!(f, vec![t; 49 * 97 + 1], "thread {t}'s last file");
+    }
 }
 
 /// Runs a list of failing calls under `root` and prints `name errno` for each:
