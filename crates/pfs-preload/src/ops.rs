@@ -1076,6 +1076,14 @@ pub fn opendir(abs: AbsPath) -> Res<i32> {
 pub fn flush_all_at_exit() {
     EXITING.store(true, Ordering::Relaxed);
     let Some((fs, generation)) = client::connected() else { return };
+    if std::env::var_os("PFS_PRELOAD_STATS").is_some() {
+        let sent: u64 = fs.requests_sent().iter().sum();
+        let (hits, misses) = fs.dentry_cache_stats();
+        eprintln!(
+            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses",
+            std::process::id()
+        );
+    }
     for f in fds::all() {
         let h = f.state().handle;
         if let Some(h) = h.filter(|h| h.generation == generation) {
