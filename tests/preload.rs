@@ -319,6 +319,84 @@ fn python_files_dirs_mmap_and_fork() {
     }
 }
 
+/// A C program on libc's own entry points (stdio, `freopen` of `stdout`,
+/// directory streams, `mmap`, `statvfs`, `*at` calls relative to a directory
+/// descriptor) under the directory in `argv[1]`.
+const C_PROGRAM: &str = r#"
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "failed at line %d: %s\n", __LINE__, #c); exit(1); } } while (0)
+int main(int argc, char **argv) {
+    char p[4096];
+    CHECK(chdir(argv[1]) == 0);
+    FILE *f = fopen("stdio.txt", "w");
+    CHECK(f != NULL);
+    for (int i = 0; i < 1000; i++) fprintf(f, "line %d\n", i);
+    CHECK(fclose(f) == 0);
+    f = fopen("stdio.txt", "a+");
+    CHECK(f != NULL && fprintf(f, "appended\n") > 0 && fflush(f) == 0);
+    rewind(f);
+    CHECK(fgets(p, sizeof p, f) && strcmp(p, "line 0\n") == 0);
+    CHECK(fclose(f) == 0);
+    int dfd = open(".", O_RDONLY | O_DIRECTORY);
+    CHECK(dfd >= 0);
+    CHECK(mkdirat(dfd, "sub", 0755) == 0);
+    int fd = openat(dfd, "sub/x", O_CREAT | O_WRONLY | O_EXCL, 0600);
+    CHECK(fd >= 0 && write(fd, "0123456789", 10) == 10 && close(fd) == 0);
+    struct stat st;
+    CHECK(fstatat(dfd, "sub/x", &st, 0) == 0 && st.st_size == 10 && (st.st_mode & 0777) == 0600);
+    CHECK(renameat(dfd, "sub/x", dfd, "sub/y") == 0 && faccessat(dfd, "sub/y", R_OK, 0) == 0);
+    fd = open("sub/y", O_RDONLY);
+    char *m = mmap(NULL, 10, PROT_READ, MAP_PRIVATE, fd, 0);
+    CHECK(m != MAP_FAILED && memcmp(m, "0123456789", 10) == 0 && munmap(m, 10) == 0);
+    FILE *g = fdopen(fd, "r");
+    CHECK(g != NULL && fileno(g) == fd && fgetc(g) == '0');
+    CHECK(fclose(g) == 0);
+    DIR *d = opendir("sub");
+    CHECK(d != NULL);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n++;
+    CHECK(n == 3 && closedir(d) == 0);
+    struct statvfs vfs;
+    CHECK(statvfs(".", &vfs) == 0 && vfs.f_blocks > 0);
+    CHECK(getcwd(p, sizeof p) != NULL && strcmp(p, argv[1]) == 0);
+    CHECK(freopen("out.txt", "w", stdout) != NULL);
+    printf("through freopen %d\n", 42);
+    fflush(stdout);
+    CHECK(unlinkat(dfd, "sub/y", 0) == 0 && unlinkat(dfd, "sub", AT_REMOVEDIR) == 0);
+    fprintf(stderr, "c ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn a_c_program_on_stdio_dirs_and_at_calls() {
+    let c = Cluster::start("c");
+    let src = c._dir.0.join("prog.c");
+    let exe = c._dir.0.join("prog");
+    std::fs::write(&src, C_PROGRAM).unwrap();
+    let cc = Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src).output();
+    let cc = cc.expect("cc (gcc) is needed: .ci/run installs it");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    c.run("mkdir", &[&c.p("c")]);
+    let out = c.run_on(&c.pfs, exe.to_str().unwrap(), &[&c.p("c")]);
+    assert!(out.status.success(), "the C program failed");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "c ok");
+    let text = std::fs::read_to_string(c.mnt.join("c/stdio.txt")).unwrap();
+    assert_eq!(text.lines().count(), 1001);
+    assert!(text.starts_with("line 0\n") && text.ends_with("line 999\nappended\n"));
+    assert_eq!(std::fs::read_to_string(c.mnt.join("c/out.txt")).unwrap(), "through freopen 42\n");
+}
+
 /// Runs a list of failing calls under `root` and prints `name errno` for each:
 /// the same script through the mount and through the library must print the
 /// same lines.

@@ -2296,6 +2296,85 @@ pub unsafe extern "C" fn fclose(f: *mut FILE) -> c_int {
     unsafe { real!(fclose: fn(*mut FILE) -> c_int)(f) }
 }
 
+/// `freopen` onto a pfs path. A standard stream becomes the file through its
+/// descriptor (`dup2` onto 0, 1 or 2, which also gives it a stream of this
+/// library's); another stream is closed and a new one returned, which callers
+/// that keep using the old pointer do not see (docs/preload.md).
+unsafe fn freopen_pfs(abs: Vec<u8>, mode: *const c_char, old: *mut FILE) -> Res<*mut FILE> {
+    // SAFETY: the caller's nul-terminated mode.
+    let m = if mode.is_null() { None } else { Some(unsafe { CStr::from_ptr(mode) }.to_bytes()) };
+    let flags = m.and_then(fopen_flags).ok_or(libc::EINVAL)?;
+    // SAFETY: libc's standard stream variables, read.
+    let std = unsafe { [stdin, stdout, stderr] }.iter().position(|&s| s == old);
+    if let Some(n) = std {
+        // SAFETY: the caller's stream.
+        unsafe { libc::fflush(old) };
+        let fd = with_busy(|| ops::open(abs, flags & !libc::O_CLOEXEC, 0o666))?;
+        // SAFETY: this library's dup2 and close on descriptors it owns.
+        let r = unsafe { dup2(fd, n as c_int) };
+        // SAFETY: as above.
+        unsafe { close(fd) };
+        if r < 0 {
+            return Err(ops::last_errno());
+        }
+        // SAFETY: the standard stream variables, read after dup2 replaced one.
+        return Ok(unsafe { [stdin, stdout, stderr] }[n]);
+    }
+    let fd = with_busy(|| ops::open(abs, flags, 0o666))?;
+    if !old.is_null() {
+        // SAFETY: the caller gives its stream up, as freopen closes it.
+        unsafe { fclose(old) };
+    }
+    let f = stream(fd, mode);
+    if f.is_null() {
+        return Err(ops::last_errno());
+    }
+    Ok(f)
+}
+
+unsafe fn freopen_any(
+    path: *const c_char,
+    mode: *const c_char,
+    old: *mut FILE,
+    real_call: impl FnOnce(*const c_char) -> *mut FILE,
+) -> *mut FILE {
+    // SAFETY: the caller's path.
+    match unsafe { target(libc::AT_FDCWD, path) } {
+        // SAFETY: forwarded.
+        Target::Pfs(abs) => match unsafe { freopen_pfs(abs, mode, old) } {
+            Ok(f) => f,
+            Err(e) => {
+                set_errno(e);
+                std::ptr::null_mut()
+            }
+        },
+        Target::Real => real_call(path),
+        Target::Elsewhere(c) => real_call(c.as_ptr()),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn freopen(
+    path: *const c_char,
+    mode: *const c_char,
+    old: *mut FILE,
+) -> *mut FILE {
+    let f = real!(freopen: fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE);
+    // SAFETY: the caller's arguments; libc's freopen otherwise.
+    unsafe { freopen_any(path, mode, old, |p| f(p, mode, old)) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn freopen64(
+    path: *const c_char,
+    mode: *const c_char,
+    old: *mut FILE,
+) -> *mut FILE {
+    let f = real!(freopen64: fn(*const c_char, *const c_char, *mut FILE) -> *mut FILE);
+    // SAFETY: the caller's arguments; libc's freopen64 otherwise.
+    unsafe { freopen_any(path, mode, old, |p| f(p, mode, old)) }
+}
+
 // ---------------------------------------------------------------------------
 // Extended attributes.
 
