@@ -480,6 +480,8 @@ fn fio_pfs_bench_and_fsx_run_through_the_library() {
             "--end_fsync=1",
             "--verify=crc32c",
             "--do_verify=1",
+            // No verify state file in the working directory (the repository).
+            "--verify_state_save=0",
         ],
     );
     assert!(out.contains("err= 0"), "fio reported an error");
