@@ -281,6 +281,12 @@ if pid == 0:
 assert os.waitpid(pid, 0)[1] == 0
 os.pwrite(fd, b'parent2', 14)
 os.close(fd)
+import subprocess
+# posix_spawn (close_fds=False) and fork + exec (the default) both hand the pfs
+# working directory to the child.
+for close in (False, True):
+    out = subprocess.run(['cat', 'g.txt'], close_fds=close, capture_output=True)
+    assert out.returncode == 0 and out.stdout.startswith(b'abcx'), out
 import threading
 def worker(t):
     os.makedirs('threads/t%d' % t)
@@ -332,7 +338,10 @@ const C_PROGRAM: &str = r#"
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
+extern char **environ;
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "failed at line %d: %s\n", __LINE__, #c); exit(1); } } while (0)
 int main(int argc, char **argv) {
     char p[4096];
@@ -369,6 +378,11 @@ int main(int argc, char **argv) {
     struct statvfs vfs;
     CHECK(statvfs(".", &vfs) == 0 && vfs.f_blocks > 0);
     CHECK(getcwd(p, sizeof p) != NULL && strcmp(p, argv[1]) == 0);
+    pid_t pid;
+    char *sh[] = {"sh", "-c", "wc -l < stdio.txt > spawned.txt", NULL};
+    CHECK(posix_spawnp(&pid, "sh", NULL, NULL, sh, environ) == 0);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
     CHECK(freopen("out.txt", "w", stdout) != NULL);
     printf("through freopen %d\n", 42);
     fflush(stdout);
@@ -395,6 +409,8 @@ fn a_c_program_on_stdio_dirs_and_at_calls() {
     assert_eq!(text.lines().count(), 1001);
     assert!(text.starts_with("line 0\n") && text.ends_with("line 999\nappended\n"));
     assert_eq!(std::fs::read_to_string(c.mnt.join("c/out.txt")).unwrap(), "through freopen 42\n");
+    // posix_spawnp handed the pfs working directory to the shell.
+    assert_eq!(std::fs::read_to_string(c.mnt.join("c/spawned.txt")).unwrap().trim(), "1001");
 }
 
 /// Runs a list of failing calls under `root` and prints `name errno` for each:

@@ -2662,3 +2662,54 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     unsafe { real!(closefrom: fn(c_int) -> ())(lowfd) };
     forget_range(lowfd.max(0) as c_uint, c_uint::MAX);
 }
+
+/// `posix_spawn` and `posix_spawnp` get the hand-over environment too: the pfs
+/// working directory, and the pfs descriptors the child inherits at the same
+/// numbers (one a file action moves elsewhere is not handed over).
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp.cast(), &mut keep) };
+    let f = real!(posix_spawn: fn(
+        *mut libc::pid_t,
+        *const c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        *const *mut c_char,
+        *const *mut c_char
+    ) -> c_int);
+    // SAFETY: libc's posix_spawn with the caller's arguments and the new environment.
+    unsafe { f(pid, path, actions, attr, argv, env.as_ptr().cast()) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp.cast(), &mut keep) };
+    let f = real!(posix_spawnp: fn(
+        *mut libc::pid_t,
+        *const c_char,
+        *const libc::posix_spawn_file_actions_t,
+        *const libc::posix_spawnattr_t,
+        *const *mut c_char,
+        *const *mut c_char
+    ) -> c_int);
+    // SAFETY: libc's posix_spawnp with the caller's arguments and the new environment.
+    unsafe { f(pid, file, actions, attr, argv, env.as_ptr().cast()) }
+}
