@@ -25,6 +25,8 @@ use pfs_client::FileSystem;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
 
+use crate::dirattrs::DirAttrs;
+
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// Most directories open at once through one mount; past it `opendir` fails
@@ -187,6 +189,9 @@ pub struct PfsFuse {
     writeback_cache: bool,
     /// The io_uring counters, once the session has them (logged at unmount).
     pub(crate) uring_stats: Arc<OnceLock<Arc<fuser::UringStats>>>,
+    /// Directory attributes for the kernel's permission checks (see
+    /// [`DirAttrs`]); shared with the invalidation callback.
+    pub(crate) dir_attrs: Arc<DirAttrs>,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -237,6 +242,7 @@ impl PfsFuse {
             exit_when_unmounted: false,
             writeback_cache: false,
             uring_stats: Arc::new(OnceLock::new()),
+            dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
         }
     }
 
@@ -256,6 +262,9 @@ impl PfsFuse {
     }
 
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
+        if let Ok(a) = &r {
+            self.dir_attrs.put(a);
+        }
         match r {
             Ok(a) => reply.entry_with_ttls(
                 &self.ttl.entry,
@@ -264,6 +273,16 @@ impl PfsFuse {
                 Generation(0),
             ),
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// After a change to `parent`'s entries: its kept attributes follow it
+    /// (`links`: a subdirectory made or removed); a failed change may have
+    /// done part of it, so they are dropped.
+    fn dir_changed<T>(&self, parent: INodeNo, r: &Result<T, FsError>, links: i32) {
+        match r {
+            Ok(_) => self.dir_attrs.changed(parent.0, links),
+            Err(_) => self.dir_attrs.forget(parent.0),
         }
     }
 
@@ -537,8 +556,14 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
+        if let Some((a, left)) = self.dir_attrs.get(ino.0) {
+            return reply.attr(&left, &kernel_attr(&a));
+        }
         match self.fs.getattr(InodeId(ino.0)) {
-            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a))),
+            Ok(a) => {
+                self.dir_attrs.put(&a);
+                reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
+            }
             Err(e) => reply.error(stale(&e)),
         }
     }
@@ -570,8 +595,12 @@ impl fuser::Filesystem for PfsFuse {
             atime_ns: atime.map(time_or_now),
             mtime_ns: mtime.map(time_or_now),
         };
+        self.dir_attrs.forget(ino.0);
         match self.fs.setattr(InodeId(ino.0), &set) {
-            Ok(a) => reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a))),
+            Ok(a) => {
+                self.dir_attrs.put(&a);
+                reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
+            }
             Err(e) => reply.error(stale(&e)),
         }
     }
@@ -604,6 +633,7 @@ impl fuser::Filesystem for PfsFuse {
         }
         let perm = (mode & 0o7777) as u16;
         let r = self.fs.mknod(InodeId(parent.0), name, k, perm, req.uid(), req.gid(), rdev);
+        self.dir_changed(parent, &r, 0);
         self.entry(reply, r);
     }
 
@@ -621,7 +651,9 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let perm = (mode & 0o7777) as u16;
-        self.entry(reply, self.fs.mkdir(InodeId(parent.0), name, perm, req.uid(), req.gid()));
+        let r = self.fs.mkdir(InodeId(parent.0), name, perm, req.uid(), req.gid());
+        self.dir_changed(parent, &r, 1);
+        self.entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -629,7 +661,9 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        Self::empty(reply, self.unlink_or_hide(InodeId(parent.0), name));
+        let r = self.unlink_or_hide(InodeId(parent.0), name);
+        self.dir_changed(parent, &r, 0);
+        Self::empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -637,7 +671,9 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        Self::empty(reply, self.rmdir_unhiding(InodeId(parent.0), name));
+        let r = self.rmdir_unhiding(InodeId(parent.0), name);
+        self.dir_changed(parent, &r, -1);
+        Self::empty(reply, r);
     }
 
     fn symlink(
@@ -654,6 +690,7 @@ impl fuser::Filesystem for PfsFuse {
         };
         let target = target.as_os_str().as_bytes();
         let r = self.fs.symlink(InodeId(parent.0), name, target, req.uid(), req.gid());
+        self.dir_changed(parent, &r, 0);
         self.entry(reply, r);
     }
 
@@ -683,6 +720,9 @@ impl fuser::Filesystem for PfsFuse {
             newname,
             flags,
         );
+        // Link counts move when a directory moves: fetch both anew.
+        self.dir_attrs.forget(parent.0);
+        self.dir_attrs.forget(newparent.0);
         Self::empty(reply, r);
     }
 
@@ -698,7 +738,9 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.entry(reply, self.fs.link(InodeId(ino.0), InodeId(newparent.0), name));
+        let r = self.fs.link(InodeId(ino.0), InodeId(newparent.0), name);
+        self.dir_changed(newparent, &r, 0);
+        self.entry(reply, r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -1031,6 +1073,7 @@ impl fuser::Filesystem for PfsFuse {
         match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
             Ok((a, fh)) => {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
+                self.dir_attrs.changed(parent.0, 0);
                 self.opened(INodeNo(a.ino.0));
                 reply.created(
                     &self.ttl.entry,

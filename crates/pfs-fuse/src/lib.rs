@@ -2,6 +2,7 @@
 //!
 //! - [`adapter`]: [`PfsFuse`], the `fuser` file system that turns kernel requests
 //!   into [`pfs_client::FileSystem`] calls, with cache TTLs and invalidation.
+//! - [`dirattrs`]: directory attributes kept for the kernel's permission checks.
 //! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
 //!   FUSE ceiling benchmarks compare pfs against.
 //! - [`mount`](mod@mount): `-o` options, mounting, serving until unmount, signals.
@@ -10,6 +11,7 @@
 //! `mount -t fuse.pfs-fuse HOST:PORT /mnt/pfs -o key=...`.
 
 pub mod adapter;
+pub mod dirattrs;
 pub mod memfs;
 pub mod mount;
 

@@ -246,6 +246,7 @@ pub fn mount(
         .exit_when_unmounted(cfg.exit_when_unmounted)
         .writeback_cache(cfg.writeback_cache);
     let uring_stats = adapter.uring_stats.clone();
+    let dir_attrs = adapter.dir_attrs.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     match (cfg.uring, session.uring_stats()) {
@@ -269,9 +270,13 @@ pub fn mount(
         // ENOENT means the kernel holds nothing to drop: fine.
         let r = match inv {
             Invalidation::Entry { parent, name } => {
+                dir_attrs.forget(parent.0);
                 notifier.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name))
             }
-            Invalidation::Inode { ino } => notifier.inval_inode(INodeNo(ino.0), 0, 0),
+            Invalidation::Inode { ino } => {
+                dir_attrs.forget(ino.0);
+                notifier.inval_inode(INodeNo(ino.0), 0, 0)
+            }
         };
         if let Err(e) = r {
             log::debug!("kernel invalidation: {e}");

@@ -36,6 +36,7 @@ fn main() {
         ("hard_links", hard_links),
         ("bigdir_link_count_and_times", bigdir_link_count_and_times),
         ("io_layout_first_block_is_cut", io_layout_first_block_is_cut),
+        ("directory_attributes_follow_own_changes", directory_attributes_follow_own_changes),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -441,4 +442,35 @@ fn io_layout_first_block_is_cut(root: &Path) {
     let back = wait_for(Duration::from_secs(20), || free_bytes(root) + (64 << 10) >= free);
     assert!(back, "unlinked small io files leave {} bytes used", free - free_bytes(root));
     assert!(inodes_used(root) <= before);
+}
+
+/// The mount answers the kernel's `GETATTR` of a directory it just changed from
+/// the attributes it kept (`dirattrs.rs`): they must show its own chmod at once,
+/// keep the mode through creates and removes, and move the link count and times
+/// with each change, as the server's do.
+fn directory_attributes_follow_own_changes(root: &Path) {
+    let d = root.join("d");
+    fs::create_dir(&d).unwrap();
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o750)).unwrap();
+    assert_eq!(fs::metadata(&d).unwrap().mode() & 0o7777, 0o750, "chmod shows at once");
+    let mut last = fs::metadata(&d).unwrap();
+    for i in 0..10 {
+        fs::write(d.join(format!("f{i}")), b"x").unwrap();
+        fs::create_dir(d.join(format!("s{i}"))).unwrap();
+        let now = fs::metadata(&d).unwrap();
+        assert_eq!(now.mode() & 0o7777, 0o750);
+        assert_eq!(now.nlink(), 2 + i as u64 + 1, "a mkdir counts at once");
+        assert!((now.mtime(), now.mtime_nsec()) >= (last.mtime(), last.mtime_nsec()));
+        last = now;
+    }
+    for i in 0..10 {
+        fs::remove_file(d.join(format!("f{i}"))).unwrap();
+        fs::remove_dir(d.join(format!("s{i}"))).unwrap();
+    }
+    assert_eq!(fs::metadata(&d).unwrap().nlink(), 2);
+    // Past the attribute lifetime the server's own attributes agree.
+    std::thread::sleep(Duration::from_millis(1100));
+    let server = fs::metadata(&d).unwrap();
+    assert_eq!((server.nlink(), server.mode() & 0o7777), (2, 0o750));
+    fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
 }
