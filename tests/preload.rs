@@ -454,6 +454,11 @@ t('read write-only', lambda: os.read(os.open('e/file', os.O_WRONLY), 1))
 t('write read-only', lambda: os.write(os.open('e/file', os.O_RDONLY), b'x'))
 t('long name', lambda: os.open('e/' + 'n' * 300, os.O_CREAT | os.O_WRONLY))
 t('chdir file', lambda: os.chdir('e/file'))
+import fcntl
+fd = os.open('e/file', os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+print('getfl', oct(fcntl.fcntl(fd, fcntl.F_GETFL)), 'getfd', fcntl.fcntl(fd, fcntl.F_GETFD))
+fcntl.fcntl(fd, fcntl.F_SETFL, os.O_NONBLOCK)
+print('setfl', oct(fcntl.fcntl(fd, fcntl.F_GETFL)))
 "#;
 
 #[test]
@@ -472,8 +477,8 @@ fn errors_are_the_mounts() {
     assert!(lib.status.success());
     let (m, l) = (String::from_utf8_lossy(&mount.stdout), String::from_utf8_lossy(&lib.stdout));
     println!("mount:\n{m}");
-    assert_eq!(m.lines().count(), 26, "every case ran");
-    assert_eq!(l.lines().count(), 26, "every case ran through the library");
+    assert_eq!(m.lines().count(), 28, "every case ran");
+    assert_eq!(l.lines().count(), 28, "every case ran through the library");
     for (a, b) in m.lines().zip(l.lines()) {
         assert_eq!(b, a, "the library answers as the mount does");
     }

@@ -1578,6 +1578,24 @@ pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int
     }
 }
 
+/// What `F_GETFL` reports: the access mode and the file status flags.
+const GETFL_MASK: c_int = libc::O_ACCMODE
+    | libc::O_APPEND
+    | libc::O_ASYNC
+    | libc::O_DIRECT
+    | libc::O_DSYNC
+    | libc::O_SYNC
+    | libc::O_NOATIME
+    | libc::O_NONBLOCK
+    | libc::O_PATH;
+
+/// The kernel's `O_LARGEFILE`, which it sets on every file of a 64-bit process
+/// and `F_GETFL` shows (glibc's constant is 0 there).
+#[cfg(target_arch = "aarch64")]
+const KERNEL_O_LARGEFILE: c_int = 0o400000;
+#[cfg(not(target_arch = "aarch64"))]
+const KERNEL_O_LARGEFILE: c_int = 0o100000;
+
 /// Status flags `F_SETFL` may change (Linux's list).
 const SETFL_MASK: c_int =
     libc::O_APPEND | libc::O_NONBLOCK | libc::O_DIRECT | libc::O_NOATIME | libc::O_ASYNC;
@@ -1606,7 +1624,8 @@ unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, name: &'static str) -> 
             ret_int(with_busy(|| ops::duplicated(fd, newfd)))
         }
         libc::F_GETFL => match fds::get(fd) {
-            Some(f) => f.flags() | libc::O_LARGEFILE,
+            // The access mode and status flags, as the kernel reports them.
+            Some(f) => f.flags() & GETFL_MASK | KERNEL_O_LARGEFILE,
             None => ret_int(Err(libc::EBADF)),
         },
         libc::F_SETFL => match fds::get(fd) {

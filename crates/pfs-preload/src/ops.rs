@@ -123,17 +123,10 @@ fn classify_normalized(dirfd: i32, path: &[u8]) -> Target {
         return Target::Real;
     }
     if path[0] == b'/' {
-        let prefix = cfg.mount.prefix();
-        // The common case, a path elsewhere with nothing to normalize.
-        if !path.starts_with(prefix) && !path.windows(2).any(|w| w == b".." || w == b"//") {
-            return Target::Real;
-        }
-        let abs = normalize(b"/", path);
-        return match cfg.mount.inside(&abs) {
-            Some(_) => Target::Pfs(abs),
-            // `/pfs/..`: leaves the mount lexically, as the library resolves
-            // `..` (the mount point may not exist here).
-            None => CString::new(abs).map_or(Target::Real, Target::Elsewhere),
+        return match paths::classify_absolute(&cfg.mount, path) {
+            paths::Absolute::Outside => Target::Real,
+            paths::Absolute::Inside(abs) => Target::Pfs(abs),
+            paths::Absolute::Left(abs) => CString::new(abs).map_or(Target::Real, Target::Elsewhere),
         };
     }
     let base = if dirfd == libc::AT_FDCWD {

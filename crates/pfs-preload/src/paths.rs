@@ -50,6 +50,40 @@ impl Mount {
     }
 }
 
+/// Where an absolute path leads, for a mount.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Absolute {
+    /// Outside the mount: the kernel resolves it as written.
+    Outside,
+    /// Under the mount (normalized).
+    Inside(AbsPath),
+    /// It enters the mount and leaves it again through `..` (`/pfs/../etc`):
+    /// the normalized path, which the kernel gets instead, since the mount
+    /// point need not exist on this machine.
+    Left(AbsPath),
+}
+
+/// Classifies absolute `path` for `mount`.
+pub fn classify_absolute(mount: &Mount, path: &[u8]) -> Absolute {
+    // The common case: a path elsewhere with nothing to normalize.
+    if !path.starts_with(mount.prefix()) && !path.windows(2).any(|w| w == b".." || w == b"//") {
+        return Absolute::Outside;
+    }
+    let abs = normalize(b"/", path);
+    if mount.inside(&abs).is_some() {
+        return Absolute::Inside(abs);
+    }
+    // Did it enter the mount before its first `..`?
+    let first_up = path.split(|&b| b == b'/').position(|c| c == b"..");
+    let before: Vec<&[u8]> = path.split(|&b| b == b'/').take(first_up.unwrap_or(0)).collect();
+    let entered = normalize(b"/", &before.join(&b'/'));
+    if first_up.is_some() && mount.inside(&entered).is_some() {
+        Absolute::Left(abs)
+    } else {
+        Absolute::Outside
+    }
+}
+
 /// `path` made absolute against `cwd` (absolute) and normalized lexically: `.`
 /// and empty components dropped, `..` removes the component before it (`/..`
 /// is `/`). Symbolic links are not looked at here; pfs resolves those.
@@ -104,6 +138,21 @@ mod tests {
         assert_eq!(normalize(b"/a", b"/p//q/."), b"/p/q");
         assert_eq!(normalize(b"/", b".."), b"/");
         assert_eq!(normalize(b"/a", b""), b"/a");
+    }
+
+    #[test]
+    fn absolute_paths_are_pfs_ones_kernel_ones_or_leave_the_mount() {
+        let m = Mount::new(b"/pfs").unwrap();
+        assert_eq!(classify_absolute(&m, b"/etc/passwd"), Absolute::Outside);
+        assert_eq!(classify_absolute(&m, b"/pfs"), Absolute::Inside(b"/pfs".to_vec()));
+        assert_eq!(classify_absolute(&m, b"//pfs/./a//b"), Absolute::Inside(b"/pfs/a/b".to_vec()));
+        assert_eq!(classify_absolute(&m, b"/etc/../pfs/a"), Absolute::Inside(b"/pfs/a".to_vec()));
+        assert_eq!(classify_absolute(&m, b"/pfs/a/../../etc"), Absolute::Left(b"/etc".to_vec()));
+        assert_eq!(classify_absolute(&m, b"/pfs/.."), Absolute::Left(b"/".to_vec()));
+        // Outside the mount all along: the kernel reads `..` after symlinks.
+        assert_eq!(classify_absolute(&m, b"/pfsx/link/../f"), Absolute::Outside);
+        assert_eq!(classify_absolute(&m, b"/pfsx"), Absolute::Outside);
+        assert_eq!(classify_absolute(&m, b"/usr/lib/../bin"), Absolute::Outside);
     }
 
     #[test]
