@@ -64,14 +64,21 @@ impl Cluster {
         }
     }
 
-    /// `program args` with the library on `mount` (`PFS_MOUNT`).
-    fn run_on(&self, mount: &Path, program: &str, args: &[&str]) -> Output {
-        let out = Command::new(program)
-            .args(args)
-            .env("LD_PRELOAD", library())
+    /// `program` with the library pointed at this cluster on `mount`.
+    fn command(&self, mount: &Path, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("LD_PRELOAD", library())
             .env("PFS_MASTER", &self.master)
             .env("PFS_KEY", &self.key)
-            .env("PFS_MOUNT", mount)
+            .env("PFS_MOUNT", mount);
+        c
+    }
+
+    /// `program args` with the library on `mount` (`PFS_MOUNT`).
+    fn run_on(&self, mount: &Path, program: &str, args: &[&str]) -> Output {
+        let out = self
+            .command(mount, program)
+            .args(args)
             .output()
             .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
         println!("$ {program} {}", args.join(" "));
@@ -128,14 +135,7 @@ fn coreutils_reach_the_cluster_without_the_kernel() {
     let dd_out = format!("of={}", c.p("a/dd.bin"));
     c.run("dd", &[&dd_in, &dd_out, "bs=64k", "status=none"]);
     assert_eq!(std::fs::read(c.mnt.join("a/dd.bin")).unwrap(), data, "dd copied the file");
-    let cat = Command::new("cat")
-        .arg(c.p("a/dd.bin"))
-        .env("LD_PRELOAD", library())
-        .env("PFS_MASTER", &c.master)
-        .env("PFS_KEY", &c.key)
-        .env("PFS_MOUNT", &c.pfs)
-        .output()
-        .unwrap();
+    let cat = c.command(&c.pfs, "cat").arg(c.p("a/dd.bin")).output().unwrap();
     assert!(cat.status.success());
     assert_eq!(cat.stdout, data, "cat read the file");
     c.run("mv", &[&c.p("a/dd.bin"), &c.p("a/b/c/moved.bin")]);
@@ -157,19 +157,8 @@ fn coreutils_reach_the_cluster_without_the_kernel() {
         ["copy.bin", "link"]
     );
     // A process started inside the mount point works with relative paths.
-    let rel = Command::new("sh")
-        .args([
-            "-c",
-            "cd \"$1\" && mkdir rel && echo hi > rel/f && cat rel/f && pwd",
-            "sh",
-            &c.p("a"),
-        ])
-        .env("LD_PRELOAD", library())
-        .env("PFS_MASTER", &c.master)
-        .env("PFS_KEY", &c.key)
-        .env("PFS_MOUNT", &c.pfs)
-        .output()
-        .unwrap();
+    let script = "cd \"$1\" && mkdir rel && echo hi > rel/f && cat rel/f && pwd";
+    let rel = c.command(&c.pfs, "sh").args(["-c", script, "sh", &c.p("a")]).output().unwrap();
     let out = String::from_utf8_lossy(&rel.stdout);
     assert!(rel.status.success(), "{}", String::from_utf8_lossy(&rel.stderr));
     assert_eq!(out.lines().collect::<Vec<_>>(), ["hi", &c.p("a")]);

@@ -2588,18 +2588,26 @@ unsafe fn exec_env(
     out
 }
 
+/// Runs `call` with `envp` plus this process's hand-over entries.
+unsafe fn with_handover(
+    envp: *const *const c_char,
+    call: impl FnOnce(*const *const c_char) -> c_int,
+) -> c_int {
+    let mut keep = Vec::new();
+    // SAFETY: the caller's environment.
+    let env = unsafe { exec_env(envp, &mut keep) };
+    call(env.as_ptr())
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn execve(
     path: *const c_char,
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let mut keep = Vec::new();
-    // SAFETY: the caller's environment.
-    let env = unsafe { exec_env(envp, &mut keep) };
     let f = real!(execve: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's execve with the caller's arguments and the new environment.
-    unsafe { f(path, argv, env.as_ptr()) }
+    unsafe { with_handover(envp, |env| f(path, argv, env)) }
 }
 
 #[no_mangle]
@@ -2614,12 +2622,9 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let mut keep = Vec::new();
-    // SAFETY: the caller's environment.
-    let env = unsafe { exec_env(envp, &mut keep) };
     let f = real!(execvpe: fn(*const c_char, *const *const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's execvpe with the caller's arguments and the new environment.
-    unsafe { f(file, argv, env.as_ptr()) }
+    unsafe { with_handover(envp, |env| f(file, argv, env)) }
 }
 
 #[no_mangle]
@@ -2634,12 +2639,9 @@ pub unsafe extern "C" fn fexecve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    let mut keep = Vec::new();
-    // SAFETY: the caller's environment.
-    let env = unsafe { exec_env(envp, &mut keep) };
     let f = real!(fexecve: fn(c_int, *const *const c_char, *const *const c_char) -> c_int);
     // SAFETY: libc's fexecve with the caller's arguments and the new environment.
-    unsafe { f(fd, argv, env.as_ptr()) }
+    unsafe { with_handover(envp, |env| f(fd, argv, env)) }
 }
 
 /// `vfork` is `fork` here: a `vfork` child shares this library's memory with
@@ -2694,9 +2696,6 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let mut keep = Vec::new();
-    // SAFETY: the caller's environment.
-    let env = unsafe { exec_env(envp.cast(), &mut keep) };
     let f = real!(posix_spawn: fn(
         *mut libc::pid_t,
         *const c_char,
@@ -2706,7 +2705,7 @@ pub unsafe extern "C" fn posix_spawn(
         *const *mut c_char
     ) -> c_int);
     // SAFETY: libc's posix_spawn with the caller's arguments and the new environment.
-    unsafe { f(pid, path, actions, attr, argv, env.as_ptr().cast()) }
+    unsafe { with_handover(envp.cast(), |env| f(pid, path, actions, attr, argv, env.cast())) }
 }
 
 #[no_mangle]
@@ -2718,9 +2717,6 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    let mut keep = Vec::new();
-    // SAFETY: the caller's environment.
-    let env = unsafe { exec_env(envp.cast(), &mut keep) };
     let f = real!(posix_spawnp: fn(
         *mut libc::pid_t,
         *const c_char,
@@ -2730,5 +2726,5 @@ pub unsafe extern "C" fn posix_spawnp(
         *const *mut c_char
     ) -> c_int);
     // SAFETY: libc's posix_spawnp with the caller's arguments and the new environment.
-    unsafe { f(pid, file, actions, attr, argv, env.as_ptr().cast()) }
+    unsafe { with_handover(envp.cast(), |env| f(pid, file, actions, attr, argv, env.cast())) }
 }
