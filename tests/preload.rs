@@ -402,6 +402,43 @@ fn a_c_program_on_stdio_dirs_and_at_calls() {
     assert_eq!(std::fs::read_to_string(c.mnt.join("c/spawned.txt")).unwrap().trim(), "1001");
 }
 
+#[test]
+fn git_commits_through_the_library() {
+    let c = Cluster::start("git");
+    let src = c._dir.0.join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    for i in 0..20 {
+        std::fs::write(src.join(format!("sub/f{i}.txt")), format!("file {i}\n").repeat(i + 1))
+            .unwrap();
+    }
+    // mkstemp (the object files), rename, fsync, mmap of packs, utime: all
+    // through the library, from git's own calls.
+    let script = "set -e; cd \"$1\"; git init -q repo; cd repo; cp -r \"$2\" src; git add -A; \
+        git -c user.email=t@example.invalid -c user.name=t commit -qm first; \
+        echo more >> src/sub/f3.txt; git -c user.email=t@example.invalid -c user.name=t commit -qam second; \
+        git gc -q; git log --oneline | wc -l; git status --porcelain | wc -l";
+    let out = c.run("sh", &["-c", script, "sh", &c.pfs.to_string_lossy(), src.to_str().unwrap()]);
+    assert_eq!(out.split_whitespace().collect::<Vec<_>>(), ["2", "0"], "two commits, clean tree");
+    // The repository is sound seen through the mount, without the library.
+    let fsck = Command::new("git")
+        .arg("-C")
+        .arg(c.mnt.join("repo"))
+        .args(["fsck", "--strict"])
+        .output()
+        .unwrap();
+    assert!(fsck.status.success(), "git fsck: {}", String::from_utf8_lossy(&fsck.stderr));
+    let log = Command::new("git")
+        .arg("-C")
+        .arg(c.mnt.join("repo"))
+        .args(["log", "--format=%s"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&log.stdout).lines().collect::<Vec<_>>(),
+        ["second", "first"]
+    );
+}
+
 /// Runs a list of failing calls under `root` and prints `name errno` for each:
 /// the same script through the mount and through the library must print the
 /// same lines.

@@ -2728,3 +2728,215 @@ pub unsafe extern "C" fn posix_spawnp(
     // SAFETY: libc's posix_spawnp with the caller's arguments and the new environment.
     unsafe { with_handover(envp.cast(), |env| f(pid, file, actions, attr, argv, env.cast())) }
 }
+
+// ---------------------------------------------------------------------------
+// Temporary names: glibc's mkstemp family opens the file inside libc.
+
+/// A source of the random letters of temporary names (xorshift, seeded from the
+/// clock, the process id and a counter).
+fn random_letters(out: &mut [u8]) {
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    const LETTERS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let mut x = t.as_nanos() as u64
+        ^ (u64::from(std::process::id()) << 32)
+        ^ COUNTER.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    for b in out {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = LETTERS[(x % LETTERS.len() as u64) as usize];
+    }
+}
+
+/// Attempts at a fresh temporary name before `EEXIST` (glibc tries 62^3).
+const TEMP_ATTEMPTS: usize = 1000;
+
+/// The six `X`s of `template` (before `suffix` bytes), or `EINVAL`.
+unsafe fn temp_letters<'a>(template: *mut c_char, suffix: c_int) -> Res<&'a mut [u8]> {
+    if template.is_null() || suffix < 0 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's nul-terminated, writable template.
+    let len = unsafe { CStr::from_ptr(template) }.to_bytes().len();
+    let suffix = suffix as usize;
+    if len < 6 + suffix {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: as above; the six bytes before the suffix lie inside it.
+    let t =
+        unsafe { std::slice::from_raw_parts_mut(template.cast::<u8>().add(len - 6 - suffix), 6) };
+    if t != b"XXXXXX" {
+        return Err(libc::EINVAL);
+    }
+    Ok(t)
+}
+
+/// `mkostemps` on a pfs template: a new file, opened `O_RDWR` with `flags`.
+unsafe fn mkostemps_pfs(template: *mut c_char, suffix: c_int, flags: c_int) -> Res<c_int> {
+    // SAFETY: forwarded.
+    let letters = unsafe { temp_letters(template, suffix)? };
+    for _ in 0..TEMP_ATTEMPTS {
+        random_letters(letters);
+        // SAFETY: the template, now a name.
+        let Target::Pfs(abs) = (unsafe { target(libc::AT_FDCWD, template) }) else {
+            return Err(libc::EINVAL);
+        };
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | (flags & !libc::O_ACCMODE);
+        match with_busy(|| ops::open(abs, flags, 0o600)) {
+            Err(libc::EEXIST) => continue,
+            r => return r,
+        }
+    }
+    letters.copy_from_slice(b"XXXXXX");
+    Err(libc::EEXIST)
+}
+
+macro_rules! mkstemp_hooks {
+    ($($name:ident($($arg:ident: $ty:ty),*) => ($suffix:expr, $flags:expr);)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(template: *mut c_char $(, $arg: $ty)*) -> c_int {
+            // SAFETY: the caller's template.
+            if !matches!(unsafe { target(libc::AT_FDCWD, template) }, Target::Pfs(_)) {
+                let f = real!($name: fn(*mut c_char $(, $ty)*) -> c_int);
+                // SAFETY: libc's function with the caller's arguments.
+                return unsafe { f(template $(, $arg)*) };
+            }
+            // SAFETY: the caller's template.
+            ret_int(unsafe { mkostemps_pfs(template, $suffix, $flags) })
+        }
+    )*};
+}
+
+mkstemp_hooks! {
+    mkstemp() => (0, 0);
+    mkstemp64() => (0, 0);
+    mkstemps(suffix: c_int) => (suffix, 0);
+    mkstemps64(suffix: c_int) => (suffix, 0);
+    mkostemp(flags: c_int) => (0, flags);
+    mkostemp64(flags: c_int) => (0, flags);
+    mkostemps(suffix: c_int, flags: c_int) => (suffix, flags);
+    mkostemps64(suffix: c_int, flags: c_int) => (suffix, flags);
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mkdtemp(template: *mut c_char) -> *mut c_char {
+    // SAFETY: the caller's template.
+    if !matches!(unsafe { target(libc::AT_FDCWD, template) }, Target::Pfs(_)) {
+        // SAFETY: libc's mkdtemp.
+        return unsafe { real!(mkdtemp: fn(*mut c_char) -> *mut c_char)(template) };
+    }
+    let made = || -> Res<()> {
+        // SAFETY: the caller's template.
+        let letters = unsafe { temp_letters(template, 0)? };
+        for _ in 0..TEMP_ATTEMPTS {
+            random_letters(letters);
+            // SAFETY: the template, now a name.
+            let Target::Pfs(abs) = (unsafe { target(libc::AT_FDCWD, template) }) else {
+                return Err(libc::EINVAL);
+            };
+            match with_busy(|| ops::mkdir(&abs, 0o700)) {
+                Err(libc::EEXIST) => continue,
+                r => return r,
+            }
+        }
+        letters.copy_from_slice(b"XXXXXX");
+        Err(libc::EEXIST)
+    };
+    match made() {
+        Ok(()) => template,
+        Err(e) => {
+            set_errno(e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The older time-setting calls.
+
+/// Times from a `struct timeval[2]` (null: both now).
+unsafe fn timeval_set(tv: *const libc::timeval) -> Res<SetAttr> {
+    if tv.is_null() {
+        // SAFETY: null is "now" for times_set too.
+        return unsafe { times_set(std::ptr::null()) };
+    }
+    // SAFETY: the caller passes two timevals.
+    let (a, m) = unsafe { (&*tv, &*tv.add(1)) };
+    let ns = |t: &libc::timeval| -> Res<i64> {
+        if !(0..1_000_000).contains(&t.tv_usec) {
+            return Err(libc::EINVAL);
+        }
+        Ok(t.tv_sec * 1_000_000_000 + t.tv_usec * 1_000)
+    };
+    Ok(SetAttr { atime_ns: Some(ns(a)?), mtime_ns: Some(ns(m)?), ..SetAttr::default() })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: the caller's times.
+    let set = unsafe { timeval_set(tv) };
+    by_path!(
+        libc::AT_FDCWD,
+        path,
+        |abs| ret_unit(set.and_then(|s| ops::setattr_path(&abs, true, &s))),
+        |p| {
+            // SAFETY: libc's utimes.
+            unsafe { real!(utimes: fn(*const c_char, *const libc::timeval) -> c_int)(p, tv) }
+        }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lutimes(path: *const c_char, tv: *const libc::timeval) -> c_int {
+    // SAFETY: the caller's times.
+    let set = unsafe { timeval_set(tv) };
+    by_path!(
+        libc::AT_FDCWD,
+        path,
+        |abs| ret_unit(set.and_then(|s| ops::setattr_path(&abs, false, &s))),
+        |p| {
+            // SAFETY: libc's lutimes.
+            unsafe { real!(lutimes: fn(*const c_char, *const libc::timeval) -> c_int)(p, tv) }
+        }
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn futimes(fd: c_int, tv: *const libc::timeval) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's futimes.
+        return unsafe { real!(futimes: fn(c_int, *const libc::timeval) -> c_int)(fd, tv) };
+    }
+    // SAFETY: the caller's times.
+    match unsafe { timeval_set(tv) } {
+        Ok(set) => setattr_fd(fd, set),
+        Err(e) => ret_unit(Err(e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf) -> c_int {
+    let set = if times.is_null() {
+        // SAFETY: null is "now".
+        unsafe { times_set(std::ptr::null()) }
+    } else {
+        // SAFETY: the caller's utimbuf.
+        let t = unsafe { &*times };
+        Ok(SetAttr {
+            atime_ns: Some(t.actime * 1_000_000_000),
+            mtime_ns: Some(t.modtime * 1_000_000_000),
+            ..SetAttr::default()
+        })
+    };
+    by_path!(
+        libc::AT_FDCWD,
+        path,
+        |abs| ret_unit(set.and_then(|s| ops::setattr_path(&abs, true, &s))),
+        |p| {
+            // SAFETY: libc's utime.
+            unsafe { real!(utime: fn(*const c_char, *const libc::utimbuf) -> c_int)(p, times) }
+        }
+    )
+}
