@@ -332,6 +332,7 @@ const C_PROGRAM: &str = r#"
 #include <unistd.h>
 extern char **environ;
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "failed at line %d: %s\n", __LINE__, #c); exit(1); } } while (0)
+static int no_dots(const struct dirent *e) { return e->d_name[0] != '.'; }
 int main(int argc, char **argv) {
     char p[4096];
     CHECK(chdir(argv[1]) == 0);
@@ -364,6 +365,14 @@ int main(int argc, char **argv) {
     struct dirent *e;
     while ((e = readdir(d)) != NULL) n++;
     CHECK(n == 3 && closedir(d) == 0);
+    struct dirent **list;
+    n = scandir("sub", &list, NULL, alphasort);
+    CHECK(n == 3 && strcmp(list[0]->d_name, ".") == 0 && strcmp(list[2]->d_name, "y") == 0);
+    for (int i = 0; i < n; i++) free(list[i]);
+    free(list);
+    CHECK(scandir("sub", &list, no_dots, alphasort) == 1 && strcmp(list[0]->d_name, "y") == 0);
+    free(list[0]);
+    free(list);
     struct statvfs vfs;
     CHECK(statvfs(".", &vfs) == 0 && vfs.f_blocks > 0);
     CHECK(getcwd(p, sizeof p) != NULL && strcmp(p, argv[1]) == 0);

@@ -2940,3 +2940,108 @@ pub unsafe extern "C" fn utime(path: *const c_char, times: *const libc::utimbuf)
         }
     )
 }
+
+// ---------------------------------------------------------------------------
+// scandir: glibc opens and reads the directory inside itself.
+
+type ScanFilter = Option<unsafe extern "C" fn(*const libc::dirent64) -> c_int>;
+type ScanCompare =
+    Option<unsafe extern "C" fn(*mut *const libc::dirent64, *mut *const libc::dirent64) -> c_int>;
+
+/// `scandir` of pfs directory `abs`: every entry `filter` keeps, copied into
+/// `malloc`ed memory the caller frees, sorted with `compare`.
+unsafe fn scandir_pfs(
+    abs: Vec<u8>,
+    list: *mut *mut *mut libc::dirent64,
+    filter: ScanFilter,
+    compare: ScanCompare,
+) -> Res<c_int> {
+    if list.is_null() {
+        return Err(libc::EFAULT);
+    }
+    let fd = with_busy(|| ops::opendir(abs))?;
+    let d = new_dir(fd);
+    let mut kept: Vec<*mut libc::dirent64> = Vec::new();
+    let mut failed = None;
+    loop {
+        // SAFETY: a stream made above; each entry is copied before the next read.
+        let e = unsafe { readdir64(d) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: the caller's filter on a live entry.
+        if filter.is_some_and(|f| unsafe { f(e) } == 0) {
+            continue;
+        }
+        let size = std::mem::size_of::<libc::dirent64>();
+        // SAFETY: a fresh allocation of one entry, filled from the live one.
+        let copy = unsafe { libc::malloc(size) }.cast::<libc::dirent64>();
+        if copy.is_null() {
+            failed = Some(libc::ENOMEM);
+            break;
+        }
+        // SAFETY: both point at whole entries.
+        unsafe { std::ptr::copy_nonoverlapping(e, copy, 1) };
+        kept.push(copy);
+    }
+    // SAFETY: the stream made above.
+    unsafe { closedir(d) };
+    // SAFETY: an array the caller frees with free(3).
+    let array =
+        unsafe { libc::malloc(kept.len().max(1) * std::mem::size_of::<*mut libc::dirent64>()) }
+            .cast::<*mut libc::dirent64>();
+    if failed.is_some() || array.is_null() {
+        for p in kept {
+            // SAFETY: allocated above.
+            unsafe { libc::free(p.cast()) };
+        }
+        if !array.is_null() {
+            // SAFETY: allocated above.
+            unsafe { libc::free(array.cast()) };
+        }
+        return Err(failed.unwrap_or(libc::ENOMEM));
+    }
+    // SAFETY: `array` holds `kept.len()` pointers.
+    unsafe { std::ptr::copy_nonoverlapping(kept.as_ptr(), array, kept.len()) };
+    if let Some(cmp) = compare {
+        // SAFETY: the caller's comparison, called as qsort does, on the array.
+        let entries = unsafe { std::slice::from_raw_parts_mut(array, kept.len()) };
+        entries.sort_by(|a, b| {
+            let (mut x, mut y) = (a.cast_const(), b.cast_const());
+            // SAFETY: as above.
+            unsafe { cmp(&mut x, &mut y) }.cmp(&0)
+        });
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *list = array };
+    Ok(kept.len() as c_int)
+}
+
+macro_rules! scandir_hooks {
+    ($($name:ident),*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            path: *const c_char,
+            list: *mut *mut *mut libc::dirent64,
+            filter: ScanFilter,
+            compare: ScanCompare,
+        ) -> c_int {
+            // SAFETY: the caller's path.
+            match unsafe { target(libc::AT_FDCWD, path) } {
+                // SAFETY: the caller's arguments.
+                Target::Pfs(abs) => ret_int(unsafe { scandir_pfs(abs, list, filter, compare) }),
+                t => {
+                    let p = match &t {
+                        Target::Elsewhere(c) => c.as_ptr(),
+                        _ => path,
+                    };
+                    let f = real!($name: fn(*const c_char, *mut *mut *mut libc::dirent64, ScanFilter, ScanCompare) -> c_int);
+                    // SAFETY: libc's function with the caller's arguments.
+                    unsafe { f(p, list, filter, compare) }
+                }
+            }
+        }
+    )*};
+}
+
+scandir_hooks!(scandir, scandir64);
