@@ -381,6 +381,8 @@ int main(int argc, char **argv) {
     CHECK(posix_spawnp(&pid, "sh", NULL, NULL, sh, environ) == 0);
     int status;
     CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(system("wc -l < stdio.txt > system.txt") == 0);
+    CHECK(system("exit 3") == 3 << 8);
     CHECK(freopen("out.txt", "w", stdout) != NULL);
     printf("through freopen %d\n", 42);
     fflush(stdout);
@@ -409,6 +411,8 @@ fn a_c_program_on_stdio_dirs_and_at_calls() {
     assert_eq!(std::fs::read_to_string(c.mnt.join("c/out.txt")).unwrap(), "through freopen 42\n");
     // posix_spawnp handed the pfs working directory to the shell.
     assert_eq!(std::fs::read_to_string(c.mnt.join("c/spawned.txt")).unwrap().trim(), "1001");
+    // And so did system(3).
+    assert_eq!(std::fs::read_to_string(c.mnt.join("c/system.txt")).unwrap().trim(), "1001");
 }
 
 #[test]

@@ -3045,3 +3045,81 @@ macro_rules! scandir_hooks {
 }
 
 scandir_hooks!(scandir, scandir64);
+
+// ---------------------------------------------------------------------------
+// system: glibc spawns its shell inside itself.
+
+/// `system(3)` when this process has pfs state to hand over (a pfs working
+/// directory, inherited pfs descriptors): the shell is spawned through
+/// `posix_spawn` with the hand-over environment, with `system`'s signal rules
+/// (SIGINT and SIGQUIT ignored and SIGCHLD blocked while it waits; the child
+/// gets their defaults and the caller's mask). Otherwise libc's own.
+#[no_mangle]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    let real_system = || {
+        // SAFETY: libc's system.
+        unsafe { real!(system: fn(*const c_char) -> c_int)(command) }
+    };
+    if command.is_null() || busy() || client::config().is_none() {
+        return real_system();
+    }
+    let pfs_state = ops::virtual_cwd().is_some() || !fds::entries().is_empty();
+    if !pfs_state {
+        return real_system();
+    }
+    // SAFETY: plain signal and spawn calls on local, initialised structures;
+    // the argument strings live until the spawn returns.
+    unsafe {
+        let mut ign: libc::sigaction = std::mem::zeroed();
+        ign.sa_sigaction = libc::SIG_IGN;
+        let (mut old_int, mut old_quit): (libc::sigaction, libc::sigaction) = std::mem::zeroed();
+        libc::sigaction(libc::SIGINT, &ign, &mut old_int);
+        libc::sigaction(libc::SIGQUIT, &ign, &mut old_quit);
+        let (mut block, mut old_mask): (libc::sigset_t, libc::sigset_t) = std::mem::zeroed();
+        libc::sigemptyset(&mut block);
+        libc::sigaddset(&mut block, libc::SIGCHLD);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old_mask);
+
+        let mut attr: libc::posix_spawnattr_t = std::mem::zeroed();
+        libc::posix_spawnattr_init(&mut attr);
+        let mut defaults: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut defaults);
+        libc::sigaddset(&mut defaults, libc::SIGINT);
+        libc::sigaddset(&mut defaults, libc::SIGQUIT);
+        libc::posix_spawnattr_setsigdefault(&mut attr, &defaults);
+        libc::posix_spawnattr_setsigmask(&mut attr, &old_mask);
+        libc::posix_spawnattr_setflags(
+            &mut attr,
+            (libc::POSIX_SPAWN_SETSIGDEF | libc::POSIX_SPAWN_SETSIGMASK) as libc::c_short,
+        );
+        let argv = [c"sh".as_ptr(), c"-c".as_ptr(), command, std::ptr::null()];
+        let mut pid: libc::pid_t = 0;
+        let spawned = posix_spawn(
+            &mut pid,
+            c"/bin/sh".as_ptr(),
+            std::ptr::null(),
+            &attr,
+            argv.as_ptr().cast(),
+            environ.cast(),
+        );
+        libc::posix_spawnattr_destroy(&mut attr);
+        let status = if spawned != 0 {
+            // What system returns when no shell could run.
+            127 << 8
+        } else {
+            let mut st = 0;
+            loop {
+                if libc::waitpid(pid, &mut st, 0) >= 0 {
+                    break st;
+                }
+                if ops::last_errno() != libc::EINTR {
+                    break -1;
+                }
+            }
+        };
+        libc::sigaction(libc::SIGINT, &old_int, std::ptr::null_mut());
+        libc::sigaction(libc::SIGQUIT, &old_quit, std::ptr::null_mut());
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old_mask, std::ptr::null_mut());
+        status
+    }
+}
