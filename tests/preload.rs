@@ -270,6 +270,11 @@ if pid == 0:
 assert os.waitpid(pid, 0)[1] == 0
 os.pwrite(fd, b'parent2', 14)
 os.close(fd)
+fd = os.open('vec', os.O_CREAT | os.O_RDWR, 0o644)
+assert os.writev(fd, [b'ab', b'', b'cde']) == 5 and os.pwritev(fd, [b'XY'], 1) == 2
+bufs = [bytearray(1), bytearray(3), bytearray(4)]
+assert os.preadv(fd, bufs, 0) == 5 and bytes(bufs[0] + bufs[1] + bufs[2][:1]) == b'aXYde'
+os.close(fd)
 import subprocess
 # posix_spawn (close_fds=False) and fork + exec (the default) both hand the pfs
 # working directory to the child.

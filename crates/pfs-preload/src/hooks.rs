@@ -439,6 +439,10 @@ fn iovecs<'a>(iov: *const libc::iovec, cnt: c_int) -> Res<&'a [libc::iovec]> {
     Ok(unsafe { std::slice::from_raw_parts(iov, cnt as usize) })
 }
 
+/// Bytes one vectored call moves at most through its bounce buffer; more is a
+/// short transfer, as `readv`/`writev` allow (the program calls again).
+const VECTORED_MAX: usize = 16 << 20;
+
 /// A vectored read into one buffer, then scattered: `read_into` fills the
 /// buffer and says how much.
 fn readv_with(
@@ -447,7 +451,7 @@ fn readv_with(
     read_into: impl FnOnce(&mut [u8]) -> Res<usize>,
 ) -> Res<usize> {
     let v = iovecs(iov, cnt)?;
-    let total: usize = v.iter().map(|x| x.iov_len).sum();
+    let total = v.iter().fold(0usize, |t, x| t.saturating_add(x.iov_len)).min(VECTORED_MAX);
     let mut buf = vec![0u8; total];
     let n = read_into(&mut buf)?;
     let mut at = 0;
@@ -462,11 +466,17 @@ fn readv_with(
     Ok(n)
 }
 
+/// The bytes of a vectored write, in order (at most [`VECTORED_MAX`]).
 fn gather(iov: *const libc::iovec, cnt: c_int) -> Res<Vec<u8>> {
     let v = iovecs(iov, cnt)?;
-    let mut buf = Vec::with_capacity(v.iter().map(|x| x.iov_len).sum());
+    let total = v.iter().fold(0usize, |t, x| t.saturating_add(x.iov_len)).min(VECTORED_MAX);
+    let mut buf = Vec::with_capacity(total);
     for x in v {
-        buf.extend_from_slice(slice(x.iov_base, x.iov_len));
+        let take = x.iov_len.min(total - buf.len());
+        buf.extend_from_slice(slice(x.iov_base, take));
+        if buf.len() == total {
+            break;
+        }
     }
     Ok(buf)
 }
@@ -561,6 +571,8 @@ macro_rules! positioned_vec2 {
 
 positioned_vec2!(preadv2, preadv_pfs, readv);
 positioned_vec2!(pwritev2, pwritev_pfs, writev);
+positioned_vec2!(preadv64v2, preadv_pfs, readv);
+positioned_vec2!(pwritev64v2, pwritev_pfs, writev);
 
 #[no_mangle]
 pub unsafe extern "C" fn lseek(fd: c_int, off: off_t, whence: c_int) -> off_t {
