@@ -242,6 +242,14 @@ impl Exerciser {
                 for h in &self.history {
                     eprintln!("  {h}");
                 }
+                // A write the file system acknowledged before it ran reports
+                // its error at the next fsync: say what that is.
+                for (name, f) in [("own file", &self.file), ("shared file", &self.shared)] {
+                    match f.sync_all() {
+                        Ok(()) => eprintln!("fsync of the {name} after the mismatch: ok"),
+                        Err(e) => eprintln!("fsync of the {name} after the mismatch: {e}"),
+                    }
+                }
                 eprintln!(
                     "replay: pfs fsx DIR --seed {} --procs {} --ops {}",
                     self.seed, self.procs, self.ops

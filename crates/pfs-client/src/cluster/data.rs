@@ -23,6 +23,9 @@ impl Cluster {
             match result {
                 Ok((_, boot)) => self.note_unsynced(&[ino], p.server as u32, p.worker, boot),
                 Err(e) => {
+                    // Acknowledged to the caller already: the error waits for its
+                    // next write, flush, fsync or close, and the log says so now.
+                    log::warn!("a write to inode {ino} failed: {e} (reported at the next call)");
                     state.first_error.get_or_insert(e);
                 }
             }
