@@ -21,4 +21,4 @@ pub mod dcache;
 pub mod unsynced;
 
 pub use api::{DirListing, FileSystem, Invalidation, Invalidator};
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::{Cluster, ClusterOptions, LookupHook};

@@ -240,6 +240,61 @@ fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Another client's rename that falls between a lookup's reply and the caching
+/// of its name (made to fall there by the lookup hook) never leaves the old
+/// name cached: neither when the lookup ran before this client held a read
+/// token (no invalidation was owed to it), nor when it held one.
+#[test]
+fn a_rename_inside_a_lookup_never_leaves_the_old_name_cached() {
+    use std::sync::{Arc, Mutex};
+
+    let dir = test_dir("tokens-race");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let long_ttl = |k: &pfs_net::ClusterKey| {
+        let mut o = pfs_client::ClusterOptions::new(master.addr(), k.clone());
+        o.dentry_ttl = Duration::from_secs(600);
+        pfs_client::Cluster::connect(o).unwrap()
+    };
+    let a = long_ttl(&key);
+    let b = Arc::new(long_ttl(&key));
+    b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    // The next lookup of `name` by A: B renames it to `to` right after the reply.
+    type Rename = (&'static [u8], &'static [u8]);
+    let planned: Arc<Mutex<Option<Rename>>> = Arc::new(Mutex::new(None));
+    let (p, bb) = (planned.clone(), b.clone());
+    a.set_lookup_hook(Box::new(move |parent, name| {
+        let step = p.lock().unwrap().take_if(|(from, _)| *from == name);
+        if let Some((from, to)) = step {
+            bb.rename(parent, from, parent, to, RenameFlags::empty()).unwrap();
+        }
+    }));
+
+    // A holds no token on the root yet: B's rename owes it no invalidation.
+    *planned.lock().unwrap() = Some((b"d", b"e"));
+    assert!(a.lookup(InodeId::ROOT, b"d").is_ok(), "the answer from before the rename");
+    assert!(planned.lock().unwrap().is_none(), "the hook ran");
+    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap_err(), FsError::NotFound);
+
+    // A holds a token now (taken above): B's rename revokes it mid-lookup.
+    *planned.lock().unwrap() = Some((b"e", b"f"));
+    assert!(a.lookup(InodeId::ROOT, b"e").is_ok());
+    assert!(planned.lock().unwrap().is_none(), "the hook ran");
+    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap_err(), FsError::NotFound);
+
+    // Undisturbed, a name is cached and the next lookup is a hit.
+    let f = a.lookup(InodeId::ROOT, b"f").unwrap();
+    let (hits, _) = a.dentry_cache_stats();
+    assert_eq!(a.lookup(InodeId::ROOT, b"f").unwrap().ino, f.ino);
+    assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
+    drop((a, b));
+    server.stop().unwrap();
+    master.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn rmdir_of_a_bigdir_checks_every_shard_while_creates_go_on() {
     let dir = test_dir("rmdir-big");

@@ -4,7 +4,7 @@
 //! servers send when another client takes a write token.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,17 @@ pub(crate) struct Caches {
     read_tokens: Mutex<HashMap<InodeId, Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
     layouts: Mutex<HashMap<InodeId, InodeLayout>>,
+    /// Revocations applied so far, of any directory.
+    revocations: AtomicU64,
+    /// Held while invalidations are taken off the connections and applied, so
+    /// one who checks `revocations` under it sees all or none of a batch.
+    applying: Mutex<()>,
+    /// Test seam: runs after each lookup reply, before its name may be cached.
+    lookup_hook: Mutex<Option<LookupHook>>,
 }
+
+/// What [`Cluster::set_lookup_hook`] installs.
+pub type LookupHook = Box<dyn Fn(InodeId, &[u8]) + Send + Sync>;
 
 impl Caches {
     /// Empty caches holding at most `dentries` directory names.
@@ -41,7 +51,27 @@ impl Caches {
             read_tokens: Mutex::new(HashMap::new()),
             invalidator: Mutex::new(None),
             layouts: Mutex::new(HashMap::new()),
+            revocations: AtomicU64::new(0),
+            applying: Mutex::new(()),
+            lookup_hook: Mutex::new(None),
         }
+    }
+
+    /// Revocations applied so far (a mark for [`Cluster::unrevoked_since`]).
+    pub fn revocations(&self) -> u64 {
+        self.revocations.load(Ordering::Acquire)
+    }
+
+    /// Takes the invalidations that arrived on `conns` and applies them;
+    /// returns the revocations applied so far, counted with them.
+    pub fn apply_invalidations(&self, conns: &[Conn]) -> u64 {
+        let _applying = self.applying.lock().expect("invalidation lock");
+        for c in conns {
+            for dir in c.take_invalidations() {
+                self.revoke(dir);
+            }
+        }
+        self.revocations()
     }
 
     /// Where invalidations go (the kernel, for a FUSE mount).
@@ -51,6 +81,7 @@ impl Caches {
 
     /// A server revoked the read token on `dir`: drop what it covered.
     pub fn revoke(&self, dir: InodeId) {
+        self.revocations.fetch_add(1, Ordering::AcqRel);
         self.read_tokens.lock().expect("token lock").remove(&dir);
         let names = self.dcache.lock().expect("dcache lock").take_dir(dir);
         if let Some(inv) = self.invalidator.lock().expect("invalidator lock").as_ref() {
@@ -98,11 +129,7 @@ impl Caches {
 /// The notification thread: applies the servers' invalidations until `stop`.
 pub(crate) fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
-        for c in conns.iter() {
-            for dir in c.take_invalidations() {
-                caches.revoke(dir);
-            }
-        }
+        let _ = caches.apply_invalidations(&conns);
         std::thread::sleep(NOTIFY_POLL);
     }
 }
@@ -154,6 +181,28 @@ impl Cluster {
         let exp = now + Duration::from_millis(u64::from(grant.lease_ms));
         self.caches.hold_read_token(dir, exp, now);
         Ok(Some(exp))
+    }
+
+    /// Whether no read token was revoked since `mark` (from
+    /// [`Caches::revocations`]), counting every invalidation that arrived on a
+    /// connection before the replies already taken from it: a server sends a
+    /// revocation before it lets the change happen, so a reply that saw the
+    /// change comes after it on the connection.
+    pub(crate) fn unrevoked_since(&self, mark: u64) -> bool {
+        self.caches.apply_invalidations(&self.conns) == mark
+    }
+
+    /// Runs `hook` after each lookup reply, before the name it found may be
+    /// cached: a test seam, to make another client's change fall exactly there.
+    pub fn set_lookup_hook(&self, hook: LookupHook) {
+        *self.caches.lookup_hook.lock().expect("lookup hook lock") = Some(hook);
+    }
+
+    /// Runs the lookup hook, if one is set.
+    pub(crate) fn after_lookup(&self, parent: InodeId, name: &[u8]) {
+        if let Some(hook) = self.caches.lookup_hook.lock().expect("lookup hook lock").as_ref() {
+            hook(parent, name);
+        }
     }
 
     /// Takes the write token on `dir`, which makes the server tell every other

@@ -44,6 +44,7 @@ use crate::api::{DirListing, FileSystem, Invalidator};
 use crate::conn::{rpc_options, Conn, Sent};
 use crate::dcache::CachedDir;
 use crate::unsynced::Unsynced;
+pub use caches::LookupHook;
 use caches::{notification_loop, Caches};
 use files::OpenFiles;
 use placement::Placement;
@@ -501,6 +502,52 @@ impl Cluster {
         self.reap_touches(&mut touches, true);
     }
 
+    /// Caches directory `attr`, found as `name` in `parent`, under a read token
+    /// on `parent` (only names of directories are cached). A reply counts only
+    /// if the token covered its lookup from before it was sent and no token was
+    /// revoked since `mark`: a lookup answered before the token was taken may
+    /// predate a whole write-token cycle of another client, which never told
+    /// this one (it held nothing then). Such a name is looked up once more,
+    /// under the token.
+    fn cache_dir_name(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        mut attr: FileAttr,
+        covered: bool,
+        mut mark: u64,
+    ) -> FsResult<()> {
+        if !covered {
+            // Marked before the token is taken: a revocation of the new token
+            // that arrives before the second lookup is sent is counted too.
+            mark = self.caches.revocations();
+        }
+        let Some(expires) = self.read_token(parent)? else { return Ok(()) };
+        if !covered {
+            let key = self.dentry_key(parent, name)?;
+            attr = match self.call(key, Request::Lookup { parent, name: name.to_vec() }) {
+                Ok(reply) => match self.entry_attr(reply) {
+                    Ok(a) if a.kind == FileType::Directory => a,
+                    // Changed since the first answer: nothing to cache.
+                    _ => return Ok(()),
+                },
+                Err(_) => return Ok(()),
+            };
+        }
+        if !self.unrevoked_since(mark) {
+            return Ok(());
+        }
+        let layout = self.layout_of(attr.ino)?.dir;
+        let until = expires.min(Instant::now() + self.opts.dentry_ttl);
+        self.caches.dcache.lock().expect("dcache lock").insert(
+            parent,
+            name,
+            CachedDir { attr, layout },
+            until,
+        );
+        Ok(())
+    }
+
     /// Refuses (`EINVAL`) to move directory `dir` under `under` when `under` is
     /// `dir` or inside it: that would make a cycle the tree cannot reach. The
     /// shards see only their own part of the path, so the client walks the
@@ -538,6 +585,10 @@ impl FileSystem for Cluster {
                 return Ok(d.attr);
             }
         }
+        // Whether a read token covered the lookup from before it was sent (the
+        // mark first: a revocation between the two is counted).
+        let mark = self.caches.revocations();
+        let covered = caching && self.caches.read_token(parent, Instant::now()).is_some();
         let key = self.dentry_key(parent, name)?;
         let reply = self.call(key, Request::Lookup { parent, name: name.to_vec() })?;
         let mut attr = self.entry_attr(reply)?;
@@ -545,17 +596,8 @@ impl FileSystem for Cluster {
             attr = self.getattr(attr.ino)?;
         }
         if caching && attr.kind == FileType::Directory {
-            // Only names of directories are cached, and only under a read token.
-            if let Some(expires) = self.read_token(parent)? {
-                let layout = self.layout_of(attr.ino)?.dir;
-                let until = expires.min(Instant::now() + self.opts.dentry_ttl);
-                self.caches.dcache.lock().expect("dcache lock").insert(
-                    parent,
-                    name,
-                    CachedDir { attr, layout },
-                    until,
-                );
-            }
+            self.after_lookup(parent, name);
+            self.cache_dir_name(parent, name, attr, covered, mark)?;
         }
         Ok(attr)
     }
