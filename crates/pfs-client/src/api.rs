@@ -19,6 +19,10 @@ pub struct DirListing {
     pub ino: InodeId,
     /// The child's type.
     pub kind: FileType,
+    /// The child's attributes, from a listing asked for with them
+    /// ([`FileSystem::readdir_plus`]) when the server had them at hand (its inode
+    /// lives with the name); `None` otherwise.
+    pub attr: Option<FileAttr>,
 }
 
 /// Something another client changed that a kernel cache must drop.
@@ -114,6 +118,18 @@ pub trait FileSystem: Send + Sync + 'static {
     /// Up to `max` entries of `dir` after name `after` (from the start if `None`),
     /// in a stable order; an empty result means the end.
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>>;
+    /// [`readdir`](Self::readdir) with each child's attributes where the server
+    /// has them at hand, in the same request. The attributes are the server's: a
+    /// caller that has written to one of the files through this client looks it
+    /// up instead (a lookup counts this client's writes in the size).
+    fn readdir_plus(
+        &self,
+        dir: InodeId,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> FsResult<Vec<DirListing>> {
+        self.readdir(dir, after, max)
+    }
     /// Opens `ino` with `open(2)` flags.
     fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle>;
     /// Reads up to `size` bytes at `offset` (short at end of file).

@@ -140,12 +140,14 @@ struct DirStream {
 }
 
 impl DirStream {
-    /// The entry at listing index `i`, fetching as needed; `None` past the end.
+    /// The entry at listing index `i`, fetching as needed (with the children's
+    /// attributes when `plus`); `None` past the end.
     fn entry(
         &mut self,
         fs: &dyn FileSystem,
         dir: InodeId,
         i: u64,
+        plus: bool,
     ) -> Result<Option<DirListing>, FsError> {
         if i < self.base {
             *self = DirStream::default();
@@ -165,7 +167,11 @@ impl DirStream {
             if self.eof {
                 return Ok(None);
             }
-            let batch = fs.readdir(dir, self.last.as_deref(), READDIR_BATCH)?;
+            let batch = if plus {
+                fs.readdir_plus(dir, self.last.as_deref(), READDIR_BATCH)?
+            } else {
+                fs.readdir(dir, self.last.as_deref(), READDIR_BATCH)?
+            };
             match batch.last() {
                 None => self.eof = true,
                 Some(last) => self.last = Some(last.name.clone()),
@@ -187,6 +193,8 @@ pub struct PfsFuse {
     gate: RwLock<()>,
     exit_when_unmounted: bool,
     writeback_cache: bool,
+    /// Ask for `readdirplus` on every directory read, not the kernel's guess.
+    readdirplus_always: bool,
     /// The io_uring counters, once the session has them (logged at unmount).
     pub(crate) uring_stats: Arc<OnceLock<Arc<fuser::UringStats>>>,
     /// Directory attributes for the kernel's permission checks (see
@@ -241,9 +249,21 @@ impl PfsFuse {
             gate: RwLock::new(()),
             exit_when_unmounted: false,
             writeback_cache: false,
+            readdirplus_always: true,
             uring_stats: Arc::new(OnceLock::new()),
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
         }
+    }
+
+    /// Every directory read with the children's attributes (`true`, the
+    /// default: one request for a batch of names instead of a `LOOKUP` for each
+    /// that is then used, as `rm -r`, `ls -l`, `find`, `du` and `tar` do), or only
+    /// when the kernel guesses they will be used (`FUSE_READDIRPLUS_AUTO`: a
+    /// plain listing of a large directory whose inodes are not cached costs
+    /// less).
+    pub fn readdirplus_always(mut self, yes: bool) -> PfsFuse {
+        self.readdirplus_always = yes;
+        self
     }
 
     /// Asks the kernel for its writeback cache: writes gather in the page cache
@@ -291,6 +311,11 @@ impl PfsFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// Whether this mount has `ino` open.
+    fn is_open(&self, ino: u64) -> bool {
+        self.open.lock().expect("open files lock").count.contains_key(&ino)
     }
 
     fn opened(&self, ino: INodeNo) {
@@ -452,11 +477,17 @@ impl PfsFuse {
         self.dirs.lock().expect("dirs lock").get(&fh.0).cloned()
     }
 
-    fn dir_entry(&self, dir: InodeId, fh: KHandle, i: u64) -> Result<Option<DirListing>, FsError> {
+    fn dir_entry(
+        &self,
+        dir: InodeId,
+        fh: KHandle,
+        i: u64,
+        plus: bool,
+    ) -> Result<Option<DirListing>, FsError> {
         let stream =
             self.dir(fh).ok_or_else(|| FsError::Invalid("not an open directory".into()))?;
         let mut stream = stream.lock().expect("dir stream lock");
-        stream.entry(&*self.fs, dir, i)
+        stream.entry(&*self.fs, dir, i, plus)
     }
 }
 
@@ -531,14 +562,15 @@ impl fuser::Filesystem for PfsFuse {
         let _ = config.set_max_readahead(MAX_WRITE_BYTES);
         let _ = config.set_max_background(64);
         // Each is optional: an older kernel without one still mounts.
-        for cap in [
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
-        ] {
+        for cap in [InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_DO_READDIRPLUS] {
             if config.add_capabilities(cap).is_err() {
                 log::info!("kernel lacks {cap:?}");
             }
+        }
+        if !self.readdirplus_always
+            && config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO).is_err()
+        {
+            log::info!("kernel lacks FUSE_READDIRPLUS_AUTO: every directory read is plus");
         }
         if self.writeback_cache && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_err()
         {
@@ -870,7 +902,7 @@ impl fuser::Filesystem for PfsFuse {
             let (eino, kind, name): (u64, fuser::FileType, Vec<u8>) = match k {
                 0 => (ino.0, fuser::FileType::Directory, b".".to_vec()),
                 1 => (ino.0, fuser::FileType::Directory, b"..".to_vec()),
-                _ => match self.dir_entry(dir, fh, k - 2) {
+                _ => match self.dir_entry(dir, fh, k - 2, false) {
                     Ok(Some(e)) => (e.ino.0, self::kind(e.kind), e.name),
                     Ok(None) => break,
                     Err(e) => return reply.error(errno(&e)),
@@ -904,7 +936,12 @@ impl fuser::Filesystem for PfsFuse {
                     };
                     (if k == 0 { b".".to_vec() } else { b"..".to_vec() }, a)
                 }
-                _ => match self.dir_entry(dir, fh, k - 2) {
+                _ => match self.dir_entry(dir, fh, k - 2, true) {
+                    // The listing's attributes, unless this mount has the file
+                    // open: a lookup counts its own writes in the size.
+                    Ok(Some(DirListing { name, attr: Some(a), .. })) if !self.is_open(a.ino.0) => {
+                        (name, self.visible(a))
+                    }
                     Ok(Some(e)) => match self.fs.lookup(dir, &e.name) {
                         Ok(a) => (e.name, a),
                         // Removed since the listing was read: skip it.

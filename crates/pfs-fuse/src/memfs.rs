@@ -427,7 +427,8 @@ impl FileSystem for MemFs {
         };
         let mut out = Vec::new();
         for (name, &ino) in d.children.range((start, Bound::Unbounded)).take(max) {
-            out.push(DirListing { name: name.clone(), ino, kind: g.node(ino)?.attr.kind });
+            let attr = g.node(ino)?.attr;
+            out.push(DirListing { name: name.clone(), ino, kind: attr.kind, attr: Some(attr) });
         }
         Ok(out)
     }

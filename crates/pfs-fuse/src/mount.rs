@@ -57,6 +57,10 @@ pub struct MountConfig {
     pub clone_fd: bool,
     /// The kernel's writeback cache (`-o writeback_cache`, docs/posix.md).
     pub writeback_cache: bool,
+    /// Every directory read carries the children's attributes (`-o
+    /// readdirplus=always`, the default), or only when the kernel guesses they
+    /// will be used (`auto`).
+    pub readdirplus_always: bool,
     /// FUSE over io_uring (`-o uring`, [`uring_default`]): threads per kernel
     /// queue (one queue per CPU) and whether they are pinned to it. Falls back to
     /// /dev/fuse when the kernel does not offer it.
@@ -82,6 +86,7 @@ impl Default for MountConfig {
             threads: default_threads(),
             clone_fd: true,
             writeback_cache: false,
+            readdirplus_always: true,
             uring: None,
             kernel: Vec::new(),
             acl: SessionACL::Owner,
@@ -155,6 +160,17 @@ impl MountConfig {
                 }
                 "writeback_cache" => self.writeback_cache = true,
                 "nowriteback_cache" => self.writeback_cache = false,
+                "readdirplus" => {
+                    self.readdirplus_always = match need()? {
+                        "always" => true,
+                        "auto" => false,
+                        v => {
+                            return Err(format!(
+                                "mount option readdirplus={v:?}: expected always or auto"
+                            ))
+                        }
+                    }
+                }
                 "uring" => {
                     self.uring.get_or_insert_with(uring_default);
                 }
@@ -244,7 +260,8 @@ pub fn mount(
     }
     let adapter = PfsFuse::new(fs.clone(), cfg.ttl)
         .exit_when_unmounted(cfg.exit_when_unmounted)
-        .writeback_cache(cfg.writeback_cache);
+        .writeback_cache(cfg.writeback_cache)
+        .readdirplus_always(cfg.readdirplus_always);
     let uring_stats = adapter.uring_stats.clone();
     let dir_attrs = adapter.dir_attrs.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
@@ -403,6 +420,17 @@ mod tests {
         assert_eq!((c.threads_per_queue, c.pin, c.depth), (3, false, 1));
         assert_eq!(with("uring,nouring").unwrap().uring, None);
         assert_eq!(with("uring").unwrap().fuser_config().uring, Some(uring_default()));
+    }
+
+    #[test]
+    fn readdirplus_is_always_unless_asked_for_auto() {
+        assert!(MountConfig::default().readdirplus_always);
+        assert!(!with("readdirplus=auto").unwrap().readdirplus_always);
+        assert!(with("readdirplus=auto,readdirplus=always").unwrap().readdirplus_always);
+        for bad in ["readdirplus=sometimes", "readdirplus"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("readdirplus"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn main() {
         ("bigdir_link_count_and_times", bigdir_link_count_and_times),
         ("io_layout_first_block_is_cut", io_layout_first_block_is_cut),
         ("directory_attributes_follow_own_changes", directory_attributes_follow_own_changes),
+        ("listings_carry_attributes_and_own_sizes", listings_carry_attributes_and_own_sizes),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -473,4 +474,41 @@ fn directory_attributes_follow_own_changes(root: &Path) {
     let server = fs::metadata(&d).unwrap();
     assert_eq!((server.nlink(), server.mode() & 0o7777), (2, 0o750));
     fs::set_permissions(&d, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `readdirplus` answers from the listing's attributes (one request for a batch
+/// of names) except for files this mount has open: their size must count the
+/// writes not yet published to the home, or the kernel, which takes the
+/// attributes of a listing, would shrink the file under its writer.
+fn listings_carry_attributes_and_own_sizes(root: &Path) {
+    for i in 0..50u32 {
+        fs::write(root.join(format!("f{i}")), vec![7u8; i as usize * 100]).unwrap();
+    }
+    fs::create_dir(root.join("sub")).unwrap();
+    let path = root.join("open");
+    let f = fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).unwrap();
+    // Blocks past the first go to other shards: their end reaches the home only
+    // when published (close, fsync, or a lookup of the open file).
+    let data = vec![9u8; 4 * 65536];
+    f.write_all_at(&data, 5 * 65536).unwrap();
+    let want = 9 * 65536;
+    // A listing with attributes (the kernel asks for them on the first read of a
+    // directory), then the sizes the kernel keeps.
+    let mut seen = 0;
+    for e in fs::read_dir(root).unwrap() {
+        let e = e.unwrap();
+        let md = e.metadata().unwrap();
+        let name = e.file_name().into_string().unwrap();
+        match name.strip_prefix('f') {
+            Some(n) => assert_eq!(md.len(), n.parse::<u64>().unwrap() * 100, "{name}"),
+            None if name == "sub" => assert!(md.is_dir()),
+            None => assert_eq!(md.len(), want, "the open file in the listing"),
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 52);
+    assert_eq!(f.metadata().unwrap().len(), want, "fstat of the open file after the listing");
+    let mut back = vec![0u8; 65536];
+    f.read_exact_at(&mut back, 8 * 65536).unwrap();
+    assert!(back.iter().all(|&b| b == 9), "the last block after the listing");
 }

@@ -1015,6 +1015,7 @@ pub fn unread_entry(f: &OpenFile, e: Entry) {
             name: e.name,
             ino: InodeId(e.ino),
             kind: e.kind,
+            attr: None,
         });
     }
 }

@@ -502,6 +502,64 @@ impl Cluster {
         self.reap_touches(&mut touches, true);
     }
 
+    /// Up to `max` entries of `dir` after `after`, with the children's
+    /// attributes when `plus` (from the shards that hold them).
+    fn list(
+        &self,
+        dir: InodeId,
+        after: Option<&[u8]>,
+        max: usize,
+        plus: bool,
+    ) -> FsResult<Vec<DirListing>> {
+        let layout = self.layout_of(dir)?.dir;
+        let shards: Vec<(ServerId, WorkerId)> = match layout {
+            DirLayout::Regular => {
+                vec![self.placement.home(dir)]
+            }
+            DirLayout::BigDir => self.placement.all_shards().collect(),
+        };
+        // Resume on the shard that holds `after` (a name's shard follows from the
+        // name), then go on in shard order.
+        let (mut i, mut resume) = match after {
+            None => (0, Vec::new()),
+            Some(name) => {
+                let r = self.route(RouteKey::Dentry { parent: dir, layout, name });
+                let i = shards.iter().position(|&s| s == (r.server, r.proc_worker)).unwrap_or(0);
+                (i, name.to_vec())
+            }
+        };
+        let mut out = Vec::new();
+        let max = max.max(1);
+        while i < shards.len() && out.len() < max {
+            let (s, w) = shards[i];
+            let want = (max - out.len()).min(crate::api::READDIR_BATCH);
+            let req = Request::ReadDir {
+                ino: dir,
+                after: std::mem::take(&mut resume),
+                max_entries: want as u32,
+                max_bytes: 1 << 20,
+                plus,
+            };
+            match self.call_to(s, w, req)? {
+                Reply::ReadDir { entries, eof } => {
+                    let last = entries.last().map(|e| e.name.clone());
+                    out.extend(entries.into_iter().map(|e| DirListing {
+                        name: e.name,
+                        ino: e.ino,
+                        kind: e.kind,
+                        attr: e.attr,
+                    }));
+                    match (eof, last) {
+                        (false, Some(name)) => resume = name,
+                        _ => i += 1,
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(out)
+    }
+
     /// Caches directory `attr`, found as `name` in `parent`, under a read token
     /// on `parent` (only names of directories are cached). A reply counts only
     /// if the token covered its lookup from before it was sent and no token was
@@ -836,52 +894,16 @@ impl FileSystem for Cluster {
     }
 
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {
-        let layout = self.layout_of(dir)?.dir;
-        let shards: Vec<(ServerId, WorkerId)> = match layout {
-            DirLayout::Regular => {
-                vec![self.placement.home(dir)]
-            }
-            DirLayout::BigDir => self.placement.all_shards().collect(),
-        };
-        // Resume on the shard that holds `after` (a name's shard follows from the
-        // name), then go on in shard order.
-        let (mut i, mut resume) = match after {
-            None => (0, Vec::new()),
-            Some(name) => {
-                let r = self.route(RouteKey::Dentry { parent: dir, layout, name });
-                let i = shards.iter().position(|&s| s == (r.server, r.proc_worker)).unwrap_or(0);
-                (i, name.to_vec())
-            }
-        };
-        let mut out = Vec::new();
-        let max = max.max(1);
-        while i < shards.len() && out.len() < max {
-            let (s, w) = shards[i];
-            let want = (max - out.len()).min(crate::api::READDIR_BATCH);
-            let req = Request::ReadDir {
-                ino: dir,
-                after: std::mem::take(&mut resume),
-                max_entries: want as u32,
-                max_bytes: 1 << 20,
-                plus: false,
-            };
-            match self.call_to(s, w, req)? {
-                Reply::ReadDir { entries, eof } => {
-                    let last = entries.last().map(|e| e.name.clone());
-                    out.extend(entries.into_iter().map(|e| DirListing {
-                        name: e.name,
-                        ino: e.ino,
-                        kind: e.kind,
-                    }));
-                    match (eof, last) {
-                        (false, Some(name)) => resume = name,
-                        _ => i += 1,
-                    }
-                }
-                other => return Err(unexpected(other)),
-            }
-        }
-        Ok(out)
+        self.list(dir, after, max, false)
+    }
+
+    fn readdir_plus(
+        &self,
+        dir: InodeId,
+        after: Option<&[u8]>,
+        max: usize,
+    ) -> FsResult<Vec<DirListing>> {
+        self.list(dir, after, max, true)
     }
 
     /// Opens without a round trip when the file's layout is known (the lookup
