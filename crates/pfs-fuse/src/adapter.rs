@@ -40,11 +40,49 @@ pub struct CacheTtl {
     pub entry: Duration,
     /// How long the kernel may keep an inode's attributes.
     pub attr: Duration,
+    /// How long the kernel may remember that a name does not exist (0: it asks
+    /// again each time, as libfuse's default).
+    pub negative: Duration,
+}
+
+impl CacheTtl {
+    /// The one lifetime of replies that carry a name and attributes under a
+    /// single one (`CREATE`, `READDIRPLUS` entries in fuser): the shorter, so
+    /// neither is kept longer than asked.
+    pub fn both(&self) -> Duration {
+        self.entry.min(self.attr)
+    }
 }
 
 impl Default for CacheTtl {
     fn default() -> Self {
-        CacheTtl { entry: Duration::from_secs(1), attr: Duration::from_secs(1) }
+        CacheTtl {
+            entry: Duration::from_secs(1),
+            attr: Duration::from_secs(1),
+            negative: Duration::ZERO,
+        }
+    }
+}
+
+/// The attributes sent with a negative entry (node 0): the kernel reads none of
+/// them.
+fn negative_attr() -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
     }
 }
 
@@ -287,8 +325,8 @@ impl PfsFuse {
         }
         match r {
             Ok(a) => reply.entry_with_ttls(
-                &self.ttl.entry,
                 &self.ttl.attr,
+                &self.ttl.entry,
                 &kernel_attr(&self.visible(a)),
                 Generation(0),
             ),
@@ -584,7 +622,16 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.entry(reply, self.fs.lookup(InodeId(parent.0), name));
+        match self.fs.lookup(InodeId(parent.0), name) {
+            // Node 0 with a lifetime: the kernel keeps a negative entry.
+            Err(FsError::NotFound) if !self.ttl.negative.is_zero() => reply.entry_with_ttls(
+                &Duration::ZERO,
+                &self.ttl.negative,
+                &negative_attr(),
+                Generation(0),
+            ),
+            r => self.entry(reply, r),
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
@@ -959,7 +1006,7 @@ impl fuser::Filesystem for PfsFuse {
                 INodeNo(attr.ino.0),
                 k + 1,
                 OsStr::from_bytes(&name),
-                &self.ttl.entry,
+                &self.ttl.both(),
                 &kernel_attr(&attr),
                 Generation(0),
             );
@@ -1113,7 +1160,7 @@ impl fuser::Filesystem for PfsFuse {
                 self.dir_attrs.changed(parent.0, 0);
                 self.opened(INodeNo(a.ino.0));
                 reply.created(
-                    &self.ttl.entry,
+                    &self.ttl.both(),
                     &kernel_attr(&a),
                     Generation(0),
                     KHandle(fh.0),

@@ -30,6 +30,8 @@ const READY_FD: i32 = 3;
 /// timeout=SECS (a request to a server that does not answer fails with EIO
 /// after this long; default 30), strict (every write waits for the server),
 /// entry_timeout=SECS and attr_timeout=SECS (kernel cache lifetimes, default 1),
+/// negative_timeout=SECS (how long the kernel remembers that a name does not
+/// exist; default 0, ask again each time),
 /// dentry_timeout=SECS (client directory cache), threads=N (FUSE threads,
 /// default two per core, 4 to 64), noclone_fd, writeback_cache (the kernel
 /// gathers writes in its page cache and sends them at writeback, fsync or

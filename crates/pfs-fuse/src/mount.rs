@@ -142,6 +142,7 @@ impl MountConfig {
                         seconds(name, need()?)?.as_millis().max(1) as u64
                 }
                 "entry_timeout" => self.ttl.entry = seconds(name, need()?)?,
+                "negative_timeout" => self.ttl.negative = seconds(name, need()?)?,
                 "attr_timeout" => self.ttl.attr = seconds(name, need()?)?,
                 "dentry_timeout" => {
                     self.client.dentry_ttl_ms = seconds(name, need()?)?.as_millis() as u64

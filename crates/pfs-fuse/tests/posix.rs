@@ -52,6 +52,22 @@ fn main() {
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
         ran += 1;
     }
+    // The kernel's cache lifetimes, seen from a second mount of the same cluster
+    // (another kernel cache) with its own options.
+    let name = "kernel_cache_lifetimes";
+    if filter.as_deref().is_none_or(|f| name.contains(f)) {
+        println!("test {name} ...");
+        let t = Instant::now();
+        let b_dir = cluster.dir.path("mnt-b");
+        let b_opts = "negative_timeout=30,entry_timeout=30,attr_timeout=0";
+        let b = Mounted::new(&cluster.master_addr(), &cluster.key, &b_dir, b_opts);
+        let root = m.path(name);
+        fs::create_dir(&root).unwrap();
+        kernel_cache_lifetimes(&root, &b.path(name));
+        assert_eq!(b.unmount(), Some(0));
+        println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+        ran += 1;
+    }
     let logged = fs::read_to_string(&log).unwrap_or_default();
     assert!(!logged.contains("Not Implemented"), "fuser warnings in the mount log:\n{logged}");
     assert_eq!(m.unmount(), Some(0));
@@ -511,4 +527,40 @@ fn listings_carry_attributes_and_own_sizes(root: &Path) {
     let mut back = vec![0u8; 65536];
     f.read_exact_at(&mut back, 8 * 65536).unwrap();
     assert!(back.iter().all(|&b| b == 9), "the last block after the listing");
+}
+
+/// `a` is a directory on the default mount (no negative entries, 1 s entry and
+/// attribute lifetimes), `b` the same directory on a mount with
+/// `negative_timeout=30,entry_timeout=30,attr_timeout=0`. Each side's kernel
+/// keeps what its options say, and nothing longer.
+fn kernel_cache_lifetimes(a: &Path, b: &Path) {
+    let missing =
+        |p: &Path| fs::metadata(p).map_err(|e| e.raw_os_error()).err() == Some(Some(libc::ENOENT));
+    // A name B found missing stays missing for B after A creates it (its
+    // negative entry), while A and a name B never asked for see it at once.
+    assert!(missing(&b.join("neg")));
+    fs::write(a.join("neg"), b"x").unwrap();
+    assert!(missing(&b.join("neg")), "B's kernel kept its negative entry");
+    assert!(fs::metadata(a.join("neg")).is_ok());
+    // B's own create replaces its negative entry.
+    assert!(missing(&b.join("own")));
+    fs::write(b.join("own"), b"y").unwrap();
+    assert_eq!(fs::read(b.join("own")).unwrap(), b"y");
+    // The default mount keeps no negative entry: B's create shows at once.
+    assert!(missing(&a.join("pos")));
+    fs::write(b.join("pos"), b"z").unwrap();
+    assert_eq!(fs::read(a.join("pos")).unwrap(), b"z", "A asked again");
+    // B keeps names 30 s but attributes not at all: A's chmod shows at once in
+    // an fstat on B (no lookup there to refresh them).
+    let f = a.join("mode");
+    fs::write(&f, b"m").unwrap();
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o600)).unwrap();
+    let on_b = fs::File::open(b.join("mode")).unwrap();
+    assert_eq!(on_b.metadata().unwrap().mode() & 0o777, 0o600);
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+    assert_eq!(
+        on_b.metadata().unwrap().mode() & 0o777,
+        0o640,
+        "attr_timeout=0: B's kernel asked for the attributes again"
+    );
 }
