@@ -38,6 +38,7 @@ fn main() {
         ("io_layout_first_block_is_cut", io_layout_first_block_is_cut),
         ("directory_attributes_follow_own_changes", directory_attributes_follow_own_changes),
         ("listings_carry_attributes_and_own_sizes", listings_carry_attributes_and_own_sizes),
+        ("overwrites_change_mtime_on_every_block", overwrites_change_mtime_on_every_block),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -563,4 +564,26 @@ fn kernel_cache_lifetimes(a: &Path, b: &Path) {
         0o640,
         "attr_timeout=0: B's kernel asked for the attributes again"
     );
+}
+
+/// An overwrite inside the size changes the file's mtime and ctime wherever its
+/// block lives: blocks past the first go to other shards, which do not hold the
+/// inode (the home sets the times when the writer publishes, at close).
+fn overwrites_change_mtime_on_every_block(root: &Path) {
+    let path = root.join("blocks");
+    fs::write(&path, vec![1u8; 8 * 65536]).unwrap();
+    for b in 1..8u64 {
+        let before = fs::metadata(&path).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[2u8; 10], b * 65536 + 5).unwrap();
+        drop(f);
+        let after = fs::metadata(&path).unwrap();
+        assert_eq!(after.len(), 8 * 65536);
+        let t = |m: &fs::Metadata| (m.mtime(), m.mtime_nsec(), m.ctime(), m.ctime_nsec());
+        let (bm, bmn, bc, bcn) = t(&before);
+        let (am, amn, ac, acn) = t(&after);
+        assert!((am, amn) > (bm, bmn), "block {b}: mtime did not move");
+        assert!((ac, acn) > (bc, bcn), "block {b}: ctime did not move");
+    }
 }
