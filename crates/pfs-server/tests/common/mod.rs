@@ -17,14 +17,43 @@ use pfs_net::ClusterKey;
 pub const DEVICE_BYTES: u64 = 160 << 20;
 
 /// A fresh directory for one test, on a disk-backed file system (O_DIRECT).
-pub fn test_dir(name: &str) -> PathBuf {
+/// Removed when dropped, unless the test is failing (then kept to look at).
+pub fn test_dir(name: &str) -> TestDir {
     let base = std::env::var_os("PFS_TEST_DEV_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     let dir = base.join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TestDir(dir)
+}
+
+/// What [`test_dir`] returns: the directory, removed on drop after a pass
+/// (each server data file is 160 MiB: kept, they filled the disk run by run).
+#[derive(Debug)]
+pub struct TestDir(PathBuf);
+
+impl std::ops::Deref for TestDir {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for TestDir {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TestDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept the failed test's directory {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// Writes a cluster key into `dir`.
