@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
@@ -26,6 +26,7 @@ use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
 
 use crate::dirattrs::DirAttrs;
+use crate::gate::{Gate, Pass};
 
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
@@ -226,9 +227,10 @@ pub struct PfsFuse {
     dirs: Mutex<HashMap<u64, Arc<Mutex<DirStream>>>>,
     next_dir: AtomicU64,
     open: Mutex<OpenFiles>,
-    /// Opens hold it shared; an unlink or rename that may remove an open file
-    /// holds it exclusive, so no open slips between its check and its change.
-    gate: RwLock<()>,
+    /// Opens pass together, and so do unlinks while nothing is open; an
+    /// operation that may remove an open file passes alone, so no open slips
+    /// between its check and its change ([`Gate`]).
+    gate: Gate,
     exit_when_unmounted: bool,
     writeback_cache: bool,
     /// Ask for `readdirplus` on every directory read, not the kernel's guess.
@@ -284,7 +286,7 @@ impl PfsFuse {
             dirs: Mutex::new(HashMap::new()),
             next_dir: AtomicU64::new(1),
             open: Mutex::new(OpenFiles::default()),
-            gate: RwLock::new(()),
+            gate: Gate::default(),
             exit_when_unmounted: false,
             writeback_cache: false,
             readdirplus_always: true,
@@ -392,7 +394,7 @@ impl PfsFuse {
     /// keeps it any more (no open handle, the kernel forgot it). Holds the gate,
     /// so no open slips in between the check and the unlink.
     fn remove_hidden(&self, ino: u64, change: impl FnOnce(&mut OpenFiles)) {
-        let _gate = self.gate.write().expect("open gate");
+        let _gate = self.gate.enter(Pass::Alone);
         let gone = {
             let mut o = self.open.lock().expect("open files lock");
             change(&mut o);
@@ -413,12 +415,15 @@ impl PfsFuse {
 
     /// Unlink, keeping an open file's data until its last close.
     fn unlink_or_hide(&self, parent: InodeId, name: &[u8]) -> Result<(), FsError> {
-        let _gate = self.gate.write().expect("open gate");
-        // Nothing open on this mount (and the gate keeps opens out): no file
-        // to keep, and no lookup to pay for.
-        if self.open.lock().expect("open files lock").count.is_empty() {
-            return self.fs.unlink(parent, name);
+        {
+            // Nothing open on this mount (and the gate keeps opens out): no
+            // file to keep, and no lookup to pay for; other such unlinks go on.
+            let _gate = self.gate.enter(Pass::Remove);
+            if self.open.lock().expect("open files lock").count.is_empty() {
+                return self.fs.unlink(parent, name);
+            }
         }
+        let _gate = self.gate.enter(Pass::Alone);
         let attr = self.fs.lookup(parent, name)?;
         let mut o = self.open.lock().expect("open files lock");
         // Only the last name of an open file is kept (hidden); other names are
@@ -452,7 +457,7 @@ impl PfsFuse {
         if flags != RenameFlags::empty() {
             return self.fs.rename(parent, name, new_parent, new_name, flags);
         }
-        let _gate = self.gate.write().expect("open gate");
+        let _gate = self.gate.enter(Pass::Alone);
         let target = match self.fs.lookup(new_parent, new_name) {
             // A file with other names lives on through them.
             Ok(t) if t.kind != FileType::Directory && t.nlink <= 1 => t,
@@ -490,7 +495,7 @@ impl PfsFuse {
         // directory right now (the kernel sends that release after close(2) has
         // returned, so it can arrive with or after this rmdir): its entry has left
         // the table, its name not yet the directory.
-        let _gate = self.gate.write().expect("open gate");
+        let _gate = self.gate.enter(Pass::Alone);
         match self.fs.rmdir(parent, name) {
             Err(FsError::NotEmpty) => {}
             other => return other,
@@ -823,7 +828,7 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _gate = self.gate.read().expect("open gate");
+        let _gate = self.gate.enter(Pass::Open);
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
             // another client closed is read fresh (commit consistency).
@@ -1153,7 +1158,7 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let perm = (mode & 0o7777) as u16;
-        let _gate = self.gate.read().expect("open gate");
+        let _gate = self.gate.enter(Pass::Open);
         match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
             Ok((a, fh)) => {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);

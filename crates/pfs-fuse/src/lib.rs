@@ -3,6 +3,7 @@
 //! - [`adapter`]: [`PfsFuse`], the `fuser` file system that turns kernel requests
 //!   into [`pfs_client::FileSystem`] calls, with cache TTLs and invalidation.
 //! - [`dirattrs`]: directory attributes kept for the kernel's permission checks.
+//! - [`gate`]: opens and removals kept apart, each running alongside its own kind.
 //! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
 //!   FUSE ceiling benchmarks compare pfs against.
 //! - [`mount`](mod@mount): `-o` options, mounting, serving until unmount, signals.
@@ -12,6 +13,7 @@
 
 pub mod adapter;
 pub mod dirattrs;
+pub mod gate;
 pub mod memfs;
 pub mod mount;
 
