@@ -185,59 +185,65 @@ fn a_two_server_cluster_serves_files_and_survives_a_restart() {
 fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
     use std::sync::{Arc, Mutex};
 
-    let dir = test_dir("tokens");
+    with_two_long_ttl_clients("tokens", |a, b| {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+
+        let d = b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+        assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
+        let (hits, _) = a.dentry_cache_stats();
+        assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
+        assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
+        // Served from A's cache now: B's rename must reach A as an invalidation.
+        b.rename(InodeId::ROOT, b"d", InodeId::ROOT, b"e", RenameFlags::empty()).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match a.lookup(InodeId::ROOT, b"d") {
+                Err(FsError::NotFound) => break,
+                Ok(_) => assert!(std::time::Instant::now() < deadline, "A still sees the old name"),
+                Err(e) => panic!("{e}"),
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap().ino, d.ino);
+        let got = seen.lock().unwrap().clone();
+        assert!(
+            got.contains(&pfs_client::Invalidation::Entry {
+                parent: InodeId::ROOT,
+                name: b"d".to_vec()
+            }),
+            "the kernel callback was told: {got:?}"
+        );
+        // rmdir by B is seen by A as well.
+        b.rmdir(InodeId::ROOT, b"e").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while a.lookup(InodeId::ROOT, b"e").is_ok() {
+            assert!(std::time::Instant::now() < deadline, "A still sees the removed directory");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+}
+
+/// One master and one server of 2 workers, and two clients A and B whose cached
+/// names outlive the test (only an invalidation can end one): runs `body(A, B)`.
+fn with_two_long_ttl_clients(
+    name: &str,
+    body: impl FnOnce(pfs_client::Cluster, pfs_client::Cluster),
+) {
+    let dir = test_dir(name);
     let (key_file, key) = key(&dir);
     let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
     let cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
     let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
-    let long_ttl = |k: &pfs_net::ClusterKey| {
-        let mut o = pfs_client::ClusterOptions::new(master.addr(), k.clone());
-        // Far longer than the test: only an invalidation can end a cached name.
+    let client = || {
+        let mut o = pfs_client::ClusterOptions::new(master.addr(), key.clone());
         o.dentry_ttl = Duration::from_secs(600);
         pfs_client::Cluster::connect(o).unwrap()
     };
-    let a = long_ttl(&key);
-    let b = long_ttl(&key);
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s = seen.clone();
-    a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
-
-    let d = b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
-    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
-    let (hits, _) = a.dentry_cache_stats();
-    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
-    assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
-    // Served from A's cache now: B's rename must reach A as an invalidation.
-    b.rename(InodeId::ROOT, b"d", InodeId::ROOT, b"e", RenameFlags::empty()).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match a.lookup(InodeId::ROOT, b"d") {
-            Err(FsError::NotFound) => break,
-            Ok(_) => assert!(std::time::Instant::now() < deadline, "A still sees the old name"),
-            Err(e) => panic!("{e}"),
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap().ino, d.ino);
-    let got = seen.lock().unwrap().clone();
-    assert!(
-        got.contains(&pfs_client::Invalidation::Entry {
-            parent: InodeId::ROOT,
-            name: b"d".to_vec()
-        }),
-        "the kernel callback was told: {got:?}"
-    );
-    // rmdir by B is seen by A as well.
-    b.rmdir(InodeId::ROOT, b"e").unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while a.lookup(InodeId::ROOT, b"e").is_ok() {
-        assert!(std::time::Instant::now() < deadline, "A still sees the removed directory");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    drop((a, b));
+    body(client(), client());
     server.stop().unwrap();
     master.stop();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Another client's rename that falls between a lookup's reply and the caching
@@ -248,51 +254,38 @@ fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
 fn a_rename_inside_a_lookup_never_leaves_the_old_name_cached() {
     use std::sync::{Arc, Mutex};
 
-    let dir = test_dir("tokens-race");
-    let (key_file, key) = key(&dir);
-    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
-    let cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
-    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
-    let long_ttl = |k: &pfs_net::ClusterKey| {
-        let mut o = pfs_client::ClusterOptions::new(master.addr(), k.clone());
-        o.dentry_ttl = Duration::from_secs(600);
-        pfs_client::Cluster::connect(o).unwrap()
-    };
-    let a = long_ttl(&key);
-    let b = Arc::new(long_ttl(&key));
-    b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
-    // The next lookup of `name` by A: B renames it to `to` right after the reply.
-    type Rename = (&'static [u8], &'static [u8]);
-    let planned: Arc<Mutex<Option<Rename>>> = Arc::new(Mutex::new(None));
-    let (p, bb) = (planned.clone(), b.clone());
-    a.set_lookup_hook(Box::new(move |parent, name| {
-        let step = p.lock().unwrap().take_if(|(from, _)| *from == name);
-        if let Some((from, to)) = step {
-            bb.rename(parent, from, parent, to, RenameFlags::empty()).unwrap();
-        }
-    }));
+    with_two_long_ttl_clients("tokens-race", |a, b| {
+        let b = Arc::new(b);
+        b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+        // The next lookup of `name` by A: B renames it to `to` right after the reply.
+        type Rename = (&'static [u8], &'static [u8]);
+        let planned: Arc<Mutex<Option<Rename>>> = Arc::new(Mutex::new(None));
+        let (p, bb) = (planned.clone(), b.clone());
+        a.set_lookup_hook(Box::new(move |parent, name| {
+            let step = p.lock().unwrap().take_if(|(from, _)| *from == name);
+            if let Some((from, to)) = step {
+                bb.rename(parent, from, parent, to, RenameFlags::empty()).unwrap();
+            }
+        }));
 
-    // A holds no token on the root yet: B's rename owes it no invalidation.
-    *planned.lock().unwrap() = Some((b"d", b"e"));
-    assert!(a.lookup(InodeId::ROOT, b"d").is_ok(), "the answer from before the rename");
-    assert!(planned.lock().unwrap().is_none(), "the hook ran");
-    assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap_err(), FsError::NotFound);
+        // A holds no token on the root yet: B's rename owes it no invalidation.
+        *planned.lock().unwrap() = Some((b"d", b"e"));
+        assert!(a.lookup(InodeId::ROOT, b"d").is_ok(), "the answer from before the rename");
+        assert!(planned.lock().unwrap().is_none(), "the hook ran");
+        assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap_err(), FsError::NotFound);
 
-    // A holds a token now (taken above): B's rename revokes it mid-lookup.
-    *planned.lock().unwrap() = Some((b"e", b"f"));
-    assert!(a.lookup(InodeId::ROOT, b"e").is_ok());
-    assert!(planned.lock().unwrap().is_none(), "the hook ran");
-    assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap_err(), FsError::NotFound);
+        // A holds a token now (taken above): B's rename revokes it mid-lookup.
+        *planned.lock().unwrap() = Some((b"e", b"f"));
+        assert!(a.lookup(InodeId::ROOT, b"e").is_ok());
+        assert!(planned.lock().unwrap().is_none(), "the hook ran");
+        assert_eq!(a.lookup(InodeId::ROOT, b"e").unwrap_err(), FsError::NotFound);
 
-    // Undisturbed, a name is cached and the next lookup is a hit.
-    let f = a.lookup(InodeId::ROOT, b"f").unwrap();
-    let (hits, _) = a.dentry_cache_stats();
-    assert_eq!(a.lookup(InodeId::ROOT, b"f").unwrap().ino, f.ino);
-    assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
-    drop((a, b));
-    server.stop().unwrap();
-    master.stop();
-    let _ = std::fs::remove_dir_all(&dir);
+        // Undisturbed, a name is cached and the next lookup is a hit.
+        let f = a.lookup(InodeId::ROOT, b"f").unwrap();
+        let (hits, _) = a.dentry_cache_stats();
+        assert_eq!(a.lookup(InodeId::ROOT, b"f").unwrap().ino, f.ino);
+        assert_eq!(a.dentry_cache_stats().0, hits + 1, "the second lookup is a cache hit");
+    });
 }
 
 #[test]
