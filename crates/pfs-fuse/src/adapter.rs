@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
@@ -172,7 +172,9 @@ pub fn kernel_attr(a: &FileAttr) -> fuser::FileAttr {
 struct DirStream {
     /// Listing index of `window[0]`.
     base: u64,
-    window: VecDeque<DirListing>,
+    /// Entries, each with when its batch was asked for and the mount's count of
+    /// file changes then (its attributes are used only while both still hold).
+    window: VecDeque<(DirListing, Instant, u64)>,
     /// Name to resume after when the window runs out.
     last: Option<Vec<u8>>,
     eof: bool,
@@ -180,13 +182,18 @@ struct DirStream {
 
 impl DirStream {
     /// The entry at listing index `i`, fetching as needed (with the children's
-    /// attributes when `plus`); `None` past the end.
+    /// attributes when `plus`); `None` past the end. Its attributes are dropped
+    /// once they are older than `fresh_for` or this mount changed a file since
+    /// they were asked for (`changes` moved): a window lives as long as the
+    /// directory stays open, and the kernel would take them as current.
     fn entry(
         &mut self,
         fs: &dyn FileSystem,
         dir: InodeId,
         i: u64,
         plus: bool,
+        changes: &AtomicU64,
+        fresh_for: Duration,
     ) -> Result<Option<DirListing>, FsError> {
         if i < self.base {
             *self = DirStream::default();
@@ -199,13 +206,18 @@ impl DirStream {
                 self.base += 1;
             }
             if self.base == i {
-                if let Some(e) = self.window.front() {
-                    return Ok(Some(e.clone()));
+                if let Some((e, at, seen)) = self.window.front() {
+                    let mut e = e.clone();
+                    if at.elapsed() >= fresh_for || changes.load(Ordering::Acquire) != *seen {
+                        e.attr = None;
+                    }
+                    return Ok(Some(e));
                 }
             }
             if self.eof {
                 return Ok(None);
             }
+            let (at, seen) = (Instant::now(), changes.load(Ordering::Acquire));
             let batch = if plus {
                 fs.readdir_plus(dir, self.last.as_deref(), READDIR_BATCH)?
             } else {
@@ -215,7 +227,8 @@ impl DirStream {
                 None => self.eof = true,
                 Some(last) => self.last = Some(last.name.clone()),
             }
-            self.window.extend(batch.into_iter().filter(|e| !is_hidden_name(&e.name)));
+            let kept = batch.into_iter().filter(|e| !is_hidden_name(&e.name));
+            self.window.extend(kept.map(|e| (e, at, seen)));
         }
     }
 }
@@ -231,6 +244,10 @@ pub struct PfsFuse {
     /// operation that may remove an open file passes alone, so no open slips
     /// between its check and its change ([`Gate`]).
     gate: Gate,
+    /// Changes to files' data or attributes made through this mount (writes,
+    /// setattr, fallocate, links, closes): listing attributes asked for before
+    /// the last one are not used.
+    file_changes: AtomicU64,
     exit_when_unmounted: bool,
     writeback_cache: bool,
     /// Ask for `readdirplus` on every directory read, not the kernel's guess.
@@ -287,6 +304,7 @@ impl PfsFuse {
             next_dir: AtomicU64::new(1),
             open: Mutex::new(OpenFiles::default()),
             gate: Gate::default(),
+            file_changes: AtomicU64::new(0),
             exit_when_unmounted: false,
             writeback_cache: false,
             readdirplus_always: true,
@@ -351,6 +369,12 @@ impl PfsFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// Notes a change to a file's data or attributes through this mount (after
+    /// it, successful or not): listings asked for before it lose their attributes.
+    fn file_changed(&self) {
+        self.file_changes.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Whether this mount has `ino` open.
@@ -530,7 +554,7 @@ impl PfsFuse {
         let stream =
             self.dir(fh).ok_or_else(|| FsError::Invalid("not an open directory".into()))?;
         let mut stream = stream.lock().expect("dir stream lock");
-        stream.entry(&*self.fs, dir, i, plus)
+        stream.entry(&*self.fs, dir, i, plus, &self.file_changes, self.ttl.attr)
     }
 }
 
@@ -680,7 +704,9 @@ impl fuser::Filesystem for PfsFuse {
             mtime_ns: mtime.map(time_or_now),
         };
         self.dir_attrs.forget(ino.0);
-        match self.fs.setattr(InodeId(ino.0), &set) {
+        let r = self.fs.setattr(InodeId(ino.0), &set);
+        self.file_changed();
+        match r {
             Ok(a) => {
                 self.dir_attrs.put(&a);
                 reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
@@ -823,6 +849,7 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let r = self.fs.link(InodeId(ino.0), InodeId(newparent.0), name);
+        self.file_changed();
         self.dir_changed(newparent, &r, 0);
         self.entry(reply, r);
     }
@@ -885,7 +912,9 @@ impl fuser::Filesystem for PfsFuse {
             data.len(),
             &data[..data.len().min(4)]
         );
-        match self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data) {
+        let r = self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data);
+        self.file_changed();
+        match r {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(&e)),
         }
@@ -915,6 +944,8 @@ impl fuser::Filesystem for PfsFuse {
     ) {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
+        // Published now: a size the listing's attributes may not have.
+        self.file_changed();
         self.closed(ino);
         Self::empty(reply, r);
     }
@@ -1193,6 +1224,7 @@ impl fuser::Filesystem for PfsFuse {
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
         let r = self.fs.fallocate(InodeId(ino.0), FileHandle(fh.0), offset, length, keep_size);
+        self.file_changed();
         Self::empty(reply, r);
     }
 }

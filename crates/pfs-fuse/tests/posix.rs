@@ -528,6 +528,51 @@ fn listings_carry_attributes_and_own_sizes(root: &Path) {
     let mut back = vec![0u8; 65536];
     f.read_exact_at(&mut back, 8 * 65536).unwrap();
     assert!(back.iter().all(|&b| b == 9), "the last block after the listing");
+    drop(f);
+
+    // A directory read a little at a time: the adapter asked the servers for the
+    // whole batch at the first read. A file not listed yet is rewritten and
+    // closed meanwhile; the rest of the listing must not carry its old size.
+    let d = std::ffi::CString::new(root.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; the descriptor is closed below.
+    let fd = unsafe { libc::open(d.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(fd >= 0, "open the directory: {}", std::io::Error::last_os_error());
+    let mut listed = Vec::new();
+    let mut buf = vec![0u8; 512];
+    let mut rewritten: Option<String> = None;
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+        assert!(n >= 0, "getdents64: {}", std::io::Error::last_os_error());
+        if n == 0 {
+            break;
+        }
+        let mut at = 0usize;
+        while at < n as usize {
+            let reclen = u16::from_ne_bytes([buf[at + 16], buf[at + 17]]) as usize;
+            let name = &buf[at + 19..at + reclen];
+            let name = String::from_utf8_lossy(&name[..name.iter().position(|&b| b == 0).unwrap()]);
+            listed.push(name.into_owned());
+            at += reclen;
+        }
+        if rewritten.is_none() {
+            // A file the listing has not reached: 10x its size, written and closed.
+            let next = (0..50u32)
+                .map(|i| format!("f{i}"))
+                .find(|n| !listed.contains(n))
+                .expect("a file not listed yet");
+            fs::write(root.join(&next), vec![5u8; 12345]).unwrap();
+            // The kernel sends the release after close(2) returned: let it land,
+            // so the file is no longer open on this mount.
+            std::thread::sleep(Duration::from_millis(200));
+            rewritten = Some(next);
+        }
+    }
+    // SAFETY: opened above.
+    unsafe { libc::close(fd) };
+    let name = rewritten.expect("the listing had entries");
+    assert!(listed.contains(&name), "{name} listed after its rewrite");
+    assert_eq!(fs::metadata(root.join(&name)).unwrap().len(), 12345, "{name} after the listing");
 }
 
 /// `a` is a directory on the default mount (no negative entries, 1 s entry and
