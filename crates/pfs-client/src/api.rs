@@ -5,7 +5,9 @@
 //! client is visible to others after its `flush` (close) or `fsync`.
 
 use pfs_core::wire::{RenameFlags, XattrSetMode};
-use pfs_core::{FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr, StatFs};
+use pfs_core::{
+    FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr, StatFs, TimeNs,
+};
 
 /// Entries a client asks one shard for in one readdir request.
 pub const READDIR_BATCH: usize = 1024;
@@ -44,6 +46,14 @@ pub enum Invalidation {
 
 /// Called by a client when a cache entry held by the kernel must be dropped.
 pub type Invalidator = Box<dyn Fn(Invalidation) + Send + Sync>;
+
+/// Told of each change a client made to a file's data at the file's home, as
+/// the inode's `ctime` before and after it (a data version: a server gives every
+/// change its own time), or `None` for a change whose outcome is unknown (a
+/// write that failed after it was acknowledged). A cache of the file's pages
+/// that was current at the first version is current at the second, the change
+/// being this client's.
+pub type VersionObserver = Box<dyn Fn(InodeId, Option<(TimeNs, TimeNs)>) + Send + Sync>;
 
 /// Every file operation, by inode. Implementations are shared by many threads.
 pub trait FileSystem: Send + Sync + 'static {
@@ -172,4 +182,10 @@ pub trait FileSystem: Send + Sync + 'static {
     /// Registers the callback that drops kernel caches when another client
     /// changes something this one may have cached.
     fn set_invalidator(&self, invalidator: Invalidator);
+    /// Registers the callback told of this client's own data changes at each
+    /// file's home ([`VersionObserver`]): its writes there and the sizes it
+    /// publishes. Without one, nothing is told.
+    fn set_version_observer(&self, observer: VersionObserver) {
+        let _ = observer;
+    }
 }

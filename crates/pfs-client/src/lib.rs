@@ -20,5 +20,5 @@ pub mod conn;
 pub mod dcache;
 pub mod unsynced;
 
-pub use api::{DirListing, FileSystem, Invalidation, Invalidator};
+pub use api::{DirListing, FileSystem, Invalidation, Invalidator, VersionObserver};
 pub use cluster::{Cluster, ClusterOptions, LookupHook};

@@ -27,6 +27,11 @@ use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
+use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
+
+/// The page size the kernel caches file data in (a larger one only makes an
+/// open check the version more often).
+const KERNEL_PAGE: u64 = 4096;
 
 /// Largest write the kernel sends in one request.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
@@ -257,6 +262,12 @@ pub struct PfsFuse {
     /// Directory attributes for the kernel's permission checks (see
     /// [`DirAttrs`]); shared with the invalidation callback.
     pub(crate) dir_attrs: Arc<DirAttrs>,
+    /// Which files' kernel pages are current, by version ([`PageVersions`]);
+    /// shared with the client's version observer.
+    pages: Arc<PageVersions>,
+    /// Let an open keep the kernel's pages when their version is current
+    /// (`-o page_cache=keep`, the default; off with the writeback cache).
+    keep_pages: bool,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -297,6 +308,9 @@ impl std::fmt::Debug for PfsFuse {
 impl PfsFuse {
     /// A FUSE file system over `fs`.
     pub fn new(fs: Arc<dyn FileSystem>, ttl: CacheTtl) -> PfsFuse {
+        let pages = Arc::new(PageVersions::new(PAGE_VERSIONS_MAX));
+        let observed = Arc::clone(&pages);
+        fs.set_version_observer(Box::new(move |ino, change| observed.changed(ino.0, change)));
         PfsFuse {
             fs,
             ttl,
@@ -310,7 +324,17 @@ impl PfsFuse {
             readdirplus_always: true,
             uring_stats: Arc::new(OnceLock::new()),
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
+            pages,
+            keep_pages: true,
         }
+    }
+
+    /// Whether an open keeps the kernel's cached pages of a file that did not
+    /// change since they were read or written (`true`, the default), or drops
+    /// them at every open. The writeback cache turns it off.
+    pub fn keep_pages(mut self, yes: bool) -> PfsFuse {
+        self.keep_pages = yes;
+        self
     }
 
     /// Every directory read with the children's attributes (`true`, the
@@ -342,6 +366,7 @@ impl PfsFuse {
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
         if let Ok(a) = &r {
             self.dir_attrs.put(a);
+            self.saw(a);
         }
         match r {
             Ok(a) => reply.entry_with_ttls(
@@ -369,6 +394,26 @@ impl PfsFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    /// Notes a regular file's version from an attribute reply.
+    fn saw(&self, a: &FileAttr) {
+        if a.kind == FileType::Regular {
+            self.pages.saw(a.ino.0, a.ctime_ns);
+        }
+    }
+
+    /// Whether the kernel keeps its pages of `ino` at this open: asks the home
+    /// for the version when they may be current ([`PageVersions`]).
+    fn keep_at_open(&self, ino: u64) -> bool {
+        if !self.keep_pages {
+            return false;
+        }
+        let current = match self.pages.at_open(ino) {
+            AtOpen::Drop => None,
+            AtOpen::Check => self.fs.getattr(InodeId(ino)).ok().map(|a| a.ctime_ns),
+        };
+        self.pages.opened(ino, current)
     }
 
     /// Notes a change to a file's data or attributes through this mount (after
@@ -588,6 +633,8 @@ fn rename_flags(flags: fuser::RenameFlags) -> Result<RenameFlags, Errno> {
 
 impl fuser::Filesystem for PfsFuse {
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // Its pages went with it.
+        self.pages.forget(ino.0);
         // The kernel sends this when it drops the inode: a file replaced by a
         // rename waited for it.
         let held = self.open.lock().expect("open files lock").hidden.contains_key(&ino.0);
@@ -670,6 +717,7 @@ impl fuser::Filesystem for PfsFuse {
         match self.fs.getattr(InodeId(ino.0)) {
             Ok(a) => {
                 self.dir_attrs.put(&a);
+                self.saw(&a);
                 reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
             }
             Err(e) => reply.error(stale(&e)),
@@ -709,6 +757,7 @@ impl fuser::Filesystem for PfsFuse {
         match r {
             Ok(a) => {
                 self.dir_attrs.put(&a);
+                self.saw(&a);
                 reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
             }
             Err(e) => reply.error(stale(&e)),
@@ -857,12 +906,15 @@ impl fuser::Filesystem for PfsFuse {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _gate = self.gate.enter(Pass::Open);
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
-            // No FOPEN_KEEP_CACHE: the kernel drops cached pages at open, so a file
-            // another client closed is read fresh (commit consistency).
+            // Without FOPEN_KEEP_CACHE the kernel drops cached pages at open, so
+            // a file another client closed is read fresh (close-to-open); with
+            // it only when the home says nothing changed since they were read.
             Ok(fh) => {
-                log::trace!("open ino {} fh {}", ino.0, fh.0);
+                let keep = self.keep_at_open(ino.0);
+                log::trace!("open ino {} fh {} keep_cache {keep}", ino.0, fh.0);
                 self.opened(ino);
-                reply.opened(KHandle(fh.0), FopenFlags::empty())
+                let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                reply.opened(KHandle(fh.0), flags)
             }
             Err(e) => reply.error(stale(&e)),
         }
@@ -887,6 +939,7 @@ impl fuser::Filesystem for PfsFuse {
                     fh.0,
                     d.len()
                 );
+                self.pages.filled(ino.0);
                 reply.data(&d)
             }
             Err(e) => reply.error(errno(&e)),
@@ -912,6 +965,10 @@ impl fuser::Filesystem for PfsFuse {
             data.len(),
             &data[..data.len().min(4)]
         );
+        if fills_a_page(offset, data.len() as u64, KERNEL_PAGE) {
+            // Before the write is sent: its reply may move the version first.
+            self.pages.filled(ino.0);
+        }
         let r = self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data);
         self.file_changed();
         match r {
@@ -1023,10 +1080,14 @@ impl fuser::Filesystem for PfsFuse {
                     // The listing's attributes, unless this mount has the file
                     // open: a lookup counts its own writes in the size.
                     Ok(Some(DirListing { name, attr: Some(a), .. })) if !self.is_open(a.ino.0) => {
+                        self.saw(&a);
                         (name, self.visible(a))
                     }
                     Ok(Some(e)) => match self.fs.lookup(dir, &e.name) {
-                        Ok(a) => (e.name, a),
+                        Ok(a) => {
+                            self.saw(&a);
+                            (e.name, a)
+                        }
                         // Removed since the listing was read: skip it.
                         Err(FsError::NotFound) => {
                             k += 1;
@@ -1195,6 +1256,11 @@ impl fuser::Filesystem for PfsFuse {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
                 self.dir_attrs.changed(parent.0, 0);
                 self.opened(INodeNo(a.ino.0));
+                // A new file (or one the kernel drops the pages of: no
+                // FOPEN_KEEP_CACHE): pages written from here on are at least
+                // as new as the create.
+                self.saw(&a);
+                self.pages.opened(a.ino.0, None);
                 reply.created(
                     &self.ttl.both(),
                     &kernel_attr(&a),

@@ -7,6 +7,8 @@
 //! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
 //!   FUSE ceiling benchmarks compare pfs against.
 //! - [`mount`](mod@mount): `-o` options, mounting, serving until unmount, signals.
+//! - [`pages`]: whether an open keeps the kernel's cached pages of a file (its
+//!   version, the inode's ctime, unchanged but by this mount).
 //!
 //! The `pfs-fuse` binary (`src/main.rs`) is the mount helper:
 //! `mount -t fuse.pfs-fuse HOST:PORT /mnt/pfs -o key=...`.
@@ -16,6 +18,7 @@ pub mod dirattrs;
 pub mod gate;
 pub mod memfs;
 pub mod mount;
+pub mod pages;
 
 pub use adapter::{CacheTtl, PfsFuse};
 pub use memfs::MemFs;

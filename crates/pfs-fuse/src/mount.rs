@@ -61,6 +61,11 @@ pub struct MountConfig {
     /// readdirplus=always`, the default), or only when the kernel guesses they
     /// will be used (`auto`).
     pub readdirplus_always: bool,
+    /// An open keeps the kernel's cached pages of a file whose version shows no
+    /// change since they were read or written but this mount's own (`-o
+    /// page_cache=keep`, the default), or drops them at every open (`drop`).
+    /// Off with the writeback cache.
+    pub keep_pages: bool,
     /// FUSE over io_uring (`-o uring`, [`uring_default`]): threads per kernel
     /// queue (one queue per CPU) and whether they are pinned to it. Falls back to
     /// /dev/fuse when the kernel does not offer it.
@@ -87,6 +92,7 @@ impl Default for MountConfig {
             clone_fd: true,
             writeback_cache: false,
             readdirplus_always: true,
+            keep_pages: true,
             uring: None,
             kernel: Vec::new(),
             acl: SessionACL::Owner,
@@ -168,6 +174,17 @@ impl MountConfig {
                         v => {
                             return Err(format!(
                                 "mount option readdirplus={v:?}: expected always or auto"
+                            ))
+                        }
+                    }
+                }
+                "page_cache" => {
+                    self.keep_pages = match need()? {
+                        "keep" => true,
+                        "drop" => false,
+                        v => {
+                            return Err(format!(
+                                "mount option page_cache={v:?}: expected keep or drop"
                             ))
                         }
                     }
@@ -262,7 +279,8 @@ pub fn mount(
     let adapter = PfsFuse::new(fs.clone(), cfg.ttl)
         .exit_when_unmounted(cfg.exit_when_unmounted)
         .writeback_cache(cfg.writeback_cache)
-        .readdirplus_always(cfg.readdirplus_always);
+        .readdirplus_always(cfg.readdirplus_always)
+        .keep_pages(cfg.keep_pages && !cfg.writeback_cache);
     let uring_stats = adapter.uring_stats.clone();
     let dir_attrs = adapter.dir_attrs.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
@@ -431,6 +449,17 @@ mod tests {
         for bad in ["readdirplus=sometimes", "readdirplus"] {
             let e = with(bad).unwrap_err();
             assert!(e.contains("readdirplus"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn pages_are_kept_unless_asked_to_drop() {
+        assert!(MountConfig::default().keep_pages);
+        assert!(!with("page_cache=drop").unwrap().keep_pages);
+        assert!(with("page_cache=drop,page_cache=keep").unwrap().keep_pages);
+        for bad in ["page_cache=always", "page_cache"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("page_cache"), "{bad}: {e}");
         }
     }
 

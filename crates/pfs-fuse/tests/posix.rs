@@ -69,6 +69,20 @@ fn main() {
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
         ran += 1;
     }
+    // Pages kept at open only while no other client changed the file: a second
+    // mount with the defaults is the other client.
+    let name = "page_cache_follows_versions";
+    if filter.as_deref().is_none_or(|f| name.contains(f)) {
+        println!("test {name} ...");
+        let t = Instant::now();
+        let b = Mounted::new(&cluster.master_addr(), &cluster.key, &cluster.dir.path("mnt-c"), "");
+        let root = m.path(name);
+        fs::create_dir(&root).unwrap();
+        page_cache_follows_versions(&root, &b.path(name));
+        assert_eq!(b.unmount(), Some(0));
+        println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+        ran += 1;
+    }
     let logged = fs::read_to_string(&log).unwrap_or_default();
     assert!(!logged.contains("Not Implemented"), "fuser warnings in the mount log:\n{logged}");
     assert_eq!(m.unmount(), Some(0));
@@ -609,6 +623,94 @@ fn kernel_cache_lifetimes(a: &Path, b: &Path) {
         0o640,
         "attr_timeout=0: B's kernel asked for the attributes again"
     );
+}
+
+/// Pages of `path` in the kernel's page cache right after an open of it (the
+/// open decides whether they stay: `FOPEN_KEEP_CACHE`).
+fn resident_pages(path: &Path) -> usize {
+    let f = fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: a read-only shared mapping of `len` bytes of an open file, only
+    // inspected by mincore(2) (never touched) and unmapped before `f` closes.
+    unsafe {
+        use std::os::fd::AsRawFd;
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0, "mincore");
+        libc::munmap(p, len);
+    }
+    vec.iter().filter(|&&b| b & 1 == 1).count()
+}
+
+/// Asserts that file `path` holds `want`, naming the first byte that differs.
+fn same_bytes(path: &Path, want: &[u8], what: &str) {
+    let got = fs::read(path).unwrap();
+    let first = got.iter().zip(want).position(|(g, w)| g != w);
+    assert!(
+        got.len() == want.len() && first.is_none(),
+        "{}: {what}: {} bytes, want {}; first difference at {first:?}",
+        path.display(),
+        got.len(),
+        want.len()
+    );
+}
+
+/// `a` and `b` are one directory on two mounts (two kernel page caches). A
+/// mount keeps its pages of a file at open while only it changed the file, and
+/// drops them once another client changed it, even to the same size (which
+/// the kernel's attributes alone would not show).
+fn page_cache_follows_versions(a: &Path, b: &Path) {
+    let page = 4096usize;
+    let fill = |byte: u8, len: usize| vec![byte; len];
+    // Written through A: its pages stay across the next open.
+    fs::write(a.join("f"), fill(1, 4 * page)).unwrap();
+    assert_eq!(resident_pages(&a.join("f")), 4, "A's own writes: pages kept");
+    same_bytes(&a.join("f"), &fill(1, 4 * page), "as written");
+    // B overwrites it in place, same size: A's next open drops its pages.
+    same_bytes(&b.join("f"), &fill(1, 4 * page), "as written");
+    let on_b = fs::OpenOptions::new().write(true).open(b.join("f")).unwrap();
+    on_b.write_all_at(&fill(2, 4 * page), 0).unwrap();
+    drop(on_b);
+    same_bytes(&a.join("f"), &fill(2, 4 * page), "A reads B's bytes");
+    assert_eq!(resident_pages(&a.join("f")), 4, "read since, unchanged: kept");
+    // A's own overwrite inside a cached page stays in the pages it keeps.
+    let on_a = fs::OpenOptions::new().write(true).open(a.join("f")).unwrap();
+    on_a.write_all_at(&fill(3, 10), 100).unwrap();
+    drop(on_a);
+    let mut want = fill(2, 4 * page);
+    want[100..110].copy_from_slice(&fill(3, 10));
+    assert_eq!(resident_pages(&a.join("f")), 4);
+    same_bytes(&a.join("f"), &want, "as written");
+    same_bytes(&b.join("f"), &want, "B sees A's write after its close");
+    // A file of three 64 KiB blocks: blocks past the first live on another
+    // shard, and B's write there reaches the home only as the published size.
+    let g = fill(4, 3 * 65536);
+    fs::write(a.join("g"), &g).unwrap();
+    same_bytes(&a.join("g"), &g, "as written");
+    assert_eq!(resident_pages(&a.join("g")), 48, "kept across shards too");
+    let on_b = fs::OpenOptions::new().write(true).open(b.join("g")).unwrap();
+    on_b.write_all_at(&fill(5, 3 * page), 2 * 65536 + 100).unwrap();
+    drop(on_b);
+    let mut want = g.clone();
+    want[2 * 65536 + 100..2 * 65536 + 100 + 3 * page].copy_from_slice(&fill(5, 3 * page));
+    same_bytes(&a.join("g"), &want, "A reads B's bytes on the other shard");
+    // A file A only read: its pages go at the first open after B's change.
+    fs::write(b.join("h"), fill(6, 2 * page)).unwrap();
+    same_bytes(&a.join("h"), &fill(6, 2 * page), "as written");
+    let on_b = fs::OpenOptions::new().write(true).open(b.join("h")).unwrap();
+    on_b.write_all_at(&fill(7, 2 * page), 0).unwrap();
+    drop(on_b);
+    assert_eq!(resident_pages(&a.join("h")), 0, "changed by B: dropped at open");
+    same_bytes(&a.join("h"), &fill(7, 2 * page), "as written");
 }
 
 /// An overwrite inside the size changes the file's mtime and ctime wherever its

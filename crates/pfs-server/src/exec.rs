@@ -207,8 +207,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             Reply::Read(shard.read(ino, offset, size as usize)?)
         }
         Request::Write { ino, fh: _, offset, data } => {
-            let written = shard.write(ino, offset, &data)?;
-            Reply::Write { written: written as u32 }
+            let (ctime_before, ctime) = shard.write_timed(ino, offset, &data)?;
+            Reply::Write { written: data.len() as u32, ctime_before, ctime }
         }
         Request::Fsync { .. } => Reply::Fsync,
         Request::StatFs => Reply::StatFs(shard.statfs()),
@@ -265,13 +265,14 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             if attr.kind != FileType::Regular {
                 return Err(FsError::Invalid(format!("extend the size of a {:?}", attr.kind)));
             }
-            if attr.size >= size {
+            let ctime_before = attr.ctime_ns;
+            let attr = if attr.size >= size {
                 // Written inside the size on other shards: only the times change.
-                Reply::ExtendSize(shard.touch_data(ino)?)
+                shard.touch_data(ino)?
             } else {
-                let set = SetAttr { size: Some(size), ..SetAttr::default() };
-                Reply::ExtendSize(shard.setattr(ino, set)?)
-            }
+                shard.setattr(ino, SetAttr { size: Some(size), ..SetAttr::default() })?
+            };
+            Reply::ExtendSize { attr, ctime_before }
         }
         Request::XRenameTarget { txn, parent, name, value, flags } => {
             let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
@@ -411,7 +412,16 @@ mod tests {
         let ino = create(&mut s, "a");
         create(&mut s, "b");
         let w = Request::Write { ino, fh: FileHandle(0), offset: 3, data: b"xyz".to_vec() };
-        assert_eq!(ok(&mut s, w), Reply::Write { written: 3 });
+        let Reply::Write { written: 3, ctime_before, ctime } = ok(&mut s, w.clone()) else {
+            panic!()
+        };
+        // Each change moves the ctime, even within one clock tick: a version.
+        assert!(ctime > ctime_before, "{ctime} after {ctime_before}");
+        let Reply::Write { ctime_before: again, ctime: later, .. } = ok(&mut s, w) else {
+            panic!()
+        };
+        assert_eq!(again, ctime, "the second write starts where the first ended");
+        assert!(later > ctime);
         let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100 };
         assert_eq!(ok(&mut s, r), Reply::Read(b"\0\0\0xyz".to_vec()));
         let list = |after: &[u8]| Request::ReadDir {
@@ -468,10 +478,15 @@ mod tests {
         let mut s = shard();
         let ino = create(&mut s, "f");
         let grow = |size| Request::ExtendSize { ino, size };
-        let Reply::ExtendSize(a) = ok(&mut s, grow(100_000)) else { panic!() };
+        let Reply::ExtendSize { attr: a, ctime_before } = ok(&mut s, grow(100_000)) else {
+            panic!()
+        };
         assert_eq!(a.size, 100_000);
-        let Reply::ExtendSize(a) = ok(&mut s, grow(10)) else { panic!() };
-        assert_eq!(a.size, 100_000);
+        assert!(a.ctime_ns > ctime_before);
+        let Reply::ExtendSize { attr: b, ctime_before } = ok(&mut s, grow(10)) else { panic!() };
+        assert_eq!(b.size, 100_000);
+        assert_eq!(ctime_before, a.ctime_ns);
+        assert!(b.ctime_ns > a.ctime_ns, "published inside the size: still a new version");
         // An inode homed on another shard: only its data lives here.
         let foreign = InodeId::compose(ShardId(5), 9);
         let w = Request::WriteData {

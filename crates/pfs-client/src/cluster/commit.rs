@@ -203,6 +203,9 @@ mod tests {
         let read = Request::GetAttr { ino: InodeId(4) };
         assert!(dirtied(&read, &Reply::GetAttr(attr(4))).is_empty());
         let write = Request::Write { ino: InodeId(5), fh: FileHandle(1), offset: 0, data: vec![1] };
-        assert_eq!(dirtied(&write, &Reply::Write { written: 1 }), [InodeId(5)]);
+        assert_eq!(
+            dirtied(&write, &Reply::Write { written: 1, ctime_before: 1, ctime: 2 }),
+            [InodeId(5)]
+        );
     }
 }

@@ -9,20 +9,34 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pfs_core::wire::{Reply, Request, MAX_IO_BYTES};
-use pfs_core::{FileHandle, FsError, FsResult, InodeId};
+use pfs_core::{FileHandle, FsError, FsResult, InodeId, TimeNs};
 
 use super::files::{OpenFile, OpenState, Pending};
 use super::Cluster;
 
 impl Cluster {
+    /// Tells the version observer of a change this client made at `ino`'s home
+    /// (`None`: one whose outcome is unknown).
+    fn changed_version(&self, ino: InodeId, change: Option<(TimeNs, TimeNs)>) {
+        if let Some(observe) = self.versions.get() {
+            observe(ino, change);
+        }
+    }
+
     /// Completes the oldest pending write of `state` (a write to `ino`).
     fn complete_one(&self, ino: InodeId, state: &mut OpenState) {
         if let Some(p) = state.pending.pop_front() {
             let result = self.conns[p.server].wait_boot(p.sent);
             self.conns[p.server].release_pipelined();
             match result {
-                Ok((_, boot)) => self.note_unsynced(&[ino], p.server as u32, p.worker, boot),
+                Ok((reply, boot)) => {
+                    if let Reply::Write { ctime_before, ctime, .. } = reply {
+                        self.changed_version(ino, Some((ctime_before, ctime)));
+                    }
+                    self.note_unsynced(&[ino], p.server as u32, p.worker, boot)
+                }
                 Err(e) => {
+                    self.changed_version(ino, None);
                     // Acknowledged to the caller already: the error waits for its
                     // next write, flush, fsync or close, and the log says so now.
                     log::warn!("a write to inode {ino} failed: {e} (reported at the next call)");
@@ -75,10 +89,11 @@ impl Cluster {
         }
         if st.extend_to > 0 && st.first_error.is_none() {
             let size = st.extend_to;
-            let attr = expect_reply!(
-                self.call_home(ino, Request::ExtendSize { ino, size })?,
-                Reply::ExtendSize(a) => a
-            )?;
+            let published = self.call_home(ino, Request::ExtendSize { ino, size }).and_then(|r| {
+                expect_reply!(r, Reply::ExtendSize { attr, ctime_before } => (attr, ctime_before))
+            });
+            let (attr, before) = published.inspect_err(|_| self.changed_version(ino, None))?;
+            self.changed_version(ino, Some((before, attr.ctime_ns)));
             st.size = Some(attr.size);
             st.extend_to = 0;
         }
@@ -273,6 +288,6 @@ impl Cluster {
             return Ok(());
         }
         let size = offset.checked_add(len).ok_or(FsError::FileTooLarge)?;
-        expect_reply!(self.call_home(ino, Request::ExtendSize { ino, size })?, Reply::ExtendSize(_) => ())
+        expect_reply!(self.call_home(ino, Request::ExtendSize { ino, size })?, Reply::ExtendSize { .. } => ())
     }
 }

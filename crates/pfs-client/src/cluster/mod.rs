@@ -40,7 +40,7 @@ use pfs_core::{
 };
 use pfs_net::ClusterKey;
 
-use crate::api::{DirListing, FileSystem, Invalidator};
+use crate::api::{DirListing, FileSystem, Invalidator, VersionObserver};
 use crate::conn::{rpc_options, Conn, Sent};
 use crate::dcache::CachedDir;
 use crate::unsynced::Unsynced;
@@ -169,6 +169,8 @@ pub struct Cluster {
     caches: Arc<Caches>,
     /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
     unsynced: Mutex<Unsynced>,
+    /// Told of this client's data changes at homes (`set_version_observer`).
+    versions: std::sync::OnceLock<VersionObserver>,
     stop: Arc<AtomicBool>,
     notifier: Option<std::thread::JoinHandle<()>>,
 }
@@ -302,6 +304,7 @@ impl Cluster {
             files: OpenFiles::new(OPEN_FILES_MAX),
             caches,
             unsynced: Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)),
+            versions: std::sync::OnceLock::new(),
             stop,
             notifier: Some(notifier),
             opts,
@@ -1024,5 +1027,11 @@ impl FileSystem for Cluster {
 
     fn set_invalidator(&self, invalidator: Invalidator) {
         self.caches.set_invalidator(invalidator);
+    }
+
+    fn set_version_observer(&self, observer: VersionObserver) {
+        if self.versions.set(observer).is_err() {
+            log::warn!("a second version observer was ignored");
+        }
     }
 }

@@ -7,7 +7,7 @@ use super::{
     Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES,
     MAX_XATTR_VALUE_BYTES,
 };
-use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs};
+use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs, TimeNs};
 
 /// The reply to a request; each variant answers the request of the same name and
 /// travels under its opcode.
@@ -76,10 +76,16 @@ pub enum Reply {
     Release,
     /// The bytes read; shorter than asked at end of file.
     Read(Vec<u8>),
-    /// Bytes written.
+    /// Bytes written at the file's home.
     Write {
         /// How many.
         written: u32,
+        /// The inode's `ctime` before the write and after it: a client that
+        /// cached pages of the file at `ctime_before` (its data version) still
+        /// holds current ones at `ctime`, the write being its own.
+        ctime_before: TimeNs,
+        /// The inode's `ctime` after the write.
+        ctime: TimeNs,
     },
     /// The data is durable.
     Fsync,
@@ -112,8 +118,13 @@ pub enum Reply {
     ReadData(Vec<u8>),
     /// The data past the size is freed.
     TruncateData,
-    /// The attributes after the size grew.
-    ExtendSize(FileAttr),
+    /// The attributes after the size grew (or the times moved).
+    ExtendSize {
+        /// The attributes now.
+        attr: FileAttr,
+        /// The inode's `ctime` before (see [`Reply::Write`]).
+        ctime_before: TimeNs,
+    },
     /// The master accepted the server.
     Register {
         /// The server's id in the view.
@@ -263,7 +274,7 @@ impl Reply {
             Reply::WriteData { .. } => Opcode::WriteData,
             Reply::ReadData(_) => Opcode::ReadData,
             Reply::TruncateData => Opcode::TruncateData,
-            Reply::ExtendSize(_) => Opcode::ExtendSize,
+            Reply::ExtendSize { .. } => Opcode::ExtendSize,
             Reply::Register { .. } => Opcode::Register,
             Reply::Heartbeat { .. } => Opcode::Heartbeat,
             Reply::GetView(_) => Opcode::GetView,
@@ -289,8 +300,11 @@ impl Reply {
             | Reply::Mknod(e)
             | Reply::Symlink(e)
             | Reply::Link(e) => e.put(w),
-            Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::ExtendSize(a) | Reply::AddLink(a) => {
-                a.put(w)
+            Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::AddLink(a) => a.put(w),
+            Reply::ExtendSize { attr, ctime_before } => {
+                attr.put(w)?;
+                w.i64(*ctime_before);
+                Ok(())
             }
             Reply::Create { entry, fh } => {
                 entry.put(w)?;
@@ -354,7 +368,13 @@ impl Reply {
                 Ok(())
             }
             Reply::Read(data) | Reply::ReadData(data) => w.bytes32("read data", data, MAX_IO_BYTES),
-            Reply::Write { written } | Reply::WriteData { written } => {
+            Reply::Write { written, ctime_before, ctime } => {
+                w.u32(*written);
+                w.i64(*ctime_before);
+                w.i64(*ctime);
+                Ok(())
+            }
+            Reply::WriteData { written } => {
                 w.u32(*written);
                 Ok(())
             }
@@ -437,7 +457,11 @@ impl Reply {
             }
             Opcode::Open => Reply::Open { fh: FileHandle(r.u64("file handle")?) },
             Opcode::Read => Reply::Read(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
-            Opcode::Write => Reply::Write { written: r.u32("bytes written")? },
+            Opcode::Write => Reply::Write {
+                written: r.u32("bytes written")?,
+                ctime_before: r.i64("ctime before")?,
+                ctime: r.i64("ctime after")?,
+            },
             Opcode::StatFs => Reply::StatFs(StatFs::get(r)?),
             Opcode::GetXattr => {
                 Reply::GetXattr(r.bytes32("xattr value", MAX_XATTR_VALUE_BYTES)?.to_vec())
@@ -460,7 +484,9 @@ impl Reply {
             Opcode::WriteData => Reply::WriteData { written: r.u32("bytes written")? },
             Opcode::ReadData => Reply::ReadData(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
             Opcode::TruncateData => Reply::TruncateData,
-            Opcode::ExtendSize => Reply::ExtendSize(FileAttr::get(r)?),
+            Opcode::ExtendSize => {
+                Reply::ExtendSize { attr: FileAttr::get(r)?, ctime_before: r.i64("ctime before")? }
+            }
             Opcode::Link => Reply::Link(Entry::get(r)?),
             Opcode::AddLink => Reply::AddLink(FileAttr::get(r)?),
             Opcode::AdjustDir => Reply::AdjustDir,

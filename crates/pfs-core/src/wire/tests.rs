@@ -339,7 +339,9 @@ fn reply() -> impl Strategy<Value = Reply> {
         fh().prop_map(|fh| Reply::Open { fh }),
         Just(Reply::Release),
         bytes(4096).prop_map(Reply::Read),
-        any::<u32>().prop_map(|written| Reply::Write { written }),
+        (any::<u32>(), any::<i64>(), any::<i64>()).prop_map(|(written, ctime_before, ctime)| {
+            Reply::Write { written, ctime_before, ctime }
+        }),
         Just(Reply::Fsync),
         statfs().prop_map(Reply::StatFs),
         bytes(512).prop_map(Reply::GetXattr),
@@ -355,7 +357,8 @@ fn reply() -> impl Strategy<Value = Reply> {
         any::<u32>().prop_map(|written| Reply::WriteData { written }),
         bytes(4096).prop_map(Reply::ReadData),
         Just(Reply::TruncateData),
-        attr().prop_map(Reply::ExtendSize),
+        (attr(), any::<i64>())
+            .prop_map(|(attr, ctime_before)| Reply::ExtendSize { attr, ctime_before }),
         (any::<u32>(), any::<u64>()).prop_map(|(s, epoch)| Reply::Register {
             server: ServerId(s),
             epoch,

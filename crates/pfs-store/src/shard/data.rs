@@ -9,7 +9,7 @@
 //! `io` layout: every write gets its own run and an extent keyed by file offset;
 //! nothing is read back and merged. Overlapped parts of older extents are trimmed.
 
-use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId};
+use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
@@ -31,6 +31,18 @@ impl<D: Device> Shard<D> {
     /// Writes `data` at `offset` of file `ino`; returns the bytes written. The data
     /// is durable after the next `commit` (fsync / close).
     pub fn write(&mut self, ino: InodeId, offset: u64, data: &[u8]) -> FsResult<usize> {
+        self.write_timed(ino, offset, data).map(|_| data.len())
+    }
+
+    /// [`Shard::write`], returning the inode's `ctime` before and after it: the
+    /// version change a client follows to keep its cached pages
+    /// (docs/posix.md, "Kernel page cache").
+    pub fn write_timed(
+        &mut self,
+        ino: InodeId,
+        offset: u64,
+        data: &[u8],
+    ) -> FsResult<(TimeNs, TimeNs)> {
         let inode = self.inode(ino)?;
         match inode.kind {
             FileType::Regular => {}
@@ -43,10 +55,11 @@ impl<D: Device> Shard<D> {
         }
         // Reloaded: settling and pre-trimming may have changed its page count.
         let mut inode = self.inode(ino)?;
+        let before = inode.ctime_ns;
         self.begin()?;
         self.write_in_op(&mut inode, offset, data)?;
         self.finish()?;
-        Ok(data.len())
+        Ok((before, inode.ctime_ns))
     }
 
     /// Writes `data` at `offset` of file `ino` whose inode lives on another shard

@@ -144,7 +144,12 @@ pub struct Shard<D: Device> {
     record: Vec<u8>,
     /// Set when memory and log may disagree (a device error inside an apply).
     failed: Option<String>,
-    now_ns: TimeNs,
+    /// The wall clock as the worker last set it.
+    clock_ns: TimeNs,
+    /// The time of the operation in progress: the clock, but always past the
+    /// previous operation's, so no two changes on this shard share a time and
+    /// an inode's `ctime` is a version (the FUSE mount keeps pages by it).
+    op_ns: TimeNs,
     stats: ShardStats,
     /// Data pages as the device holds them, and where sequential readers are.
     read_cache: cache::PageCache,
@@ -351,7 +356,8 @@ impl<D: Device> Shard<D> {
             op_changes: 0,
             record: Vec::with_capacity(MAX_RECORD_BYTES as usize),
             failed: None,
-            now_ns: wall_clock_ns(),
+            clock_ns: wall_clock_ns(),
+            op_ns: 0,
             stats: ShardStats::default(),
             read_cache: cache::PageCache::new(opts.read_cache_pages),
             writes: dataio::DataIo::default(),
@@ -383,7 +389,7 @@ impl<D: Device> Shard<D> {
 
     /// Sets the clock used for timestamps (the worker sets it once per tick).
     pub fn set_now(&mut self, now_ns: TimeNs) {
-        self.now_ns = now_ns;
+        self.clock_ns = now_ns;
     }
 
     /// Whether `ino` lives on this shard.
@@ -512,6 +518,7 @@ impl<D: Device> Shard<D> {
     fn begin(&mut self) -> FsResult<()> {
         self.end_request();
         self.check_failed()?;
+        self.op_ns = self.clock_ns.max(self.op_ns.saturating_add(1));
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.checkpoint()?;
         } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
@@ -800,8 +807,9 @@ impl<D: Device> Shard<D> {
         Ok(())
     }
 
+    /// The time of the operation in progress (set by [`Shard::begin`]).
     fn now(&self) -> TimeNs {
-        self.now_ns
+        self.op_ns
     }
 }
 
