@@ -145,6 +145,11 @@ impl PageVersions {
     pub fn len(&self) -> usize {
         self.map.lock().expect("page versions lock").len()
     }
+
+    /// Whether no inode is followed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Whether a write of `len` bytes at `offset` fills at least one whole page of
