@@ -39,7 +39,7 @@ impl Echo {
             server.run_until(&s, |req| {
                 let reply = match req.body {
                     Body::Request(Request::Write { data, .. }) => {
-                        Reply::Write { written: data.len() as u32 }
+                        Reply::Write { written: data.len() as u32, ctime_before: 0, ctime: 0 }
                     }
                     Body::Request(Request::Read { size, .. }) => {
                         Reply::Read(vec![7; size as usize])
