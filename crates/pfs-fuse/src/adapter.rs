@@ -913,8 +913,13 @@ impl fuser::Filesystem for PfsFuse {
                 let keep = self.keep_at_open(ino.0);
                 log::trace!("open ino {} fh {} keep_cache {keep}", ino.0, fh.0);
                 self.opened(ino);
-                let flags = if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
-                reply.opened(KHandle(fh.0), flags)
+                let mut open_flags =
+                    if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
+                if flags.0 & libc::O_ACCMODE == libc::O_RDONLY {
+                    // Nothing to wait for or publish at its close: no FLUSH.
+                    open_flags |= FopenFlags::FOPEN_NOFLUSH;
+                }
+                reply.opened(KHandle(fh.0), open_flags)
             }
             Err(e) => reply.error(stale(&e)),
         }
