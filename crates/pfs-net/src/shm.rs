@@ -40,6 +40,10 @@ const PRODUCER_WAITING: usize = 132;
 const PRODUCER_CLOSED: usize = 192;
 /// Empty reads between two checks of the unix socket for a dead peer.
 const ALIVE_CHECK_EVERY: u32 = 1024;
+/// Parks between two such checks. A parked reader wakes at least every few
+/// milliseconds (its wait slice), so a dead peer is still noticed within tens
+/// of them; checking at every park cost a system call per request.
+const ALIVE_CHECK_PARKS: u32 = 16;
 
 /// Which end of the pipe this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +105,8 @@ pub(crate) struct ShmPipe {
     theirs: EventFd,
     sock: UnixStream,
     empty_reads: u32,
+    /// Parks since the last check for a dead peer.
+    parks: u32,
     peer_gone: bool,
 }
 
@@ -222,7 +228,17 @@ impl ShmPipe {
             Side::Client => (ring(0), ring(1)),
             Side::Server => (ring(1), ring(0)),
         };
-        Ok(ShmPipe { _map: m, tx, rx, mine, theirs, sock, empty_reads: 0, peer_gone: false })
+        Ok(ShmPipe {
+            _map: m,
+            tx,
+            rx,
+            mine,
+            theirs,
+            sock,
+            empty_reads: 0,
+            parks: 0,
+            peer_gone: false,
+        })
     }
 
     /// Descriptors to watch for readiness: this side's eventfd and the socket.
@@ -307,7 +323,11 @@ impl ShmPipe {
         self.mine.drain();
         self.rx.u32_at(CONSUMER_PARKED).store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
-        self.check_alive();
+        self.parks += 1;
+        if self.parks >= ALIVE_CHECK_PARKS {
+            self.parks = 0;
+            self.check_alive();
+        }
         !(self.peer_gone || self.rx.used() != Some(0))
     }
 
