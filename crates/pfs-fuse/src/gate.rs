@@ -82,9 +82,13 @@ impl Gate {
         s.queue.remove(at);
         let holders = s.held.map_or(0, |(_, n)| n);
         s.held = Some((pass, holders + 1));
+        // The next in the queue may be of this kind too. Waiters are queued
+        // while they wait: with none, no wake-up (a system call each).
+        let waiting = !s.queue.is_empty();
         drop(s);
-        // The next in the queue may be of this kind too.
-        self.changed.notify_all();
+        if waiting {
+            self.changed.notify_all();
+        }
         Held { gate: self }
     }
 }
@@ -96,8 +100,11 @@ impl Drop for Held<'_> {
             Some((kind, n)) if n > 1 => Some((kind, n - 1)),
             _ => None,
         };
+        let waiting = !s.queue.is_empty();
         drop(s);
-        self.gate.changed.notify_all();
+        if waiting {
+            self.gate.changed.notify_all();
+        }
     }
 }
 
