@@ -440,6 +440,10 @@ pub struct ClientConfig {
     /// Use slot RPC (replies written into the client's inbox, the RDMA protocol)
     /// over tcp and shm too; RDMA connections always use it.
     pub slot_rpc: bool,
+    /// How long a caller polls for its reply before it parks (microseconds; 0
+    /// parks at once). A reply that comes within it costs no wake-up on either
+    /// side (docs/benchmarks.md: 5 beat 0, 8, 15 and 30 here).
+    pub reply_spin_us: u32,
 }
 
 impl Default for ClientConfig {
@@ -461,6 +465,7 @@ impl Default for ClientConfig {
             rdma_gid_index: 0,
             rpc_slots: 32,
             slot_rpc: false,
+            reply_spin_us: 5,
         }
     }
 }
@@ -476,6 +481,7 @@ impl ConfigFile for ClientConfig {
         check_range("dentry_cache_entries", self.dentry_cache_entries, 0, 1 << 24)?;
         check_range("rdma_port", self.rdma_port, 1, 255)?;
         check_range("rpc_slots", self.rpc_slots, 1, 4096)?;
+        check_range("reply_spin_us", self.reply_spin_us, 0, 1000)?;
         Ok(())
     }
 }
@@ -705,6 +711,7 @@ mod tests {
                 "dentry_cache_entries = 16777217",
                 "dentry_cache_entries = 16777217 is out of range: allowed 0..=16777216",
             ),
+            ("reply_spin_us = 1001", "reply_spin_us = 1001 is out of range: allowed 0..=1000"),
             (
                 "master = \"m:x\"",
                 "master = \"m:x\" is invalid: expected host:port with a port in 1..=65535",

@@ -83,6 +83,8 @@ pub struct ClusterOptions {
     pub rdma: pfs_net::rdma::RdmaConfig,
     /// Slot RPC over tcp and shm (RDMA links always use it, with `rdma.slots`).
     pub slot_rpc: Option<pfs_net::SlotRpc>,
+    /// How long a caller polls for its reply before it parks.
+    pub reply_spin: Duration,
 }
 
 impl ClusterOptions {
@@ -100,6 +102,7 @@ impl ClusterOptions {
             transport: pfs_net::TransportKind::Auto,
             rdma: pfs_net::rdma::RdmaConfig::default(),
             slot_rpc: None,
+            reply_spin: Duration::from_micros(5),
         }
     }
 
@@ -120,6 +123,7 @@ impl ClusterOptions {
         o.max_unfinished_writes = cfg.max_unfinished_writes as usize;
         o.strict = cfg.strict;
         o.dentry_ttl = Duration::from_millis(cfg.dentry_ttl_ms);
+        o.reply_spin = Duration::from_micros(u64::from(cfg.reply_spin_us));
         o.dentry_cache_entries = cfg.dentry_cache_entries as usize;
         o.transport = match cfg.transport {
             pfs_core::Transport::Auto => pfs_net::TransportKind::Auto,
@@ -281,7 +285,7 @@ impl Cluster {
             let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
                 FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
             })?;
-            conns.push(conn);
+            conns.push(conn.reply_spin(opts.reply_spin));
         }
         let conns = Arc::new(conns);
         let caches = Arc::new(Caches::new(opts.dentry_cache_entries));
