@@ -233,9 +233,17 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     let cluster = start(opts)?;
     let master = cluster.master_addr();
     let mut cfg = pfs_fuse::MountConfig::default();
-    cfg.client.master = master.to_string();
-    cfg.client.key_file = cluster.key_file.clone();
     cfg.apply_options(mount_options)?;
+    // The local cluster's own master and key, unless an option names others
+    // (a `config=` file's would point at another cluster, or at none).
+    let named =
+        |k: &str| mount_options.iter().flat_map(|l| l.split(',')).any(|o| o.trim().starts_with(k));
+    if !named("master=") {
+        cfg.client.master = master.to_string();
+    }
+    if !named("key=") {
+        cfg.client.key_file = cluster.key_file.clone();
+    }
     let client = Cluster::connect(ClusterOptions::from_config(&cfg.client)?)
         .map_err(|e| format!("cannot connect to the local cluster: {e}"))?;
     let fs: Arc<dyn FileSystem> = Arc::new(client);

@@ -76,8 +76,13 @@ fn up_mounts_stops_on_ctrl_c_and_remounts_the_same_data() {
     assert!(msg.contains("--servers 1 --workers 2"), "{msg}");
     assert!(!mounted(&mnt));
 
-    // Without --workers, pfs up serves the data with the shape it was made with.
-    let (child, _) = common::up_exactly(&data, &mnt, &[]);
+    // Without --workers, pfs up serves the data with the shape it was made with;
+    // a client config file (`-o config=`) tunes the client and keeps pfs up's
+    // own master and key.
+    let cfg = base.join("client.toml");
+    std::fs::write(&cfg, "reply_spin_us = 0\ndentry_ttl_ms = 500\n").unwrap();
+    let opt = format!("config={}", cfg.display());
+    let (child, _) = common::up_exactly(&data, &mnt, &["-o", &opt]);
     assert_eq!(std::fs::read(mnt.join("dir/file")).unwrap(), b"kept across restarts");
     interrupt(child);
     assert!(!mounted(&mnt));
