@@ -142,13 +142,9 @@ impl PageVersions {
     }
 
     /// Inodes followed now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.map.lock().expect("page versions lock").len()
-    }
-
-    /// Whether no inode is followed.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
@@ -162,6 +158,15 @@ pub fn fills_a_page(offset: u64, len: u64, page: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A table whose inode 1 was opened at version 10 and then read.
+    fn read_at_10() -> PageVersions {
+        let t = PageVersions::new(16);
+        t.saw(1, 10);
+        open(&t, 1, 10);
+        t.filled(1);
+        t
+    }
 
     /// Opens the way the adapter does; returns whether pages are kept.
     fn open(t: &PageVersions, ino: u64, home: TimeNs) -> bool {
@@ -188,10 +193,7 @@ mod tests {
 
     #[test]
     fn a_change_that_did_not_start_from_the_known_version_makes_it_unknown() {
-        let t = PageVersions::new(16);
-        t.saw(1, 10);
-        open(&t, 1, 10);
-        t.filled(1);
+        let t = read_at_10();
         t.changed(1, Some((15, 16))); // someone changed it to 15 in between
         assert_eq!(t.at_open(1), AtOpen::Drop);
         t.changed(1, Some((16, 17)));
@@ -201,10 +203,7 @@ mod tests {
 
     #[test]
     fn a_failed_write_makes_it_unknown() {
-        let t = PageVersions::new(16);
-        t.saw(1, 10);
-        open(&t, 1, 10);
-        t.filled(1);
+        let t = read_at_10();
         t.changed(1, None);
         assert!(!open(&t, 1, 10), "the page may hold bytes the server refused");
     }

@@ -53,32 +53,29 @@ fn main() {
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
         ran += 1;
     }
-    // The kernel's cache lifetimes, seen from a second mount of the same cluster
-    // (another kernel cache) with its own options.
-    let name = "kernel_cache_lifetimes";
-    if filter.as_deref().is_none_or(|f| name.contains(f)) {
+    // Cases seen from a second mount of the same cluster (another kernel cache)
+    // with its own options: the kernel's cache lifetimes, and pages kept at open
+    // only while no other client changed the file.
+    type TwoMountCase = (&'static str, &'static str, fn(&Path, &Path));
+    let two_mount_cases: &[TwoMountCase] = &[
+        (
+            "kernel_cache_lifetimes",
+            "negative_timeout=30,entry_timeout=30,attr_timeout=0",
+            kernel_cache_lifetimes,
+        ),
+        ("page_cache_follows_versions", "", page_cache_follows_versions),
+    ];
+    for (name, b_opts, case) in two_mount_cases {
+        if filter.as_deref().is_some_and(|f| !name.contains(f)) {
+            continue;
+        }
         println!("test {name} ...");
         let t = Instant::now();
-        let b_dir = cluster.dir.path("mnt-b");
-        let b_opts = "negative_timeout=30,entry_timeout=30,attr_timeout=0";
+        let b_dir = cluster.dir.path(&format!("mnt-{name}"));
         let b = Mounted::new(&cluster.master_addr(), &cluster.key, &b_dir, b_opts);
         let root = m.path(name);
         fs::create_dir(&root).unwrap();
-        kernel_cache_lifetimes(&root, &b.path(name));
-        assert_eq!(b.unmount(), Some(0));
-        println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
-        ran += 1;
-    }
-    // Pages kept at open only while no other client changed the file: a second
-    // mount with the defaults is the other client.
-    let name = "page_cache_follows_versions";
-    if filter.as_deref().is_none_or(|f| name.contains(f)) {
-        println!("test {name} ...");
-        let t = Instant::now();
-        let b = Mounted::new(&cluster.master_addr(), &cluster.key, &cluster.dir.path("mnt-c"), "");
-        let root = m.path(name);
-        fs::create_dir(&root).unwrap();
-        page_cache_follows_versions(&root, &b.path(name));
+        case(&root, &b.path(name));
         assert_eq!(b.unmount(), Some(0));
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
         ran += 1;
