@@ -514,7 +514,7 @@ impl<D: Device> Worker<D> {
     pub(crate) fn answer(&mut self, w: Waiter, body: Body) {
         let frame = Frame { request_id: w.request_id, client: w.client, body };
         let buf = frame.to_bytes().expect("a rename reply always encodes");
-        self.after_commit.push((w.origin, w.conn, buf));
+        self.reply_after_commit(w.origin, w.conn, buf);
     }
 }
 

@@ -203,8 +203,9 @@ pub struct Worker<D: Device> {
     stop: Arc<AtomicBool>,
     epoll: Epoll,
     completions: Vec<Completion>,
-    /// Replies held until the next commit: (origin worker, connection, frame).
-    pub(crate) after_commit: Vec<(u16, ConnRef, Vec<u8>)>,
+    /// Replies held until their commit (`Shard::next_commit` when they were
+    /// made) finished: (commit, origin worker, connection, frame).
+    pub(crate) after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -254,6 +255,8 @@ pub fn ring_mesh(
 
 /// Token of the worker's own eventfd in its epoll set; connections use slot + 1.
 const TOKEN_BELL: u64 = 0;
+/// Token of the device's completion descriptor (`Device::completion_fd`).
+const TOKEN_DEVICE: u64 = u64::MAX;
 /// Longest park, so the stop flag and the commit timer are seen.
 const PARK_MAX: Duration = Duration::from_millis(100);
 
@@ -277,6 +280,10 @@ impl<D: Device> Worker<D> {
     ) -> std::io::Result<Worker<D>> {
         let epoll = Epoll::new()?;
         epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
+        if let Some(fd) = shard.completion_fd() {
+            // A commit step that finishes wakes a parked worker.
+            epoll.add(fd, READ, TOKEN_DEVICE)?;
+        }
         let mut w = Worker {
             id,
             shard,
@@ -416,15 +423,57 @@ impl<D: Device> Worker<D> {
         }
         // Cross-shard steps and trims run shard operations outside `exec`.
         self.shard.end_request();
-        if !self.after_commit.is_empty() || self.holds_wait_for_commit() {
-            work += self.after_commit.len() + 1;
-            self.commit_and_release();
-        } else if let Some(t) = self.dirty_since {
-            if self.now.duration_since(t) >= self.opts.commit_interval {
-                self.commit_and_release();
+        work + self.drive_commit()
+    }
+
+    /// Moves the group commit along beside the requests: answers what a
+    /// finished commit covered, and starts the next one when replies wait for
+    /// it or the oldest change is `commit_interval` old. Returns the work done.
+    fn drive_commit(&mut self) -> usize {
+        let mut work = 0;
+        if self.shard.committing() {
+            self.shard.poll_commit();
+            if self.shard.committing() {
+                return 0;
+            }
+            self.publish_usage();
+            work += 1;
+        }
+        work += self.release_committed();
+        let due = !self.after_commit.is_empty()
+            || self.holds_wait_for_commit()
+            || self
+                .dirty_since
+                .is_some_and(|t| self.now.duration_since(t) >= self.opts.commit_interval);
+        if due && self.shard.failure().is_none() {
+            self.dirty_since = None;
+            // A failure is seen by the caller (`Shard::failure`).
+            let _ = self.shard.start_commit();
+            work += 1;
+            if !self.shard.committing() {
+                // Nothing to write: finished at once.
+                work += self.release_committed();
             }
         }
         work
+    }
+
+    /// Sends the held replies whose commit finished.
+    fn release_committed(&mut self) -> usize {
+        let done = self.shard.commits_done();
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.after_commit).into_iter().partition(|h| h.0 <= done);
+        self.after_commit = waiting;
+        let n = ready.len();
+        for (_, origin, conn, buf) in ready {
+            self.route_reply(origin, conn, buf);
+        }
+        n
+    }
+
+    /// Holds `buf` until the commit that covers what happened so far finished.
+    pub(crate) fn reply_after_commit(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+        self.after_commit.push((self.shard.next_commit(), origin, conn, buf));
     }
 
     fn take_new_conns(&mut self) -> usize {
@@ -715,7 +764,7 @@ impl<D: Device> Worker<D> {
             return None;
         }
         if durability == Durability::AfterCommit {
-            self.after_commit.push((origin, conn, buf));
+            self.reply_after_commit(origin, conn, buf);
             return None;
         }
         Some(buf)
@@ -742,13 +791,14 @@ impl<D: Device> Worker<D> {
         work
     }
 
-    /// Commits the shard and sends every reply that waited for it.
+    /// Commits the shard, waiting for it, and sends every reply that waited
+    /// for a commit (on a failed shard: an error instead). For the drain.
     fn commit_and_release(&mut self) {
         let result = self.shard.commit();
         self.dirty_since = None;
         self.publish_usage();
         let held = std::mem::take(&mut self.after_commit);
-        for (origin, conn, mut buf) in held {
+        for (_, origin, conn, mut buf) in held {
             if let Err(e) = &result {
                 // The change may not be durable: the caller must not be told it is.
                 let header = FrameHeader::decode(&buf).expect("encoded here");
@@ -908,12 +958,20 @@ impl<D: Device> Worker<D> {
         let rings_busy = self.ring_in.iter().flatten().any(|r| !r.is_empty());
         let conns_busy = self.conns.iter_mut().flatten().any(|c| !c.qp.prepare_wait());
         let copied = self.memcpy.as_ref().is_some_and(MemcpyPort::has_done);
-        if !rings_busy && !conns_busy && !copied && self.backlog.is_empty() {
+        // Finished device requests are collected first, so the device's
+        // descriptor wakes the park only for new ones. A device without one
+        // cannot wake it: then a commit under way is polled, not slept on.
+        self.shard.poll_device();
+        let device_wakes = self.shard.completion_fd().is_some();
+        let commit_polled = self.shard.committing() && !device_wakes;
+        if !rings_busy && !conns_busy && !copied && self.backlog.is_empty() && !commit_polled {
             let timeout = match self.dirty_since {
                 Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
                 None => PARK_MAX,
             };
             let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
+        } else if commit_polled {
+            std::thread::yield_now();
         }
         bell.parked.store(false, Ordering::SeqCst);
         bell.wake.drain();

@@ -1,6 +1,7 @@
 //! The shard's one path to its device: blocking batches for the operation at hand,
-//! plus two kinds of asynchronous requests whose completions are collected later:
-//! Icache write-backs and data writes (`shard/dataio.rs`).
+//! plus three kinds of asynchronous requests whose completions are collected later:
+//! Icache write-backs, data writes and reads (`shard/dataio.rs`), and the steps of
+//! a group commit (`shard/commit.rs`).
 
 use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
@@ -8,6 +9,8 @@ use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequ
 const ASYNC_TAG: u64 = 1 << 63;
 /// Asynchronous tags with this bit set as well are data writes.
 const DATA_TAG: u64 = 1 << 62;
+/// Asynchronous tags with this bit set as well are a group commit's steps.
+const COMMIT_TAG: u64 = 1 << 61;
 
 /// Completions and the count in flight of one kind of asynchronous request.
 #[derive(Debug, Default)]
@@ -16,20 +19,28 @@ struct AsyncKind {
     in_flight: usize,
 }
 
+/// The asynchronous requests in flight, by kind.
+#[derive(Debug, Default)]
+struct Kinds {
+    /// Icache write-backs.
+    meta: AsyncKind,
+    /// Data writes and read-ahead.
+    data: AsyncKind,
+    /// The step of a group commit under way (at most one).
+    commit: AsyncKind,
+}
+
 /// The device plus completion routing.
 #[derive(Debug)]
 pub struct DevIo<D> {
     dev: D,
-    /// Icache write-backs.
-    meta: AsyncKind,
-    /// Data writes.
-    data: AsyncKind,
+    kinds: Kinds,
 }
 
 impl<D: Device> DevIo<D> {
     /// Wraps a device.
     pub fn new(dev: D) -> DevIo<D> {
-        DevIo { dev, meta: AsyncKind::default(), data: AsyncKind::default() }
+        DevIo { dev, kinds: Kinds::default() }
     }
 
     /// The device.
@@ -46,6 +57,7 @@ impl<D: Device> DevIo<D> {
     pub fn into_device(mut self) -> D {
         self.wait_async_all();
         self.wait_data_all();
+        self.wait_all(|k| &mut k.commit);
         self.dev
     }
 
@@ -59,23 +71,16 @@ impl<D: Device> DevIo<D> {
         let mut injected: Vec<Option<IoCompletion>> = Vec::new();
         let mut submit = Vec::with_capacity(reqs.len());
         for req in reqs {
-            let point = match req.kind {
-                IoKind::Read => "device.read",
-                IoKind::Write => "device.write",
-                IoKind::Sync => "device.sync",
-            };
-            if pfs_core::failpoint::fire(point) {
-                let errno = libc::EIO;
-                let result = Err(DeviceError::Io { offset: req.offset, errno });
-                let IoRequest { tag, kind, offset, buf } = req;
-                injected.push(Some(IoCompletion { tag, kind, offset, buf, result }));
-            } else {
-                injected.push(None);
-                submit.push(req);
+            match failpoint(req) {
+                Ok(req) => {
+                    injected.push(None);
+                    submit.push(req);
+                }
+                Err(failed) => injected.push(Some(failed)),
             }
         }
-        let (meta, data) = (&mut self.meta, &mut self.data);
-        let done = run_batch(&mut self.dev, submit, |c| route(meta, data, c));
+        let kinds = &mut self.kinds;
+        let done = run_batch(&mut self.dev, submit, |c| kinds.route(c));
         if injected.iter().all(Option::is_none) {
             return done;
         }
@@ -105,33 +110,73 @@ impl<D: Device> DevIo<D> {
         Ok(out)
     }
 
-    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^62); waits
+    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^61); waits
     /// for room if full.
     pub fn submit_async(&mut self, mut req: IoRequest, tag: u64) {
-        assert!(tag & (ASYNC_TAG | DATA_TAG) == 0, "async tag {tag} too large");
+        assert!(tag & (ASYNC_TAG | DATA_TAG | COMMIT_TAG) == 0, "async tag {tag} too large");
         req.tag = tag | ASYNC_TAG;
         self.submit_waiting(req);
-        self.meta.in_flight += 1;
+        self.kinds.meta.in_flight += 1;
     }
 
-    /// Submits an asynchronous data write or read tagged `tag` (< 2^62); waits
+    /// Submits an asynchronous data write or read tagged `tag` (< 2^61); waits
     /// for room if full. Failpoints `device.write` and `device.read` fail it as
     /// [`run`](Self::run) would.
     pub fn submit_data(&mut self, mut req: IoRequest, tag: u64) {
-        assert!(tag & (ASYNC_TAG | DATA_TAG) == 0, "data tag {tag} too large");
-        let point = match req.kind {
-            IoKind::Read => "device.read",
-            _ => "device.write",
-        };
-        if pfs_core::failpoint::fire(point) {
-            let result = Err(DeviceError::Io { offset: req.offset, errno: libc::EIO });
-            let IoRequest { kind, offset, buf, .. } = req;
-            self.data.done.push(IoCompletion { tag, kind, offset, buf, result });
-            return;
+        assert!(tag & (ASYNC_TAG | DATA_TAG | COMMIT_TAG) == 0, "data tag {tag} too large");
+        req.tag = tag;
+        match failpoint(req) {
+            Ok(mut req) => {
+                req.tag = tag | ASYNC_TAG | DATA_TAG;
+                self.submit_waiting(req);
+                self.kinds.data.in_flight += 1;
+            }
+            Err(failed) => self.kinds.data.done.push(failed),
         }
-        req.tag = tag | ASYNC_TAG | DATA_TAG;
-        self.submit_waiting(req);
-        self.data.in_flight += 1;
+    }
+
+    /// Submits one step of a group commit (a write or a sync) and hands it to
+    /// the kernel at once; [`take_commit`](Self::take_commit) collects it. At
+    /// most one is in flight. Failpoints as in [`run`](Self::run).
+    pub fn submit_commit(&mut self, req: IoRequest) {
+        assert_eq!(self.kinds.commit.in_flight, 0, "one commit step at a time");
+        assert!(self.kinds.commit.done.is_empty(), "the last commit step was not collected");
+        match failpoint(req) {
+            Ok(mut req) => {
+                req.tag = ASYNC_TAG | COMMIT_TAG;
+                self.submit_waiting(req);
+                self.kinds.commit.in_flight += 1;
+                self.poll();
+            }
+            Err(failed) => self.kinds.commit.done.push(failed),
+        }
+    }
+
+    /// The commit step's completion once it finished, without waiting.
+    pub fn take_commit(&mut self) -> Option<IoCompletion> {
+        if self.kinds.commit.done.is_empty() {
+            self.poll();
+        }
+        self.kinds.commit.done.pop()
+    }
+
+    /// Waits until at least one asynchronous request of any kind finished
+    /// (returns at once when none is in flight); its completion is filed under
+    /// its kind.
+    pub fn wait_any(&mut self) {
+        let mut out = Vec::new();
+        if self.dev.in_flight() > 0 {
+            self.dev.wait(&mut out, 1);
+            self.absorb(&mut out);
+        }
+    }
+
+    /// Collects finished requests into their kinds without waiting, so the
+    /// device's completion descriptor (`Device::completion_fd`) reads empty.
+    pub fn poll(&mut self) {
+        let mut out = Vec::new();
+        self.dev.poll(&mut out);
+        self.absorb(&mut out);
     }
 
     /// Submits `req`, reaping completions while the device is full.
@@ -153,55 +198,74 @@ impl<D: Device> DevIo<D> {
     /// non-blocking; submits what was queued.
     pub fn take_async(&mut self) -> Vec<IoCompletion> {
         self.poll();
-        std::mem::take(&mut self.meta.done)
+        std::mem::take(&mut self.kinds.meta.done)
     }
 
     /// Waits for every asynchronous Icache request; returns their completions.
     pub fn wait_async_all(&mut self) -> Vec<IoCompletion> {
-        self.wait_all(|io| &mut io.meta)
+        self.wait_all(|k| &mut k.meta)
     }
 
     /// Finished data writes so far (their tags), non-blocking; submits what
     /// was queued.
     pub fn take_data(&mut self) -> Vec<IoCompletion> {
         self.poll();
-        std::mem::take(&mut self.data.done)
+        std::mem::take(&mut self.kinds.data.done)
     }
 
     /// Waits for every data request; returns their completions.
     pub fn wait_data_all(&mut self) -> Vec<IoCompletion> {
-        self.wait_all(|io| &mut io.data)
+        self.wait_all(|k| &mut k.data)
     }
 
     /// Waits until nothing of the kind `kind` picks is in flight; returns its
     /// completions.
-    fn wait_all(&mut self, kind: fn(&mut DevIo<D>) -> &mut AsyncKind) -> Vec<IoCompletion> {
+    fn wait_all(&mut self, kind: fn(&mut Kinds) -> &mut AsyncKind) -> Vec<IoCompletion> {
         let mut out = Vec::new();
-        while kind(self).in_flight > 0 {
+        while kind(&mut self.kinds).in_flight > 0 {
             self.dev.wait(&mut out, 1);
             self.absorb(&mut out);
         }
-        std::mem::take(&mut kind(self).done)
-    }
-
-    fn poll(&mut self) {
-        let mut out = Vec::new();
-        self.dev.poll(&mut out);
-        self.absorb(&mut out);
+        std::mem::take(&mut kind(&mut self.kinds).done)
     }
 
     fn absorb(&mut self, out: &mut Vec<IoCompletion>) {
         for c in out.drain(..) {
             assert!(c.tag & ASYNC_TAG != 0, "synchronous completion {} outside run()", c.tag);
-            route(&mut self.meta, &mut self.data, c);
+            self.kinds.route(c);
         }
     }
 }
 
-/// Files an asynchronous completion under its kind, its tag as submitted.
-fn route(meta: &mut AsyncKind, data: &mut AsyncKind, mut c: IoCompletion) {
-    let kind = if c.tag & DATA_TAG != 0 { data } else { meta };
-    c.tag &= !(ASYNC_TAG | DATA_TAG);
-    kind.in_flight -= 1;
-    kind.done.push(c);
+impl Kinds {
+    /// Files an asynchronous completion under its kind, its tag as submitted.
+    fn route(&mut self, mut c: IoCompletion) {
+        let kind = if c.tag & DATA_TAG != 0 {
+            &mut self.data
+        } else if c.tag & COMMIT_TAG != 0 {
+            &mut self.commit
+        } else {
+            &mut self.meta
+        };
+        c.tag &= !(ASYNC_TAG | DATA_TAG | COMMIT_TAG);
+        kind.in_flight -= 1;
+        kind.done.push(c);
+    }
+}
+
+/// `req`, or its failed completion when the failpoint of its kind fires
+/// (`device.read`, `device.write`, `device.sync`): `EIO`, as a failing device
+/// would give, without submitting it.
+fn failpoint(req: IoRequest) -> Result<IoRequest, IoCompletion> {
+    let point = match req.kind {
+        IoKind::Read => "device.read",
+        IoKind::Write => "device.write",
+        IoKind::Sync => "device.sync",
+    };
+    if !pfs_core::failpoint::fire(point) {
+        return Ok(req);
+    }
+    let result = Err(DeviceError::Io { offset: req.offset, errno: libc::EIO });
+    let IoRequest { tag, kind, offset, buf } = req;
+    Err(IoCompletion { tag, kind, offset, buf, result })
 }

@@ -102,6 +102,14 @@ pub trait Device {
     /// appends them to `out` and returns how many.
     fn wait(&mut self, out: &mut Vec<IoCompletion>, min: usize) -> usize;
 
+    /// A descriptor that polls readable while finished requests wait to be
+    /// collected, so an event loop can sleep in `epoll` with requests in
+    /// flight; `None` when completions come only from `poll`/`wait` (an event
+    /// loop must then not sleep while it waits for one).
+    fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+
     /// A buffer of `len` bytes (rounded up to a sector) suited to this device,
     /// from its registered pool when it has one. Its contents are unspecified (a
     /// pooled buffer keeps bytes from earlier use): fill every byte you write.

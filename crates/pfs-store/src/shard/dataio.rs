@@ -9,9 +9,9 @@
 //! append leaves) go out as one write of up to `BATCH_BYTES`: a thousand 3901-byte
 //! files cost a few device writes instead of a thousand.
 //!
-//! The contract is unchanged: a commit waits for every data write before it
-//! syncs the data and writes the log, so whatever a durable record maps is on
-//! the device. Before that, the written pages are read from memory: staged runs
+//! The contract is unchanged: a commit waits for every data write submitted
+//! before it started before it syncs the data and writes the log, so whatever a
+//! durable record maps is on the device. Before that, the written pages are read from memory: staged runs
 //! from their buffers; a read that needs pages whose write is in flight waits for
 //! the data writes first. Once written, the runs of partly filled blocks go to
 //! the read cache, as they did when writes were synchronous.
@@ -60,6 +60,9 @@ struct Staged {
 #[derive(Debug)]
 struct InFlight {
     pages: u64,
+    /// Its number in submission order (a commit waits for the writes numbered
+    /// below where it started).
+    seq: u64,
     /// A write: its neighbouring runs `(first page, pages, cache)`; `None`:
     /// a read-ahead.
     runs: Option<Vec<(u64, u64, bool)>>,
@@ -73,6 +76,8 @@ pub struct DataIo {
     staged_bytes: usize,
     /// First page of a device write (its tag) -> what it writes.
     in_flight: BTreeMap<u64, InFlight>,
+    /// The number the next request in flight gets.
+    next_seq: u64,
     /// Chunks of `RESERVE_CHUNK_PAGES` data pages reserved on the device, one
     /// bit each.
     reserved: Vec<u64>,
@@ -99,6 +104,12 @@ impl DataIo {
             .range(..=first)
             .next_back()
             .is_some_and(|(&start, run)| first + pages <= start + run.pages)
+    }
+
+    /// Numbers a request about to be submitted.
+    fn number(&mut self, pages: u64, runs: Option<Vec<(u64, u64, bool)>>) -> InFlight {
+        self.next_seq += 1;
+        InFlight { pages, seq: self.next_seq - 1, runs }
     }
 
     /// Whether a request in flight covers any of the `pages` pages from `first`.
@@ -209,7 +220,8 @@ impl<D: Device> Shard<D> {
             };
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            self.writes.in_flight.insert(first, InFlight { pages, runs: Some(runs) });
+            let w = self.writes.number(pages, Some(runs));
+            self.writes.in_flight.insert(first, w);
             self.stats.data_writes += 1;
             self.io.submit_data(req, first);
         }
@@ -229,11 +241,18 @@ impl<D: Device> Shard<D> {
         n
     }
 
-    /// Submits what is staged and waits for every data write; fails if one
-    /// failed (the shard has then failed too).
-    pub(super) fn wait_data_writes(&mut self) -> FsResult<()> {
+    /// Submits what is staged; returns the number the next request will get:
+    /// every data write submitted so far is numbered below it.
+    pub(super) fn submit_data_writes(&mut self) -> u64 {
         self.submit_staged();
-        self.wait_in_flight()
+        self.writes.next_seq
+    }
+
+    /// Whether a data write numbered below `seq` is still in flight (after
+    /// collecting the finished ones).
+    pub(super) fn data_writes_before(&mut self, seq: u64) -> bool {
+        self.poll_data_writes();
+        self.writes.in_flight.values().any(|w| w.runs.is_some() && w.seq < seq)
     }
 
     /// Waits for every data request in flight.
@@ -290,7 +309,8 @@ impl<D: Device> Shard<D> {
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
-        self.writes.in_flight.insert(first, InFlight { pages, runs: None });
+        let r = self.writes.number(pages, None);
+        self.writes.in_flight.insert(first, r);
         self.stats.read_aheads += 1;
         self.io.submit_data(req, first);
     }

@@ -296,7 +296,12 @@ impl<D: Device> Shard<D> {
 
     /// Follow-ups logged with ids at or above `mark` and not yet taken.
     pub fn follow_ups_since(&self, mark: u64) -> impl Iterator<Item = &FollowUp> {
-        self.follow_pending.iter().chain(&self.follow_ready).filter(move |u| u.id >= mark)
+        let committing = self.committing.iter().flat_map(|c| &c.follow);
+        self.follow_pending
+            .iter()
+            .chain(committing)
+            .chain(&self.follow_ready)
+            .filter(move |u| u.id >= mark)
     }
 
     /// Every follow-up record in the table, in id order.

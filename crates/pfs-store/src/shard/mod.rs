@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod check;
+mod commit;
 pub mod data;
 pub mod dataio;
 pub mod follow;
@@ -156,6 +157,10 @@ pub struct Shard<D: Device> {
     readers: cache::Readers,
     /// Data runs written and not yet on the device.
     writes: dataio::DataIo,
+    /// The group commit under way, and how many started and finished (`commit.rs`).
+    committing: Option<commit::Committing>,
+    commits_started: u64,
+    commits_done: u64,
 }
 
 /// Reserves everything of the zone but its data pages (superblock, metadata,
@@ -362,6 +367,9 @@ impl<D: Device> Shard<D> {
             read_cache: cache::PageCache::new(opts.read_cache_pages),
             writes: dataio::DataIo::default(),
             readers: cache::Readers::default(),
+            committing: None,
+            commits_started: 0,
+            commits_done: 0,
             geo,
             opts,
         }
@@ -400,42 +408,6 @@ impl<D: Device> Shard<D> {
     /// Number of inodes on this shard.
     pub fn inode_count(&self) -> usize {
         self.inode_slots.len()
-    }
-
-    /// Makes every finished operation durable: syncs data written since the last
-    /// commit, then writes and syncs the pending WAL records (group commit).
-    pub fn commit(&mut self) -> FsResult<()> {
-        self.check_failed()?;
-        let result = self.commit_inner();
-        if let Err(e) = &result {
-            // A failed sync may have dropped writes the device will never report
-            // again (the fsync problem PostgreSQL met in 2018): a later sync that
-            // succeeds proves nothing. Stop acknowledging until recovery from the log.
-            self.fail(format!("commit failed, the shard must be recovered from its log: {e}"));
-        }
-        result
-    }
-
-    fn commit_inner(&mut self) -> FsResult<()> {
-        if pfs_core::failpoint::fire("shard.commit") {
-            return Err(FsError::Io("device sync failed (failpoint shard.commit)".into()));
-        }
-        self.wait_data_writes()?;
-        if self.data_unsynced {
-            self.sync()?;
-            self.data_unsynced = false;
-        }
-        if self.wal.has_pending() {
-            let lsn = self.wal.commit(&mut self.io)?;
-            self.icache.set_durable_lsn(lsn);
-            self.stats.commits += 1;
-        }
-        self.follow_ready.append(&mut self.follow_pending);
-        for run in self.pending_free.drain(..) {
-            self.page_bitmap.clear_run(run.page, run.pages as u64);
-        }
-        self.icache.write_back_over_cap(&mut self.io)?;
-        Ok(())
     }
 
     /// Writes every table to the inactive checkpoint region, switches the header to

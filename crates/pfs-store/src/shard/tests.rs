@@ -816,3 +816,104 @@ fn sequential_reads_read_ahead_into_the_cache() {
     }
     assert_eq!(misses(&s) - before, 40, "each backward read misses");
 }
+
+/// Runs a commit that the device answers a little at a time (`reorder`), with
+/// operations between its steps: `a` before it, `b0`, `b1`, ... while it runs.
+/// Returns the shard, the device and how many `b` files were made.
+fn commit_with_operations_under_way(seed: u64) -> (Shard<MemDevice>, MemDevice, usize) {
+    let (mut s, handle) = fresh();
+    let a = s.create(ROOT, b"a", CreateArgs::file(0o644)).unwrap();
+    s.write(a.ino, 0, b"before the commit").unwrap();
+    handle.reorder(Some(seed));
+    let first = s.next_commit();
+    assert_eq!(s.commits_done(), first - 1);
+    s.start_commit().unwrap();
+    let mut made = 0;
+    while s.committing() {
+        let name = format!("b{made}");
+        let b = s.create(ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap();
+        s.write(b.ino, 0, name.as_bytes()).unwrap();
+        assert_eq!(s.next_commit(), first + 1, "operations under way wait for the next commit");
+        made += 1;
+        s.poll_commit();
+    }
+    assert!(s.failure().is_none());
+    assert_eq!(s.commits_done(), first);
+    (s, handle, made)
+}
+
+#[test]
+fn a_commit_under_way_covers_what_came_before_it_and_nothing_after() {
+    let mut overlapped = 0;
+    for seed in 0..40u64 {
+        let (s, handle, made) = commit_with_operations_under_way(seed);
+        overlapped += usize::from(made > 0);
+        drop(s);
+        let mut s = Shard::open(handle.crash(seed), 0, small_opts()).unwrap();
+        let a = s.lookup(ROOT, b"a").unwrap_or_else(|e| panic!("seed {seed}: a lost: {e}"));
+        assert_eq!(s.read(a.ino, 0, 64).unwrap(), b"before the commit", "seed {seed}");
+        for i in 0..made {
+            // Their records were appended after the commit's cut: never written.
+            let name = format!("b{i}");
+            assert_eq!(
+                s.lookup(ROOT, name.as_bytes()).unwrap_err(),
+                FsError::NotFound,
+                "seed {seed}: {name}, made while the commit ran, was in it"
+            );
+        }
+    }
+    assert!(overlapped >= 10, "only {overlapped} of 40 commits ran beside an operation");
+}
+
+#[test]
+fn a_waited_commit_finishes_the_one_under_way_and_covers_the_rest() {
+    for seed in 0..20u64 {
+        let (mut s, handle, made) = commit_with_operations_under_way(seed);
+        let done = s.commits_done();
+        let c = s.create(ROOT, b"c", CreateArgs::file(0o644)).unwrap();
+        s.write(c.ino, 0, b"after").unwrap();
+        s.start_commit().unwrap();
+        s.commit().unwrap();
+        assert!(!s.committing());
+        assert_eq!(s.commits_done(), done + 2, "seed {seed}: the one started and the waited one");
+        drop(s);
+        let mut s = Shard::open(handle.crash(seed), 0, small_opts()).unwrap();
+        for i in 0..made {
+            let b = s.lookup(ROOT, format!("b{i}").as_bytes()).unwrap();
+            assert_eq!(s.read(b.ino, 0, 64).unwrap(), format!("b{i}").as_bytes());
+        }
+        let c = s.lookup(ROOT, b"c").unwrap();
+        assert_eq!(s.read(c.ino, 0, 64).unwrap(), b"after", "seed {seed}");
+    }
+}
+
+#[test]
+fn a_failed_step_of_a_commit_under_way_fails_the_shard() {
+    use crate::device::{Fault, IoKind};
+    // (step, with file data to sync first)
+    for (step, data) in [("data sync", true), ("log write", false), ("log sync", false)] {
+        let (mut s, handle) = fresh();
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        if data {
+            s.write(f.ino, 0, b"data").unwrap();
+        }
+        let wal = s.geo.offset(s.geo.wal_page);
+        let fault = match step {
+            "log write" => {
+                Fault::always(Some(IoKind::Write), wal..wal + s.geo.wal_pages * PAGE_SIZE)
+            }
+            _ => Fault::next(IoKind::Sync, 1),
+        };
+        handle.inject(fault);
+        handle.reorder(Some(3));
+        let done = s.commits_done();
+        let _ = s.start_commit();
+        while s.committing() {
+            s.poll_commit();
+        }
+        let why = s.failure().unwrap_or_else(|| panic!("{step}: the shard did not fail"));
+        assert!(why.contains("commit failed"), "{step}: {why}");
+        assert_eq!(s.commits_done(), done, "{step}: a failed commit never counts");
+        assert!(s.start_commit().is_err(), "{step}");
+    }
+}

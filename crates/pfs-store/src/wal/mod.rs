@@ -173,28 +173,55 @@ impl Wal {
 
     /// Writes the pending records (one write) and syncs. Returns the durable lsn.
     pub fn commit<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<u64, StoreError> {
-        if !self.has_pending() {
+        let Some(end) = self.pending_end() else {
             return Ok(self.durable_lsn_value);
-        }
-        let buf = AlignedBuf::from_slice(&self.pending);
-        let write = IoRequest {
+        };
+        io.run(vec![self.commit_write(end)]).pop().expect("one completion").result?;
+        let sync = IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) };
+        io.run(vec![sync]).pop().expect("one completion").result?;
+        Ok(self.committed(end))
+    }
+
+    /// Where the log ends after the records pending now, which a commit
+    /// starting now makes durable; `None` if nothing is pending.
+    pub fn pending_end(&self) -> Option<CommitEnd> {
+        self.has_pending().then(|| CommitEnd { tail: self.tail, lsn: self.next_lsn - 1 })
+    }
+
+    /// The write of the pending records up to `end` (from
+    /// [`pending_end`](Self::pending_end)); [`committed`](Self::committed) once
+    /// it and a sync after it finished. Records appended after `end` are not
+    /// in it: they wait for the next commit, which starts after this one
+    /// finished (it rewrites the partial last sector).
+    pub fn commit_write(&self, end: CommitEnd) -> IoRequest {
+        let buf = AlignedBuf::from_slice(&self.pending[..(end.tail - self.pending_start) as usize]);
+        IoRequest {
             tag: 0,
             kind: IoKind::Write,
             offset: self.area_offset + self.pending_start,
             buf,
-        };
-        let sync = IoRequest { tag: 0, kind: IoKind::Sync, offset: 0, buf: AlignedBuf::zeroed(0) };
-        let mut done = io.run(vec![write]);
-        done.pop().expect("one completion").result?;
-        io.run(vec![sync]).pop().expect("one completion").result?;
-        self.durable_tail = self.tail;
-        self.durable_lsn_value = self.next_lsn - 1;
-        // Keep only the partial last sector: it is rewritten by the next commit.
-        let keep_from = (self.tail - self.tail % SECTOR_SIZE as u64 - self.pending_start) as usize;
-        self.pending.drain(..keep_from);
-        self.pending_start = self.tail - self.tail % SECTOR_SIZE as u64;
-        Ok(self.durable_lsn_value)
+        }
     }
+
+    /// Notes that the write from [`commit_write`](Self::commit_write) and a sync
+    /// after it finished: the log is durable up to `end`. Returns its last lsn.
+    pub fn committed(&mut self, end: CommitEnd) -> u64 {
+        assert!(end.tail >= self.durable_tail && end.tail <= self.tail, "commits run in order");
+        self.durable_tail = end.tail;
+        self.durable_lsn_value = end.lsn;
+        // Keep only the partial last sector: it is rewritten by the next commit.
+        let keep_from = end.tail - end.tail % SECTOR_SIZE as u64;
+        self.pending.drain(..(keep_from - self.pending_start) as usize);
+        self.pending_start = keep_from;
+        end.lsn
+    }
+}
+
+/// Where the log ends after a commit's records.
+#[derive(Clone, Copy, Debug)]
+pub struct CommitEnd {
+    tail: u64,
+    lsn: u64,
 }
 
 /// The payload of the record at `pos` if it is valid and of `gen`/`lsn`, and the
