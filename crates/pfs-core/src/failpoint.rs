@@ -7,9 +7,13 @@
 //!
 //! | name | where | what firing does |
 //! |---|---|---|
-//! | `shard.commit` | `Shard::commit` | the commit fails as a failed device sync would |
+//! | `shard.commit` | `Shard::start_commit` | the commit fails as a failed device sync would |
 //! | `worker.panic` | a worker, before it runs a request | the worker panics |
-//! | `device.read`, `device.write`, `device.sync` | the shard's device path (`DevIo::run`) | that request fails with `EIO`, as a failing device's would |
+//! | `device.read`, `device.write`, `device.sync` | the shard's device path (`DevIo`: blocking batches, data requests, commit steps) | that request fails with `EIO`, as a failing device's would |
+//!
+//! One name is a setting instead, read with [`setting`]: `commit.hold_ms=M` hands
+//! every group-commit step's completion to its shard M ms late, without blocking
+//! the worker, so a test sees requests served while a commit waits.
 //!
 //! A malformed variable is reported once on stderr and ignored.
 
@@ -45,6 +49,12 @@ fn parse(spec: &str) -> Result<Vec<Point>, String> {
         out.push(Point { name: name.to_owned(), fire_at, passes: AtomicU64::new(0) });
     }
     Ok(out)
+}
+
+/// The number `name=N` sets in `PFS_FAILPOINTS`, for a failpoint that is a
+/// setting rather than a pass count (see the table above).
+pub fn setting(name: &str) -> Option<u64> {
+    points().iter().find(|p| p.name == name).map(|p| p.fire_at)
 }
 
 /// One pass through failpoint `name`: true exactly on the pass it is set to fire at.

@@ -8,6 +8,8 @@
 //!   succeeds: it is not a commit).
 //! - Servers refuse server-internal requests from clients with `EPERM`, log it,
 //!   and go on serving.
+//! - A worker answers requests while its group commit waits for the device
+//!   (failpoint `commit.hold_ms`).
 
 mod common;
 
@@ -314,6 +316,53 @@ fn data_of_a_file_that_does_not_exist_is_swept() {
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(common::read_all(&fs, a.ino).unwrap(), data);
     drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The group commit runs beside the requests: while an `fsync` waits for a
+/// commit whose device steps are held back (failpoint `commit.hold_ms`), the
+/// same worker answers another client's stat and create at once.
+#[test]
+fn a_worker_serves_requests_while_a_commit_waits_for_the_device() {
+    const HOLD_MS: u64 = 300;
+    let dir = common::test_dir("commit-beside");
+    let mut c = ClusterProcs::start(&dir, 1, 1);
+    c.kill_server(0);
+    c.servers[0] =
+        Some(c.spawn_server(0, &[("PFS_FAILPOINTS", &format!("commit.hold_ms={HOLD_MS}"))]));
+    c.wait_registered(1);
+    let fs = c.client();
+    let other = c.client();
+    let (a, fh) = fs.create(InodeId::ROOT, b"synced", 0o644, 0, 0, 0).unwrap();
+    fs.write(a.ino, fh, 0, b"made durable by the fsync").unwrap();
+    let syncing = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        fs.fsync(a.ino, fh, false).unwrap();
+        let end = std::time::Instant::now();
+        fs.release(a.ino, fh).unwrap();
+        (start, end)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // The fsync's commit writes the log and syncs it: at least two held steps.
+    assert_eq!(other.getattr(a.ino).unwrap().ino, a.ino);
+    let (b, bfh) = other.create(InodeId::ROOT, b"beside", 0o644, 0, 0, 0).unwrap();
+    other.release(b.ino, bfh).unwrap();
+    let served = std::time::Instant::now();
+    let (start, synced) = syncing.join().unwrap();
+    assert!(
+        synced.duration_since(start) >= Duration::from_millis(2 * HOLD_MS),
+        "the fsync returned after {:?}: it did not wait for the held commit",
+        synced.duration_since(start)
+    );
+    assert!(
+        served + Duration::from_millis(HOLD_MS) <= synced,
+        "the stat and create were answered {:?} after the fsync started, only {:?} \
+         before it returned: the worker waited for the commit",
+        served.duration_since(start),
+        synced.saturating_duration_since(served)
+    );
+    drop(other);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

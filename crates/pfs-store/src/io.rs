@@ -35,12 +35,18 @@ struct Kinds {
 pub struct DevIo<D> {
     dev: D,
     kinds: Kinds,
+    /// Failpoint `commit.hold_ms`: how late a commit step's completion is
+    /// handed out, and when the one in flight may be.
+    commit_hold: Option<std::time::Duration>,
+    commit_ready_at: Option<std::time::Instant>,
 }
 
 impl<D: Device> DevIo<D> {
     /// Wraps a device.
     pub fn new(dev: D) -> DevIo<D> {
-        DevIo { dev, kinds: Kinds::default() }
+        let commit_hold =
+            pfs_core::failpoint::setting("commit.hold_ms").map(std::time::Duration::from_millis);
+        DevIo { dev, kinds: Kinds::default(), commit_hold, commit_ready_at: None }
     }
 
     /// The device.
@@ -141,6 +147,7 @@ impl<D: Device> DevIo<D> {
     pub fn submit_commit(&mut self, req: IoRequest) {
         assert_eq!(self.kinds.commit.in_flight, 0, "one commit step at a time");
         assert!(self.kinds.commit.done.is_empty(), "the last commit step was not collected");
+        self.commit_ready_at = self.commit_hold.map(|hold| std::time::Instant::now() + hold);
         match failpoint(req) {
             Ok(mut req) => {
                 req.tag = ASYNC_TAG | COMMIT_TAG;
@@ -157,18 +164,28 @@ impl<D: Device> DevIo<D> {
         if self.kinds.commit.done.is_empty() {
             self.poll();
         }
+        if self.commit_ready_at.is_some_and(|at| std::time::Instant::now() < at) {
+            return None;
+        }
         self.kinds.commit.done.pop()
     }
 
-    /// Waits until at least one asynchronous request of any kind finished
-    /// (returns at once when none is in flight); its completion is filed under
-    /// its kind.
-    pub fn wait_any(&mut self) {
-        let mut out = Vec::new();
-        if self.dev.in_flight() > 0 {
-            self.dev.wait(&mut out, 1);
-            self.absorb(&mut out);
+    /// Waits until at least one asynchronous request of any kind finished, or
+    /// a held commit step may be handed out; its completion is filed under its
+    /// kind. `false` when there was nothing to wait for.
+    pub fn wait_any(&mut self) -> bool {
+        if let Some(at) = self.commit_ready_at.filter(|_| !self.kinds.commit.done.is_empty()) {
+            std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
+            self.commit_ready_at = None;
+            return true;
         }
+        if self.dev.in_flight() == 0 {
+            return false;
+        }
+        let mut out = Vec::new();
+        self.dev.wait(&mut out, 1);
+        self.absorb(&mut out);
+        true
     }
 
     /// Collects finished requests into their kinds without waiting, so the

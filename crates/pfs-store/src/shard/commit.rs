@@ -186,14 +186,13 @@ impl<D: Device> Shard<D> {
             if self.committing.is_none() {
                 return self.check_failed();
             }
-            if self.io.device().in_flight() == 0 {
+            if !self.io.wait_any() {
                 // Every step waits for a request it submitted: none in flight
                 // with the commit unfinished is a bug, not a wait.
                 self.committing = None;
                 self.fail("a commit waited for a request not in flight".into());
                 return self.check_failed();
             }
-            self.io.wait_any();
         }
     }
 
