@@ -352,7 +352,10 @@ impl<D: Device> Worker<D> {
                 std::thread::yield_now();
                 continue;
             }
-            if !parked && self.now.duration_since(since) < spin.window() {
+            // With only a commit step to wait for, wait on the device at once
+            // (`park`): spinning would only poll for the same completion.
+            if !parked && self.now.duration_since(since) < spin.window() && !self.shard.committing()
+            {
                 std::hint::spin_loop();
                 continue;
             }
@@ -959,17 +962,35 @@ impl<D: Device> Worker<D> {
         let conns_busy = self.conns.iter_mut().flatten().any(|c| !c.qp.prepare_wait());
         let copied = self.memcpy.as_ref().is_some_and(MemcpyPort::has_done);
         // Finished device requests are collected first, so the device's
-        // descriptor wakes the park only for new ones. A device without one
-        // cannot wake it: then a commit under way is polled, not slept on.
+        // descriptor wakes the park only for new ones; then the commit takes
+        // its step (a request it submits now wakes the park when it finishes).
+        // A device without a descriptor cannot wake it: then a commit under
+        // way is polled, not slept on.
         self.shard.poll_device();
+        self.shard.poll_commit();
+        let done = self.shard.commits_done();
+        let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();
         let commit_polled = self.shard.committing() && !device_wakes;
-        if !rings_busy && !conns_busy && !copied && self.backlog.is_empty() && !commit_polled {
-            let timeout = match self.dirty_since {
-                Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
-                None => PARK_MAX,
-            };
-            let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
+        if !rings_busy
+            && !conns_busy
+            && !copied
+            && self.backlog.is_empty()
+            && !released
+            && !commit_polled
+            && self.shard.failure().is_none()
+        {
+            if self.shard.committing() && self.shard.wait_device() {
+                // Nothing to serve but the commit's step: wait for the device
+                // itself, as a blocking commit did. A request that arrives
+                // meanwhile waits for this one step, not the whole commit.
+            } else {
+                let timeout = match self.dirty_since {
+                    Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
+                    None => PARK_MAX,
+                };
+                let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
+            }
         } else if commit_polled {
             std::thread::yield_now();
         }

@@ -179,6 +179,12 @@ impl<D: Device> DevIo<D> {
             self.commit_ready_at = None;
             return true;
         }
+        self.wait_one()
+    }
+
+    /// Waits for one request in flight to finish and files it under its kind;
+    /// `false` if none is in flight.
+    pub fn wait_one(&mut self) -> bool {
         if self.dev.in_flight() == 0 {
             return false;
         }

@@ -219,6 +219,13 @@ impl<D: Device> Shard<D> {
         self.io.poll();
     }
 
+    /// Waits for one device request to finish, if any is in flight; `false`
+    /// if none is (a held commit step, failpoint `commit.hold_ms`, is not
+    /// waited for).
+    pub fn wait_device(&mut self) -> bool {
+        self.io.wait_one()
+    }
+
     /// The device's completion descriptor (`Device::completion_fd`).
     pub fn completion_fd(&self) -> Option<std::os::fd::RawFd> {
         self.io.device().completion_fd()
