@@ -13,18 +13,19 @@
 //! once per loop round for all of them (group commit); other changes are committed
 //! at least every `commit_interval`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Reply, Request};
-use pfs_core::{ClientId, FsError, RequestId};
+use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request};
+use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
+use pfs_store::shard::dataio::ReadStart;
 use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Peers, Waiter};
@@ -206,6 +207,9 @@ pub struct Worker<D: Device> {
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
     pub(crate) after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    /// Reads waiting for the device, by the shard's read id; at most as many
+    /// as the device queue holds (each has a device read in flight).
+    reads: HashMap<u64, PendingRead>,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -222,6 +226,29 @@ pub struct Worker<D: Device> {
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
+}
+
+/// Where the reply of a read waiting for the device goes.
+#[derive(Debug)]
+struct PendingRead {
+    origin: u16,
+    conn: ConnRef,
+    request_id: RequestId,
+    client: ClientId,
+    /// `Read` or `ReadData`.
+    op: Opcode,
+    /// The request's buffer, reused for the reply.
+    buf: Vec<u8>,
+}
+
+/// The reply frame of a data read (`op` is `Read` or `ReadData`).
+fn read_reply(op: Opcode, request_id: RequestId, client: ClientId, r: FsResult<Vec<u8>>) -> Frame {
+    let body = match r {
+        Ok(data) if op == Opcode::ReadData => Body::Reply(Reply::ReadData(data)),
+        Ok(data) => Body::Reply(Reply::Read(data)),
+        Err(error) => Body::Error { op, error },
+    };
+    Frame { request_id, client, body }
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -300,6 +327,7 @@ impl<D: Device> Worker<D> {
             epoll,
             completions: Vec::with_capacity(pfs_net::POLL_BATCH),
             after_commit: Vec::new(),
+            reads: HashMap::new(),
             dirty_since: None,
             now: Instant::now(),
             cross: Vec::new(),
@@ -352,10 +380,9 @@ impl<D: Device> Worker<D> {
                 std::thread::yield_now();
                 continue;
             }
-            // With only a commit step to wait for, wait on the device at once
-            // (`park`): spinning would only poll for the same completion.
-            if !parked && self.now.duration_since(since) < spin.window() && !self.shard.committing()
-            {
+            // With only a commit step or reads to wait for, wait on the device
+            // at once (`park`): spinning would only poll for the same completion.
+            if !parked && self.now.duration_since(since) < spin.window() && !self.awaits_device() {
                 std::hint::spin_loop();
                 continue;
             }
@@ -375,11 +402,14 @@ impl<D: Device> Worker<D> {
         let drain_end = Instant::now() + Duration::from_secs(2);
         for _ in 0..1000 {
             let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
-            if self.round() == 0 && (!copying || Instant::now() > drain_end) {
+            let busy = copying || !self.reads.is_empty();
+            if self.round() == 0 && (!busy || Instant::now() > drain_end) {
                 break;
             }
         }
         self.commit_and_release();
+        // The commit waited for every device read: answer them.
+        self.send_finished_reads();
         if let Some(why) = self.shard.failure() {
             let why = format!("worker {}: {why}", self.id);
             self.fail_stop.trip(why.clone());
@@ -413,8 +443,11 @@ impl<D: Device> Worker<D> {
         work += self.poll_sweep();
         work += self.flush_backlog();
         // Finished data writes give back their buffers (a failed one fails
-        // the shard, seen below).
+        // the shard, seen below); finished reads are answered.
         self.shard.poll_data_writes();
+        if !self.reads.is_empty() {
+            work += self.send_finished_reads();
+        }
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
             // time, only when no request waits.
@@ -731,6 +764,24 @@ impl<D: Device> Worker<D> {
         if pfs_core::failpoint::fire("worker.panic") {
             panic!("failpoint worker.panic, before {op:?}");
         }
+        // A read that must go to the device is answered when it is done.
+        let req = match self.start_read(req) {
+            Ok(started) => {
+                let (request_id, client) = (frame.request_id, frame.client);
+                let result = match started {
+                    Ok(ReadStart::Done(data)) => Ok(data),
+                    Ok(ReadStart::Pending(id)) => {
+                        let p = PendingRead { origin, conn, request_id, client, op, buf };
+                        self.reads.insert(id, p);
+                        return None;
+                    }
+                    Err(e) => Err(e),
+                };
+                let reply = read_reply(op, request_id, client, result);
+                return self.encode_reply(origin, conn, reply, Durability::Now, buf);
+            }
+            Err(req) => req,
+        };
         let mutates = is_mutation(&req);
         let mark = self.shard.txn_id_mark();
         let (result, durability) = execute(&mut self.shard, req);
@@ -749,19 +800,7 @@ impl<D: Device> Worker<D> {
             Err(error) => Body::Error { op, error },
         };
         let reply = Frame { request_id: frame.request_id, client: frame.client, body };
-        // `None`: the memcpy pool encodes and sends it.
-        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
-        buf.clear();
-        if let Err(e) = reply.encode(&mut buf) {
-            let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
-            let fallback = Frame {
-                request_id: frame.request_id,
-                client: frame.client,
-                body: Body::Error { op, error },
-            };
-            buf.clear();
-            fallback.encode(&mut buf).expect("an error frame always encodes");
-        }
+        let buf = self.encode_reply(origin, conn, reply, durability, buf)?;
         if !held.is_empty() {
             self.hold_reply(held, origin, conn, buf);
             return None;
@@ -769,6 +808,61 @@ impl<D: Device> Worker<D> {
         if durability == Durability::AfterCommit {
             self.reply_after_commit(origin, conn, buf);
             return None;
+        }
+        Some(buf)
+    }
+
+    /// Starts `req` if it is a data read; gives any other request back. A
+    /// read that must wait for the device is answered by
+    /// [`send_finished_reads`](Self::send_finished_reads).
+    fn start_read(&mut self, req: Request) -> Result<FsResult<ReadStart>, Request> {
+        let started = match req {
+            Request::Read { ino, fh: _, offset, size } => {
+                self.shard.read_start(ino, offset, size as usize, 0, true)
+            }
+            Request::ReadData { ino, layout, offset, size } => {
+                self.shard.read_data_start(ino, layout, offset, size as usize, true)
+            }
+            other => return Err(other),
+        };
+        // As `execute` does: an operation cut halfway fails the shard.
+        self.shard.end_request();
+        Ok(started)
+    }
+
+    /// Answers the reads whose device reads finished; returns how many.
+    fn send_finished_reads(&mut self) -> usize {
+        let finished = self.shard.take_finished_reads();
+        let n = finished.len();
+        for (id, result) in finished {
+            let Some(p) = self.reads.remove(&id) else { continue };
+            let reply = read_reply(p.op, p.request_id, p.client, result);
+            if let Some(buf) = self.encode_reply(p.origin, p.conn, reply, Durability::Now, p.buf) {
+                self.route_reply(p.origin, p.conn, buf);
+            }
+        }
+        n
+    }
+
+    /// Encodes `reply` into `buf` (reused), or hands it to the memcpy pool
+    /// (`None`: the pool encodes and sends it). A reply too large for the
+    /// protocol becomes an error reply.
+    fn encode_reply(
+        &mut self,
+        origin: u16,
+        conn: ConnRef,
+        reply: Frame,
+        durability: Durability,
+        buf: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        let (request_id, client, op) = (reply.request_id, reply.client, reply.opcode());
+        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
+        buf.clear();
+        if let Err(e) = reply.encode(&mut buf) {
+            let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
+            let fallback = Frame { request_id, client, body: Body::Error { op, error } };
+            buf.clear();
+            fallback.encode(&mut buf).expect("an error frame always encodes");
         }
         Some(buf)
     }
@@ -968,22 +1062,25 @@ impl<D: Device> Worker<D> {
         // way is polled, not slept on.
         self.shard.poll_device();
         self.shard.poll_commit();
+        self.shard.poll_data_writes();
+        let read = self.shard.has_finished_reads();
         let done = self.shard.commits_done();
         let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();
-        let commit_polled = self.shard.committing() && !device_wakes;
+        let device_polled = self.awaits_device() && !device_wakes;
         if !rings_busy
             && !conns_busy
             && !copied
             && self.backlog.is_empty()
             && !released
-            && !commit_polled
+            && !read
+            && !device_polled
             && self.shard.failure().is_none()
         {
-            if self.shard.committing() && self.shard.wait_device() {
-                // Nothing to serve but the commit's step: wait for the device
-                // itself, as a blocking commit did. A request that arrives
-                // meanwhile waits for this one step, not the whole commit.
+            if self.awaits_device() && self.shard.wait_device() {
+                // Nothing to serve but the commit's step or reads: wait for
+                // the device itself, as a blocking commit or read did. A
+                // request that arrives meanwhile waits for one device request.
             } else {
                 let timeout = match self.dirty_since {
                     Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
@@ -991,11 +1088,16 @@ impl<D: Device> Worker<D> {
                 };
                 let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
             }
-        } else if commit_polled {
+        } else if device_polled {
             std::thread::yield_now();
         }
         bell.parked.store(false, Ordering::SeqCst);
         bell.wake.drain();
+    }
+
+    /// Whether a commit step or a read waits for the device.
+    fn awaits_device(&self) -> bool {
+        self.shard.committing() || !self.reads.is_empty()
     }
 
     fn publish_usage(&self) {

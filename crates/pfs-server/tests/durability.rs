@@ -9,7 +9,8 @@
 //! - Servers refuse server-internal requests from clients with `EPERM`, log it,
 //!   and go on serving.
 //! - A worker answers requests while its group commit waits for the device
-//!   (failpoint `commit.hold_ms`).
+//!   (failpoint `commit.hold_ms`), and while a read waits for its device read
+//!   (failpoint `read.hold_ms`).
 
 mod common;
 
@@ -323,6 +324,58 @@ fn data_of_a_file_that_does_not_exist_is_swept() {
 /// The group commit runs beside the requests: while an `fsync` waits for a
 /// commit whose device steps are held back (failpoint `commit.hold_ms`), the
 /// same worker answers another client's stat and create at once.
+/// A read that misses the cache waits for its device read beside the other
+/// requests: with finished reads handed out 600 ms late (failpoint
+/// `read.hold_ms`), another client's stat and create on the same single
+/// worker are answered while the read waits, and the read returns the bytes.
+#[test]
+fn a_worker_serves_requests_while_a_read_waits_for_the_device() {
+    const HOLD_MS: u64 = 600;
+    let dir = common::test_dir("read-beside");
+    let mut c = ClusterProcs::start(&dir, 1, 1);
+    c.kill_server(0);
+    c.servers[0] =
+        Some(c.spawn_server(0, &[("PFS_FAILPOINTS", &format!("read.hold_ms={HOLD_MS}"))]));
+    c.wait_registered(1);
+    let fs = c.client();
+    let other = c.client();
+    // Whole blocks: not kept in the read cache once written, so the read
+    // below goes to the device.
+    let data: Vec<u8> = (0..512u32 << 10).map(|i| (i % 251) as u8).collect();
+    let (a, fh) = fs.create(InodeId::ROOT, b"on-disk", 0o644, 0, 0, 0).unwrap();
+    fs.write(a.ino, fh, 0, &data).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    let reading = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        let got = fs.read(a.ino, fh, 0, data.len() as u32).unwrap();
+        let end = std::time::Instant::now();
+        fs.release(a.ino, fh).unwrap();
+        assert!(got == data, "the read returned other bytes");
+        (start, end)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(other.getattr(a.ino).unwrap().size, 512 << 10);
+    let (b, bfh) = other.create(InodeId::ROOT, b"beside", 0o644, 0, 0, 0).unwrap();
+    other.release(b.ino, bfh).unwrap();
+    let served = std::time::Instant::now();
+    let (start, read) = reading.join().unwrap();
+    assert!(
+        read.duration_since(start) >= Duration::from_millis(HOLD_MS),
+        "the read returned after {:?}: it did not wait for the held device read",
+        read.duration_since(start)
+    );
+    assert!(
+        served + Duration::from_millis(HOLD_MS / 2) <= read,
+        "the stat and create were answered {:?} after the read started, only {:?} \
+         before it returned: the worker waited for the read",
+        served.duration_since(start),
+        read.saturating_duration_since(served)
+    );
+    drop(other);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_worker_serves_requests_while_a_commit_waits_for_the_device() {
     const HOLD_MS: u64 = 300;

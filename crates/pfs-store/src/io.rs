@@ -39,6 +39,10 @@ pub struct DevIo<D> {
     /// handed out, and when the one in flight may be.
     commit_hold: Option<std::time::Duration>,
     commit_ready_at: Option<std::time::Instant>,
+    /// Failpoint `read.hold_ms`: how late a finished data read is handed
+    /// out, and the reads finished and held until then.
+    read_hold: Option<std::time::Duration>,
+    held_reads: Vec<(std::time::Instant, IoCompletion)>,
 }
 
 impl<D: Device> DevIo<D> {
@@ -46,7 +50,16 @@ impl<D: Device> DevIo<D> {
     pub fn new(dev: D) -> DevIo<D> {
         let commit_hold =
             pfs_core::failpoint::setting("commit.hold_ms").map(std::time::Duration::from_millis);
-        DevIo { dev, kinds: Kinds::default(), commit_hold, commit_ready_at: None }
+        let read_hold =
+            pfs_core::failpoint::setting("read.hold_ms").map(std::time::Duration::from_millis);
+        DevIo {
+            dev,
+            kinds: Kinds::default(),
+            commit_hold,
+            commit_ready_at: None,
+            read_hold,
+            held_reads: Vec::new(),
+        }
     }
 
     /// The device.
@@ -233,12 +246,36 @@ impl<D: Device> DevIo<D> {
     /// was queued.
     pub fn take_data(&mut self) -> Vec<IoCompletion> {
         self.poll();
-        std::mem::take(&mut self.kinds.data.done)
+        let done = std::mem::take(&mut self.kinds.data.done);
+        self.hold_reads(done, false)
     }
 
     /// Waits for every data request; returns their completions.
     pub fn wait_data_all(&mut self) -> Vec<IoCompletion> {
-        self.wait_all(|k| &mut k.data)
+        let done = self.wait_all(|k| &mut k.data);
+        self.hold_reads(done, true)
+    }
+
+    /// Failpoint `read.hold_ms`: holds the finished reads among `done` that
+    /// long, and hands out those held long enough (`wait`: all of them, after
+    /// sleeping as long as needed). Without the failpoint, `done` as is.
+    fn hold_reads(&mut self, done: Vec<IoCompletion>, wait: bool) -> Vec<IoCompletion> {
+        let Some(hold) = self.read_hold else { return done };
+        let now = std::time::Instant::now();
+        let (reads, mut out): (Vec<_>, Vec<_>) =
+            done.into_iter().partition(|c| c.kind == IoKind::Read);
+        self.held_reads.extend(reads.into_iter().map(|c| (now + hold, c)));
+        if wait {
+            if let Some(last) = self.held_reads.iter().map(|h| h.0).max() {
+                std::thread::sleep(last.saturating_duration_since(now));
+            }
+        }
+        let now = std::time::Instant::now();
+        let (ready, held) =
+            std::mem::take(&mut self.held_reads).into_iter().partition::<Vec<_>, _>(|h| h.0 <= now);
+        self.held_reads = held;
+        out.extend(ready.into_iter().map(|h| h.1));
+        out
     }
 
     /// Waits until nothing of the kind `kind` picks is in flight; returns its

@@ -4,7 +4,10 @@
 //! A commit makes durable every operation that finished before it started:
 //!
 //! 1. **Data writes.** The staged data runs are submitted; the commit waits for
-//!    every data write submitted before it started (`dataio.rs` numbers them).
+//!    every data request submitted before it started (`dataio.rs` numbers
+//!    them). Reads and read-aheads count too: the pages this commit frees may
+//!    be reused once it is done, and a read of them still in flight then could
+//!    put their old bytes in the read cache over another file's.
 //! 2. **Data sync**, if data was written since the last one: a sync covers only
 //!    writes that completed before it, so it follows step 1.
 //! 3. **Log write** of the records appended before the commit started.
@@ -35,8 +38,8 @@ pub(super) struct Committing {
     /// Its number.
     number: u64,
     step: Step,
-    /// Data writes numbered below this were submitted before it started.
-    writes_before: u64,
+    /// Data requests numbered below this were submitted before it started.
+    requests_before: u64,
     /// Data was written since the last sync.
     sync_data: bool,
     /// The log records it writes; `None`: none were pending.
@@ -85,12 +88,12 @@ impl<D: Device> Shard<D> {
             return Err(e);
         }
         self.commits_started += 1;
-        let writes_before = self.submit_data_writes();
+        let requests_before = self.submit_data_writes();
         let log_end = self.wal.pending_end();
         self.committing = Some(Committing {
             number: self.commits_started,
             step: Step::DataWrites,
-            writes_before,
+            requests_before,
             sync_data: std::mem::take(&mut self.data_unsynced),
             log_end,
             follow: std::mem::take(&mut self.follow_pending),
@@ -112,8 +115,8 @@ impl<D: Device> Shard<D> {
             let step = c.step;
             let done = match step {
                 Step::DataWrites => {
-                    let before = c.writes_before;
-                    !self.data_writes_before(before)
+                    let before = c.requests_before;
+                    !self.data_requests_before(before)
                 }
                 _ => match self.io.take_commit() {
                     None => false,

@@ -11,6 +11,7 @@
 
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
+use super::dataio::ReadStart;
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -25,7 +26,7 @@ pub const MAX_IO_BYTES: usize = 16 << 20;
 
 /// Part of a read on one run: `(run, first page in run, pages, where in the
 /// output, skip bytes in the first page, bytes)`.
-type Piece = (Run, u64, u64, usize, usize, usize);
+pub(super) type Piece = (Run, u64, u64, usize, usize, usize);
 
 impl<D: Device> Shard<D> {
     /// Writes `data` at `offset` of file `ino`; returns the bytes written. The data
@@ -100,14 +101,26 @@ impl<D: Device> Shard<D> {
         offset: u64,
         len: usize,
     ) -> FsResult<Vec<u8>> {
+        done(self.read_data_start(ino, layout, offset, len, false))
+    }
+
+    /// [`read_data`](Self::read_data), answered later when the device must be
+    /// read and `background` ([`ReadStart::Pending`]; dataio.rs).
+    pub fn read_data_start(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        offset: u64,
+        len: usize,
+        background: bool,
+    ) -> FsResult<ReadStart> {
         if self.has_inode(ino) {
-            let mut data = self.read(ino, offset, len)?;
-            data.resize(len, 0);
-            return Ok(data);
+            return self.read_start(ino, offset, len, len, background);
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
         self.settle(ino)?;
-        let data = self.read_inode_data(&Self::homed_elsewhere(ino, layout, end), offset, len)?;
+        let inode = Self::homed_elsewhere(ino, layout, end);
+        let data = self.read_inode(&inode, offset, len, len, background)?;
         // The file's size is known at its home only: read ahead as far as the
         // factor asks; holes past the end cost no device read.
         let ahead = end.saturating_add(len as u64 * self.opts.read_ahead_factor);
@@ -204,6 +217,20 @@ impl<D: Device> Shard<D> {
 
     /// Reads up to `len` bytes at `offset` of file `ino` (short at end of file).
     pub fn read(&mut self, ino: InodeId, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+        done(self.read_start(ino, offset, len, 0, false))
+    }
+
+    /// [`read`](Self::read), zero-padded to at least `pad` bytes, and answered
+    /// later when the device must be read and `background`
+    /// ([`ReadStart::Pending`]; dataio.rs).
+    pub fn read_start(
+        &mut self,
+        ino: InodeId,
+        offset: u64,
+        len: usize,
+        pad: usize,
+        background: bool,
+    ) -> FsResult<ReadStart> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
@@ -212,25 +239,35 @@ impl<D: Device> Shard<D> {
             return Err(FsError::IsDir);
         }
         if offset >= inode.size {
-            return Ok(Vec::new());
+            return Ok(ReadStart::Done(vec![0; pad]));
         }
         let len = len.min((inode.size - offset) as usize);
         self.settle(ino)?;
-        let data = self.read_inode_data(&inode, offset, len)?;
+        let data = self.read_inode(&inode, offset, len, pad, background)?;
         self.read_ahead(&inode, offset, len);
         Ok(data)
     }
 
     /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are
-    /// zeros). What it reads from the device goes to the read cache when it is a
-    /// partly filled block (small files, the tail a writer appends to). Whole
-    /// blocks read once are not worth the copy: caching them made streaming
-    /// reads 0.8x (docs/benchmarks.md); read-ahead caches them (`prefetch`).
-    fn read_inode_data(&mut self, inode: &Inode, offset: u64, len: usize) -> FsResult<Vec<u8>> {
+    /// zeros) into an output of at least `pad` bytes. Pieces in memory are
+    /// copied at once; the others are read from the device, in the background
+    /// when `background` ([`ReadStart::Pending`]). What is read from the device
+    /// goes to the read cache when it is a partly filled block (small files,
+    /// the tail a writer appends to). Whole blocks read once are not worth the
+    /// copy: caching them made streaming reads 0.8x (docs/benchmarks.md);
+    /// read-ahead caches them (`prefetch`).
+    fn read_inode(
+        &mut self,
+        inode: &Inode,
+        offset: u64,
+        len: usize,
+        pad: usize,
+        background: bool,
+    ) -> FsResult<ReadStart> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
-        let mut out = vec![0u8; len];
+        let mut out = vec![0u8; len.max(pad)];
         let mut pieces = self.data_pieces(inode, offset, len);
         // Pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device.
@@ -240,6 +277,12 @@ impl<D: Device> Shard<D> {
         pieces.retain(|&(run, first, _, at, skip, n)| {
             !self.read_data_memory(run.page + first, skip, &mut out[at..at + n])
         });
+        if pieces.is_empty() {
+            return Ok(ReadStart::Done(out));
+        }
+        if background {
+            return Ok(ReadStart::Pending(self.read_in_background(out, &pieces)));
+        }
         let reqs = pieces
             .iter()
             .map(|(run, first, pages, ..)| IoRequest {
@@ -264,7 +307,7 @@ impl<D: Device> Shard<D> {
         }
         match err {
             Some(e) => Err(e.into()),
-            None => Ok(out),
+            None => Ok(ReadStart::Done(out)),
         }
     }
 
@@ -582,5 +625,13 @@ impl<D: Device> Shard<D> {
             self.log(Change::TrimPut { ino, from })?;
         }
         Ok(())
+    }
+}
+
+/// The bytes of a read started without `background`, which never waits.
+fn done(start: FsResult<ReadStart>) -> FsResult<Vec<u8>> {
+    match start? {
+        ReadStart::Done(data) => Ok(data),
+        ReadStart::Pending(id) => unreachable!("read {id} pending without background"),
     }
 }

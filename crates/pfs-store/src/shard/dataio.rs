@@ -1,5 +1,5 @@
-//! Asynchronous data I/O: writes that do not hold up the worker, and read-ahead
-//! that reads while the worker serves.
+//! Asynchronous data I/O: writes and reads that do not hold up the worker, and
+//! read-ahead that reads while the worker serves.
 //!
 //! **Writes.** A data write (`write_blocks`, `write_io`) fills its new run's pages in a
 //! device buffer and *stages* them here instead of waiting for the device, so
@@ -9,7 +9,7 @@
 //! append leaves) go out as one write of up to `BATCH_BYTES`: a thousand 3901-byte
 //! files cost a few device writes instead of a thousand.
 //!
-//! The contract is unchanged: a commit waits for every data write submitted
+//! The contract is unchanged: a commit waits for every data request submitted
 //! before it started before it syncs the data and writes the log, so whatever a
 //! durable record maps is on the device. Before that, the written pages are read from memory: staged runs
 //! from their buffers; a read that needs pages whose write is in flight waits for
@@ -28,14 +28,25 @@
 //! the same: a log cut by a crash inside its commit can end between the record
 //! that mapped the run and the one that replaced it.
 //!
+//! **Reads.** A read whose pages are not all in memory submits the device
+//! reads of the missing pieces and returns [`ReadStart::Pending`]; the worker
+//! serves other requests and sends the reply when
+//! [`Shard::take_finished_reads`] hands the bytes over. Such reads need no
+//! ordering with writes: pages a mapped run holds are never rewritten in place,
+//! and the pages a later write or truncate unmaps are freed only after a commit,
+//! which first waits for every data request submitted before it, reads
+//! included. At most `io_queue_depth` device requests are in flight; each
+//! pending read has one, so they are bounded too.
+//!
 //! **Read-ahead.** Pages a sequential reader will want next are read
 //! asynchronously into the read cache ([`Shard::prefetch`]); the read that
 //! triggered it is answered at once. A read that needs pages still being read
 //! ahead waits for them, as for a write in flight. A failed read-ahead caches
 //! nothing: the read that needs those pages reads them itself and meets the error.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
+use super::data::Piece;
 use super::{Shard, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device, IoCompletion, IoKind, IoRequest};
 use pfs_core::{FsError, FsResult};
@@ -56,28 +67,66 @@ struct Staged {
     cache: bool,
 }
 
-/// One device request in flight, starting at its key.
+/// What a device request in flight is for.
 #[derive(Debug)]
-struct InFlight {
-    pages: u64,
-    /// Its number in submission order (a commit waits for the writes numbered
-    /// below where it started).
-    seq: u64,
-    /// A write: its neighbouring runs `(first page, pages, cache)`; `None`:
-    /// a read-ahead.
-    runs: Option<Vec<(u64, u64, bool)>>,
+enum Purpose {
+    /// Neighbouring runs written: `(first page, pages, cache)`.
+    Write(Vec<(u64, u64, bool)>),
+    /// Pages read ahead into the read cache.
+    ReadAhead,
+    /// A piece of pending read `id`: bytes `skip..skip + n` of the pages go to
+    /// `at` of its output; `cache`: the pages are worth the read cache.
+    Read { id: u64, at: usize, skip: usize, n: usize, cache: bool },
 }
 
-/// The data runs of a shard between their operation and the device.
+/// One device request in flight, under its number (its tag).
+#[derive(Debug)]
+struct InFlight {
+    first: u64,
+    pages: u64,
+    purpose: Purpose,
+}
+
+/// A read waiting for its device reads.
+#[derive(Debug)]
+struct PendingRead {
+    out: Vec<u8>,
+    /// Device reads not finished yet.
+    left: usize,
+    error: Option<FsError>,
+}
+
+/// How a read started ([`Shard::read_start`]): answered from memory, or
+/// waiting for the device (its id comes back from
+/// [`Shard::take_finished_reads`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReadStart {
+    /// The bytes.
+    Done(Vec<u8>),
+    /// Being read: the id of the read.
+    Pending(u64),
+}
+
+/// The data runs of a shard between their operation and the device, and the
+/// reads under way.
 #[derive(Debug, Default)]
 pub struct DataIo {
     /// First page -> staged run.
     staged: BTreeMap<u64, Staged>,
     staged_bytes: usize,
-    /// First page of a device write (its tag) -> what it writes.
+    /// Number (the device tag) -> request in flight. Numbers follow
+    /// submission order: a commit waits for those below where it started.
     in_flight: BTreeMap<u64, InFlight>,
+    /// First page -> pages of the writes and read-aheads in flight, which a
+    /// read of those pages waits for. They never overlap one another: pages
+    /// are written once per allocation, and a read-ahead skips busy pages.
+    busy: BTreeMap<u64, u64>,
     /// The number the next request in flight gets.
     next_seq: u64,
+    /// Reads waiting for their device reads, by id, and those finished.
+    reads: HashMap<u64, PendingRead>,
+    finished: Vec<(u64, FsResult<Vec<u8>>)>,
+    next_read: u64,
     /// Chunks of `RESERVE_CHUNK_PAGES` data pages reserved on the device, one
     /// bit each.
     reserved: Vec<u64>,
@@ -106,18 +155,22 @@ impl DataIo {
             .is_some_and(|(&start, run)| first + pages <= start + run.pages)
     }
 
-    /// Numbers a request about to be submitted.
-    fn number(&mut self, pages: u64, runs: Option<Vec<(u64, u64, bool)>>) -> InFlight {
+    /// Notes a request about to be submitted; returns its number, the tag to
+    /// submit it with.
+    fn start(&mut self, first: u64, pages: u64, purpose: Purpose) -> u64 {
+        let seq = self.next_seq;
         self.next_seq += 1;
-        InFlight { pages, seq: self.next_seq - 1, runs }
+        if !matches!(purpose, Purpose::Read { .. }) {
+            self.busy.insert(first, pages);
+        }
+        self.in_flight.insert(seq, InFlight { first, pages, purpose });
+        seq
     }
 
-    /// Whether a request in flight covers any of the `pages` pages from `first`.
-    fn in_flight_overlaps(&self, first: u64, pages: u64) -> bool {
-        self.in_flight
-            .range(..first + pages)
-            .next_back()
-            .is_some_and(|(&start, w)| start + w.pages > first)
+    /// Whether a write or read-ahead in flight covers any of the `pages`
+    /// pages from `first`.
+    fn busy_overlaps(&self, first: u64, pages: u64) -> bool {
+        self.busy.range(..first + pages).next_back().is_some_and(|(&start, &n)| start + n > first)
     }
 
     /// Takes the staged runs, grouped into writes of neighbouring runs of at
@@ -220,15 +273,15 @@ impl<D: Device> Shard<D> {
             };
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            let w = self.writes.number(pages, Some(runs));
-            self.writes.in_flight.insert(first, w);
+            let tag = self.writes.start(first, pages, Purpose::Write(runs));
             self.stats.data_writes += 1;
-            self.io.submit_data(req, first);
+            self.io.submit_data(req, tag);
         }
     }
 
-    /// Collects finished data writes without waiting; returns how many. The
-    /// worker calls it every round.
+    /// Collects finished data requests without waiting; returns how many. The
+    /// worker calls it every round, then sends what
+    /// [`take_finished_reads`](Self::take_finished_reads) hands over.
     pub fn poll_data_writes(&mut self) -> usize {
         if self.writes.in_flight.is_empty() {
             return 0;
@@ -242,17 +295,19 @@ impl<D: Device> Shard<D> {
     }
 
     /// Submits what is staged; returns the number the next request will get:
-    /// every data write submitted so far is numbered below it.
+    /// every data request submitted so far is numbered below it.
     pub(super) fn submit_data_writes(&mut self) -> u64 {
         self.submit_staged();
         self.writes.next_seq
     }
 
-    /// Whether a data write numbered below `seq` is still in flight (after
-    /// collecting the finished ones).
-    pub(super) fn data_writes_before(&mut self, seq: u64) -> bool {
+    /// Whether a data request numbered below `seq` is still in flight (after
+    /// collecting the finished ones). Reads count too: a commit frees the
+    /// pages its operations unmapped only once no read of them is in flight,
+    /// so a read never lands in the cache after its pages went to another file.
+    pub(super) fn data_requests_before(&mut self, seq: u64) -> bool {
         self.poll_data_writes();
-        self.writes.in_flight.values().any(|w| w.runs.is_some() && w.seq < seq)
+        self.writes.in_flight.range(..seq).next().is_some()
     }
 
     /// Waits for every data request in flight.
@@ -265,11 +320,11 @@ impl<D: Device> Shard<D> {
 
     fn finish_data_write(&mut self, c: IoCompletion) {
         let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data request");
-        match (w.runs, c.result) {
-            (None, Ok(())) => self.read_cache.put(c.tag, &c.buf),
-            // A failed read-ahead is left for the read that needs these pages.
-            (None, Err(_)) => {}
-            (Some(runs), Ok(())) => {
+        if !matches!(w.purpose, Purpose::Read { .. }) {
+            self.writes.busy.remove(&w.first);
+        }
+        match (w.purpose, c.result) {
+            (Purpose::Write(runs), Ok(())) => {
                 let mut at = 0;
                 for (first, pages, cache) in runs {
                     let len = (pages * PAGE_SIZE) as usize;
@@ -279,13 +334,74 @@ impl<D: Device> Shard<D> {
                     at += len;
                 }
             }
-            (Some(_), Err(e)) => self.fail(format!(
+            (Purpose::Write(_), Err(e)) => self.fail(format!(
                 "a data write of {} pages at page {} failed after its operation was \
                  acknowledged: {e}",
-                w.pages, c.tag
+                w.pages, w.first
             )),
+            (Purpose::ReadAhead, Ok(())) => self.read_cache.put(w.first, &c.buf),
+            // A failed read-ahead is left for the read that needs these pages.
+            (Purpose::ReadAhead, Err(_)) => {}
+            (Purpose::Read { id, at, skip, n, cache }, result) => {
+                let r = self.writes.reads.get_mut(&id).expect("a piece of a pending read");
+                match result {
+                    Ok(()) => {
+                        r.out[at..at + n].copy_from_slice(&c.buf[skip..skip + n]);
+                        if cache {
+                            self.read_cache.put(w.first, &c.buf);
+                        }
+                    }
+                    // That read fails; the shard goes on (nothing changed).
+                    Err(e) => {
+                        r.error.get_or_insert(e.into());
+                    }
+                }
+                r.left -= 1;
+                if r.left == 0 {
+                    let r = self.writes.reads.remove(&id).expect("seen above");
+                    self.writes.finished.push((id, r.error.map_or(Ok(r.out), Err)));
+                }
+            }
         }
         self.io.device_mut().free_buf(c.buf);
+    }
+
+    /// Reads that were pending and finished since the last call: their ids
+    /// and bytes, or the device's error.
+    pub fn take_finished_reads(&mut self) -> Vec<(u64, FsResult<Vec<u8>>)> {
+        std::mem::take(&mut self.writes.finished)
+    }
+
+    /// Whether a read finished and was not taken yet.
+    pub fn has_finished_reads(&self) -> bool {
+        !self.writes.finished.is_empty()
+    }
+
+    /// Whether a read is waiting for the device, or finished and not taken.
+    pub fn reads_under_way(&self) -> bool {
+        !self.writes.reads.is_empty() || !self.writes.finished.is_empty()
+    }
+
+    /// Submits the device reads of `pieces` (the parts of a read that memory
+    /// does not hold) into `out`; returns the id of the pending read. Its
+    /// pages stay mapped while it is in flight: the commit that frees them
+    /// waits for it (`data_requests_before`), and a write never rewrites
+    /// mapped pages in place.
+    pub(super) fn read_in_background(&mut self, out: Vec<u8>, pieces: &[Piece]) -> u64 {
+        let id = self.writes.next_read;
+        self.writes.next_read += 1;
+        self.writes.reads.insert(id, PendingRead { out, left: pieces.len(), error: None });
+        let block = u64::from(self.geo.block_size);
+        for &(run, first, pages, at, skip, n) in pieces {
+            let page = run.page + first;
+            let cache = u64::from(run.valid) < block;
+            let tag = self.writes.start(page, pages, Purpose::Read { id, at, skip, n, cache });
+            let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+            let offset = self.geo.data_offset(page);
+            self.stats.reads_in_background += 1;
+            self.io.submit_data(IoRequest { tag: 0, kind: IoKind::Read, offset, buf }, tag);
+        }
+        id
     }
 
     /// Copies `out.len()` bytes starting `skip` bytes into data page `first`
@@ -301,7 +417,7 @@ impl<D: Device> Shard<D> {
     pub(super) fn prefetch(&mut self, first: u64, pages: u64) {
         if self.writes.holds(first, pages)
             || self.read_cache.holds(first, pages)
-            || self.writes.in_flight_overlaps(first, pages)
+            || self.writes.busy_overlaps(first, pages)
             || self.io.device().in_flight() >= self.io.device().queue_depth()
         {
             return;
@@ -309,10 +425,9 @@ impl<D: Device> Shard<D> {
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
-        let r = self.writes.number(pages, None);
-        self.writes.in_flight.insert(first, r);
+        let tag = self.writes.start(first, pages, Purpose::ReadAhead);
         self.stats.read_aheads += 1;
-        self.io.submit_data(req, first);
+        self.io.submit_data(req, tag);
     }
 
     /// Before reading `pieces` from the device or from memory: waits for the
@@ -323,10 +438,10 @@ impl<D: Device> Shard<D> {
         &mut self,
         pieces: impl IntoIterator<Item = (u64, u64)>,
     ) -> FsResult<()> {
-        if self.writes.in_flight.is_empty() {
+        if self.writes.busy.is_empty() {
             return Ok(());
         }
-        if pieces.into_iter().any(|(first, pages)| self.writes.in_flight_overlaps(first, pages)) {
+        if pieces.into_iter().any(|(first, pages)| self.writes.busy_overlaps(first, pages)) {
             self.wait_in_flight()?;
         }
         Ok(())

@@ -96,6 +96,8 @@ pub struct ShardStats {
     pub data_writes: u64,
     /// Device reads submitted ahead of a sequential reader.
     pub read_aheads: u64,
+    /// Device reads of reads answered when they finish (`Shard::read_start`).
+    pub reads_in_background: u64,
 }
 
 /// One shard over its zone of device `D`.

@@ -917,3 +917,89 @@ fn a_failed_step_of_a_commit_under_way_fails_the_shard() {
         assert!(s.start_commit().is_err(), "{step}");
     }
 }
+
+/// A read-ahead still in flight when a truncate frees its pages must not put
+/// the old bytes in the read cache after those pages went to another file:
+/// the commit that frees them waits for it (every data request submitted
+/// before the commit started, reads included).
+#[test]
+fn a_read_ahead_in_flight_never_caches_pages_freed_and_reused_meanwhile() {
+    // Without the wait, seed 12 read 128 KiB of a's bytes back from b.
+    for seed in 0..40 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let a = s.create(ROOT, b"a", CreateArgs::file(0o644)).unwrap();
+        s.write(a.ino, 0, &vec![0xAA; 1 << 20]).unwrap();
+        let mut s = reopen(s);
+        handle.reorder(Some(seed));
+        let piece = 64 << 10;
+        // Two sequential reads start a read-ahead past them.
+        s.read(a.ino, 0, piece).unwrap();
+        s.read(a.ino, piece as u64, piece).unwrap();
+        s.setattr(a.ino, SetAttr { size: Some(0), ..SetAttr::default() }).unwrap();
+        s.commit().unwrap();
+        // Whole blocks on the freed pages (not worth the cache when written).
+        let b = s.create(ROOT, b"b", CreateArgs::file(0o644)).unwrap();
+        let new = vec![0xBB; 1 << 20];
+        s.write(b.ino, 0, &new).unwrap();
+        s.commit().unwrap();
+        handle.reorder(None);
+        let got = s.read(b.ino, 0, 1 << 20).unwrap();
+        let stale = got.iter().filter(|&&x| x != 0xBB).count();
+        assert_eq!(stale, 0, "seed {seed}: {stale} bytes of b read back as a's old bytes");
+    }
+}
+
+/// A read whose pages are on the device only is answered when its device
+/// reads finish, while other operations run; a device error fails that read
+/// and nothing else.
+#[test]
+fn reads_of_the_device_finish_in_the_background() {
+    use super::dataio::ReadStart;
+    use crate::device::{mem::Fault, IoKind};
+    for seed in 0..8 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let old: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        s.write(f.ino, 0, &old).unwrap();
+        // Reopened: nothing in memory, every piece goes to the device.
+        let mut s = reopen(s);
+        handle.reorder(Some(seed));
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, 0, true) else {
+            panic!("seed {seed}: a read of the device waits for it");
+        };
+        assert!(s.reads_under_way());
+        // A write that lands meanwhile replaces the blocks, and a commit runs;
+        // the read sees the file as it was when it started, whole.
+        s.write(f.ino, 0, &[7u8; 100_000]).unwrap();
+        s.commit().unwrap();
+        let mut got = s.take_finished_reads();
+        for _ in 0..1000 {
+            if !got.is_empty() {
+                break;
+            }
+            s.poll_data_writes();
+            got.extend(s.take_finished_reads());
+        }
+        assert_eq!(got.len(), 1, "seed {seed}: the read finished");
+        assert_eq!(got[0].0, id);
+        assert!(got[0].1.as_ref().unwrap() == &old[1000..151_000], "seed {seed}: bytes");
+        assert!(!s.reads_under_way());
+        // Memory (a staged write) answers at once; a read past the end pads.
+        s.write(f.ino, 0, &[9u8; 10]).unwrap();
+        assert_eq!(s.read_start(f.ino, 0, 10, 0, true), Ok(ReadStart::Done(vec![9u8; 10])));
+        assert_eq!(s.read_start(f.ino, 1 << 30, 10, 16, true), Ok(ReadStart::Done(vec![0; 16])));
+        // A device error reaches that read only; the shard goes on.
+        let mut s = reopen(s);
+        handle.reorder(None);
+        s.getattr(f.ino).unwrap();
+        handle.inject(Fault::next(IoKind::Read, 1));
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, 0, true) else {
+            panic!("seed {seed}: pending");
+        };
+        s.poll_data_writes();
+        let done = s.take_finished_reads();
+        assert!(matches!(&done[..], [(i, Err(FsError::Io(_)))] if *i == id), "{done:?}");
+        assert!(s.failure().is_none());
+        assert_eq!(s.read(f.ino, 150_000, 10).unwrap(), &old[150_000..150_010]);
+    }
+}
