@@ -17,7 +17,7 @@ pub const MSG_HEADER_LEN: usize = HEADER_LEN;
 /// Largest message on a link: a header and the largest frame payload.
 pub const MAX_MSG_BYTES: usize = HEADER_LEN + MAX_FRAME_PAYLOAD;
 /// Offset of the checksum in both headers.
-const CHECKSUM_OFFSET: usize = 28;
+pub(crate) const CHECKSUM_OFFSET: usize = 28;
 /// Receive buffers start this large and grow up to [`MAX_MSG_BYTES`] when a larger
 /// message arrives, so idle connections stay small.
 const RX_INITIAL_BYTES: usize = 64 << 10;
@@ -243,6 +243,11 @@ impl RxBuf {
             need: 0,
             max_bytes,
         }
+    }
+
+    /// The largest message it accepts.
+    pub fn max_bytes(&self) -> usize {
+        self.max_bytes
     }
 
     /// Bytes received but not yet returned as messages.

@@ -317,6 +317,23 @@ impl ShmPipe {
         Ok(n)
     }
 
+    /// Copies the first `dst.len()` bytes waiting in the ring into `dst` without
+    /// taking them; `false` (and `dst` unchanged) if fewer are waiting.
+    pub(crate) fn peek(&self, dst: &mut [u8]) -> io::Result<bool> {
+        let used = self.rx.used().ok_or_else(corrupt)?;
+        if used < dst.len() as u64 {
+            return Ok(false);
+        }
+        let head = self.rx.u64_at(HEAD).load(Ordering::Relaxed);
+        copy_out(&self.rx, head, dst);
+        Ok(true)
+    }
+
+    /// Whether the tx ring has room for at least one byte.
+    pub(crate) fn tx_room(&self) -> bool {
+        self.tx.used().is_some_and(|used| used < self.tx.bytes)
+    }
+
     /// Arms the wake-up; `false` if bytes are already waiting (or the peer is gone).
     pub(crate) fn prepare_wait(&mut self) -> bool {
         // Drain first so the eventfd is readable only for wake-ups after this point.

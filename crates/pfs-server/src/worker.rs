@@ -642,7 +642,8 @@ impl<D: Device> Worker<D> {
     /// worker's shard; returns the reply frame, or `None` when the reply waits for
     /// the next commit.
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
-        let frame = match Frame::decode(&buf) {
+        // The transport checked the frame's checksum when it received it.
+        let frame = match Frame::decode_received(&buf) {
             Ok(f) => f,
             Err(e) => {
                 // The header passed its checks; a body that does not decode is the

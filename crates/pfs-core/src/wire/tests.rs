@@ -788,3 +788,26 @@ fn a_million_mutated_frames_decode_or_are_refused() {
     println!("fuzz: {decoded} decoded to valid messages, {refused} refused, no panic");
     assert!(decoded > 0 && refused > 0, "the mutations reach both outcomes");
 }
+
+/// `decode_received` (for frames the transport checked) skips the checksum
+/// and nothing else: a good frame decodes the same, a wrong checksum passes,
+/// and a wrong length or opcode is still refused.
+#[test]
+fn decode_received_skips_only_the_checksum() {
+    let good = sample_frame().to_bytes().unwrap();
+    assert_eq!(Frame::decode_received(&good).unwrap(), Frame::decode(&good).unwrap());
+    let mut bad_sum = good.clone();
+    bad_sum[28] ^= 0xff;
+    assert!(matches!(Frame::decode(&bad_sum), Err(WireError::Checksum { .. })));
+    assert_eq!(Frame::decode_received(&bad_sum).unwrap(), sample_frame());
+    assert!(matches!(
+        Frame::decode_received(&good[..good.len() - 1]),
+        Err(WireError::Truncated { .. })
+    ));
+    let mut longer = good.clone();
+    longer.push(0);
+    assert!(matches!(Frame::decode_received(&longer), Err(WireError::TrailingBytes { .. })));
+    let mut op = good.clone();
+    op[6..8].copy_from_slice(&0xfefe_u16.to_le_bytes());
+    assert!(matches!(Frame::decode_received(&op), Err(WireError::UnknownOpcode(0xfefe))));
+}

@@ -13,9 +13,11 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use pfs_core::wire::FrameHeader;
+use pfs_core::wire::{FrameHeader, HEADER_LEN};
 
-use crate::msg::{Incoming, Kind, NetHeader, RxBuf, MAX_MSG_BYTES, MSG_HEADER_LEN};
+use crate::msg::{
+    checksum, Incoming, Kind, NetHeader, RxBuf, CHECKSUM_OFFSET, MAX_MSG_BYTES, MSG_HEADER_LEN,
+};
 use crate::poller::{Epoll, READ, WRITE};
 use crate::rdma::ReplyImm;
 use crate::shm::ShmPipe;
@@ -31,6 +33,9 @@ pub const POLL_BATCH: usize = 64;
 const GATHER_MAX: usize = 16;
 /// Most pipe reads in one poll.
 const READS_PER_POLL: usize = 4;
+/// Frames at least this long are read from a shm ring straight into a posted
+/// receive buffer (`receive_direct`), not through the receive buffer first.
+const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 /// Sizes of a queue pair's queues and tables, fixed when it is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +107,9 @@ pub struct Qp {
     limits: QpLimits,
     rx: RxBuf,
     recv_posted: VecDeque<Vec<u8>>,
+    /// A large frame being read straight into a posted receive buffer (sized
+    /// to the frame), and how many of its bytes arrived.
+    direct: Option<(Vec<u8>, usize)>,
     tx: VecDeque<TxItem>,
     tx_written: usize,
     app_sends: usize,
@@ -142,6 +150,7 @@ impl Qp {
         Ok(Qp {
             rx: RxBuf::new(MAX_MSG_BYTES),
             recv_posted: VecDeque::with_capacity(limits.recv_depth),
+            direct: None,
             tx: VecDeque::with_capacity(limits.send_depth + limits.op_depth * 2),
             tx_written: 0,
             app_sends: 0,
@@ -331,6 +340,73 @@ impl Qp {
         Ok(n)
     }
 
+    /// Reads a large frame from a shm ring straight into a posted receive
+    /// buffer, saving the copy through the receive buffer. It starts when the
+    /// receive buffer is empty and the ring begins with the header of a frame
+    /// of at least `DIRECT_MIN_BYTES`, and goes on over later polls until the
+    /// whole frame arrived; then its checksum is checked, as `next_message`
+    /// checks every other frame. TCP reads go through the receive buffer.
+    fn receive_direct(&mut self) -> Result<Direct, NetError> {
+        if self.direct.is_none() {
+            let Pipe::Shm(p) = &self.pipe else { return Ok(Direct::No) };
+            if self.rx.buffered() != 0 || self.recv_posted.is_empty() {
+                return Ok(Direct::No);
+            }
+            let mut head = [0u8; HEADER_LEN];
+            if !p.peek(&mut head).map_err(|e| self.read_error(e))? {
+                return Ok(Direct::No);
+            }
+            // A header that does not check out is reported by the usual path.
+            let Ok(h) = FrameHeader::decode(&head) else { return Ok(Direct::No) };
+            let total = h.frame_len();
+            if total < DIRECT_MIN_BYTES || total > self.rx.max_bytes() {
+                return Ok(Direct::No);
+            }
+            let mut buf = self.recv_posted.pop_front().expect("checked above");
+            buf.resize(total, 0);
+            self.direct = Some((buf, 0));
+        }
+        let Pipe::Shm(p) = &mut self.pipe else { unreachable!("started on a shm pipe") };
+        let (buf, filled) = self.direct.as_mut().expect("started above");
+        while *filled < buf.len() {
+            match p.read(&mut buf[*filled..]) {
+                Ok(0) => {
+                    let msg = format!(
+                        "truncated message: the connection ended {filled} bytes into a \
+                         frame of {}",
+                        buf.len()
+                    );
+                    return Err(NetError::protocol(&self.peer, msg));
+                }
+                Ok(k) => *filled += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Direct::Waiting),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.read_error(e)),
+            }
+        }
+        let (buf, _) = self.direct.take().expect("started above");
+        let stored = u32::from_le_bytes(buf[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
+        let computed = checksum(&buf[..CHECKSUM_OFFSET], &buf[HEADER_LEN..]);
+        if stored != computed {
+            let msg = format!(
+                "checksum mismatch: header says 0x{stored:08x}, message hashes to 0x{computed:08x}"
+            );
+            return Err(NetError::protocol(&self.peer, msg));
+        }
+        Ok(Direct::Done(buf))
+    }
+
+    /// The error a failed pipe read means.
+    fn read_error(&self, e: io::Error) -> NetError {
+        if is_disconnect(&e) {
+            NetError::Closed { peer: self.peer.clone() }
+        } else if e.kind() == io::ErrorKind::InvalidData {
+            NetError::protocol(&self.peer, e.to_string())
+        } else {
+            NetError::io("read from", &self.peer, e)
+        }
+    }
+
     fn read_pipe(&mut self) -> io::Result<usize> {
         let spare = self.rx.spare();
         if spare.is_empty() {
@@ -349,6 +425,16 @@ impl Qp {
             n += self.parse(out, POLL_BATCH - n)?;
             if n >= POLL_BATCH || self.rx_blocked() {
                 break;
+            }
+            match self.receive_direct()? {
+                Direct::Done(buf) => {
+                    out.push(Completion::Recv { buf });
+                    n += 1;
+                    continue;
+                }
+                // The rest of a large frame has not arrived yet.
+                Direct::Waiting => break,
+                Direct::No => {}
             }
             match self.read_pipe() {
                 Ok(0) if self.rx.buffered() > 0 => {
@@ -393,6 +479,16 @@ impl Qp {
             None => Ok(()),
         }
     }
+}
+
+/// What [`Qp::receive_direct`] did.
+enum Direct {
+    /// A whole large frame, checked.
+    Done(Vec<u8>),
+    /// Part of a large frame is in; the rest comes in a later poll.
+    Waiting,
+    /// Nothing to read that way: read through the receive buffer.
+    No,
 }
 
 fn is_disconnect(e: &io::Error) -> bool {
@@ -529,7 +625,10 @@ impl QueuePair for Qp {
         }
         match &mut self.pipe {
             Pipe::Tcp(_) => true,
-            Pipe::Shm(p) => p.prepare_wait(),
+            // Arming drains the wake-up, and with it the peer's word that it
+            // made room in a full tx ring: bytes still to send into a ring
+            // that has room now mean work, not a wait.
+            Pipe::Shm(p) => p.prepare_wait() && (self.tx.is_empty() || !p.tx_room()),
         }
     }
 
