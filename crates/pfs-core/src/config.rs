@@ -192,9 +192,9 @@ pub struct ServerConfig {
     /// the worker doubles its spin after a sleep that a spin this long would
     /// have avoided and halves it after a longer one; 0 never spins.
     pub idle_spin_us: u64,
-    /// Threads copying large buffers off the workers; 0 copies on the worker.
+    /// Threads sealing large read replies off the workers; 0 seals on the worker.
     pub memcpy_threads: u32,
-    /// Copies at least this large go to the memcpy threads.
+    /// Read replies with at least this much data go to the memcpy threads.
     pub memcpy_threshold_bytes: u64,
     /// Inode cache blocks per worker.
     pub icache_blocks: u32,

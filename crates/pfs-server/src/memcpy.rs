@@ -1,23 +1,25 @@
-//! The memcpy pool: M threads that copy large replies into their frames off the
-//! workers (PeakFS III-B).
+//! The memcpy pool: M threads that finish large read replies off the workers
+//! (PeakFS III-B).
 //!
-//! Encoding a read reply copies its data into the frame and checksums it: for
-//! 1 MiB that is a few hundred microseconds a worker would not serve anything
-//! else. A worker hands such a reply to the pool through one bounded MPMC queue
-//! (every worker pushes, every pool thread pops); the pool thread encodes it and
-//! sends the frame back through the worker's own bounded return queue, then rings
-//! the worker's doorbell. A full queue is back-pressure: the worker encodes the
-//! reply itself.
+//! A read's bytes land after room for the reply's header (the shard's
+//! `ReadShape::prefix`), so the reply is a frame built around them: what is
+//! left is its header and the crc32c of the data, for 1 MiB a few hundred
+//! microseconds a worker would not serve anything else. A worker hands such a
+//! reply to the pool through one bounded MPMC queue (every worker pushes,
+//! every pool thread pops); the pool thread seals it and sends the frame back
+//! through the worker's own bounded return queue, then rings the worker's
+//! doorbell. A full queue is back-pressure: the worker seals the reply itself.
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use pfs_core::wire::Frame;
+use pfs_core::wire::{Frame, Opcode};
+use pfs_core::{ClientId, RequestId};
 
 use crate::worker::{ConnRef, Doorbell};
 
-/// A reply to encode, and where it goes.
+/// A read reply to seal, and where it goes.
 #[derive(Debug)]
 pub struct Job {
     /// The worker to give it back to.
@@ -26,9 +28,14 @@ pub struct Job {
     pub origin: u16,
     /// That connection.
     pub conn: ConnRef,
-    /// The reply frame.
-    pub frame: Frame,
-    /// A buffer to encode into (reused).
+    /// The request answered.
+    pub request_id: RequestId,
+    /// Its client.
+    pub client: ClientId,
+    /// `Read` or `ReadData`.
+    pub op: Opcode,
+    /// The reply laid out in place: `READ_REPLY_PREFIX` bytes of room, then
+    /// the data (at most `MAX_IO_BYTES`, checked by the worker).
     pub buf: Vec<u8>,
 }
 
@@ -136,11 +143,10 @@ impl MemcpyPool {
 fn copy_loop(jobs: Receiver<Job>, backs: &[Sender<Done>], bells: &[Doorbell]) {
     // Ends when every worker dropped its sender.
     while let Ok(mut job) = jobs.recv() {
-        job.buf.clear();
-        if job.frame.encode(&mut job.buf).is_err() {
-            // The worker checked the size before offering: a reply that does not
-            // encode is a bug in the caller.
-            unreachable!("the memcpy pool got a reply that does not encode");
+        // The worker checked the size before offering: a reply that does not
+        // seal is a bug in the caller.
+        if Frame::seal_read_reply(&mut job.buf, job.request_id, job.client, job.op).is_err() {
+            unreachable!("the memcpy pool got a read reply that does not seal");
         }
         let done = Done { origin: job.origin, conn: job.conn, buf: job.buf };
         let w = job.worker as usize;
@@ -154,11 +160,17 @@ fn copy_loop(jobs: Receiver<Job>, backs: &[Sender<Done>], bells: &[Doorbell]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pfs_core::wire::{Body, Reply};
-    use pfs_core::{ClientId, RequestId};
+    use pfs_core::wire::{Body, Reply, READ_REPLY_PREFIX};
+
+    fn job(worker: u16, conn: ConnRef, data: &[u8]) -> Job {
+        let mut buf = vec![0; READ_REPLY_PREFIX];
+        buf.extend_from_slice(data);
+        let (request_id, client, op) = (RequestId(7), ClientId(3), Opcode::Read);
+        Job { worker, origin: 0, conn, request_id, client, op, buf }
+    }
 
     #[test]
-    fn a_reply_comes_back_encoded_to_its_worker_and_rings_it() {
+    fn a_reply_comes_back_sealed_to_its_worker_and_rings_it() {
         let bells: Arc<Vec<Doorbell>> =
             Arc::new((0..2).map(|_| Doorbell::new().unwrap()).collect());
         let (pool, mut ports) = MemcpyPool::start(2, 4, 4096, bells.clone()).unwrap();
@@ -169,16 +181,14 @@ mod tests {
         };
         let want = frame.to_bytes().unwrap();
         let conn = ConnRef { slot: 1, gen: 9 };
-        assert!(ports[1]
-            .offer(Job { worker: 1, origin: 0, conn, frame, buf: Vec::new() })
-            .is_none());
+        assert!(ports[1].offer(job(1, conn, &[0xAB; 100_000])).is_none());
         let done = loop {
             if let Some(d) = ports[1].take() {
                 break d;
             }
             std::thread::yield_now();
         };
-        assert_eq!(done.buf, want);
+        assert!(done.buf == want, "sealed in place: the encoded reply");
         assert_eq!((done.origin, done.conn), (0, conn));
         assert_eq!(ports[1].in_flight, 0);
         assert!(ports[0].take().is_none());
@@ -192,18 +202,10 @@ mod tests {
         // No thread takes jobs while we fill the queue: a 1-slot queue and a
         // blocked pool thread (its return queue is full too).
         let (pool, mut ports) = MemcpyPool::start(1, 1, 0, bells).unwrap();
-        let frame = || Frame {
-            request_id: RequestId(1),
-            client: ClientId(1),
-            body: Body::Reply(Reply::Read(vec![1; 10])),
-        };
         let conn = ConnRef { slot: 0, gen: 0 };
         let mut refused = 0;
         for _ in 0..16 {
-            if ports[0]
-                .offer(Job { worker: 0, origin: 0, conn, frame: frame(), buf: Vec::new() })
-                .is_some()
-            {
+            if ports[0].offer(job(0, conn, &[1; 10])).is_some() {
                 refused += 1;
             }
         }

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request};
+use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, READ_REPLY_PREFIX};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
-use pfs_store::shard::dataio::ReadStart;
+use pfs_store::shard::dataio::{ReadShape, ReadStart};
 use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Peers, Waiter};
@@ -237,18 +237,8 @@ struct PendingRead {
     client: ClientId,
     /// `Read` or `ReadData`.
     op: Opcode,
-    /// The request's buffer, reused for the reply.
+    /// The request's buffer, reused for an error reply.
     buf: Vec<u8>,
-}
-
-/// The reply frame of a data read (`op` is `Read` or `ReadData`).
-fn read_reply(op: Opcode, request_id: RequestId, client: ClientId, r: FsResult<Vec<u8>>) -> Frame {
-    let body = match r {
-        Ok(data) if op == Opcode::ReadData => Body::Reply(Reply::ReadData(data)),
-        Ok(data) => Body::Reply(Reply::Read(data)),
-        Err(error) => Body::Error { op, error },
-    };
-    Frame { request_id, client, body }
 }
 
 impl<D: Device> std::fmt::Debug for Worker<D> {
@@ -768,18 +758,23 @@ impl<D: Device> Worker<D> {
         // A read that must go to the device is answered when it is done.
         let req = match self.start_read(req) {
             Ok(started) => {
-                let (request_id, client) = (frame.request_id, frame.client);
+                let p = PendingRead {
+                    origin,
+                    conn,
+                    request_id: frame.request_id,
+                    client: frame.client,
+                    op,
+                    buf,
+                };
                 let result = match started {
                     Ok(ReadStart::Done(data)) => Ok(data),
                     Ok(ReadStart::Pending(id)) => {
-                        let p = PendingRead { origin, conn, request_id, client, op, buf };
                         self.reads.insert(id, p);
                         return None;
                     }
                     Err(e) => Err(e),
                 };
-                let reply = read_reply(op, request_id, client, result);
-                return self.encode_reply(origin, conn, reply, Durability::Now, buf);
+                return self.read_reply(p, result);
             }
             Err(req) => req,
         };
@@ -801,7 +796,7 @@ impl<D: Device> Worker<D> {
             Err(error) => Body::Error { op, error },
         };
         let reply = Frame { request_id: frame.request_id, client: frame.client, body };
-        let buf = self.encode_reply(origin, conn, reply, durability, buf)?;
+        let buf = Self::encode_reply(reply, buf);
         if !held.is_empty() {
             self.hold_reply(held, origin, conn, buf);
             return None;
@@ -815,14 +810,17 @@ impl<D: Device> Worker<D> {
 
     /// Starts `req` if it is a data read; gives any other request back. A
     /// read that must wait for the device is answered by
-    /// [`send_finished_reads`](Self::send_finished_reads).
+    /// [`send_finished_reads`](Self::send_finished_reads). The bytes land
+    /// after room for the reply's header, so the reply is sealed around them
+    /// (`read_reply`) instead of copied into a frame.
     fn start_read(&mut self, req: Request) -> Result<FsResult<ReadStart>, Request> {
+        let shape = ReadShape { prefix: READ_REPLY_PREFIX, pad: 0, background: true };
         let started = match req {
             Request::Read { ino, fh: _, offset, size } => {
-                self.shard.read_start(ino, offset, size as usize, 0, true)
+                self.shard.read_start(ino, offset, size as usize, shape)
             }
             Request::ReadData { ino, layout, offset, size } => {
-                self.shard.read_data_start(ino, layout, offset, size as usize, true)
+                self.shard.read_data_start(ino, layout, offset, size as usize, shape)
             }
             other => return Err(other),
         };
@@ -837,27 +835,62 @@ impl<D: Device> Worker<D> {
         let n = finished.len();
         for (id, result) in finished {
             let Some(p) = self.reads.remove(&id) else { continue };
-            let reply = read_reply(p.op, p.request_id, p.client, result);
-            if let Some(buf) = self.encode_reply(p.origin, p.conn, reply, Durability::Now, p.buf) {
-                self.route_reply(p.origin, p.conn, buf);
+            let (origin, conn) = (p.origin, p.conn);
+            if let Some(buf) = self.read_reply(p, result) {
+                self.route_reply(origin, conn, buf);
             }
         }
         n
     }
 
-    /// Encodes `reply` into `buf` (reused), or hands it to the memcpy pool
-    /// (`None`: the pool encodes and sends it). A reply too large for the
+    /// The reply to read `p` whose output is `result`: on success, the bytes
+    /// after `READ_REPLY_PREFIX` bytes of room, sealed into a frame in place
+    /// by the memcpy pool when large (`None`: the pool sends it) or here; on
+    /// failure, an error reply in the request's buffer.
+    fn read_reply(&mut self, p: PendingRead, result: FsResult<Vec<u8>>) -> Option<Vec<u8>> {
+        let result = result.and_then(|out| {
+            let len = out.len() - READ_REPLY_PREFIX;
+            if len > pfs_core::wire::MAX_IO_BYTES {
+                return Err(FsError::Io(format!(
+                    "reply does not fit the protocol: {len} bytes of read data"
+                )));
+            }
+            Ok(out)
+        });
+        let mut out = match result {
+            Ok(out) => out,
+            Err(error) => {
+                let reply = Frame {
+                    request_id: p.request_id,
+                    client: p.client,
+                    body: Body::Error { op: p.op, error },
+                };
+                let mut buf = p.buf;
+                buf.clear();
+                reply.encode(&mut buf).expect("an error frame always encodes");
+                return Some(buf);
+            }
+        };
+        let (request_id, client, op) = (p.request_id, p.client, p.op);
+        if let Some(port) = self.memcpy.as_mut() {
+            if out.len() - READ_REPLY_PREFIX >= port.threshold_bytes {
+                let (worker, origin, conn) = (self.id, p.origin, p.conn);
+                let job = Job { worker, origin, conn, request_id, client, op, buf: out };
+                match port.offer(job) {
+                    None => return None,
+                    // The pool's queue is full: seal it here.
+                    Some(job) => out = job.buf,
+                }
+            }
+        }
+        Frame::seal_read_reply(&mut out, request_id, client, op).expect("size checked above");
+        Some(out)
+    }
+
+    /// Encodes `reply` into `buf` (reused). A reply too large for the
     /// protocol becomes an error reply.
-    fn encode_reply(
-        &mut self,
-        origin: u16,
-        conn: ConnRef,
-        reply: Frame,
-        durability: Durability,
-        buf: Vec<u8>,
-    ) -> Option<Vec<u8>> {
+    fn encode_reply(reply: Frame, mut buf: Vec<u8>) -> Vec<u8> {
         let (request_id, client, op) = (reply.request_id, reply.client, reply.opcode());
-        let (reply, mut buf) = self.offload(origin, conn, reply, durability, buf)?;
         buf.clear();
         if let Err(e) = reply.encode(&mut buf) {
             let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
@@ -865,7 +898,7 @@ impl<D: Device> Worker<D> {
             buf.clear();
             fallback.encode(&mut buf).expect("an error frame always encodes");
         }
-        Some(buf)
+        buf
     }
 
     fn serve_rings(&mut self) -> usize {
@@ -962,29 +995,6 @@ impl<D: Device> Worker<D> {
             n += 1;
         }
         n
-    }
-
-    /// Hands a large read reply to the memcpy pool (`None`); gives it back to encode here
-    /// when there is no pool, the reply is small, it must wait for a commit, or
-    /// the pool's queue is full (back-pressure).
-    fn offload(
-        &mut self,
-        origin: u16,
-        conn: ConnRef,
-        frame: Frame,
-        durability: Durability,
-        buf: Vec<u8>,
-    ) -> Option<(Frame, Vec<u8>)> {
-        let Some(port) = self.memcpy.as_mut() else { return Some((frame, buf)) };
-        let big = match &frame.body {
-            Body::Reply(Reply::Read(d) | Reply::ReadData(d)) => d.len() >= port.threshold_bytes,
-            _ => false,
-        };
-        if !big || durability == Durability::AfterCommit {
-            return Some((frame, buf));
-        }
-        let job = Job { worker: self.id, origin, conn, frame, buf };
-        port.offer(job).map(|j| (j.frame, j.buf))
     }
 
     /// Sends the replies the memcpy pool finished.

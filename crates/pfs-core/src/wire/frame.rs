@@ -12,6 +12,9 @@ pub const FLAG_ERROR: u16 = 1 << 1;
 
 /// Offset of the checksum in the header; the checksum covers the bytes before it.
 const CHECKSUM_OFFSET: usize = 28;
+/// Bytes before the data of an encoded read reply: the frame header and the
+/// data's `u32` length ([`Frame::seal_read_reply`]).
+pub const READ_REPLY_PREFIX: usize = HEADER_LEN + 4;
 
 /// A frame header whose magic, version, flags and length have been checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +153,40 @@ impl Frame {
         frame[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
         let crc = checksum(&frame[..CHECKSUM_OFFSET], &frame[HEADER_LEN..]);
         frame[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// Seals a read reply laid out in place: `buf` holds
+    /// [`READ_REPLY_PREFIX`] bytes (their values do not matter), then the
+    /// data. Writes the header and the data's length into the prefix and the
+    /// checksum, giving exactly the bytes [`encode`](Self::encode) gives for
+    /// `Reply::Read(data)` (or `Reply::ReadData`, by `op`), without copying
+    /// the data. `Err` (and `buf` untouched) when the data is over
+    /// `MAX_IO_BYTES` or `op` is neither.
+    pub fn seal_read_reply(
+        buf: &mut [u8],
+        request_id: RequestId,
+        client: ClientId,
+        op: Opcode,
+    ) -> Result<(), WireError> {
+        assert!(buf.len() >= READ_REPLY_PREFIX, "a read reply has room for its header");
+        if !matches!(op, Opcode::Read | Opcode::ReadData) {
+            return Err(WireError::BadValue { what: "read reply opcode", value: op as u64 });
+        }
+        let data_len = buf.len() - READ_REPLY_PREFIX;
+        super::cursor::check_len("read data", data_len, super::MAX_IO_BYTES)?;
+        let payload_len = buf.len() - HEADER_LEN;
+        buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        buf[4..6].copy_from_slice(&VERSION.to_le_bytes());
+        buf[6..8].copy_from_slice(&(op as u16).to_le_bytes());
+        buf[8..10].copy_from_slice(&FLAG_REPLY.to_le_bytes());
+        buf[10..12].copy_from_slice(&0u16.to_le_bytes());
+        buf[12..16].copy_from_slice(&client.0.to_le_bytes());
+        buf[16..24].copy_from_slice(&request_id.0.to_le_bytes());
+        buf[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        buf[HEADER_LEN..READ_REPLY_PREFIX].copy_from_slice(&(data_len as u32).to_le_bytes());
+        let crc = checksum(&buf[..CHECKSUM_OFFSET], &buf[HEADER_LEN..]);
+        buf[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
         Ok(())
     }
 

@@ -811,3 +811,33 @@ fn decode_received_skips_only_the_checksum() {
     op[6..8].copy_from_slice(&0xfefe_u16.to_le_bytes());
     assert!(matches!(Frame::decode_received(&op), Err(WireError::UnknownOpcode(0xfefe))));
 }
+
+/// A read reply sealed in place is byte for byte the encoded `Reply::Read`
+/// (or `ReadData`), and decodes to it.
+#[test]
+fn a_read_reply_sealed_in_place_is_the_encoded_reply() {
+    for (len, op) in [
+        (0, Opcode::Read),
+        (1, Opcode::ReadData),
+        (3901, Opcode::Read),
+        (1 << 20, Opcode::ReadData),
+    ] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+        let body = if op == Opcode::Read {
+            Reply::Read(data.clone())
+        } else {
+            Reply::ReadData(data.clone())
+        };
+        let frame =
+            Frame { request_id: RequestId(99), client: ClientId(5), body: Body::Reply(body) };
+        let mut buf = vec![0xee; READ_REPLY_PREFIX];
+        buf.extend_from_slice(&data);
+        Frame::seal_read_reply(&mut buf, RequestId(99), ClientId(5), op).unwrap();
+        assert!(buf == frame.to_bytes().unwrap(), "{len} bytes, {op:?}");
+        assert_eq!(Frame::decode(&buf).unwrap(), frame);
+    }
+    let mut big = vec![0; READ_REPLY_PREFIX + MAX_IO_BYTES + 1];
+    assert!(Frame::seal_read_reply(&mut big, RequestId(1), ClientId(1), Opcode::Read).is_err());
+    let mut other = vec![0; READ_REPLY_PREFIX + 4];
+    assert!(Frame::seal_read_reply(&mut other, RequestId(1), ClientId(1), Opcode::Write).is_err());
+}

@@ -11,7 +11,7 @@
 
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
-use super::dataio::ReadStart;
+use super::dataio::{ReadShape, ReadStart};
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -101,26 +101,28 @@ impl<D: Device> Shard<D> {
         offset: u64,
         len: usize,
     ) -> FsResult<Vec<u8>> {
-        done(self.read_data_start(ino, layout, offset, len, false))
+        done(self.read_data_start(ino, layout, offset, len, ReadShape::default()))
     }
 
-    /// [`read_data`](Self::read_data), answered later when the device must be
-    /// read and `background` ([`ReadStart::Pending`]; dataio.rs).
+    /// [`read_data`](Self::read_data) into an output of `shape` (its `pad` is
+    /// at least `len`), answered later when the device must be read and
+    /// `shape.background` ([`ReadStart::Pending`]; dataio.rs).
     pub fn read_data_start(
         &mut self,
         ino: InodeId,
         layout: FileLayout,
         offset: u64,
         len: usize,
-        background: bool,
+        shape: ReadShape,
     ) -> FsResult<ReadStart> {
+        let shape = ReadShape { pad: shape.pad.max(len), ..shape };
         if self.has_inode(ino) {
-            return self.read_start(ino, offset, len, len, background);
+            return self.read_start(ino, offset, len, shape);
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
         self.settle(ino)?;
         let inode = Self::homed_elsewhere(ino, layout, end);
-        let data = self.read_inode(&inode, offset, len, len, background)?;
+        let data = self.read_inode(&inode, offset, len, shape)?;
         // The file's size is known at its home only: read ahead as far as the
         // factor asks; holes past the end cost no device read.
         let ahead = end.saturating_add(len as u64 * self.opts.read_ahead_factor);
@@ -217,19 +219,18 @@ impl<D: Device> Shard<D> {
 
     /// Reads up to `len` bytes at `offset` of file `ino` (short at end of file).
     pub fn read(&mut self, ino: InodeId, offset: u64, len: usize) -> FsResult<Vec<u8>> {
-        done(self.read_start(ino, offset, len, 0, false))
+        done(self.read_start(ino, offset, len, ReadShape::default()))
     }
 
-    /// [`read`](Self::read), zero-padded to at least `pad` bytes, and answered
-    /// later when the device must be read and `background`
-    /// ([`ReadStart::Pending`]; dataio.rs).
+    /// [`read`](Self::read) into an output of `shape` (room before the bytes,
+    /// zeros after them up to a length), answered later when the device must
+    /// be read and `shape.background` ([`ReadStart::Pending`]; dataio.rs).
     pub fn read_start(
         &mut self,
         ino: InodeId,
         offset: u64,
         len: usize,
-        pad: usize,
-        background: bool,
+        shape: ReadShape,
     ) -> FsResult<ReadStart> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
@@ -239,19 +240,20 @@ impl<D: Device> Shard<D> {
             return Err(FsError::IsDir);
         }
         if offset >= inode.size {
-            return Ok(ReadStart::Done(vec![0; pad]));
+            return Ok(ReadStart::Done(vec![0; shape.prefix + shape.pad]));
         }
         let len = len.min((inode.size - offset) as usize);
         self.settle(ino)?;
-        let data = self.read_inode(&inode, offset, len, pad, background)?;
+        let data = self.read_inode(&inode, offset, len, shape)?;
         self.read_ahead(&inode, offset, len);
         Ok(data)
     }
 
     /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are
-    /// zeros) into an output of at least `pad` bytes. Pieces in memory are
-    /// copied at once; the others are read from the device, in the background
-    /// when `background` ([`ReadStart::Pending`]). What is read from the device
+    /// zeros) into an output of `shape`: `shape.prefix` bytes before them, and
+    /// zeros after them up to `shape.pad` bytes. Pieces in memory are copied at
+    /// once; the others are read from the device, in the background when
+    /// `shape.background` ([`ReadStart::Pending`]). What is read from the device
     /// goes to the read cache when it is a partly filled block (small files,
     /// the tail a writer appends to). Whole blocks read once are not worth the
     /// copy: caching them made streaming reads 0.8x (docs/benchmarks.md);
@@ -261,14 +263,16 @@ impl<D: Device> Shard<D> {
         inode: &Inode,
         offset: u64,
         len: usize,
-        pad: usize,
-        background: bool,
+        shape: ReadShape,
     ) -> FsResult<ReadStart> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
-        let mut out = vec![0u8; len.max(pad)];
+        let mut out = vec![0u8; shape.prefix + len.max(shape.pad)];
         let mut pieces = self.data_pieces(inode, offset, len);
+        for piece in &mut pieces {
+            piece.3 += shape.prefix;
+        }
         // Pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device.
         self.settle_data_pages(
@@ -280,7 +284,7 @@ impl<D: Device> Shard<D> {
         if pieces.is_empty() {
             return Ok(ReadStart::Done(out));
         }
-        if background {
+        if shape.background {
             return Ok(ReadStart::Pending(self.read_in_background(out, &pieces)));
         }
         let reqs = pieces

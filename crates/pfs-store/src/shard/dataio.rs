@@ -107,6 +107,20 @@ pub enum ReadStart {
     Pending(u64),
 }
 
+/// The output a read fills ([`Shard::read_start`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadShape {
+    /// Bytes left before the data (zeros), for the caller's header: a reply
+    /// frame built around the bytes needs no copy of them
+    /// (`pfs_core::wire::READ_REPLY_PREFIX`).
+    pub prefix: usize,
+    /// Least number of data bytes: zeros follow a short read up to it.
+    pub pad: usize,
+    /// A read that must go to the device returns [`ReadStart::Pending`]
+    /// instead of waiting.
+    pub background: bool,
+}
+
 /// The data runs of a shard between their operation and the device, and the
 /// reads under way.
 #[derive(Debug, Default)]

@@ -954,8 +954,9 @@ fn a_read_ahead_in_flight_never_caches_pages_freed_and_reused_meanwhile() {
 /// and nothing else.
 #[test]
 fn reads_of_the_device_finish_in_the_background() {
-    use super::dataio::ReadStart;
+    use super::dataio::{ReadShape, ReadStart};
     use crate::device::{mem::Fault, IoKind};
+    let bg = |pad| ReadShape { prefix: 0, pad, background: true };
     for seed in 0..8 {
         let (mut s, handle) = fresh_sized(BIG_ZONE);
         let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
@@ -964,7 +965,7 @@ fn reads_of_the_device_finish_in_the_background() {
         // Reopened: nothing in memory, every piece goes to the device.
         let mut s = reopen(s);
         handle.reorder(Some(seed));
-        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, 0, true) else {
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, bg(0)) else {
             panic!("seed {seed}: a read of the device waits for it");
         };
         assert!(s.reads_under_way());
@@ -986,14 +987,14 @@ fn reads_of_the_device_finish_in_the_background() {
         assert!(!s.reads_under_way());
         // Memory (a staged write) answers at once; a read past the end pads.
         s.write(f.ino, 0, &[9u8; 10]).unwrap();
-        assert_eq!(s.read_start(f.ino, 0, 10, 0, true), Ok(ReadStart::Done(vec![9u8; 10])));
-        assert_eq!(s.read_start(f.ino, 1 << 30, 10, 16, true), Ok(ReadStart::Done(vec![0; 16])));
+        assert_eq!(s.read_start(f.ino, 0, 10, bg(0)), Ok(ReadStart::Done(vec![9u8; 10])));
+        assert_eq!(s.read_start(f.ino, 1 << 30, 10, bg(16)), Ok(ReadStart::Done(vec![0; 16])));
         // A device error reaches that read only; the shard goes on.
         let mut s = reopen(s);
         handle.reorder(None);
         s.getattr(f.ino).unwrap();
         handle.inject(Fault::next(IoKind::Read, 1));
-        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, 0, true) else {
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, bg(0)) else {
             panic!("seed {seed}: pending");
         };
         s.poll_data_writes();
@@ -1002,4 +1003,41 @@ fn reads_of_the_device_finish_in_the_background() {
         assert!(s.failure().is_none());
         assert_eq!(s.read(f.ino, 150_000, 10).unwrap(), &old[150_000..150_010]);
     }
+}
+
+/// A read's output leaves the asked room before the bytes, from memory and
+/// from the device alike, and pads after them.
+#[test]
+fn a_read_leaves_room_before_its_bytes() {
+    use super::dataio::{ReadShape, ReadStart};
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    let data: Vec<u8> = (0..150_000u32).map(|i| (i % 239) as u8 + 1).collect();
+    s.write(f.ino, 0, &data).unwrap();
+    let shape = ReadShape { prefix: 36, pad: 100_000, background: true };
+    let want = |from: usize, to: usize, pad: usize| {
+        let mut w = vec![0u8; 36];
+        w.extend_from_slice(&data[from..to]);
+        w.resize(36 + pad.max(to - from), 0);
+        w
+    };
+    // Staged: from memory.
+    assert_eq!(
+        s.read_start(f.ino, 100, 1000, shape),
+        Ok(ReadStart::Done(want(100, 1100, 100_000)))
+    );
+    // From the device, short at the end of the file, padded.
+    let mut s = reopen(s);
+    let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 70_000, 90_000, shape) else {
+        panic!("a read of the device waits for it");
+    };
+    let mut got = Vec::new();
+    while got.is_empty() {
+        s.poll_data_writes();
+        got = s.take_finished_reads();
+    }
+    assert_eq!(got[0].0, id);
+    assert!(got[0].1.as_ref().unwrap() == &want(70_000, 150_000, 100_000));
+    // Past the end: the room and the padding.
+    assert_eq!(s.read_start(f.ino, 1 << 20, 10, shape), Ok(ReadStart::Done(vec![0; 100_036])));
 }
