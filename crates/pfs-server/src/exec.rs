@@ -1,7 +1,9 @@
 //! Runs one request on the shard that owns it: the only place wire requests turn
 //! into shard calls. Pure and single-threaded, so it is tested without a network.
 
-use pfs_core::wire::{DirEntry, Entry, InodeLayout, Reply, Request, XattrSetMode};
+use pfs_core::wire::{
+    DirEntry, Entry, InodeLayout, Reply, Request, WriteRef, WriteTarget, XattrSetMode,
+};
 use pfs_core::{DirLayout, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr};
 use pfs_store::device::Device;
 use pfs_store::shard::meta::{
@@ -86,6 +88,45 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
     // then stops the server) rather than leave memory ahead of the log.
     shard.end_request();
     (result, durability)
+}
+
+/// Runs a write whose data stays in its frame (`Frame::decode_write`), as
+/// [`execute`] runs `Write` and `WriteData`; its reply may go out now.
+pub fn execute_write<D: Device>(shard: &mut Shard<D>, w: &WriteRef<'_>) -> FsResult<Reply> {
+    if log::log_enabled!(log::Level::Trace) {
+        let t = std::thread::current();
+        let (ino, offset, data) = (w.ino, w.offset, w.data);
+        log::trace!(
+            "{} {:?} ino {ino} at {offset:#x} +{:#x} first {:?}",
+            t.name().unwrap_or("?"),
+            w.opcode(),
+            data.len(),
+            &data[..data.len().min(4)]
+        );
+    }
+    let result = write(shard, w.ino, w.target, w.offset, w.data);
+    shard.end_request();
+    result
+}
+
+/// `Write` at the file's home or `WriteData` elsewhere.
+fn write<D: Device>(
+    shard: &mut Shard<D>,
+    ino: InodeId,
+    target: WriteTarget,
+    offset: u64,
+    data: &[u8],
+) -> FsResult<Reply> {
+    Ok(match target {
+        WriteTarget::Home(_) => {
+            let (ctime_before, ctime) = shard.write_timed(ino, offset, data)?;
+            Reply::Write { written: data.len() as u32, ctime_before, ctime }
+        }
+        WriteTarget::Elsewhere(layout) => {
+            let written = shard.write_data(ino, layout, offset, data)?;
+            Reply::WriteData { written: written as u32 }
+        }
+    })
 }
 
 /// One line per data request at trace level: which file, where, how much.
@@ -206,9 +247,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::Read { ino, fh: _, offset, size } => {
             Reply::Read(shard.read(ino, offset, size as usize)?)
         }
-        Request::Write { ino, fh: _, offset, data } => {
-            let (ctime_before, ctime) = shard.write_timed(ino, offset, &data)?;
-            Reply::Write { written: data.len() as u32, ctime_before, ctime }
+        Request::Write { ino, fh, offset, data } => {
+            write(shard, ino, WriteTarget::Home(fh), offset, &data)?
         }
         Request::Fsync { .. } => Reply::Fsync,
         Request::StatFs => Reply::StatFs(shard.statfs()),
@@ -250,8 +290,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             return Err(FsError::NotSupported("dentry tokens are not served yet".into()))
         }
         Request::WriteData { ino, layout, offset, data } => {
-            let written = shard.write_data(ino, layout, offset, &data)?;
-            Reply::WriteData { written: written as u32 }
+            write(shard, ino, WriteTarget::Elsewhere(layout), offset, &data)?
         }
         Request::ReadData { ino, layout, offset, size } => {
             Reply::ReadData(shard.read_data(ino, layout, offset, size as usize)?)
@@ -438,6 +477,37 @@ mod tests {
         assert_eq!(entries[0].name, b"b");
         let Reply::ReadDir { entries, eof } = ok(&mut s, list(b"b")) else { panic!() };
         assert!(entries.is_empty() && eof);
+    }
+
+    /// A write run from its frame (`execute_write`) does what the decoded
+    /// request does through `execute`, and fails the same way.
+    #[test]
+    fn a_write_from_its_frame_is_the_decoded_write() {
+        use pfs_core::wire::{Body, Frame};
+        use pfs_core::{ClientId, RequestId};
+        let mut s = shard();
+        let ino = create(&mut s, "f");
+        let from_frame = |s: &mut Shard<MemDevice>, req: Request| {
+            let frame =
+                Frame { request_id: RequestId(1), client: ClientId(1), body: Body::Request(req) };
+            let bytes = frame.to_bytes().unwrap();
+            let (_, _, w) = Frame::decode_write(&bytes).unwrap().unwrap();
+            execute_write(s, &w)
+        };
+        let w = Request::Write { ino, fh: FileHandle(0), offset: 2, data: b"abc".to_vec() };
+        let Ok(Reply::Write { written: 3, .. }) = from_frame(&mut s, w) else { panic!() };
+        let w =
+            Request::WriteData { ino, layout: FileLayout::Block, offset: 7, data: b"d".to_vec() };
+        assert_eq!(from_frame(&mut s, w), Ok(Reply::WriteData { written: 1 }));
+        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100 };
+        assert_eq!(ok(&mut s, r), Reply::Read(b"\0\0abc\0\0d".to_vec()));
+        let gone = Request::Write {
+            ino: InodeId(ino.0 + 1000),
+            fh: FileHandle(0),
+            offset: 0,
+            data: vec![1],
+        };
+        assert_eq!(from_frame(&mut s, gone.clone()), execute(&mut s, gone).0);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use pfs_store::shard::dataio::{ReadShape, ReadStart};
 use pfs_store::Shard;
 
 use crate::cross::{patience, CrossOp, Peers, Waiter};
-use crate::exec::{execute, is_mutation, Durability};
+use crate::exec::{execute, execute_write, is_mutation, Durability};
 use crate::memcpy::{Job, MemcpyPort};
 use crate::rmdir::RmdirOp;
 use crate::tokens::Tokens;
@@ -632,6 +632,12 @@ impl<D: Device> Worker<D> {
     /// worker's shard; returns the reply frame, or `None` when the reply waits for
     /// the next commit.
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
+        let header = FrameHeader::decode(&buf).expect("checked by the receiver");
+        if header.flags == 0
+            && [Opcode::Write as u16, Opcode::WriteData as u16].contains(&header.opcode)
+        {
+            return self.process_write(origin, conn, buf);
+        }
         // The transport checked the frame's checksum when it received it.
         let frame = match Frame::decode_received(&buf) {
             Ok(f) => f,
@@ -781,6 +787,46 @@ impl<D: Device> Worker<D> {
         let mutates = is_mutation(&req);
         let mark = self.shard.txn_id_mark();
         let (result, durability) = execute(&mut self.shard, req);
+        let reply = (frame.request_id, frame.client, op, result);
+        self.finish_request(origin, conn, mutates, mark, reply, durability, buf)
+    }
+
+    /// A `Write` or `WriteData` frame: the data is written to the device
+    /// buffer straight from the frame (`Frame::decode_write`), and the reply
+    /// reuses the frame's buffer.
+    fn process_write(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) -> Option<Vec<u8>> {
+        let mark = self.shard.txn_id_mark();
+        let (request_id, client, op, result) = match Frame::decode_write(&buf) {
+            Some(Ok((request_id, client, w))) => {
+                if pfs_core::failpoint::fire("worker.panic") {
+                    panic!("failpoint worker.panic, before {:?}", w.opcode());
+                }
+                (request_id, client, w.opcode(), execute_write(&mut self.shard, &w))
+            }
+            Some(Err(e)) => {
+                let header = FrameHeader::decode(&buf).expect("checked by the receiver");
+                return Some(error_reply(header, FsError::Invalid(format!("bad request: {e}"))));
+            }
+            None => unreachable!("the caller sends write frames only"),
+        };
+        let reply = (request_id, client, op, result);
+        self.finish_request(origin, conn, true, mark, reply, Durability::Now, buf)
+    }
+
+    /// After a request ran: schedules the commit of a change, encodes the
+    /// reply into `buf`, and holds it for the follow-ups it waits for or for
+    /// the commit (`None`), or returns it to send now.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_request(
+        &mut self,
+        origin: u16,
+        conn: ConnRef,
+        mutates: bool,
+        mark: u64,
+        (request_id, client, op, result): (RequestId, ClientId, Opcode, FsResult<Reply>),
+        durability: Durability,
+        buf: Vec<u8>,
+    ) -> Option<Vec<u8>> {
         // Follow-ups whose effect the client sees at once hold its reply.
         let held: Vec<u64> = self
             .shard
@@ -795,7 +841,7 @@ impl<D: Device> Worker<D> {
             Ok(reply) => Body::Reply(reply),
             Err(error) => Body::Error { op, error },
         };
-        let reply = Frame { request_id: frame.request_id, client: frame.client, body };
+        let reply = Frame { request_id, client, body };
         let buf = Self::encode_reply(reply, buf);
         if !held.is_empty() {
             self.hold_reply(held, origin, conn, buf);

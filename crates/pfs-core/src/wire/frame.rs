@@ -1,6 +1,7 @@
 //! The frame: a fixed 32-byte header, then the payload of one message.
 
 use super::cursor::{Reader, Writer};
+use super::request::WriteRef;
 use super::types::Codec;
 use super::{Opcode, Reply, Request, WireError, HEADER_LEN, MAGIC, MAX_FRAME_PAYLOAD, VERSION};
 use crate::{ClientId, FsError, RequestId};
@@ -209,6 +210,38 @@ impl Frame {
     /// is not.
     pub fn decode_received(bytes: &[u8]) -> Result<Frame, WireError> {
         Frame::decode_with(bytes, false)
+    }
+
+    /// Decodes a received `Write` or `WriteData` request frame (its checksum
+    /// checked by the transport, as for [`decode_received`](Self::decode_received))
+    /// without copying its data: `None` for any other frame. Every other check
+    /// of [`decode`](Self::decode) is made.
+    #[allow(clippy::type_complexity)]
+    pub fn decode_write(
+        bytes: &[u8],
+    ) -> Option<Result<(RequestId, ClientId, WriteRef<'_>), WireError>> {
+        let header = match FrameHeader::decode(bytes) {
+            Ok(h) => h,
+            Err(e) => return Some(Err(e)),
+        };
+        if header.flags != 0 {
+            return None; // A reply.
+        }
+        let op = Opcode::from_u16(header.opcode)?;
+        let need = header.frame_len();
+        if bytes.len() < need {
+            return Some(Err(WireError::Truncated { what: "frame", need, have: bytes.len() }));
+        }
+        if bytes.len() > need {
+            let count = bytes.len() - need;
+            return Some(Err(WireError::TrailingBytes { what: "frame", count }));
+        }
+        let mut r = Reader::new(&bytes[HEADER_LEN..]);
+        let w = match WriteRef::get(op, &mut r)? {
+            Ok(w) => w,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(r.finish("payload").map(|()| (header.request_id, header.client, w)))
     }
 
     fn decode_with(bytes: &[u8], verify: bool) -> Result<Frame, WireError> {

@@ -31,7 +31,7 @@ pub use follow::{FollowOp, MAX_FOLLOW_UPS};
 pub use frame::{stamp, Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY, READ_REPLY_PREFIX};
 pub use opcode::Opcode;
 pub use reply::{Replaced, Reply};
-pub use request::Request;
+pub use request::{Request, WriteRef, WriteTarget};
 pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode, XattrSetMode};
 
 /// First four bytes of every frame: `"PFSW"`.

@@ -18,6 +18,65 @@ fn read_file_layout(r: &mut Reader<'_>) -> Result<FileLayout, WireError> {
     FileLayout::from_u8(v).ok_or(WireError::BadValue { what: "file layout", value: v.into() })
 }
 
+/// A `Write` or `WriteData` request whose data stays in the frame it came in
+/// ([`Frame::decode_write`](super::Frame::decode_write)): the server writes it
+/// to the device buffer from there, without a copy into a request of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteRef<'a> {
+    /// The file.
+    pub ino: InodeId,
+    /// Which of the two requests, and what it carries besides.
+    pub target: WriteTarget,
+    /// Byte offset in the file.
+    pub offset: u64,
+    /// The bytes.
+    pub data: &'a [u8],
+}
+
+/// What a [`WriteRef`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteTarget {
+    /// `Write`, at the file's home, through this handle.
+    Home(FileHandle),
+    /// `WriteData`, on another shard, of a file with this data layout.
+    Elsewhere(FileLayout),
+}
+
+impl<'a> WriteRef<'a> {
+    /// Decodes the body of a `Write` or `WriteData` (`op`) as [`Request`]'s
+    /// decoding does, borrowing the data; `None` for any other opcode.
+    pub(crate) fn get(op: Opcode, r: &mut Reader<'a>) -> Option<Result<WriteRef<'a>, WireError>> {
+        let get = |r: &mut Reader<'a>| {
+            let ino = InodeId(r.u64("ino")?);
+            let target = match op {
+                Opcode::Write => WriteTarget::Home(FileHandle(r.u64("file handle")?)),
+                _ => WriteTarget::Elsewhere(read_file_layout(r)?),
+            };
+            let offset = r.u64("write offset")?;
+            let data = r.bytes32("write data", MAX_IO_BYTES)?;
+            Ok(WriteRef { ino, target, offset, data })
+        };
+        matches!(op, Opcode::Write | Opcode::WriteData).then(|| get(r))
+    }
+
+    /// The opcode.
+    pub fn opcode(&self) -> Opcode {
+        match self.target {
+            WriteTarget::Home(_) => Opcode::Write,
+            WriteTarget::Elsewhere(_) => Opcode::WriteData,
+        }
+    }
+
+    /// The owned request.
+    pub fn to_request(&self) -> Request {
+        let (ino, offset, data) = (self.ino, self.offset, self.data.to_vec());
+        match self.target {
+            WriteTarget::Home(fh) => Request::Write { ino, fh, offset, data },
+            WriteTarget::Elsewhere(layout) => Request::WriteData { ino, layout, offset, data },
+        }
+    }
+}
+
 /// A request; each variant is one [`Opcode`].
 ///
 /// Names are raw bytes (POSIX names need not be UTF-8) of at most `NAME_MAX`; whether

@@ -841,3 +841,52 @@ fn a_read_reply_sealed_in_place_is_the_encoded_reply() {
     let mut other = vec![0; READ_REPLY_PREFIX + 4];
     assert!(Frame::seal_read_reply(&mut other, RequestId(1), ClientId(1), Opcode::Write).is_err());
 }
+
+/// `decode_write` borrows the data of `Write` and `WriteData` frames and
+/// decodes them as `decode` does; any other frame is not its business, and a
+/// bad one is refused the same way.
+#[test]
+fn decode_write_borrows_what_decode_copies() {
+    let writes = [
+        Request::Write {
+            ino: InodeId(9),
+            fh: FileHandle(4),
+            offset: 1 << 40,
+            data: vec![7; 70_000],
+        },
+        Request::WriteData { ino: InodeId(3), layout: FileLayout::Io, offset: 5, data: Vec::new() },
+        Request::WriteData {
+            ino: InodeId(3),
+            layout: FileLayout::Block,
+            offset: 0,
+            data: vec![1, 2],
+        },
+    ];
+    for req in writes {
+        let frame = Frame {
+            request_id: RequestId(11),
+            client: ClientId(2),
+            body: Body::Request(req.clone()),
+        };
+        let bytes = frame.to_bytes().unwrap();
+        let (id, client, w) = Frame::decode_write(&bytes).unwrap().unwrap();
+        assert_eq!((id, client), (RequestId(11), ClientId(2)));
+        assert_eq!(w.to_request(), req);
+        assert_eq!(w.opcode(), req.opcode());
+        assert!(Frame::decode_write(&bytes[..bytes.len() - 1]).unwrap().is_err());
+        let mut bad = bytes.clone();
+        // The top byte of the data's length, just before the data: past the payload.
+        let at = bytes.len() - w.data.len() - 1;
+        bad[at] ^= 0x80;
+        reseal(&mut bad);
+        assert!(Frame::decode_write(&bad).unwrap().is_err());
+    }
+    let other = sample_frame().to_bytes().unwrap();
+    assert!(Frame::decode_write(&other).is_none());
+    let reply = Frame {
+        request_id: RequestId(1),
+        client: ClientId(1),
+        body: Body::Reply(Reply::Write { written: 1, ctime_before: 0, ctime: 0 }),
+    };
+    assert!(Frame::decode_write(&reply.to_bytes().unwrap()).is_none());
+}
