@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{Body, Frame, Reply, Request};
+use pfs_core::wire::{Body, Frame, Reply, Request, WriteRef};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 
@@ -124,12 +124,33 @@ impl Conn {
     /// Sends `req` for processing worker `worker`; waits (up to `timeout`) for a
     /// credit or a reconnection.
     pub fn send(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Sent> {
-        let deadline = Instant::now() + timeout;
         let frame =
             Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        self.send_by(timeout, |rpc, deadline| rpc.send_to(&frame, worker, deadline))
+    }
+
+    /// [`send`](Self::send) of a write whose data the caller holds: the data is
+    /// copied once, into the frame.
+    pub fn send_write(
+        &self,
+        write: &WriteRef<'_>,
+        worker: u16,
+        timeout: Duration,
+    ) -> FsResult<Sent> {
+        self.send_by(timeout, |rpc, deadline| rpc.send_write(write, worker, deadline))
+    }
+
+    /// Sends with `send`, waiting (up to `timeout`) for a credit or a
+    /// reconnection.
+    fn send_by(
+        &self,
+        timeout: Duration,
+        mut send: impl FnMut(&mut RpcClient, Instant) -> Result<RequestId, NetError>,
+    ) -> FsResult<Sent> {
+        let deadline = Instant::now() + timeout;
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
-            match rpc.send_to(&frame, worker, deadline) {
+            match send(&mut rpc, deadline) {
                 Ok(id) => return Ok(Sent { id, deadline }),
                 Err(NetError::NoCredit { .. } | NetError::Disconnected { .. })
                     if Instant::now() < deadline =>

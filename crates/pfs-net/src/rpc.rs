@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{stamp, FrameHeader, FLAG_REPLY};
+use pfs_core::wire::{FrameHeader, WireError, WriteRef, FLAG_REPLY};
 use pfs_core::{ClientId, Frame, RequestId};
 
 use crate::auth::ClusterKey;
@@ -214,6 +214,27 @@ impl RpcClient {
         worker: u16,
         deadline: Instant,
     ) -> Result<RequestId, NetError> {
+        self.send_with(deadline, |out, client, id| frame.encode_as(out, client, id, worker))
+    }
+
+    /// [`send_to`](Self::send_to) of a write whose data the caller holds:
+    /// the data is copied once, into the frame.
+    pub fn send_write(
+        &mut self,
+        write: &WriteRef<'_>,
+        worker: u16,
+        deadline: Instant,
+    ) -> Result<RequestId, NetError> {
+        self.send_with(deadline, |out, client, id| write.encode_as(out, client, id, worker))
+    }
+
+    /// Sends the request frame `encode` appends (addressed to this client and
+    /// the request id it is given).
+    fn send_with(
+        &mut self,
+        deadline: Instant,
+        encode: impl FnOnce(&mut Vec<u8>, ClientId, RequestId) -> Result<(), WireError>,
+    ) -> Result<RequestId, NetError> {
         if self.qp.is_none() {
             self.reconnect().map_err(|e| match e {
                 e @ NetError::Disconnected { .. } => e,
@@ -235,12 +256,11 @@ impl RpcClient {
         self.seq += 1;
         let mut buf = self.bufs.pop().unwrap_or_default();
         buf.clear();
-        if let Err(source) = frame.encode(&mut buf) {
+        if let Err(source) = encode(&mut buf, self.opts.client, RequestId(id)) {
             self.free.push(slot);
             self.bufs.push(buf);
             return Err(NetError::Wire { peer: self.peer.clone(), source });
         }
-        stamp(&mut buf, self.opts.client, RequestId(id), worker);
         let qp = self.qp.as_mut().expect("connected above");
         if let Err(r) = qp.post_send(WorkId(id), buf) {
             self.free.push(slot);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pfs_core::wire::{Reply, Request, MAX_IO_BYTES};
+use pfs_core::wire::{Reply, Request, WriteRef, WriteTarget, MAX_IO_BYTES};
 use pfs_core::{FileHandle, FsError, FsResult, InodeId, TimeNs};
 
 use super::files::{OpenFile, OpenState, Pending};
@@ -218,22 +218,23 @@ impl Cluster {
         }
         for p in self.placement.pieces(ino, layout, offset, data.len() as u64) {
             let (o, n) = (p.offset, p.len);
-            let bytes = data[(o - offset) as usize..(o - offset + n) as usize].to_vec();
-            let req = if p.home {
-                Request::Write { ino, fh, offset: o, data: bytes }
+            let bytes = &data[(o - offset) as usize..(o - offset + n) as usize];
+            let target = if p.home {
+                WriteTarget::Home(fh)
             } else {
                 if o + n > st.reserved {
                     st.reserved = self.reserve_data(ino, o + n)?;
                 }
                 st.extend_to = st.extend_to.max(o + n);
-                Request::WriteData { ino, layout, offset: o, data: bytes }
+                WriteTarget::Elsewhere(layout)
             };
+            let write = WriteRef { ino, target, offset: o, data: bytes };
             while st.pending.len() >= self.opts.max_unfinished_writes.max(1) {
                 self.complete_one(ino, &mut st);
             }
             let server = p.route.server.0 as usize;
             self.reserve_pipelined(server, &file, &mut st);
-            let (s, sent) = match self.send_to(p.route.server, p.route.proc_worker, req) {
+            let (s, sent) = match self.send_write_to(p.route.server, p.route.proc_worker, &write) {
                 Ok(x) => x,
                 Err(e) => {
                     self.conns[server].release_pipelined();

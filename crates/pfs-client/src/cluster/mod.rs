@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{RenameFlags, Reply, Request, View, XattrSetMode};
+use pfs_core::wire::{RenameFlags, Reply, Request, View, WriteRef, XattrSetMode};
 use pfs_core::{
     ClientId, DirLayout, FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, Route,
     RouteKey, ServerId, SetAttr, StatFs, WorkerId,
@@ -345,6 +345,21 @@ impl Cluster {
     fn send_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<(usize, Sent)> {
         let s = server.0 as usize;
         let sent = self.conns[s].send(req, worker.0 as u16, self.opts.request_timeout)?;
+        let shard = s * self.placement.workers() as usize + worker.0 as usize;
+        self.sent[shard].fetch_add(1, Ordering::Relaxed);
+        Ok((s, sent))
+    }
+
+    /// [`send_to`](Self::send_to) of a write of the caller's bytes, copied
+    /// once, into the frame.
+    fn send_write_to(
+        &self,
+        server: ServerId,
+        worker: WorkerId,
+        write: &WriteRef<'_>,
+    ) -> FsResult<(usize, Sent)> {
+        let s = server.0 as usize;
+        let sent = self.conns[s].send_write(write, worker.0 as u16, self.opts.request_timeout)?;
         let shard = s * self.placement.workers() as usize + worker.0 as usize;
         self.sent[shard].fetch_add(1, Ordering::Relaxed);
         Ok((s, sent))

@@ -124,37 +124,24 @@ impl Frame {
     /// Appends the encoded frame to `out`. On `Err` (a value over a protocol limit)
     /// `out` is left as it was.
     pub fn encode(&self, out: &mut Vec<u8>) -> Result<(), WireError> {
-        let start = out.len();
-        let result = self.encode_unchecked(out, start);
-        if result.is_err() {
-            out.truncate(start);
-        }
-        result
+        self.encode_as(out, self.client, self.request_id, 0)
     }
 
-    fn encode_unchecked(&self, out: &mut Vec<u8>, start: usize) -> Result<(), WireError> {
-        let mut w = Writer::new(out);
-        w.u32(MAGIC);
-        w.u16(VERSION);
-        w.u16(self.opcode() as u16);
-        w.u16(self.flags());
-        w.u16(0); // worker: set with `stamp` by the sender that routes the request
-        w.u32(self.client.0);
-        w.u64(self.request_id.0);
-        w.u32(0); // payload length, patched below
-        w.u32(0); // checksum, patched below
-        match &self.body {
-            Body::Request(req) => req.put(&mut w)?,
-            Body::Reply(reply) => reply.put(&mut w)?,
-            Body::Error { error, .. } => error.put(&mut w)?,
-        }
-        let payload_len = out.len() - start - HEADER_LEN;
-        super::cursor::check_len("frame payload", payload_len, MAX_FRAME_PAYLOAD)?;
-        let frame = &mut out[start..];
-        frame[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
-        let crc = checksum(&frame[..CHECKSUM_OFFSET], &frame[HEADER_LEN..]);
-        frame[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
-        Ok(())
+    /// [`encode`](Self::encode) with this addressing instead of the frame's own
+    /// (as [`stamp`] would write it afterwards, but with one checksum pass).
+    pub fn encode_as(
+        &self,
+        out: &mut Vec<u8>,
+        client: ClientId,
+        request_id: RequestId,
+        worker: u16,
+    ) -> Result<(), WireError> {
+        let head = Head { op: self.opcode(), flags: self.flags(), worker, client, request_id };
+        encode_with(out, head, |w| match &self.body {
+            Body::Request(req) => req.put(w),
+            Body::Reply(reply) => reply.put(w),
+            Body::Error { error, .. } => error.put(w),
+        })
     }
 
     /// Seals a read reply laid out in place: `buf` holds
@@ -271,6 +258,66 @@ impl Frame {
         };
         r.finish("payload")?;
         Ok(Frame { request_id: header.request_id, client: header.client, body })
+    }
+}
+
+/// The header fields of a frame being encoded.
+struct Head {
+    op: Opcode,
+    flags: u16,
+    worker: u16,
+    client: ClientId,
+    request_id: RequestId,
+}
+
+/// Appends a frame with header `head` and the payload `put` writes, with its
+/// length and checksum; on `Err`, `out` is left as it was.
+fn encode_with(
+    out: &mut Vec<u8>,
+    head: Head,
+    put: impl FnOnce(&mut Writer<'_>) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    let start = out.len();
+    let result = (|| {
+        let mut w = Writer::new(out);
+        w.u32(MAGIC);
+        w.u16(VERSION);
+        w.u16(head.op as u16);
+        w.u16(head.flags);
+        w.u16(head.worker);
+        w.u32(head.client.0);
+        w.u64(head.request_id.0);
+        w.u32(0); // payload length, patched below
+        w.u32(0); // checksum, patched below
+        put(&mut w)?;
+        let payload_len = out.len() - start - HEADER_LEN;
+        super::cursor::check_len("frame payload", payload_len, MAX_FRAME_PAYLOAD)?;
+        let frame = &mut out[start..];
+        frame[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        let crc = checksum(&frame[..CHECKSUM_OFFSET], &frame[HEADER_LEN..]);
+        frame[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    })();
+    if result.is_err() {
+        out.truncate(start);
+    }
+    result
+}
+
+impl WriteRef<'_> {
+    /// Appends this write as a request frame of `client`, numbered
+    /// `request_id`, for processing worker `worker`: the bytes
+    /// [`Frame::encode_as`] gives for the owned request, copying the data
+    /// once, from where it is.
+    pub fn encode_as(
+        &self,
+        out: &mut Vec<u8>,
+        client: ClientId,
+        request_id: RequestId,
+        worker: u16,
+    ) -> Result<(), WireError> {
+        let head = Head { op: self.opcode(), flags: 0, worker, client, request_id };
+        encode_with(out, head, |w| self.put(w))
     }
 }
 

@@ -67,6 +67,17 @@ impl<'a> WriteRef<'a> {
         }
     }
 
+    /// Writes the body, as [`Request`]'s encoding does.
+    pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        w.u64(self.ino.0);
+        match self.target {
+            WriteTarget::Home(fh) => w.u64(fh.0),
+            WriteTarget::Elsewhere(layout) => w.u8(layout as u8),
+        }
+        w.u64(self.offset);
+        w.bytes32("write data", self.data, MAX_IO_BYTES)
+    }
+
     /// The owned request.
     pub fn to_request(&self) -> Request {
         let (ino, offset, data) = (self.ino, self.offset, self.data.to_vec());

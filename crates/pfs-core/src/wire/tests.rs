@@ -890,3 +890,52 @@ fn decode_write_borrows_what_decode_copies() {
     };
     assert!(Frame::decode_write(&reply.to_bytes().unwrap()).is_none());
 }
+
+/// Encoding with an addressing is encoding and stamping it afterwards, in
+/// one checksum pass; a write encoded from a borrowed slice is the encoded
+/// owned request.
+#[test]
+fn encode_as_is_encode_then_stamp() {
+    let writes = [
+        Request::Write { ino: InodeId(9), fh: FileHandle(4), offset: 77, data: vec![3; 5000] },
+        Request::WriteData { ino: InodeId(3), layout: FileLayout::Io, offset: 5, data: vec![] },
+    ];
+    for req in
+        writes.iter().cloned().chain([sample_frame().body].into_iter().filter_map(|b| match b {
+            Body::Request(r) => Some(r),
+            _ => None,
+        }))
+    {
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        let mut stamped = frame.to_bytes().unwrap();
+        stamp(&mut stamped, ClientId(6), RequestId(1234), 3);
+        let mut direct = Vec::new();
+        frame.encode_as(&mut direct, ClientId(6), RequestId(1234), 3).unwrap();
+        assert_eq!(direct, stamped);
+    }
+    for req in writes {
+        let frame = Frame {
+            request_id: RequestId(0),
+            client: ClientId(0),
+            body: Body::Request(req.clone()),
+        };
+        let mut want = Vec::new();
+        frame.encode_as(&mut want, ClientId(2), RequestId(9), 1).unwrap();
+        let (_, _, w) = Frame::decode_write(&want).unwrap().unwrap();
+        let mut got = vec![0xaa; 3]; // appends after what is there
+        w.encode_as(&mut got, ClientId(2), RequestId(9), 1).unwrap();
+        assert_eq!(&got[3..], &want[..]);
+    }
+    // Over the limit: nothing appended.
+    let big = vec![0u8; MAX_IO_BYTES + 1];
+    let w = WriteRef {
+        ino: InodeId(1),
+        target: WriteTarget::Home(FileHandle(1)),
+        offset: 0,
+        data: &big,
+    };
+    let mut out = vec![1, 2];
+    assert!(w.encode_as(&mut out, ClientId(1), RequestId(1), 0).is_err());
+    assert_eq!(out, [1, 2]);
+}
