@@ -395,21 +395,29 @@ impl Target for NativeTarget {
         let mut done = 0;
         while done < buf.len() {
             let want = (buf.len() - done).min(NATIVE_IO_MAX_BYTES);
-            let got = self
-                .fs
-                .read(f.ino, f.fh, offset + done as u64, want as u32)
+            // Copied from the reply's buffer into the caller's, as a
+            // program's read(2) through libpfs_preload is.
+            let mut got = None;
+            let into = &mut buf[done..done + want];
+            self.fs
+                .read_with(f.ino, f.fh, offset + done as u64, want as u32, &mut |d| {
+                    if d.len() <= into.len() {
+                        into[..d.len()].copy_from_slice(d);
+                    }
+                    got = Some(d.len());
+                })
                 .map_err(|e| TargetError::fs("read", &f.path, e))?;
-            if got.len() > want {
+            let got = got.unwrap_or(0);
+            if got > want {
                 return Err(TargetError {
                     op: "read",
                     path: f.path.clone(),
                     errno: None,
-                    message: format!("asked for {want} bytes, got {}", got.len()),
+                    message: format!("asked for {want} bytes, got {got}"),
                 });
             }
-            buf[done..done + got.len()].copy_from_slice(&got);
-            done += got.len();
-            if got.len() < want {
+            done += got;
+            if got < want {
                 break;
             }
         }

@@ -144,6 +144,20 @@ pub trait FileSystem: Send + Sync + 'static {
     fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle>;
     /// Reads up to `size` bytes at `offset` (short at end of file).
     fn read(&self, ino: InodeId, fh: FileHandle, offset: u64, size: u32) -> FsResult<Vec<u8>>;
+    /// [`read`](Self::read), handing the bytes to `f` where they are (a
+    /// reply's buffer) instead of in a new vector, which saves a copy of each
+    /// byte; `f` is called once, unless the read fails.
+    fn read_with(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> FsResult<()> {
+        f(&self.read(ino, fh, offset, size)?);
+        Ok(())
+    }
     /// Writes `data` at `offset`; may return before the data is durable.
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32>;
     /// Waits until every write through `fh` finished (called on each close).

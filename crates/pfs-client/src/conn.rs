@@ -204,12 +204,36 @@ impl Conn {
     /// `Dropped` when the connection went down first (a restarted server; the
     /// request may or may not have run).
     pub fn wait_answer(&self, sent: Sent) -> Waited {
+        self.wait_for(sent, |rpc| self.answered(rpc.poll_boot(sent.id)))
+    }
+
+    /// Waits for the reply to `sent` and hands over its frame as received
+    /// (the transport checked it); the buffer goes back to the connection
+    /// when the [`RawReply`] is dropped. A connection that went down is an
+    /// error here, as in [`wait`](Self::wait).
+    pub fn wait_raw(&self, sent: Sent) -> FsResult<RawReply<'_>> {
+        let buf = self.wait_for(sent, |rpc| match rpc.poll_raw(sent.id) {
+            Ok(Some((buf, _boot))) => Some(Ok(buf)),
+            Ok(None) => None,
+            Err(e) => Some(Err(net_error(e))),
+        })?;
+        Ok(RawReply { conn: self, buf: Some(buf) })
+    }
+
+    /// Closes the connection over a reply that does not decode; the error.
+    pub fn bad_reply(&self, e: pfs_core::wire::WireError) -> FsError {
+        net_error(self.rpc.lock().expect("connection lock").bad_frame(e))
+    }
+
+    /// Polls with `poll` until it gives an answer: spinning `reply_spin`
+    /// first, then parking on the connection between polls.
+    fn wait_for<T>(&self, sent: Sent, mut poll: impl FnMut(&mut RpcClient) -> Option<T>) -> T {
         // Poll a little before parking: a reply that comes within the spin
         // costs no eventfd write at the server and no wake-up here.
         let spin_until = Instant::now() + self.reply_spin;
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
-            if let Some(answer) = self.answered(rpc.poll_boot(sent.id)) {
+            if let Some(answer) = poll(&mut rpc) {
                 return answer;
             }
             if Instant::now() < spin_until {
@@ -254,6 +278,29 @@ impl Conn {
     pub fn call(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Reply> {
         let sent = self.send(req, worker, timeout)?;
         self.wait(sent)
+    }
+}
+
+/// A reply frame as received ([`Conn::wait_raw`]), read in place; its buffer
+/// goes back to the connection when dropped.
+#[derive(Debug)]
+pub struct RawReply<'a> {
+    conn: &'a Conn,
+    buf: Option<Vec<u8>>,
+}
+
+impl RawReply<'_> {
+    /// The frame's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for RawReply<'_> {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            self.conn.rpc.lock().expect("connection lock").give_back(buf);
+        }
     }
 }
 

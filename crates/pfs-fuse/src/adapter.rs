@@ -936,18 +936,19 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(InodeId(ino.0), FileHandle(fh.0), offset, size) {
-            Ok(d) => {
-                log::trace!(
-                    "read ino {} fh {} at {offset:#x} +{size:#x}: {:#x}",
-                    ino.0,
-                    fh.0,
-                    d.len()
-                );
-                self.pages.filled(ino.0);
-                reply.data(&d)
+        // The reply goes to the kernel straight from the buffer the server's
+        // reply arrived in.
+        let mut reply = Some(reply);
+        let mut answer = |d: &[u8]| {
+            log::trace!("read ino {} fh {} at {offset:#x} +{size:#x}: {:#x}", ino.0, fh.0, d.len());
+            self.pages.filled(ino.0);
+            if let Some(r) = reply.take() {
+                r.data(d);
             }
-            Err(e) => reply.error(errno(&e)),
+        };
+        let result = self.fs.read_with(InodeId(ino.0), FileHandle(fh.0), offset, size, &mut answer);
+        if let (Err(e), Some(r)) = (result, reply.take()) {
+            r.error(errno(&e));
         }
     }
 

@@ -280,6 +280,30 @@ impl RpcClient {
     /// [`poll`](Self::poll), and the boot id of the server process that sent the
     /// reply (from the handshake of the link it came on).
     pub fn poll_boot(&mut self, id: RequestId) -> Result<Option<(Frame, u64)>, NetError> {
+        let Some((buf, boot)) = self.poll_raw(id)? else { return Ok(None) };
+        // The transport checked the frame's checksum when it received it.
+        let decoded = Frame::decode_received(&buf);
+        self.recycle(buf);
+        match decoded {
+            Ok(frame) => Ok(Some((frame, boot))),
+            Err(source) => Err(self.bad_frame(source)),
+        }
+    }
+
+    /// Closes the connection over a reply frame that does not decode; the error.
+    pub fn bad_frame(&mut self, source: WireError) -> NetError {
+        let e = NetError::Wire { peer: self.peer.clone(), source };
+        if let Some(qp) = self.qp.as_mut() {
+            qp.close(&e.to_string());
+        }
+        e
+    }
+
+    /// [`poll_boot`](Self::poll_boot) without decoding: the reply frame's bytes
+    /// as received (header, length and checksum checked by the transport) and
+    /// the boot id. Hand the buffer back with [`give_back`](Self::give_back)
+    /// once read, so the connection posts it for the next receive.
+    pub fn poll_raw(&mut self, id: RequestId) -> Result<Option<(Vec<u8>, u64)>, NetError> {
         self.progress();
         let slot = (id.0 & ((1 << SLOT_BITS) - 1)) as usize;
         let s = match self.slots.get_mut(slot) {
@@ -307,19 +331,12 @@ impl RpcClient {
         self.in_flight -= 1;
         result?;
         let SlotState::Ready(buf, boot) = state else { unreachable!("ready") };
-        // The transport checked the frame's checksum when it received it.
-        let decoded = Frame::decode_received(&buf);
+        Ok(Some((buf, boot)))
+    }
+
+    /// Gives back a buffer [`poll_raw`](Self::poll_raw) handed out.
+    pub fn give_back(&mut self, buf: Vec<u8>) {
         self.recycle(buf);
-        match decoded {
-            Ok(frame) => Ok(Some((frame, boot))),
-            Err(source) => {
-                let e = NetError::Wire { peer: self.peer.clone(), source };
-                if let Some(qp) = self.qp.as_mut() {
-                    qp.close(&e.to_string());
-                }
-                Err(e)
-            }
-        }
     }
 
     /// Sends `frame` and waits (parking, not spinning) for its reply, reconnecting

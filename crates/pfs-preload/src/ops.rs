@@ -513,13 +513,18 @@ fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8])
     let mut done = 0;
     while done < buf.len() {
         let want = (buf.len() - done).min(IO_MAX);
-        let got = match fs.fs.read(f.ino, fh, offset + done as u64, want as u32) {
-            Ok(d) => d,
+        // Copied from the reply's buffer into the program's.
+        let mut n = 0;
+        let into = &mut buf[done..done + want];
+        let read = fs.fs.read_with(f.ino, fh, offset + done as u64, want as u32, &mut |d| {
+            n = d.len().min(into.len());
+            into[..n].copy_from_slice(&d[..n]);
+        });
+        match read {
+            Ok(()) => {}
             Err(_) if done > 0 => break,
             Err(e) => return Err(errno(e)),
-        };
-        let n = got.len().min(want);
-        buf[done..done + n].copy_from_slice(&got[..n]);
+        }
         done += n;
         if n < want {
             // The end of the file, as of now: a reader that checks for it with

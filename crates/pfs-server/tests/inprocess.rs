@@ -688,3 +688,49 @@ fn a_small_file_costs_two_round_trips_to_one_shard_and_its_read_one() {
     drop(fs);
     cluster.stop();
 }
+
+/// `read_with` (the bytes handed over in the reply's buffer when one request
+/// to the home answers) gives what `read` gives: within the first block, across
+/// shards, at and past the end of the file, and the same error for a removed
+/// file.
+#[test]
+fn read_with_hands_over_what_read_returns() {
+    let dir = test_dir("read-with");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let data: Vec<u8> = (0..700_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    let ino = write_file(&fs, InodeId::ROOT, "f", &data);
+    let fh = fs.open(ino, libc::O_RDONLY as u32).unwrap();
+    let with = |offset: u64, size: u32| -> Result<Vec<u8>, FsError> {
+        let mut got = None;
+        fs.read_with(ino, fh, offset, size, &mut |d| got = Some(d.to_vec()))?;
+        Ok(got.expect("read_with calls back once on success"))
+    };
+    for (offset, size) in [
+        (0, 10),
+        (100, 60_000),
+        (0, 65_536),
+        (60_000, 300_000),
+        (699_990, 100),
+        (700_000, 5),
+        (0, 1 << 20),
+    ] {
+        let want = fs.read(ino, fh, offset, size).unwrap();
+        let end = (offset as usize + size as usize).min(data.len()).max(offset as usize);
+        assert!(want == data[(offset as usize).min(data.len())..end], "read at {offset} +{size}");
+        assert!(with(offset, size).unwrap() == want, "read_with at {offset} +{size}");
+    }
+    fs.unlink(InodeId::ROOT, b"f").unwrap();
+    let gone = fs.create(InodeId::ROOT, b"g", 0o644, 0, 0, 0).unwrap();
+    fs.release(gone.0.ino, gone.1).unwrap();
+    fs.unlink(InodeId::ROOT, b"g").unwrap();
+    // Opening sends nothing; the read finds the file gone.
+    let fh2 = fs.open(gone.0.ino, libc::O_RDONLY as u32).unwrap();
+    let r = fs.read_with(gone.0.ino, fh2, 0, 10, &mut |_| panic!("no bytes of a removed file"));
+    assert!(r.is_err(), "a read of a removed file fails");
+    assert_eq!(r, fs.read(gone.0.ino, fh2, 0, 10).map(|_| ()));
+    fs.release(ino, fh).unwrap();
+    drop(fs);
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -8,7 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pfs_core::wire::{Reply, Request, WriteRef, WriteTarget, MAX_IO_BYTES};
+use pfs_core::wire::{
+    Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, FLAG_REPLY,
+    HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
+};
 use pfs_core::{FileHandle, FsError, FsResult, InodeId, TimeNs};
 
 use super::files::{OpenFile, OpenState, Pending};
@@ -139,6 +142,50 @@ impl Cluster {
             self.call_home(ino, Request::ReserveData { ino, end: ask })?,
             Reply::ReserveData { end: got } => got
         )
+    }
+
+    /// `FileSystem::read_with`: a read that one request to the file's home
+    /// answers is handed to `f` in its reply's buffer; any other goes through
+    /// [`read_range`](Self::read_range).
+    pub(crate) fn read_range_with(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> FsResult<()> {
+        if size as usize <= MAX_IO_BYTES {
+            let file = self.files.get(fh)?;
+            let pieces = self.placement.pieces(ino, file.layout, offset, u64::from(size));
+            if let [p] = pieces.as_slice() {
+                if p.home {
+                    let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                    let (s, sent) = self.send_to(p.route.server, p.route.proc_worker, req)?;
+                    let raw = self.conns[s].wait_raw(sent)?;
+                    if let Some(data) = read_reply_data(raw.bytes()) {
+                        f(data);
+                        return Ok(());
+                    }
+                    match Frame::decode_received(raw.bytes()) {
+                        // Told to wait: the path with the back-off takes it.
+                        Ok(Frame {
+                            body: Body::Error { error: FsError::TryAgain, .. }, ..
+                        }) => {}
+                        Ok(Frame { body: Body::Error { error, .. }, .. }) => return Err(error),
+                        Ok(other) => {
+                            return Err(FsError::Io(format!(
+                                "a read was answered with {:?}",
+                                other.opcode()
+                            )))
+                        }
+                        Err(e) => return Err(self.conns[s].bad_reply(e)),
+                    }
+                }
+            }
+        }
+        f(&self.read_range(ino, fh, offset, size)?);
+        Ok(())
     }
 
     /// `FileSystem::read`.
@@ -291,4 +338,16 @@ impl Cluster {
         let size = offset.checked_add(len).ok_or(FsError::FileTooLarge)?;
         expect_reply!(self.call_home(ino, Request::ExtendSize { ino, size })?, Reply::ExtendSize { .. } => ())
     }
+}
+
+/// The data of a `Read` reply frame, in place; `None` for any other frame
+/// (an error, another opcode, a length that does not add up).
+fn read_reply_data(frame: &[u8]) -> Option<&[u8]> {
+    let header = FrameHeader::decode(frame).ok()?;
+    if header.flags != FLAG_REPLY || header.opcode != Opcode::Read as u16 {
+        return None;
+    }
+    let len = u32::from_le_bytes(frame.get(HEADER_LEN..READ_REPLY_PREFIX)?.try_into().ok()?);
+    let data = frame.get(READ_REPLY_PREFIX..)?;
+    (data.len() == len as usize && len as usize <= MAX_IO_BYTES).then_some(data)
 }

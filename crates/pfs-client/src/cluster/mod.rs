@@ -943,6 +943,17 @@ impl FileSystem for Cluster {
         self.read_range(ino, fh, offset, size)
     }
 
+    fn read_with(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> FsResult<()> {
+        self.read_range_with(ino, fh, offset, size, f)
+    }
+
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.write_range(ino, fh, offset, data)
     }
