@@ -174,6 +174,10 @@ fn server_config(
         workers: shape.workers,
         key_file: key_file.to_owned(),
         master: master.to_string(),
+        // Clients and servers share this host's cores: a pool thread's
+        // hand-offs cost more than the checksum it takes off a worker
+        // (docs/benchmarks.md, "The memcpy pool on shared cores").
+        memcpy_threads: 0,
         ..ServerConfig::default()
     }
 }
