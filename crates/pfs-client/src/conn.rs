@@ -209,13 +209,14 @@ impl Conn {
 
     /// Waits for the reply to `sent` and hands over its frame as received
     /// (the transport checked it); the buffer goes back to the connection
-    /// when the [`RawReply`] is dropped. A connection that went down is an
-    /// error here, as in [`wait`](Self::wait).
-    pub fn wait_raw(&self, sent: Sent) -> FsResult<RawReply<'_>> {
+    /// when the [`RawReply`] is dropped. `Err(Waited::Dropped)` when the
+    /// connection went down first, as [`wait_answer`](Self::wait_answer) says.
+    pub fn wait_raw(&self, sent: Sent) -> Result<RawReply<'_>, Waited> {
         let buf = self.wait_for(sent, |rpc| match rpc.poll_raw(sent.id) {
             Ok(Some((buf, _boot))) => Some(Ok(buf)),
             Ok(None) => None,
-            Err(e) => Some(Err(net_error(e))),
+            Err(e @ NetError::Disconnected { .. }) => Some(Err(Waited::Dropped(net_error(e)))),
+            Err(e) => Some(Err(Waited::Answer(Err(net_error(e))))),
         })?;
         Ok(RawReply { conn: self, buf: Some(buf) })
     }

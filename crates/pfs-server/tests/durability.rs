@@ -321,9 +321,17 @@ fn data_of_a_file_that_does_not_exist_is_swept() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The group commit runs beside the requests: while an `fsync` waits for a
-/// commit whose device steps are held back (failpoint `commit.hold_ms`), the
-/// same worker answers another client's stat and create at once.
+/// A cluster of one server with one worker, restarted with `failpoints`
+/// (`PFS_FAILPOINTS`), in a new test directory named `name`.
+fn one_worker_with(name: &str, failpoints: &str) -> (common::TestDir, ClusterProcs) {
+    let dir = common::test_dir(name);
+    let mut c = ClusterProcs::start(&dir, 1, 1);
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[("PFS_FAILPOINTS", failpoints)]));
+    c.wait_registered(1);
+    (dir, c)
+}
+
 /// A read that misses the cache waits for its device read beside the other
 /// requests: with finished reads handed out 600 ms late (failpoint
 /// `read.hold_ms`), another client's stat and create on the same single
@@ -331,12 +339,7 @@ fn data_of_a_file_that_does_not_exist_is_swept() {
 #[test]
 fn a_worker_serves_requests_while_a_read_waits_for_the_device() {
     const HOLD_MS: u64 = 600;
-    let dir = common::test_dir("read-beside");
-    let mut c = ClusterProcs::start(&dir, 1, 1);
-    c.kill_server(0);
-    c.servers[0] =
-        Some(c.spawn_server(0, &[("PFS_FAILPOINTS", &format!("read.hold_ms={HOLD_MS}"))]));
-    c.wait_registered(1);
+    let (dir, c) = one_worker_with("read-beside", &format!("read.hold_ms={HOLD_MS}"));
     let fs = c.client();
     let other = c.client();
     // Whole blocks: not kept in the read cache once written, so the read
@@ -376,15 +379,42 @@ fn a_worker_serves_requests_while_a_read_waits_for_the_device() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A read in flight when its server dies is sent again once the server is
+/// back, through `read_with` as through `read`, and returns the bytes: a read
+/// changes nothing, so the caller does not see the restart. The read is held
+/// at the first server process (failpoint `read.hold_ms`) so that the kill
+/// comes while it waits.
+#[test]
+fn a_read_in_flight_when_its_server_dies_is_sent_again() {
+    let (dir, mut c) = one_worker_with("read-resent", "read.hold_ms=3000");
+    let fs = c.client();
+    let data: Vec<u8> = (0..256u32 << 10).map(|i| (i % 247) as u8).collect();
+    let (a, fh) = fs.create(InodeId::ROOT, b"on-disk", 0o644, 0, 0, 0).unwrap();
+    fs.write(a.ino, fh, 0, &data).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    let want = data.clone();
+    let reading = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let r = fs.read_with(a.ino, fh, 0, want.len() as u32, &mut |d| got = d.to_vec());
+        (r, got == want)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    let (r, same) = reading.join().unwrap();
+    assert_eq!(r, Ok(()), "the read after the restart");
+    assert!(same, "the read returned other bytes");
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The group commit runs beside the requests: while an `fsync` waits for a
+/// commit whose device steps are held back (failpoint `commit.hold_ms`), the
+/// same worker answers another client's stat and create at once.
 #[test]
 fn a_worker_serves_requests_while_a_commit_waits_for_the_device() {
     const HOLD_MS: u64 = 300;
-    let dir = common::test_dir("commit-beside");
-    let mut c = ClusterProcs::start(&dir, 1, 1);
-    c.kill_server(0);
-    c.servers[0] =
-        Some(c.spawn_server(0, &[("PFS_FAILPOINTS", &format!("commit.hold_ms={HOLD_MS}"))]));
-    c.wait_registered(1);
+    let (dir, c) = one_worker_with("commit-beside", &format!("commit.hold_ms={HOLD_MS}"));
     let fs = c.client();
     let other = c.client();
     let (a, fh) = fs.create(InodeId::ROOT, b"synced", 0o644, 0, 0, 0).unwrap();

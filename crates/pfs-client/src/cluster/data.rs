@@ -12,10 +12,11 @@ use pfs_core::wire::{
     Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, FLAG_REPLY,
     HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
 };
-use pfs_core::{FileHandle, FsError, FsResult, InodeId, TimeNs};
+use pfs_core::{FileHandle, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
 
 use super::files::{OpenFile, OpenState, Pending};
 use super::Cluster;
+use crate::conn::Waited;
 
 impl Cluster {
     /// Tells the version observer of a change this client made at `ino`'s home
@@ -161,31 +162,44 @@ impl Cluster {
             if let [p] = pieces.as_slice() {
                 if p.home {
                     let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
-                    let (s, sent) = self.send_to(p.route.server, p.route.proc_worker, req)?;
-                    let raw = self.conns[s].wait_raw(sent)?;
-                    if let Some(data) = read_reply_data(raw.bytes()) {
-                        f(data);
+                    if self.read_in_reply(p.route.server, p.route.proc_worker, req, f)? {
                         return Ok(());
-                    }
-                    match Frame::decode_received(raw.bytes()) {
-                        // Told to wait: the path with the back-off takes it.
-                        Ok(Frame {
-                            body: Body::Error { error: FsError::TryAgain, .. }, ..
-                        }) => {}
-                        Ok(Frame { body: Body::Error { error, .. }, .. }) => return Err(error),
-                        Ok(other) => {
-                            return Err(FsError::Io(format!(
-                                "a read was answered with {:?}",
-                                other.opcode()
-                            )))
-                        }
-                        Err(e) => return Err(self.conns[s].bad_reply(e)),
                     }
                 }
             }
         }
         f(&self.read_range(ino, fh, offset, size)?);
         Ok(())
+    }
+
+    /// Sends `req` (a `Read`) and hands the bytes of its reply to `f` in the
+    /// reply's buffer: `Ok(true)`. `Ok(false)` when the read must take the
+    /// longer path instead: the server said to wait (`TryAgain`, retried there
+    /// with back-off) or the connection dropped (a restarted server: sent
+    /// again there, once).
+    fn read_in_reply(
+        &self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+        f: &mut dyn FnMut(&[u8]),
+    ) -> FsResult<bool> {
+        let (s, sent) = self.send_to(server, worker, req)?;
+        let raw = match self.conns[s].wait_raw(sent) {
+            Ok(raw) => raw,
+            Err(Waited::Dropped(_)) => return Ok(false),
+            Err(Waited::Answer(r)) => return r.map(|_| false),
+        };
+        if let Some(data) = read_reply_data(raw.bytes()) {
+            f(data);
+            return Ok(true);
+        }
+        match Frame::decode_received(raw.bytes()) {
+            Ok(Frame { body: Body::Error { error: FsError::TryAgain, .. }, .. }) => Ok(false),
+            Ok(Frame { body: Body::Error { error, .. }, .. }) => Err(error),
+            Ok(other) => Err(FsError::Io(format!("a read was answered with {:?}", other.opcode()))),
+            Err(e) => Err(self.conns[s].bad_reply(e)),
+        }
     }
 
     /// `FileSystem::read`.
