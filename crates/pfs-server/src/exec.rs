@@ -94,15 +94,7 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
 /// [`execute`] runs `Write` and `WriteData`; its reply may go out now.
 pub fn execute_write<D: Device>(shard: &mut Shard<D>, w: &WriteRef<'_>) -> FsResult<Reply> {
     if log::log_enabled!(log::Level::Trace) {
-        let t = std::thread::current();
-        let (ino, offset, data) = (w.ino, w.offset, w.data);
-        log::trace!(
-            "{} {:?} ino {ino} at {offset:#x} +{:#x} first {:?}",
-            t.name().unwrap_or("?"),
-            w.opcode(),
-            data.len(),
-            &data[..data.len().min(4)]
-        );
+        trace_write(w.opcode(), w.ino, w.offset, w.data);
     }
     let result = write(shard, w.ino, w.target, w.offset, w.data);
     shard.end_request();
@@ -129,18 +121,24 @@ fn write<D: Device>(
     })
 }
 
+/// The trace line of a write: which file, where, how much, its first bytes.
+fn trace_write(op: pfs_core::wire::Opcode, ino: InodeId, offset: u64, data: &[u8]) {
+    let t = std::thread::current();
+    log::trace!(
+        "{} {op:?} ino {ino} at {offset:#x} +{:#x} first {:?}",
+        t.name().unwrap_or("?"),
+        data.len(),
+        &data[..data.len().min(4)]
+    );
+}
+
 /// One line per data request at trace level: which file, where, how much.
 fn trace_request(req: &Request) {
     let t = std::thread::current();
     let w = t.name().unwrap_or("?");
     match req {
         Request::Write { ino, offset, data, .. } | Request::WriteData { ino, offset, data, .. } => {
-            log::trace!(
-                "{w} {:?} ino {ino} at {offset:#x} +{:#x} first {:?}",
-                req.opcode(),
-                data.len(),
-                &data[..data.len().min(4)]
-            )
+            trace_write(req.opcode(), *ino, *offset, data)
         }
         Request::Read { ino, offset, size, .. } | Request::ReadData { ino, offset, size, .. } => {
             log::trace!("{w} {:?} ino {ino} at {offset:#x} +{size:#x}", req.opcode())

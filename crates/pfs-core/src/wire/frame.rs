@@ -207,23 +207,15 @@ impl Frame {
     pub fn decode_write(
         bytes: &[u8],
     ) -> Option<Result<(RequestId, ClientId, WriteRef<'_>), WireError>> {
-        let header = match FrameHeader::decode(bytes) {
-            Ok(h) => h,
+        let (header, payload) = match whole(bytes) {
+            Ok(hp) => hp,
             Err(e) => return Some(Err(e)),
         };
         if header.flags != 0 {
             return None; // A reply.
         }
         let op = Opcode::from_u16(header.opcode)?;
-        let need = header.frame_len();
-        if bytes.len() < need {
-            return Some(Err(WireError::Truncated { what: "frame", need, have: bytes.len() }));
-        }
-        if bytes.len() > need {
-            let count = bytes.len() - need;
-            return Some(Err(WireError::TrailingBytes { what: "frame", count }));
-        }
-        let mut r = Reader::new(&bytes[HEADER_LEN..]);
+        let mut r = Reader::new(payload);
         let w = match WriteRef::get(op, &mut r)? {
             Ok(w) => w,
             Err(e) => return Some(Err(e)),
@@ -232,15 +224,7 @@ impl Frame {
     }
 
     fn decode_with(bytes: &[u8], verify: bool) -> Result<Frame, WireError> {
-        let header = FrameHeader::decode(bytes)?;
-        let need = header.frame_len();
-        if bytes.len() < need {
-            return Err(WireError::Truncated { what: "frame", need, have: bytes.len() });
-        }
-        if bytes.len() > need {
-            return Err(WireError::TrailingBytes { what: "frame", count: bytes.len() - need });
-        }
-        let payload = &bytes[HEADER_LEN..];
+        let (header, payload) = whole(bytes)?;
         if verify {
             let computed = checksum(&bytes[..CHECKSUM_OFFSET], payload);
             if computed != header.checksum {
@@ -259,6 +243,20 @@ impl Frame {
         r.finish("payload")?;
         Ok(Frame { request_id: header.request_id, client: header.client, body })
     }
+}
+
+/// The header and payload of exactly one frame: its header checks out and
+/// `bytes` is as long as the header says.
+fn whole(bytes: &[u8]) -> Result<(FrameHeader, &[u8]), WireError> {
+    let header = FrameHeader::decode(bytes)?;
+    let need = header.frame_len();
+    if bytes.len() < need {
+        return Err(WireError::Truncated { what: "frame", need, have: bytes.len() });
+    }
+    if bytes.len() > need {
+        return Err(WireError::TrailingBytes { what: "frame", count: bytes.len() - need });
+    }
+    Ok((header, &bytes[HEADER_LEN..]))
 }
 
 /// The header fields of a frame being encoded.
