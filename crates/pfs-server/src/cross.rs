@@ -338,6 +338,18 @@ impl<D: Device> Worker<D> {
     }
 
     fn dispatch(&mut self, op: &mut CrossOp) {
+        if op.waiter.as_ref().is_some_and(|w| !self.is_connected(w)) {
+            // The client is gone (killed, most likely): nobody learns the
+            // outcome, so the rename must not land after what runs from now
+            // on. Only what the participant already applied is finished.
+            log::info!(
+                "worker {}: rename {:#x}: its client left; resuming it only",
+                self.id,
+                op.txn
+            );
+            op.waiter = None;
+            op.resume = true;
+        }
         let i = &op.intent;
         log::debug!("worker {}: rename {:#x}: asking {:?}", self.id, op.txn, i.target);
         let flags = if op.resume { i.flags | RenameFlags::RESUME } else { i.flags };
@@ -505,6 +517,33 @@ impl<D: Device> Worker<D> {
     /// name left pointing to a freed inode that way).
     pub(crate) fn is_moving(&self, parent: InodeId, name: &[u8]) -> bool {
         self.cross.iter().any(|op| op.intent.src_parent == parent && op.intent.src_name == name)
+    }
+
+    /// Whether `req` names a locked source name (see [`is_moving`](Self::is_moving));
+    /// it is answered `TryAgain`, which clients retry.
+    ///
+    /// - Changes of the name: an unlink, rmdir or rename of it, and a rename
+    ///   onto it from another shard (`XRenameTarget`), could free or move the
+    ///   inode the target name already points to (the SIGKILL soak found names
+    ///   left pointing to freed inodes).
+    /// - Lookups: once the participant applied its side the rename has
+    ///   happened, so the source name must not be found any more. Until the
+    ///   coordinator knows, a lookup waits: otherwise a client could find the
+    ///   name, write through it, and see the name vanish when a rename resumed
+    ///   after a crash ends (the soak found that too).
+    pub(crate) fn names_moving(&self, req: &Request) -> bool {
+        match req {
+            Request::Lookup { parent, name }
+            | Request::Unlink { parent, name }
+            | Request::Rmdir { parent, name }
+            | Request::RmdirBigDir { parent, name }
+            | Request::XRenameTarget { parent, name, .. } => self.is_moving(*parent, name),
+            Request::Rename { parent, name, new_parent, new_name, .. }
+            | Request::RenameCross { parent, name, new_parent, new_name, .. } => {
+                self.is_moving(*parent, name) || self.is_moving(*new_parent, new_name)
+            }
+            _ => false,
+        }
     }
 
     /// Sends a reply frame with `body` to a waiting client.

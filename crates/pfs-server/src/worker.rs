@@ -678,6 +678,16 @@ impl<D: Device> Worker<D> {
             reply.encode(&mut buf).expect("a token reply always encodes");
             return Some(buf);
         }
+        // A name that is the source of a cross-shard rename under way is
+        // locked until the rename ends (`Worker::names_moving`).
+        if !self.cross.is_empty() && self.names_moving(&req) {
+            let reply = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Error { op, error: FsError::TryAgain },
+            };
+            return Some(reply.to_bytes().expect("an error frame always encodes"));
+        }
         // The rmdir of a directory whose name was moved here by a rename while
         // its inode (and so its entries) stayed home: only a seal transaction
         // can check its emptiness there, so it runs as one (as a bigdir's).
@@ -738,25 +748,6 @@ impl<D: Device> Worker<D> {
                     Some(reply.to_bytes().expect("an error frame always encodes"))
                 }
             };
-        }
-        // Names that are the source of a cross-shard rename under way wait.
-        let locked = !self.cross.is_empty()
-            && match &req {
-                Request::Unlink { parent, name } | Request::Rmdir { parent, name } => {
-                    self.is_moving(*parent, name)
-                }
-                Request::Rename { parent, name, new_parent, new_name, .. } => {
-                    self.is_moving(*parent, name) || self.is_moving(*new_parent, new_name)
-                }
-                _ => false,
-            };
-        if locked {
-            let reply = Frame {
-                request_id: frame.request_id,
-                client: frame.client,
-                body: Body::Error { op, error: FsError::TryAgain },
-            };
-            return Some(reply.to_bytes().expect("an error frame always encodes"));
         }
         if pfs_core::failpoint::fire("worker.panic") {
             panic!("failpoint worker.panic, before {op:?}");
@@ -993,6 +984,17 @@ impl<D: Device> Worker<D> {
         } else {
             self.push(origin, Task::Reply { conn, buf });
         }
+    }
+
+    /// Whether the connection `waiter` came on is still open (the registry
+    /// forgets a client's connection when it ends). A caller without a client
+    /// id is not in the registry: it counts as connected.
+    pub(crate) fn is_connected(&self, waiter: &crate::cross::Waiter) -> bool {
+        if waiter.client.0 == 0 {
+            return true;
+        }
+        let reg = self.clients.lock().expect("client registry lock");
+        reg.get(&waiter.client) == Some(&(waiter.origin, waiter.conn))
     }
 
     /// Sends `req` unasked to `client` on its connection, wherever it is served.

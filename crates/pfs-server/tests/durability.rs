@@ -449,3 +449,94 @@ fn a_worker_serves_requests_while_a_commit_waits_for_the_device() {
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A regular directory (entries at its home) under the root homed on server
+/// `server` (2 workers each), other than the shards in `not`.
+fn regular_dir_on(fs: &dyn FileSystem, server: u32, not: &[u32]) -> (InodeId, u32) {
+    for n in 0..64 {
+        let name = format!("d{server}-{}-{n}", not.len());
+        let a = fs.mkdir(InodeId::ROOT, name.as_bytes(), 0o755, 0, 0).unwrap();
+        let shard = a.ino.shard().unwrap().0;
+        if shard / 2 == server && !not.contains(&shard) {
+            let layout = pfs_core::wire::XattrSetMode::Any;
+            fs.setxattr(a.ino, b"user.pfs.dir_layout", b"regular", layout).unwrap();
+            return (a.ino, shard);
+        }
+    }
+    panic!("64 directories and none homed on server {server}");
+}
+
+fn put(fs: &dyn FileSystem, dir: InodeId, name: &[u8], data: &[u8]) {
+    let (a, fh) = fs.create(dir, name, 0o644, 0, 0, 0).unwrap();
+    fs.write(a.ino, fh, 0, data).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.release(a.ino, fh).unwrap();
+    fs.fsyncdir(dir, FileHandle(0), false).unwrap();
+}
+
+fn content(fs: &dyn FileSystem, dir: InodeId, name: &[u8]) -> Result<Vec<u8>, FsError> {
+    common::read_all(fs, fs.lookup(dir, name)?.ino)
+}
+
+/// The source name of a cross-shard rename under way is locked until the
+/// rename ends, and a rename whose client left never lands afterwards.
+///
+/// `a/src` (server 0) is renamed over `b/dst` (server 1) while server 1 is
+/// down, by a client that then disconnects. Meanwhile a lookup of `a/src`
+/// and a rename of `c/x` (another shard of server 0) over it are refused with
+/// `TryAgain` (the client retries them until its timeout): the first could
+/// see a name the rename already moved, the second would free the inode
+/// `b/dst` may point to. Once server 1 is back, the rename, which it never
+/// applied, is abandoned: `a/src` and `b/dst` keep their files.
+#[test]
+fn a_rename_under_way_locks_its_source_and_is_abandoned_when_its_client_leaves() {
+    let dir = common::test_dir("rename-left");
+    let mut c = ClusterProcs::start(&dir, 2, 2);
+    let fs = c.client();
+    let probe = c.client_with_timeout(Duration::from_millis(1500));
+    let (a, a_shard) = regular_dir_on(&fs, 0, &[]);
+    let (b, b_shard) = regular_dir_on(&fs, 1, &[]);
+    let (cd, _) = regular_dir_on(&fs, 0, &[a_shard]);
+    put(&fs, a, b"src", b"the source");
+    put(&fs, b, b"dst", b"the target");
+    put(&fs, cd, b"x", b"another file");
+    c.kill_server(1);
+
+    let left = raw_conn(&c, &dir, ClientId(91));
+    let rename = Request::RenameCross {
+        parent: a,
+        name: b"src".to_vec(),
+        new_parent: b,
+        new_name: b"dst".to_vec(),
+        flags: pfs_core::wire::RenameFlags::empty(),
+        target_server: pfs_core::ServerId(1),
+        target_worker: pfs_core::WorkerId(b_shard % 2),
+    };
+    let _sent = left.send(rename, (a_shard % 2) as u16, Duration::from_secs(5)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    assert_eq!(probe.lookup(a, b"src").unwrap_err(), FsError::TryAgain, "lookup of a moving name");
+    let onto = probe.rename(cd, b"x", a, b"src", pfs_core::wire::RenameFlags::empty());
+    assert_eq!(onto, Err(FsError::TryAgain), "a rename onto a moving name");
+
+    drop(left);
+    // The coordinator asks server 1 again every 500 ms; the first time after
+    // the client left, it marks the rename as resumed.
+    std::thread::sleep(Duration::from_millis(1200));
+    c.servers[1] = Some(c.spawn_server(1, &[]));
+    c.wait_registered(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let src = loop {
+        match content(&probe, a, b"src") {
+            Err(FsError::TryAgain) if std::time::Instant::now() < deadline => continue,
+            other => break other,
+        }
+    };
+    assert_eq!(src.as_deref(), Ok(&b"the source"[..]), "a/src after the abandoned rename");
+    assert_eq!(content(&probe, b, b"dst").as_deref(), Ok(&b"the target"[..]), "b/dst");
+    assert_eq!(content(&probe, cd, b"x").as_deref(), Ok(&b"another file"[..]), "c/x");
+    assert!(log_of(&c, 0).contains("its client left"), "server 0 did not log the abandon");
+    drop((fs, probe));
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -107,10 +107,16 @@ impl ClusterProcs {
     /// A client with a 3 s request timeout. A server that was just restarted
     /// may still be starting: connecting is retried for up to 30 s.
     pub fn client(&self) -> Cluster {
+        self.client_with_timeout(Duration::from_secs(3))
+    }
+
+    /// A client whose requests time out after `timeout` (`TryAgain` answers
+    /// are retried until then).
+    pub fn client_with_timeout(&self, timeout: Duration) -> Cluster {
         let key = ClusterKey::load(&self.dir.join("cluster.key")).unwrap();
         let mut o = ClusterOptions::new(self.master_addr, key);
         o.connect_timeout = Duration::from_secs(20);
-        o.request_timeout = Duration::from_secs(3);
+        o.request_timeout = timeout;
         connect_retrying(o)
     }
 
