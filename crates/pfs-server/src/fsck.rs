@@ -196,6 +196,11 @@ fn analyse(censuses: &[Census]) -> Report {
     }
     for c in censuses {
         for n in &c.names {
+            if leaving.contains(&(c.shard, n.parent, n.name.clone(), n.ino)) {
+                // Its inode may be gone already: the rename happened, and the
+                // file was then removed through its new name.
+                continue;
+            }
             let remove =
                 Repair::RemoveName { shard: c.shard, parent: n.parent, name: n.name.clone() };
             if present.contains(&home(n.ino)) {
@@ -517,6 +522,50 @@ mod tests {
             .iter()
             .any(|r| matches!(r, Repair::FreeData { ino, .. } if *ino == freeing)));
         assert_eq!(repairs.len(), 5, "{repairs:?}");
+    }
+
+    /// The source name of a rename whose target side is applied goes when the
+    /// coordinator starts; the file may have been removed meanwhile through
+    /// its new name. Neither is a problem. Once the participant's answer is
+    /// gone (or it abandoned the rename), the name must name a live inode.
+    #[test]
+    fn the_source_of_a_rename_applied_elsewhere_may_name_a_removed_inode() {
+        use FileType::{Directory as D, Regular as F};
+        let (dir, gone) = (ino(0, 2), ino(0, 3));
+        let intent = crate::cross::Intent {
+            src_parent: dir,
+            src_name: b"f.tmp".to_vec(),
+            value: pfs_store::shard::meta::encode_dentry(gone, F),
+            new_parent: dir,
+            new_name: b"f".to_vec(),
+            flags: pfs_core::wire::RenameFlags::empty(),
+            target: (pfs_core::ServerId(0), pfs_core::WorkerId(1)),
+        };
+        let census = |answer: Option<Vec<u8>>| {
+            let s0 = Census {
+                shard: ShardId(0),
+                inodes: vec![inode(InodeId::ROOT, D, 3), inode(dir, D, 2)],
+                names: vec![name(InodeId::ROOT, "d", dir, D), name(dir, "f.tmp", gone, F)],
+                txns: vec![(7, intent.encode())],
+                ..Census::default()
+            };
+            let s1 = Census {
+                shard: ShardId(1),
+                txns: answer.map_or(vec![], |a| vec![((1 << 63) | 7, a)]),
+                ..Census::default()
+            };
+            analyse(&[s0, s1])
+        };
+        let r = census(Some(vec![0; 26]));
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        for answer in [None, Some(pfs_store::shard::txn::ABANDONED.to_vec())] {
+            let r = census(answer);
+            assert!(
+                r.findings.iter().any(|f| f.what.contains("which does not exist")),
+                "{:?}",
+                r.findings
+            );
+        }
     }
 
     #[test]
