@@ -16,15 +16,14 @@
 //! participant finishes it if it had applied its side and abandons it
 //! otherwise, so it never lands after later changes of the target name.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{Body, Frame, RenameFlags, Reply, Request, View};
+use pfs_core::wire::{Body, Frame, RenameFlags, Reply, Request};
 use pfs_core::{ClientId, FsError, InodeId, RequestId, ServerId, WorkerId};
-use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 use pfs_store::device::Device;
 use pfs_store::shard::meta::encode_dentry;
 
+use crate::peers::RETRY_AFTER;
 use crate::worker::{ConnRef, Worker};
 
 /// Most cross-shard renames one worker coordinates at once; more is `TryAgain`.
@@ -32,8 +31,6 @@ pub const CROSS_MAX: usize = 256;
 /// How long a client waits for a cross-shard rename before it gets an error
 /// (the rename then still completes in the background).
 const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
-/// Pause before re-sending to a participant that could not be reached.
-const RETRY_AFTER: Duration = Duration::from_millis(500);
 
 /// The intent as recorded: everything needed to finish after a crash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,106 +131,6 @@ pub struct CrossOp {
     /// already applied and abandons the rest, so a rename never lands after
     /// later changes of its target name (`RenameFlags::RESUME`).
     resume: bool,
-}
-
-/// Connections to other servers, made on first use from the cluster view.
-#[derive(Debug)]
-pub struct Peers {
-    key: ClusterKey,
-    view: std::sync::Arc<std::sync::Mutex<Option<View>>>,
-    conns: Vec<Option<RpcClient>>,
-}
-
-impl Peers {
-    /// Peers found through `view`, proving `key`.
-    pub fn new(key: ClusterKey, view: std::sync::Arc<std::sync::Mutex<Option<View>>>) -> Peers {
-        Peers { key, view, conns: Vec::new() }
-    }
-
-    /// Servers and workers per server in the view, once it is complete.
-    pub(crate) fn shape(&self) -> Option<(u32, u32)> {
-        let view = self.view.lock().expect("view lock");
-        let v = view.as_ref()?;
-        if !v.is_complete() {
-            return None;
-        }
-        Some((v.servers_expected, v.servers.first()?.workers))
-    }
-
-    /// Drops the connection to `server` (it failed); the next use reconnects.
-    pub(crate) fn forget_conn(&mut self, server: ServerId) {
-        if let Some(c) = self.conns.get_mut(server.0 as usize) {
-            *c = None;
-        }
-    }
-
-    /// The connection to `server`, connecting if needed.
-    fn conn(&mut self, server: ServerId) -> Result<&mut RpcClient, String> {
-        let s = server.0 as usize;
-        if self.conns.len() <= s {
-            self.conns.resize_with(s + 1, || None);
-        }
-        if self.conns[s].is_none() {
-            let addr: SocketAddr = {
-                let view = self.view.lock().expect("view lock");
-                let v = view.as_ref().ok_or("no cluster view yet")?;
-                let info = v
-                    .servers
-                    .iter()
-                    .find(|i| i.id == server)
-                    .ok_or_else(|| format!("server {server} is not in the view"))?;
-                info.addr
-                    .parse()
-                    .map_err(|_| format!("server {server} has address {:?}", info.addr))?
-            };
-            let mut o = RpcOptions {
-                credits: 64,
-                timeout: Duration::from_secs(5),
-                ..RpcOptions::default()
-            };
-            o.connect.timeout = Duration::from_millis(500);
-            // Proves the server role: peers run internal requests only for servers.
-            o.connect.as_server = true;
-            let c = RpcClient::connect(addr, self.key.clone(), o).map_err(|e| e.to_string())?;
-            self.conns[s] = Some(c);
-        }
-        Ok(self.conns[s].as_mut().expect("connected above"))
-    }
-
-    /// Sends `req` to `worker` of `server`.
-    pub(crate) fn send(
-        &mut self,
-        server: ServerId,
-        worker: WorkerId,
-        req: Request,
-    ) -> Result<RequestId, String> {
-        let frame =
-            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
-        let c = self.conn(server)?;
-        c.send_to(&frame, worker.0 as u16, Instant::now() + Duration::from_secs(5))
-            .map_err(|e| e.to_string())
-    }
-
-    /// The reply to `id` from `server` if it came: `Ok(None)` while waiting.
-    pub(crate) fn poll(
-        &mut self,
-        server: ServerId,
-        id: RequestId,
-    ) -> Result<Option<Result<Reply, FsError>>, String> {
-        let Some(Some(c)) = self.conns.get_mut(server.0 as usize) else {
-            return Err("not connected".into());
-        };
-        match c.poll(id) {
-            Ok(None) => Ok(None),
-            Ok(Some(Frame { body: Body::Reply(r), .. })) => Ok(Some(Ok(r))),
-            Ok(Some(Frame { body: Body::Error { error, .. }, .. })) => Ok(Some(Err(error))),
-            Ok(Some(_)) => Err("a request came back as the reply".into()),
-            Err(e @ (NetError::Disconnected { .. } | NetError::TimedOut { .. })) => {
-                Err(e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        }
-    }
 }
 
 impl<D: Device> Worker<D> {
@@ -363,14 +260,16 @@ impl<D: Device> Worker<D> {
         match self.peers.send(i.target.0, i.target.1, req) {
             Ok(id) => op.sent = Some(id),
             Err(e) => {
-                log::warn!(
-                    "worker {}: rename {:#x}: cannot reach server {}: {e}",
-                    self.id,
-                    op.txn,
-                    i.target.0
-                );
+                if e.is_failure() {
+                    log::warn!(
+                        "worker {}: rename {:#x}: cannot reach server {}: {e}",
+                        self.id,
+                        op.txn,
+                        i.target.0
+                    );
+                }
                 op.sent = None;
-                op.retry_at = self.now + RETRY_AFTER;
+                op.retry_at = e.retry_at(self.now);
             }
         }
     }
@@ -410,9 +309,7 @@ impl<D: Device> Worker<D> {
                             self.id,
                             op.txn
                         );
-                        if let Some(c) = self.peers.conns.get_mut(op.intent.target.0 .0 as usize) {
-                            *c = None;
-                        }
+                        self.peers.forget_conn(op.intent.target.0);
                         op.sent = None;
                         op.retry_at = self.now + RETRY_AFTER;
                         None

@@ -21,10 +21,10 @@ use pfs_core::{FsError, RequestId, ServerId, ShardId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::follow::{FollowTarget, FollowUp};
 
+use crate::peers::RETRY_AFTER;
 use crate::worker::{ConnRef, Worker};
 
 /// Pause before asking a target again after a failure.
-const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// How long a held reply waits before the client is told the operation will
 /// complete later.
 const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
@@ -218,13 +218,15 @@ impl<D: Device> Worker<D> {
                         Some((req, ids));
                 }
                 Err(e) => {
-                    log::warn!(
-                        "worker {}: cannot reach server {} for follow-ups: {e}",
-                        self.id,
-                        target.0
-                    );
+                    if e.is_failure() {
+                        log::warn!(
+                            "worker {}: cannot reach server {} for follow-ups: {e}",
+                            self.id,
+                            target.0
+                        );
+                    }
                     self.outbox.streams.get_mut(&target).expect("made above").retry_at =
-                        Some(self.now + RETRY_AFTER);
+                        Some(e.retry_at(self.now));
                 }
             }
         }

@@ -31,7 +31,7 @@ pub const RMDIR_INTENT: u8 = 2;
 /// the unsealing is left.
 pub const RMDIR_DECIDED: u8 = 4;
 /// Pause before asking a shard that could not be reached again.
-const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+use crate::peers::RETRY_AFTER;
 
 /// The state of one shard's seal.
 #[derive(Debug, Clone, PartialEq)]
@@ -236,11 +236,13 @@ impl<D: Device> Worker<D> {
                     *seal = match self.peers.send(*server, *worker, req) {
                         Ok(id) => Seal::Sent(id),
                         Err(e) => {
-                            log::warn!(
-                                "worker {}: rmdir {txn:#x}: cannot reach server {server}: {e}",
-                                self.id
-                            );
-                            Seal::Unsent(self.now + RETRY_AFTER)
+                            if e.is_failure() {
+                                log::warn!(
+                                    "worker {}: rmdir {txn:#x}: cannot reach server {server}: {e}",
+                                    self.id
+                                );
+                            }
+                            Seal::Unsent(e.retry_at(self.now))
                         }
                     };
                 }

@@ -16,8 +16,8 @@ use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions}
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
-use crate::cross::Peers;
 use crate::memcpy::MemcpyPool;
+use crate::peers::{Peers, Wake};
 use crate::worker::{
     ring_mesh, ClientRegistry, Doorbell, FailStop, UsageCell, Worker, WorkerOptions,
 };
@@ -550,7 +550,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             bells.clone(),
             usage[w].clone(),
             stop.clone(),
-            Peers::new(key.clone(), view.clone()),
+            Peers::new(key.clone(), view.clone(), Some(wake_worker(&bells, w))),
             clients.clone(),
             ports.pop().expect("one per worker"),
             fail_stop.clone(),
@@ -759,4 +759,10 @@ fn pin_to_core(n: usize) {
             log::warn!("cannot pin worker {n}: {}", std::io::Error::last_os_error());
         }
     }
+}
+
+/// Rings worker `w` (a connect to a peer it asked for finished).
+fn wake_worker(bells: &Arc<Vec<Doorbell>>, w: usize) -> Wake {
+    let bells = bells.clone();
+    Arc::new(move || bells[w].ring_always())
 }

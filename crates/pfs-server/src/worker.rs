@@ -28,9 +28,10 @@ use pfs_store::device::Device;
 use pfs_store::shard::dataio::{ReadShape, ReadStart};
 use pfs_store::Shard;
 
-use crate::cross::{patience, CrossOp, Peers, Waiter};
+use crate::cross::{patience, CrossOp, Waiter};
 use crate::exec::{execute, execute_write, is_mutation, Durability};
 use crate::memcpy::{Job, MemcpyPort};
+use crate::peers::Peers;
 use crate::rmdir::RmdirOp;
 use crate::tokens::Tokens;
 
