@@ -257,7 +257,7 @@ impl<D: Device> Worker<D> {
             value: i.value,
             flags,
         };
-        match self.peers.send(i.target.0, i.target.1, req) {
+        match self.peer_send(i.target.0, i.target.1, req) {
             Ok(id) => op.sent = Some(id),
             Err(e) => {
                 if e.is_failure() {
@@ -286,7 +286,7 @@ impl<D: Device> Worker<D> {
                     None
                 }
                 None => None,
-                Some(id) => match self.peers.poll(op.intent.target.0, id) {
+                Some(id) => match self.peer_poll(op.intent.target.0, id) {
                     Ok(None) => None,
                     // An I/O error (the participant's commit failed, it is
                     // stopping) says nothing of whether its side is durable:

@@ -21,7 +21,7 @@ use pfs_core::{FsError, RequestId, ServerId, ShardId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::follow::{FollowTarget, FollowUp};
 
-use crate::peers::RETRY_AFTER;
+use crate::peers::{over_network, RETRY_AFTER};
 use crate::worker::{ConnRef, Worker};
 
 /// Pause before asking a target again after a failure.
@@ -69,7 +69,7 @@ pub struct Outbox {
 impl Outbox {
     /// Whether a request to a peer waits for its answer.
     pub fn awaiting_peer(&self) -> bool {
-        self.streams.values().any(|s| s.sent.is_some())
+        self.streams.values().any(|s| s.sent.as_ref().is_some_and(|(id, _)| over_network(*id)))
     }
 
     /// Whether anything is left to send or hold.
@@ -150,7 +150,7 @@ impl<D: Device> Worker<D> {
             .filter_map(|(t, s)| s.sent.as_ref().map(|(id, _)| (*t, *id)))
             .collect();
         for (target, req) in busy {
-            let outcome = match self.peers.poll(target.0, req) {
+            let outcome = match self.peer_poll(target.0, req) {
                 Ok(None) => continue,
                 Ok(Some(Ok(Reply::FollowUps { .. }))) => Ok(()),
                 Ok(Some(Ok(other))) => Err(format!("answered {:?}", other.opcode())),
@@ -211,7 +211,7 @@ impl<D: Device> Worker<D> {
             let ids: Vec<u64> = ops.iter().map(|(id, _)| *id).collect();
             let stream = self.outbox.streams.entry(target).or_default();
             stream.retry_at = None;
-            match self.peers.send(target.0, target.1, Request::FollowUps { from, ops }) {
+            match self.peer_send(target.0, target.1, Request::FollowUps { from, ops }) {
                 Ok(req) => {
                     work += 1;
                     self.outbox.streams.get_mut(&target).expect("made above").sent =

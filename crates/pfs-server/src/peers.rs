@@ -8,7 +8,14 @@
 //! [`PeerError::Connecting`], which the caller tries again as soon as the
 //! worker wakes; a send to a server that could not be reached fails with
 //! [`PeerError::Failed`], tried again after [`RETRY_AFTER`].
+//!
+//! A message to another worker of this server does not leave the process: it
+//! travels over the worker rings as any forwarded request does
+//! ([`Worker::peer_send`]), named by a request id with [`LOCAL_BIT`] set, and
+//! its reply comes back as a forwarded reply to a connection slot no
+//! connection has ([`LOCAL_SLOT`]), which hands it to these tables.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -17,6 +24,15 @@ use std::time::{Duration, Instant};
 use pfs_core::wire::{Body, Frame, Reply, Request, View};
 use pfs_core::{ClientId, FsError, RequestId, ServerId, WorkerId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
+use pfs_store::device::Device;
+
+use crate::worker::{ConnRef, Task, Worker};
+
+/// The connection slot that stands for this worker's own requests to other
+/// workers: their replies come back addressed to it.
+pub const LOCAL_SLOT: u32 = u32::MAX;
+/// Set in the request id of a message sent over the rings.
+pub const LOCAL_BIT: u64 = 1 << 63;
 
 /// Pause before sending again to a server that could not be reached.
 pub const RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -24,6 +40,13 @@ pub const RETRY_AFTER: Duration = Duration::from_millis(500);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a request to a peer may wait for its reply.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Whether the reply to `id` comes over a connection (epoll does not watch
+/// peer connections, so a worker waiting for one polls rather than parks),
+/// not over the rings (whose pushes wake a parked worker).
+pub fn over_network(id: RequestId) -> bool {
+    id.0 & LOCAL_BIT == 0
+}
 
 /// Wakes the worker that owns a [`Peers`] (a connect finished).
 pub type Wake = Arc<dyn Fn() + Send + Sync>;
@@ -87,6 +110,10 @@ pub struct Peers {
     view: Arc<Mutex<Option<View>>>,
     links: Vec<Link>,
     wake: Option<Wake>,
+    /// Messages to other workers of this server in flight (by the id in
+    /// their `ConnRef`), with their reply once it came.
+    local: HashMap<u32, Option<Vec<u8>>>,
+    next_local: u32,
 }
 
 impl std::fmt::Debug for Peers {
@@ -99,7 +126,7 @@ impl Peers {
     /// Peers found through `view`, proving `key`; `wake` is called when a
     /// connect made in the background finishes.
     pub fn new(key: ClusterKey, view: Arc<Mutex<Option<View>>>, wake: Option<Wake>) -> Peers {
-        Peers { key, view, links: Vec::new(), wake }
+        Peers { key, view, links: Vec::new(), wake, local: HashMap::new(), next_local: 0 }
     }
 
     /// Servers and workers per server in the view, once it is complete.
@@ -204,6 +231,43 @@ impl Peers {
             .map_err(|e| PeerError::Failed(e.to_string()))
     }
 
+    /// A new id for a message over the rings, waiting for its reply.
+    fn local_id(&mut self) -> u32 {
+        loop {
+            self.next_local = self.next_local.wrapping_add(1);
+            if !self.local.contains_key(&self.next_local) {
+                self.local.insert(self.next_local, None);
+                return self.next_local;
+            }
+        }
+    }
+
+    /// The reply to message `id` over the rings came (a reply nobody waits
+    /// for any more is dropped).
+    pub(crate) fn deliver_local(&mut self, id: u32, buf: Vec<u8>) {
+        if let Some(slot) = self.local.get_mut(&id) {
+            *slot = Some(buf);
+        }
+    }
+
+    /// The reply to message `id` over the rings if it came.
+    fn poll_local(&mut self, id: u32) -> Result<Option<Result<Reply, FsError>>, String> {
+        match self.local.get(&id) {
+            None => Err(format!("no message {id} to another worker is in flight")),
+            Some(None) => Ok(None),
+            Some(Some(_)) => {
+                let buf = self.local.remove(&id).flatten().expect("a reply, seen above");
+                // Encoded by a worker of this process: no checksum pass.
+                match Frame::decode_received(&buf) {
+                    Ok(Frame { body: Body::Reply(r), .. }) => Ok(Some(Ok(r))),
+                    Ok(Frame { body: Body::Error { error, .. }, .. }) => Ok(Some(Err(error))),
+                    Ok(_) => Err("a request came back as the reply".into()),
+                    Err(e) => Err(format!("a worker's reply does not decode: {e}")),
+                }
+            }
+        }
+    }
+
     /// The reply to `id` from `server` if it came: `Ok(None)` while waiting.
     pub(crate) fn poll(
         &mut self,
@@ -223,6 +287,52 @@ impl Peers {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+impl<D: Device> Worker<D> {
+    /// The server this worker belongs to.
+    fn own_server(&self) -> ServerId {
+        ServerId(self.shard.id().0 / self.workers())
+    }
+
+    /// Sends `req` to `worker` of `server`: over the rings when it is another
+    /// worker of this server, else over a connection ([`Peers::send`]).
+    pub(crate) fn peer_send(
+        &mut self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+    ) -> Result<RequestId, PeerError> {
+        if server != self.own_server() || worker.0 == u32::from(self.id) {
+            return self.peers.send(server, worker, req);
+        }
+        let id = self.peers.local_id();
+        let request_id = RequestId(LOCAL_BIT | u64::from(id));
+        let frame = Frame { request_id, client: ClientId(0), body: Body::Request(req) };
+        let mut buf = Vec::new();
+        if let Err(e) = frame.encode_as(&mut buf, ClientId(0), request_id, worker.0 as u16) {
+            self.peers.local.remove(&id);
+            return Err(PeerError::Failed(format!(
+                "cannot encode a message to worker {worker}: {e}"
+            )));
+        }
+        let conn = ConnRef { slot: LOCAL_SLOT, gen: id };
+        self.push(worker.0 as u16, Task::Request { from: self.id, conn, buf });
+        Ok(request_id)
+    }
+
+    /// The reply to `id`, sent with [`peer_send`](Self::peer_send) to
+    /// `server`, if it came: `Ok(None)` while waiting.
+    pub(crate) fn peer_poll(
+        &mut self,
+        server: ServerId,
+        id: RequestId,
+    ) -> Result<Option<Result<Reply, FsError>>, String> {
+        if id.0 & LOCAL_BIT != 0 {
+            return self.peers.poll_local(id.0 as u32);
+        }
+        self.peers.poll(server, id)
     }
 }
 

@@ -63,7 +63,9 @@ pub struct RmdirOp {
 impl RmdirOp {
     /// Whether a request to a peer shard is in flight.
     pub(crate) fn awaiting_peer(&self) -> bool {
-        self.shards.iter().any(|(_, s)| matches!(s, Seal::Sent(_)))
+        self.shards
+            .iter()
+            .any(|(_, s)| matches!(s, Seal::Sent(id) if crate::peers::over_network(*id)))
     }
 }
 
@@ -233,7 +235,7 @@ impl<D: Device> Worker<D> {
                         true => Request::TxnForget { txn },
                         false => Request::SealDir { txn, dir },
                     };
-                    *seal = match self.peers.send(*server, *worker, req) {
+                    *seal = match self.peer_send(*server, *worker, req) {
                         Ok(id) => Seal::Sent(id),
                         Err(e) => {
                             if e.is_failure() {
@@ -247,7 +249,7 @@ impl<D: Device> Worker<D> {
                     };
                 }
                 Seal::Sent(id) => {
-                    match self.peers.poll(*server, id) {
+                    match self.peer_poll(*server, id) {
                         Ok(None) => {}
                         Ok(Some(Ok(Reply::SealDir | Reply::TxnForget))) => {
                             work += 1;

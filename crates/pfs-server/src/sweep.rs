@@ -37,7 +37,7 @@ impl Sweep {
 
     /// Whether an answer from a peer is awaited.
     pub fn awaiting_peer(&self) -> bool {
-        !self.asked.is_empty()
+        self.asked.iter().any(|a| crate::peers::over_network(a.2))
     }
 }
 
@@ -54,7 +54,7 @@ impl<D: Device> Worker<D> {
         let mut i = 0;
         while i < self.sweep.asked.len() {
             let (ino, server, req) = self.sweep.asked[i];
-            let answer = match self.peers.poll(server, req) {
+            let answer = match self.peer_poll(server, req) {
                 Ok(None) => {
                     i += 1;
                     continue;
@@ -94,7 +94,7 @@ impl<D: Device> Worker<D> {
         let Some((servers, _)) = self.peers.shape() else { return 0 };
         for ino in found {
             let (server, worker) = pfs_core::routing::home_of(ino, servers, workers);
-            match self.peers.send(server, worker, Request::GetAttr { ino }) {
+            match self.peer_send(server, worker, Request::GetAttr { ino }) {
                 Ok(req) => self.sweep.asked.push((ino, server, req)),
                 Err(_) => break, // That server is away: next time.
             }

@@ -1015,7 +1015,7 @@ impl<D: Device> Worker<D> {
         self.dirty_since.get_or_insert(self.now);
     }
 
-    fn push(&mut self, target: u16, task: Task) {
+    pub(crate) fn push(&mut self, target: u16, task: Task) {
         if !self.backlog.is_empty() {
             self.backlog.push_back((target, task));
             return;
@@ -1062,6 +1062,10 @@ impl<D: Device> Worker<D> {
     }
 
     fn send_reply(&mut self, conn: ConnRef, buf: Vec<u8>) {
+        if conn.slot == crate::peers::LOCAL_SLOT {
+            // The reply to this worker's own message to another worker.
+            return self.peers.deliver_local(conn.gen, buf);
+        }
         let Some(state) = self.conns.get_mut(conn.slot as usize).and_then(Option::as_mut) else {
             return;
         };
@@ -1099,7 +1103,7 @@ impl<D: Device> Worker<D> {
 
     /// Whether a cross-shard step waits for a peer server's reply.
     fn awaiting_peers(&self) -> bool {
-        self.cross.iter().any(|c| c.sent.is_some())
+        self.cross.iter().any(|c| c.sent.is_some_and(crate::peers::over_network))
             || self.rmdirs.iter().any(|r| r.awaiting_peer())
             || self.outbox.awaiting_peer()
             || self.sweep_awaits()

@@ -25,7 +25,7 @@ use pfs_core::{ClientId, FileHandle, FsError, InodeId};
 use pfs_net::ClusterKey;
 
 fn log_of(c: &ClusterProcs, n: u32) -> String {
-    std::fs::read_to_string(c.dir.join(format!("server-{n}.log"))).unwrap()
+    log_of_dir(&c.dir, n)
 }
 
 fn write_synced(fs: &dyn FileSystem, name: &[u8], data: &[u8]) -> InodeId {
@@ -539,4 +539,47 @@ fn a_rename_under_way_locks_its_source_and_is_abandoned_when_its_client_leaves()
     drop((fs, probe));
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Steps of operations that span the workers of one server travel over its
+/// worker rings, never over a connection from the server to itself: on one
+/// server with 2 workers, renames across its two shards (the root is a
+/// bigdir: its names are spread over both), a bigdir's rmdir and the
+/// follow-ups they log all complete, and the server never connects to a peer.
+#[test]
+fn work_across_the_workers_of_one_server_stays_inside_it() {
+    let dir = common::test_dir("one-server-rings");
+    let c = ClusterProcs::start(&dir, 1, 2);
+    let fs = c.client();
+    let root = InodeId::ROOT;
+    for n in 0..16 {
+        put(&fs, root, format!("f{n}").as_bytes(), format!("file {n}").as_bytes());
+    }
+    // 16 names over 2 shards: most renames below cross them.
+    for n in 0..16 {
+        let (from, to) = (format!("f{n}"), format!("g{}", 15 - n));
+        fs.rename(root, from.as_bytes(), root, to.as_bytes(), pfs_core::wire::RenameFlags::empty())
+            .unwrap();
+    }
+    let sub = fs.mkdir(root, b"sub", 0o755, 0, 0).unwrap();
+    fs.rmdir(root, b"sub").unwrap();
+    assert_eq!(fs.getattr(sub.ino).unwrap_err(), FsError::NotFound);
+    fs.fsyncdir(root, FileHandle(0), false).unwrap();
+    for n in 0..16 {
+        let want = format!("file {n}");
+        let got = content(&fs, root, format!("g{}", 15 - n).as_bytes()).unwrap();
+        assert_eq!(got, want.as_bytes(), "g{}", 15 - n);
+        assert_eq!(fs.lookup(root, format!("f{n}").as_bytes()).unwrap_err(), FsError::NotFound);
+    }
+    drop(fs);
+    c.stop();
+    let log = log_of_dir(&dir, 0);
+    let own =
+        log.lines().filter(|l| l.contains("pfs_net::rpc") && l.contains("connected to 127.0.0.2"));
+    assert_eq!(own.count(), 0, "the server connected to itself:\n{log}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn log_of_dir(dir: &std::path::Path, n: u32) -> String {
+    std::fs::read_to_string(dir.join(format!("server-{n}.log"))).unwrap()
 }
