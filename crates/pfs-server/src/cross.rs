@@ -16,21 +16,16 @@
 //! participant finishes it if it had applied its side and abandons it
 //! otherwise, so it never lands after later changes of the target name.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pfs_core::wire::{Body, Frame, RenameFlags, Reply, Request};
-use pfs_core::{ClientId, FsError, InodeId, RequestId, ServerId, WorkerId};
+use pfs_core::{FsError, InodeId, RequestId, ServerId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::meta::encode_dentry;
 
+use crate::msg::{Waiter, CROSS_MAX};
 use crate::peers::RETRY_AFTER;
-use crate::worker::{ConnRef, Worker};
-
-/// Most cross-shard renames one worker coordinates at once; more is `TryAgain`.
-pub const CROSS_MAX: usize = 256;
-/// How long a client waits for a cross-shard rename before it gets an error
-/// (the rename then still completes in the background).
-const CLIENT_PATIENCE: Duration = Duration::from_secs(10);
+use crate::worker::Worker;
 
 /// The intent as recorded: everything needed to finish after a crash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,21 +95,6 @@ impl Intent {
             target,
         })
     }
-}
-
-/// Who waits for a rename's outcome.
-#[derive(Debug)]
-pub struct Waiter {
-    /// The communicating worker.
-    pub origin: u16,
-    /// Its connection.
-    pub conn: ConnRef,
-    /// The client's request id.
-    pub request_id: RequestId,
-    /// The client.
-    pub client: ClientId,
-    /// When the client stops being told to wait.
-    pub give_up: Instant,
 }
 
 /// One rename in progress.
@@ -452,9 +432,4 @@ impl<D: Device> Worker<D> {
         let buf = frame.to_bytes().expect("a rename reply always encodes");
         self.reply_after_commit(w.origin, w.conn, buf);
     }
-}
-
-/// How long a client is told to wait for a cross-shard rename.
-pub fn patience(now: Instant) -> Instant {
-    now + CLIENT_PATIENCE
 }

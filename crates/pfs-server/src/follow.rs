@@ -21,8 +21,9 @@ use pfs_core::{FsError, RequestId, ServerId, ShardId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::follow::{FollowTarget, FollowUp};
 
+use crate::msg::ConnRef;
 use crate::peers::{over_network, RETRY_AFTER};
-use crate::worker::{ConnRef, Worker};
+use crate::worker::Worker;
 
 /// Pause before asking a target again after a failure.
 /// How long a held reply waits before the client is told the operation will

@@ -21,6 +21,7 @@ pub mod follow;
 pub mod fsck;
 pub mod master;
 pub mod memcpy;
+pub mod msg;
 pub mod peers;
 pub mod rmdir;
 pub mod server;

@@ -17,7 +17,7 @@ use crossbeam_channel::{Receiver, Sender, TrySendError};
 use pfs_core::wire::{Frame, Opcode};
 use pfs_core::{ClientId, RequestId};
 
-use crate::worker::{ConnRef, Doorbell};
+use crate::msg::{ConnRef, Doorbell};
 
 /// A read reply to seal, and where it goes.
 #[derive(Debug)]

@@ -26,7 +26,8 @@ use pfs_core::{ClientId, FsError, RequestId, ServerId, WorkerId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 use pfs_store::device::Device;
 
-use crate::worker::{ConnRef, Task, Worker};
+use crate::msg::{ConnRef, Task};
+use crate::worker::Worker;
 
 /// The connection slot that stands for this worker's own requests to other
 /// workers: their replies come back addressed to it.

@@ -22,7 +22,7 @@ use pfs_core::{FileType, FsError, InodeId, Opcode, RequestId, ServerId, WorkerId
 use pfs_store::device::Device;
 use pfs_store::shard::txn::PARTICIPANT_BIT;
 
-use crate::cross::{Waiter, CROSS_MAX};
+use crate::msg::{Waiter, CROSS_MAX};
 use crate::worker::Worker;
 
 /// First byte of an rmdir intent record.

@@ -17,10 +17,9 @@ use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
 use crate::memcpy::MemcpyPool;
+use crate::msg::Doorbell;
 use crate::peers::{Peers, Wake};
-use crate::worker::{
-    ring_mesh, ClientRegistry, Doorbell, FailStop, UsageCell, Worker, WorkerOptions,
-};
+use crate::worker::{ring_mesh, ClientRegistry, FailStop, UsageCell, Worker, WorkerOptions};
 use crate::ServerError;
 
 /// Zones start at multiples of this, so `O_DIRECT` alignment always holds.

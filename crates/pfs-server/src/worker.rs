@@ -23,74 +23,18 @@ use pfs_core::config::PollMode;
 use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, READ_REPLY_PREFIX};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::poller::READ;
-use pfs_net::{Completion, Epoll, EventFd, Link, QueuePair, WorkId};
+use pfs_net::{Completion, Epoll, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::{ReadShape, ReadStart};
 use pfs_store::Shard;
 
-use crate::cross::{patience, CrossOp, Waiter};
+use crate::cross::CrossOp;
 use crate::exec::{execute, execute_write, is_mutation, Durability};
 use crate::memcpy::{Job, MemcpyPort};
+use crate::msg::{patience, ConnRef, Doorbell, Task, Waiter};
 use crate::peers::Peers;
 use crate::rmdir::RmdirOp;
 use crate::tokens::Tokens;
-
-/// A connection of this worker, as named in ring messages: its slot and the
-/// generation of the slot, so a reply for a connection that closed meanwhile is
-/// recognised and dropped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnRef {
-    pub(crate) slot: u32,
-    pub(crate) gen: u32,
-}
-
-/// What travels between workers.
-#[derive(Debug)]
-pub enum Task {
-    /// A request frame for the receiving worker's shard, from worker `from`'s
-    /// connection `conn`.
-    Request {
-        /// The communicating worker.
-        from: u16,
-        /// Its connection.
-        conn: ConnRef,
-        /// The request frame (header checked).
-        buf: Vec<u8>,
-    },
-    /// The encoded reply to a request this worker forwarded.
-    Reply {
-        /// The connection to answer on.
-        conn: ConnRef,
-        /// The reply frame.
-        buf: Vec<u8>,
-    },
-}
-
-/// What other threads see of a worker: its wake-up eventfd and whether it sleeps.
-#[derive(Debug)]
-pub struct Doorbell {
-    wake: EventFd,
-    parked: AtomicBool,
-}
-
-impl Doorbell {
-    /// A doorbell for a new worker.
-    pub fn new() -> std::io::Result<Doorbell> {
-        Ok(Doorbell { wake: EventFd::new()?, parked: AtomicBool::new(false) })
-    }
-
-    /// Wakes the worker if it sleeps (after the caller made work visible to it).
-    pub fn ring(&self) {
-        if self.parked.load(Ordering::SeqCst) {
-            self.wake.notify();
-        }
-    }
-
-    /// Wakes the worker whether or not it sleeps.
-    pub fn ring_always(&self) {
-        self.wake.notify();
-    }
-}
 
 /// Usage a worker publishes for the heartbeat (bytes and inode slots).
 #[derive(Debug, Default)]
@@ -990,7 +934,7 @@ impl<D: Device> Worker<D> {
     /// Whether the connection `waiter` came on is still open (the registry
     /// forgets a client's connection when it ends). A caller without a client
     /// id is not in the registry: it counts as connected.
-    pub(crate) fn is_connected(&self, waiter: &crate::cross::Waiter) -> bool {
+    pub(crate) fn is_connected(&self, waiter: &Waiter) -> bool {
         if waiter.client.0 == 0 {
             return true;
         }
