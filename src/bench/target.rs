@@ -395,27 +395,12 @@ impl Target for NativeTarget {
         let mut done = 0;
         while done < buf.len() {
             let want = (buf.len() - done).min(NATIVE_IO_MAX_BYTES);
-            // Copied from the reply's buffer into the caller's, as a
+            // Copied from the replies' buffers into the caller's, as a
             // program's read(2) through libpfs_preload is.
-            let mut got = None;
-            let into = &mut buf[done..done + want];
-            self.fs
-                .read_with(f.ino, f.fh, offset + done as u64, want as u32, &mut |d| {
-                    if d.len() <= into.len() {
-                        into[..d.len()].copy_from_slice(d);
-                    }
-                    got = Some(d.len());
-                })
+            let got = self
+                .fs
+                .read_into(f.ino, f.fh, offset + done as u64, &mut buf[done..done + want])
                 .map_err(|e| TargetError::fs("read", &f.path, e))?;
-            let got = got.unwrap_or(0);
-            if got > want {
-                return Err(TargetError {
-                    op: "read",
-                    path: f.path.clone(),
-                    errno: None,
-                    message: format!("asked for {want} bytes, got {got}"),
-                });
-            }
             done += got;
             if got < want {
                 break;

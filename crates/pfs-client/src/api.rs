@@ -158,6 +158,23 @@ pub trait FileSystem: Send + Sync + 'static {
         f(&self.read(ino, fh, offset, size)?);
         Ok(())
     }
+    /// Reads up to `buf.len()` bytes (at most 1 MiB) at `offset` into `buf`;
+    /// returns how many (short at end of file). Each byte is copied once,
+    /// from the reply's buffer into `buf`, whichever shards hold it.
+    fn read_into(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> FsResult<usize> {
+        let mut n = 0;
+        self.read_with(ino, fh, offset, buf.len() as u32, &mut |d| {
+            n = d.len().min(buf.len());
+            buf[..n].copy_from_slice(&d[..n]);
+        })?;
+        Ok(n)
+    }
     /// Writes `data` at `offset`; may return before the data is durable.
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32>;
     /// Waits until every write through `fh` finished (called on each close).

@@ -513,18 +513,13 @@ fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8])
     let mut done = 0;
     while done < buf.len() {
         let want = (buf.len() - done).min(IO_MAX);
-        // Copied from the reply's buffer into the program's.
-        let mut n = 0;
-        let into = &mut buf[done..done + want];
-        let read = fs.fs.read_with(f.ino, fh, offset + done as u64, want as u32, &mut |d| {
-            n = d.len().min(into.len());
-            into[..n].copy_from_slice(&d[..n]);
-        });
-        match read {
-            Ok(()) => {}
+        // Copied from the replies' buffers into the program's.
+        let n = match fs.fs.read_into(f.ino, fh, offset + done as u64, &mut buf[done..done + want])
+        {
+            Ok(n) => n,
             Err(_) if done > 0 => break,
             Err(e) => return Err(errno(e)),
-        }
+        };
         done += n;
         if n < want {
             // The end of the file, as of now: a reader that checks for it with

@@ -702,9 +702,10 @@ fn a_small_file_costs_two_round_trips_to_one_shard_and_its_read_one() {
 }
 
 /// `read_with` (the bytes handed over in the reply's buffer when one request
-/// to the home answers) gives what `read` gives: within the first block, across
-/// shards, at and past the end of the file, and the same error for a removed
-/// file.
+/// to the home answers) and `read_into` (each shard's reply copied to its place
+/// in the caller's buffer) give what `read` gives: within the first block,
+/// across shards, at and past the end of the file, and the same error for a
+/// removed file.
 #[test]
 fn read_with_hands_over_what_read_returns() {
     let dir = test_dir("read-with");
@@ -731,6 +732,12 @@ fn read_with_hands_over_what_read_returns() {
         let end = (offset as usize + size as usize).min(data.len()).max(offset as usize);
         assert!(want == data[(offset as usize).min(data.len())..end], "read at {offset} +{size}");
         assert!(with(offset, size).unwrap() == want, "read_with at {offset} +{size}");
+        // Into a buffer that holds old bytes: every byte of the range is
+        // written (the file's own), and nothing past what was read.
+        let mut buf = vec![0xee; size as usize + 3];
+        let n = fs.read_into(ino, fh, offset, &mut buf[..size as usize]).unwrap();
+        assert!(n == want.len() && buf[..n] == want[..], "read_into at {offset} +{size}");
+        assert_eq!(buf[size as usize..], [0xee; 3], "read_into wrote past its buffer");
     }
     fs.unlink(InodeId::ROOT, b"f").unwrap();
     let gone = fs.create(InodeId::ROOT, b"g", 0o644, 0, 0, 0).unwrap();
@@ -741,6 +748,8 @@ fn read_with_hands_over_what_read_returns() {
     let r = fs.read_with(gone.0.ino, fh2, 0, 10, &mut |_| panic!("no bytes of a removed file"));
     assert!(r.is_err(), "a read of a removed file fails");
     assert_eq!(r, fs.read(gone.0.ino, fh2, 0, 10).map(|_| ()));
+    let mut buf = [0u8; 10];
+    assert_eq!(fs.read_into(gone.0.ino, fh2, 0, &mut buf).map(|_| ()), r);
     fs.release(ino, fh).unwrap();
     drop(fs);
     drop(cluster);

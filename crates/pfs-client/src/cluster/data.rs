@@ -146,8 +146,10 @@ impl Cluster {
     }
 
     /// `FileSystem::read_with`: a read that one request to the file's home
-    /// answers is handed to `f` in its reply's buffer; any other goes through
-    /// [`read_range`](Self::read_range).
+    /// answers is handed to `f` in its reply's buffer; one across shards
+    /// inside the size the handle knows is assembled in this thread's scratch
+    /// buffer (kept between reads: no allocation, no clearing); any other goes
+    /// through [`read_range`](Self::read_range).
     pub(crate) fn read_range_with(
         &self,
         ino: InodeId,
@@ -166,10 +168,94 @@ impl Cluster {
                         return Ok(());
                     }
                 }
+            } else if within_known_size(&file, offset + u64::from(size)) {
+                // Out of the thread-local while `f` runs, so nothing borrows it.
+                let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+                let n = size as usize;
+                if scratch.len() < n {
+                    scratch.resize(n, 0);
+                }
+                let read = self.read_pieces_into(ino, fh, offset, &mut scratch[..n]);
+                if let Ok(Some(got)) = &read {
+                    f(&scratch[..*got]);
+                }
+                SCRATCH.with(|s| *s.borrow_mut() = scratch);
+                if read?.is_some() {
+                    return Ok(());
+                }
             }
         }
         f(&self.read_range(ino, fh, offset, size)?);
         Ok(())
+    }
+
+    /// `FileSystem::read_into`: the pieces of a read that spans shards are
+    /// asked for at once, and each reply's bytes are copied from its buffer
+    /// straight to their place in `buf` (a piece answered short is a hole,
+    /// zeros). A read one request to the home answers, and one a piece of
+    /// which failed, go through [`read_range_with`](Self::read_range_with).
+    pub(crate) fn read_range_into(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> FsResult<usize> {
+        let size = buf.len().min(MAX_IO_BYTES);
+        let file = self.files.get(fh)?;
+        let layout = file.layout;
+        let pieces = self.placement.pieces(ino, layout, offset, size as u64);
+        if pieces.len() > 1 && within_known_size(&file, offset + size as u64) {
+            if let Some(n) = self.read_pieces_into(ino, fh, offset, &mut buf[..size])? {
+                return Ok(n);
+            }
+        }
+        let mut n = 0;
+        self.read_range_with(ino, fh, offset, size as u32, &mut |d| {
+            n = d.len().min(buf.len());
+            buf[..n].copy_from_slice(&d[..n]);
+        })?;
+        Ok(n)
+    }
+
+    /// The pieces of a read inside the size this handle knows, each copied
+    /// into its place in `buf`: `Ok(None)` when one of them failed (the
+    /// caller reads again the long way, which says why or retries).
+    fn read_pieces_into(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> FsResult<Option<usize>> {
+        let layout = self.files.get(fh)?.layout;
+        let mut sent = Vec::new();
+        for p in self.placement.pieces(ino, layout, offset, buf.len() as u64) {
+            let req = if p.home {
+                Request::Read { ino, fh, offset: p.offset, size: p.len as u32 }
+            } else {
+                Request::ReadData { ino, layout, offset: p.offset, size: p.len as u32 }
+            };
+            sent.push((p.offset, p.len, self.send_to(p.route.server, p.route.proc_worker, req)?));
+        }
+        let mut whole = true;
+        // Every reply is taken, even after a failure, so none holds a credit.
+        for (o, n, (s, x)) in sent {
+            let at = (o - offset) as usize;
+            let dst = &mut buf[at..at + n as usize];
+            match self.conns[s].wait_raw(x) {
+                Ok(raw) => match read_reply_data(raw.bytes()) {
+                    Some(d) => {
+                        let k = d.len().min(dst.len());
+                        dst[..k].copy_from_slice(&d[..k]);
+                        dst[k..].fill(0);
+                    }
+                    None => whole = false,
+                },
+                Err(_) => whole = false,
+            }
+        }
+        Ok(whole.then_some(buf.len()))
     }
 
     /// Sends `req` (a `Read`) and hands the bytes of its reply to `f` in the
@@ -354,11 +440,24 @@ impl Cluster {
     }
 }
 
-/// The data of a `Read` reply frame, in place; `None` for any other frame
+std::thread_local! {
+    /// Where a read across shards for `read_with` is assembled: one per
+    /// thread, at most `MAX_IO_BYTES`, kept for the thread's next read.
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Whether bytes up to `end` of `file` are inside the size its handle learned
+/// from the home (reads there need no clamping).
+fn within_known_size(file: &OpenFile, end: u64) -> bool {
+    file.state.lock().expect("open file lock").size.is_some_and(|s| s >= end)
+}
+
+/// The data of a `Read` or `ReadData` reply frame, in place; `None` for any other frame
 /// (an error, another opcode, a length that does not add up).
 fn read_reply_data(frame: &[u8]) -> Option<&[u8]> {
     let header = FrameHeader::decode(frame).ok()?;
-    if header.flags != FLAG_REPLY || header.opcode != Opcode::Read as u16 {
+    let data_reply = [Opcode::Read as u16, Opcode::ReadData as u16].contains(&header.opcode);
+    if header.flags != FLAG_REPLY || !data_reply {
         return None;
     }
     let len = u32::from_le_bytes(frame.get(HEADER_LEN..READ_REPLY_PREFIX)?.try_into().ok()?);

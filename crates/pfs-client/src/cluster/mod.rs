@@ -954,6 +954,16 @@ impl FileSystem for Cluster {
         self.read_range_with(ino, fh, offset, size, f)
     }
 
+    fn read_into(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> FsResult<usize> {
+        self.read_range_into(ino, fh, offset, buf)
+    }
+
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.write_range(ino, fh, offset, data)
     }
