@@ -23,6 +23,12 @@ PFS_AT=/pfs-preload-bench
 declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
 WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
 TARGETS="native preload mount"
+for f in "$BIN" "$LIB"; do
+    [ -e "$f" ] || { echo "error: $f not found (cargo build --release -p pfs -p pfs-preload)" >&2; exit 1; }
+done
+up=
+# A failure leaves no pfs up (and its mount) behind.
+trap '[ -n "$up" ] && kill -INT "$up" 2>/dev/null && wait "$up" 2>/dev/null' EXIT
 rm -rf "$WORK"
 mkdir -p "$WORK"
 tar -C /usr -cf "$WORK/include.tar" include
@@ -71,6 +77,7 @@ for r in $(seq "$ROUNDS"); do
     done
     kill -INT "$up"
     wait "$up" || true
+    up=
 done
 hz=$(getconf CLK_TCK)
 for w in $WORKLOADS; do
