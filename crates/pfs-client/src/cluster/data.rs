@@ -12,9 +12,10 @@ use pfs_core::wire::{
     Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, FLAG_REPLY,
     HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
 };
-use pfs_core::{FileHandle, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
+use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
 
 use super::files::{OpenFile, OpenState, Pending};
+use super::placement::Piece;
 use super::Cluster;
 use crate::conn::Waited;
 
@@ -175,7 +176,8 @@ impl Cluster {
                 if scratch.len() < n {
                     scratch.resize(n, 0);
                 }
-                let read = self.read_pieces_into(ino, fh, offset, &mut scratch[..n]);
+                let read =
+                    self.read_pieces_into(ino, fh, file.layout, pieces, offset, &mut scratch[..n]);
                 if let Ok(Some(got)) = &read {
                     f(&scratch[..*got]);
                 }
@@ -192,8 +194,9 @@ impl Cluster {
     /// `FileSystem::read_into`: the pieces of a read that spans shards are
     /// asked for at once, and each reply's bytes are copied from its buffer
     /// straight to their place in `buf` (a piece answered short is a hole,
-    /// zeros). A read one request to the home answers, and one a piece of
-    /// which failed, go through [`read_range_with`](Self::read_range_with).
+    /// zeros). A read one request to the home answers is copied from its
+    /// reply's buffer; any other, and one a piece of which failed, goes
+    /// through [`read_range`](Self::read_range).
     pub(crate) fn read_range_into(
         &self,
         ino: InodeId,
@@ -203,34 +206,45 @@ impl Cluster {
     ) -> FsResult<usize> {
         let size = buf.len().min(MAX_IO_BYTES);
         let file = self.files.get(fh)?;
-        let layout = file.layout;
-        let pieces = self.placement.pieces(ino, layout, offset, size as u64);
-        if pieces.len() > 1 && within_known_size(&file, offset + size as u64) {
-            if let Some(n) = self.read_pieces_into(ino, fh, offset, &mut buf[..size])? {
+        let pieces = self.placement.pieces(ino, file.layout, offset, size as u64);
+        let mut n = 0;
+        let mut copy = |d: &[u8]| {
+            n = d.len().min(size);
+            buf[..n].copy_from_slice(&d[..n]);
+        };
+        if let [p] = pieces.as_slice() {
+            if p.home {
+                let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                if self.read_in_reply(p.route.server, p.route.proc_worker, req, &mut copy)? {
+                    return Ok(n);
+                }
+            }
+        } else if within_known_size(&file, offset + size as u64) {
+            let into = &mut buf[..size];
+            if let Some(n) = self.read_pieces_into(ino, fh, file.layout, pieces, offset, into)? {
                 return Ok(n);
             }
         }
-        let mut n = 0;
-        self.read_range_with(ino, fh, offset, size as u32, &mut |d| {
-            n = d.len().min(buf.len());
-            buf[..n].copy_from_slice(&d[..n]);
-        })?;
-        Ok(n)
+        let data = self.read_range(ino, fh, offset, size as u32)?;
+        buf[..data.len()].copy_from_slice(&data);
+        Ok(data.len())
     }
 
-    /// The pieces of a read inside the size this handle knows, each copied
-    /// into its place in `buf`: `Ok(None)` when one of them failed (the
-    /// caller reads again the long way, which says why or retries).
+    /// `pieces` (of `buf.len()` bytes at `offset` of a file of `layout`),
+    /// inside the size this handle knows, each copied into its place in
+    /// `buf`: `Ok(None)` when one of them failed (the caller reads again the
+    /// long way, which says why or retries).
     fn read_pieces_into(
         &self,
         ino: InodeId,
         fh: FileHandle,
+        layout: FileLayout,
+        pieces: Vec<Piece>,
         offset: u64,
         buf: &mut [u8],
     ) -> FsResult<Option<usize>> {
-        let layout = self.files.get(fh)?.layout;
         let mut sent = Vec::new();
-        for p in self.placement.pieces(ino, layout, offset, buf.len() as u64) {
+        for p in pieces {
             let req = if p.home {
                 Request::Read { ino, fh, offset: p.offset, size: p.len as u32 }
             } else {
