@@ -204,10 +204,10 @@ pub struct ServerConfig {
     /// unset sizes it from memory ([`ServerConfig::read_cache_bytes`]), 0 turns
     /// it off.
     pub read_cache_mib: Option<u64>,
-    /// Read-ahead of sequential readers into the read cache, in multiples of
-    /// their read (DESIGN.md: 10), read in the background; 0, the default,
-    /// reads no more than asked: read-ahead has not paid in measurements yet
-    /// (docs/benchmarks.md).
+    /// Read-ahead of sequential readers, in multiples of their read
+    /// (DESIGN.md: 10, the default), read in the background into buffers of
+    /// at most half the read cache's size; 0 reads no more than asked
+    /// (docs/cluster.md, "Server read cache").
     pub read_ahead_factor: u64,
     /// Write-ahead log bytes per worker.
     pub wal_size_bytes: u64,
@@ -251,7 +251,7 @@ impl Default for ServerConfig {
             icache_blocks: 4096,
             dirty_ratio: 0.05,
             read_cache_mib: None,
-            read_ahead_factor: 0,
+            read_ahead_factor: 10,
             wal_size_bytes: 256 * MIB,
             ring_depth: 1024,
             io_queue_depth: 256,
@@ -562,7 +562,7 @@ mod tests {
         assert_eq!(set.read_cache_bytes(24 * GIB), 100 * MIB);
         let e = ServerConfig::from_toml_str("read_cache_mib = 9999999").unwrap_err();
         assert!(e.to_string().contains("read_cache_mib"), "{e}");
-        assert_eq!(ServerConfig::default().read_ahead_factor, 0);
+        assert_eq!(ServerConfig::default().read_ahead_factor, 10);
         let e = ServerConfig::from_toml_str("read_ahead_factor = 65").unwrap_err();
         assert!(e.to_string().contains("read_ahead_factor"), "{e}");
     }

@@ -351,7 +351,7 @@ impl<D: Device> Worker<D> {
             return Err(why);
         }
         self.shard.checkpoint().map_err(|e| format!("worker {}: checkpoint: {e}", self.id))?;
-        log::info!("worker {}: checkpointed, stopping", self.id);
+        log::info!("worker {}: checkpointed, stopping; {:?}", self.id, self.shard.stats());
         Ok(self.shard)
     }
 

@@ -27,6 +27,10 @@ use super::PAGE_SIZE;
 /// tests and DESIGN.md; servers take `read_ahead_factor` from their config.
 pub const READ_AHEAD_FACTOR: u64 = 10;
 
+/// The longest forward gap after a file's last read that still continues it
+/// (16 blocks: the other shards' blocks between two of this shard's).
+const GAP_MAX: u64 = 16 * pfs_core::BLOCK_SIZE_BYTES;
+
 /// Files whose last read end is remembered; past it the table starts over.
 const READERS_MAX: usize = 4096;
 
@@ -165,15 +169,16 @@ pub struct Readers {
 
 impl Readers {
     /// Notes a read of `len` bytes of `ino` at `offset`. When it continues the
-    /// last one and less than half a window (`READ_AHEAD_FACTOR * len`) is read
-    /// ahead of it, returns the range to read ahead now: from where the last
-    /// window ended to a full window past this read.
+    /// last one and less than half a window (`factor * len`, at most `most`
+    /// bytes) is read ahead of it, returns the range to read ahead now: from
+    /// where the last window ended to a full window past this read.
     pub fn ahead(
         &mut self,
         ino: InodeId,
         offset: u64,
         len: u64,
         factor: u64,
+        most: u64,
     ) -> Option<(u64, u64)> {
         if factor == 0 {
             return None;
@@ -183,12 +188,14 @@ impl Readers {
         }
         let end = offset.saturating_add(len);
         let (next, ahead_end) = self.next.get(&ino).copied().unwrap_or((u64::MAX, 0));
-        let window = len.saturating_mul(factor);
-        // Only a read that starts exactly where the last ended: also counting
-        // forward gaps (a striped file reaches each shard with the other
-        // shards' blocks left out) read ahead more than it saved while device
-        // reads block the worker (io-easy read 0.76x, docs/benchmarks.md).
-        let sequential = offset > 0 && len > 0 && offset == next;
+        // A read that starts where the last ended, or a little past it: a
+        // striped file reaches each shard with the other shards' blocks left
+        // out, one request per run of its own blocks. Such a read stands for
+        // the stretch of file from the last end to its own.
+        let sequential =
+            offset > 0 && len > 0 && offset >= next && offset - next <= GAP_MAX.max(len);
+        let step = if sequential { end - next } else { len };
+        let window = step.saturating_mul(factor).min(most);
         let plan = if !sequential || end.saturating_add(window / 2) <= ahead_end {
             None
         } else {
@@ -256,24 +263,42 @@ mod tests {
         let mut r = Readers::default();
         let ino = InodeId(7);
         assert_eq!(
-            r.ahead(ino, 0, 10, READ_AHEAD_FACTOR),
+            r.ahead(ino, 0, 10, READ_AHEAD_FACTOR, u64::MAX),
             None,
             "a first read is not sequential yet"
         );
-        assert_eq!(r.ahead(ino, 10, 10, READ_AHEAD_FACTOR), Some((20, 120)));
+        assert_eq!(r.ahead(ino, 10, 10, READ_AHEAD_FACTOR, u64::MAX), Some((20, 120)));
         // Within the window, until less than half of it is left.
         for off in (20..70).step_by(10) {
-            assert_eq!(r.ahead(ino, off, 10, READ_AHEAD_FACTOR), None, "at {off}");
+            assert_eq!(r.ahead(ino, off, 10, READ_AHEAD_FACTOR, u64::MAX), None, "at {off}");
         }
-        assert_eq!(r.ahead(ino, 70, 10, READ_AHEAD_FACTOR), Some((120, 180)));
-        assert_eq!(r.ahead(ino, 5, 10, READ_AHEAD_FACTOR), None, "a jump back starts over");
-        assert_eq!(r.ahead(ino, 15, 10, READ_AHEAD_FACTOR), Some((25, 125)));
-        assert_eq!(r.ahead(ino, 80, 10, READ_AHEAD_FACTOR), None, "a gap: not sequential");
-        assert_eq!(r.ahead(ino, 90, 10, READ_AHEAD_FACTOR), Some((100, 200)), "continuing again");
+        assert_eq!(r.ahead(ino, 70, 10, READ_AHEAD_FACTOR, u64::MAX), Some((120, 180)));
+        assert_eq!(
+            r.ahead(ino, 5, 10, READ_AHEAD_FACTOR, u64::MAX),
+            None,
+            "a jump back starts over"
+        );
+        assert_eq!(r.ahead(ino, 15, 10, READ_AHEAD_FACTOR, u64::MAX), Some((25, 125)));
+        let far = 25 + GAP_MAX + 1;
+        assert_eq!(r.ahead(ino, far, 10, READ_AHEAD_FACTOR, u64::MAX), None, "a long gap: a jump");
+        assert_eq!(
+            r.ahead(ino, far + 10, 10, READ_AHEAD_FACTOR, u64::MAX),
+            Some((far + 20, far + 120)),
+            "continuing again"
+        );
+        // A striped file's reads on one shard: every other block. Each read
+        // stands for the stretch since the last end, and the window is that
+        // many times larger; `most` caps it.
+        let b = pfs_core::BLOCK_SIZE_BYTES;
+        let f = InodeId(8);
+        assert_eq!(r.ahead(f, 0, b, READ_AHEAD_FACTOR, u64::MAX), None);
+        assert_eq!(r.ahead(f, 2 * b, b, READ_AHEAD_FACTOR, u64::MAX), Some((3 * b, 23 * b)));
+        assert_eq!(r.ahead(f, 4 * b, b, READ_AHEAD_FACTOR, u64::MAX), None, "inside the window");
+        assert_eq!(r.ahead(f, 20 * b, b, READ_AHEAD_FACTOR, 8 * b), Some((23 * b, 29 * b)));
         for i in 0..READERS_MAX as u64 {
-            r.ahead(InodeId(1000 + i), 0, 1, READ_AHEAD_FACTOR);
+            r.ahead(InodeId(1000 + i), 0, 1, READ_AHEAD_FACTOR, u64::MAX);
         }
         assert!(r.next.len() <= READERS_MAX, "bounded");
-        assert_eq!(Readers::default().ahead(ino, 0, 10, 0), None, "factor 0: off");
+        assert_eq!(Readers::default().ahead(ino, 0, 10, 0, u64::MAX), None, "factor 0: off");
     }
 }

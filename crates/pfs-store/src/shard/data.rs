@@ -11,7 +11,7 @@
 
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
-use super::dataio::{ReadShape, ReadStart};
+use super::dataio::{device_reads, ReadShape, ReadStart};
 use super::{Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -23,6 +23,10 @@ use crate::wal::Change;
 pub const MAX_FILE_SIZE: u64 = pfs_core::MAX_FILE_SIZE;
 /// Largest single write or read.
 pub const MAX_IO_BYTES: usize = 16 << 20;
+
+/// The least a device read of read-ahead reads when the pages lie together
+/// (the reader's transfer when larger).
+const AHEAD_READ_MIN: u64 = 256 << 10;
 
 /// Part of a read on one run: `(run, first page in run, pages, where in the
 /// output, skip bytes in the first page, bytes)`.
@@ -124,8 +128,8 @@ impl<D: Device> Shard<D> {
         let inode = Self::homed_elsewhere(ino, layout, end);
         let data = self.read_inode(&inode, offset, len, shape)?;
         // The file's size is known at its home only: read ahead as far as the
-        // factor asks; holes past the end cost no device read.
-        let ahead = end.saturating_add(len as u64 * self.opts.read_ahead_factor);
+        // window may reach; holes past the end cost no device read.
+        let ahead = end.saturating_add(self.ahead_cap());
         self.read_ahead(&Self::homed_elsewhere(ino, layout, ahead), offset, len);
         Ok(data)
     }
@@ -137,13 +141,21 @@ impl<D: Device> Shard<D> {
     /// ([`prefetch`](Self::prefetch)).
     fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize) {
         let factor = self.opts.read_ahead_factor;
-        let Some((from, to)) = self.readers.ahead(inode.ino, offset, len as u64, factor) else {
+        // Half the room, so a window fits beside what is left of the last.
+        let most = self.ahead_cap() / 2;
+        let Some((from, to)) = self.readers.ahead(inode.ino, offset, len as u64, factor, most)
+        else {
             return;
         };
         let to = to.min(inode.size).min(from.saturating_add(MAX_IO_BYTES as u64));
         if from < to {
-            for (run, first, pages, ..) in self.data_pieces(inode, from, (to - from) as usize) {
-                self.prefetch(run.page + first, pages);
+            // In device reads of at most this read's length, so the next read
+            // waits for one of them only.
+            let max_pages = (len as u64).max(AHEAD_READ_MIN).div_ceil(PAGE_SIZE);
+            let pieces = self.data_pieces(inode, from, (to - from) as usize);
+            for (page, pages, _) in device_reads(&pieces, u64::from(self.geo.block_size), max_pages)
+            {
+                self.prefetch(page, pages);
             }
         }
     }
@@ -273,36 +285,38 @@ impl<D: Device> Shard<D> {
         for piece in &mut pieces {
             piece.3 += shape.prefix;
         }
-        // Pieces in memory (written and not yet on the device, or in the read
+        // Pieces read ahead are copied from there, or wait for their read-ahead;
+        // pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device.
+        let joined = self.take_ahead(&mut pieces, &mut out, shape.background);
         self.settle_data_pages(
             pieces.iter().map(|&(run, first, pages, ..)| (run.page + first, pages)),
         )?;
         pieces.retain(|&(run, first, _, at, skip, n)| {
             !self.read_data_memory(run.page + first, skip, &mut out[at..at + n])
         });
-        if pieces.is_empty() {
+        if pieces.is_empty() && joined.is_empty() {
             return Ok(ReadStart::Done(out));
         }
         if shape.background {
-            return Ok(ReadStart::Pending(self.read_in_background(out, &pieces)));
+            return Ok(ReadStart::Pending(self.read_in_background(out, &pieces, joined)));
         }
-        let reqs = pieces
+        let reads = device_reads(&pieces, u64::from(self.geo.block_size), u64::MAX);
+        let reqs = reads
             .iter()
-            .map(|(run, first, pages, ..)| IoRequest {
+            .map(|&(page, pages, _)| IoRequest {
                 tag: 0,
                 kind: IoKind::Read,
-                offset: self.geo.data_offset(run.page + first),
+                offset: self.geo.data_offset(page),
                 buf: self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize),
             })
             .collect();
         let mut err = None;
-        for (c, (run, first, _, at, skip, n)) in self.io.run(reqs).into_iter().zip(&pieces) {
+        for (c, (page, _, parts)) in self.io.run(reqs).into_iter().zip(&reads) {
             match c.result {
                 Ok(()) => {
-                    out[*at..*at + *n].copy_from_slice(&c.buf[*skip..*skip + *n]);
-                    if run.valid < self.geo.block_size {
-                        self.read_cache.put(run.page + first, &c.buf);
+                    for part in parts {
+                        part.deliver(*page, &c.buf, &mut out, &mut self.read_cache);
                     }
                 }
                 Err(e) => err = Some(e),

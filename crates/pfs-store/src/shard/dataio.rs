@@ -39,12 +39,20 @@
 //! pending read has one, so they are bounded too.
 //!
 //! **Read-ahead.** Pages a sequential reader will want next are read
-//! asynchronously into the read cache ([`Shard::prefetch`]); the read that
-//! triggered it is answered at once. A read that needs pages still being read
-//! ahead waits for them, as for a write in flight. A failed read-ahead caches
-//! nothing: the read that needs those pages reads them itself and meets the error.
+//! asynchronously ([`Shard::prefetch`]), in device reads of at most the
+//! reader's transfer, and kept in their device buffers (`Ahead`), not copied
+//! into the page cache; the read that triggered it is answered at once. A
+//! read whose pieces a read-ahead holds copies them from its buffer; one whose
+//! pieces are still being read ahead joins that device read (it becomes
+//! pending, answered when the read-ahead finishes) instead of reading them
+//! again or waiting. A buffer is dropped when a read took its last page (a
+//! sequential reader has gone past it), when pages it holds are written anew,
+//! or, oldest first, to make room: read-ahead buffers hold at most half the
+//! read cache's size (`read_cache_mib`), in flight or not. A failed read-ahead
+//! fails the reads that joined it (`EIO`, as their own device read would
+//! have) and keeps nothing.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::data::Piece;
 use super::{Shard, PAGE_SIZE};
@@ -74,9 +82,75 @@ enum Purpose {
     Write(Vec<(u64, u64, bool)>),
     /// Pages read ahead into the read cache.
     ReadAhead,
-    /// A piece of pending read `id`: bytes `skip..skip + n` of the pages go to
-    /// `at` of its output; `cache`: the pages are worth the read cache.
-    Read { id: u64, at: usize, skip: usize, n: usize, cache: bool },
+    /// Neighbouring pieces of pending read `id`.
+    Read { id: u64, parts: Vec<Part> },
+}
+
+/// A piece of a read within one device read of neighbouring pages
+/// ([`device_reads`]): its `pages` pages from data page `page` hold bytes
+/// `skip..skip + n` (from the start of `page`) that go to `at` of the output;
+/// `cache`: the pages are worth the read cache (a partly filled block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Part {
+    pub page: u64,
+    pub pages: u64,
+    pub at: usize,
+    pub skip: usize,
+    pub n: usize,
+    pub cache: bool,
+}
+
+impl Part {
+    /// Copies this part out of `buf`, the device read that starts at data
+    /// page `first`, into `out`; puts its pages in `cache` when worth it.
+    pub(super) fn deliver(
+        &self,
+        first: u64,
+        buf: &[u8],
+        out: &mut [u8],
+        cache: &mut super::cache::PageCache,
+    ) {
+        let from = ((self.page - first) * PAGE_SIZE) as usize;
+        out[self.at..self.at + self.n].copy_from_slice(&buf[from + self.skip..][..self.n]);
+        if self.cache {
+            cache.put(self.page, &buf[from..from + (self.pages * PAGE_SIZE) as usize]);
+        }
+    }
+}
+
+/// The device reads of `pieces` (in file order), neighbours on the device as
+/// one read of at most `max_pages` pages (a single piece may be longer):
+/// `(first data page, pages, parts)`. A striped file's blocks on one shard
+/// were written one after the other, so a read of 8 of its blocks is one
+/// device read of 512 KiB instead of 8 of 64 KiB. `block`: the block size,
+/// which says whether a run is partly filled (`Part::cache`).
+pub(super) fn device_reads(
+    pieces: &[Piece],
+    block: u64,
+    max_pages: u64,
+) -> Vec<(u64, u64, Vec<Part>)> {
+    let mut reads: Vec<(u64, u64, Vec<Part>)> = Vec::new();
+    for &(run, first, pages, at, skip, n) in pieces {
+        let page = run.page + first;
+        let part = Part { page, pages, at, skip, n, cache: u64::from(run.valid) < block };
+        match reads.last_mut() {
+            Some((start, len, parts)) if *start + *len == page && *len + pages <= max_pages => {
+                *len += pages;
+                parts.push(part);
+            }
+            _ => reads.push((page, pages, vec![part])),
+        }
+    }
+    reads
+}
+
+/// A run of pages read ahead: in flight (`buf` is `None`), or read.
+#[derive(Debug)]
+struct Ahead {
+    pages: u64,
+    buf: Option<AlignedBuf>,
+    /// Pieces of pending reads that joined it while in flight: `(read id, part)`.
+    waiting: Vec<(u64, Part)>,
 }
 
 /// One device request in flight, under its number (its tag).
@@ -144,6 +218,12 @@ pub struct DataIo {
     /// Chunks of `RESERVE_CHUNK_PAGES` data pages reserved on the device, one
     /// bit each.
     reserved: Vec<u64>,
+    /// Runs read ahead, by first page; they never overlap one another.
+    ahead: BTreeMap<u64, Ahead>,
+    /// Bytes of all of them, in flight or read.
+    ahead_bytes: u64,
+    /// Their first pages, oldest first (may name runs dropped since).
+    ahead_order: VecDeque<u64>,
 }
 
 impl DataIo {
@@ -179,6 +259,30 @@ impl DataIo {
         }
         self.in_flight.insert(seq, InFlight { first, pages, purpose });
         seq
+    }
+
+    /// The first page of the read-ahead run that holds all `pages` pages
+    /// from `page`, if one does.
+    fn ahead_at(&self, page: u64, pages: u64) -> Option<u64> {
+        let (&first, a) = self.ahead.range(..=page).next_back()?;
+        (page + pages <= first + a.pages).then_some(first)
+    }
+
+    /// Whether a read-ahead run (in flight or read) holds any of the `pages`
+    /// pages from `first`.
+    fn ahead_overlaps(&self, first: u64, pages: u64) -> bool {
+        self.ahead.range(..first + pages).next_back().is_some_and(|(&s, a)| s + a.pages > first)
+    }
+
+    /// One more piece of pending read `id` arrived (or failed): a read whose
+    /// pieces all did is finished.
+    fn piece_done(&mut self, id: u64) {
+        let r = self.reads.get_mut(&id).expect("a pending read");
+        r.left -= 1;
+        if r.left == 0 {
+            let r = self.reads.remove(&id).expect("seen above");
+            self.finished.push((id, r.error.map_or(Ok(r.out), Err)));
+        }
     }
 
     /// Whether a write or read-ahead in flight covers any of the `pages`
@@ -256,8 +360,9 @@ impl<D: Device> Shard<D> {
     /// filled block goes to the read cache once written (`cache`).
     pub(super) fn stage_data(&mut self, first: u64, buf: AlignedBuf, cache: bool) {
         let pages = buf.len() as u64 / PAGE_SIZE;
-        // The cache may hold what a freed run left on these pages.
+        // The cache and read-ahead may hold what a freed run left on these pages.
         self.read_cache.forget(first, pages);
+        self.ahead_forget(first, pages);
         self.writes.staged_bytes += buf.len();
         self.writes.staged.insert(first, Staged { pages, buf, cache });
         self.data_unsynced = true;
@@ -337,6 +442,9 @@ impl<D: Device> Shard<D> {
         if !matches!(w.purpose, Purpose::Read { .. }) {
             self.writes.busy.remove(&w.first);
         }
+        if matches!(w.purpose, Purpose::ReadAhead) {
+            return self.ahead_done(w.first, c.buf, c.result.map_err(FsError::from));
+        }
         match (w.purpose, c.result) {
             (Purpose::Write(runs), Ok(())) => {
                 let mut at = 0;
@@ -353,16 +461,13 @@ impl<D: Device> Shard<D> {
                  acknowledged: {e}",
                 w.pages, w.first
             )),
-            (Purpose::ReadAhead, Ok(())) => self.read_cache.put(w.first, &c.buf),
-            // A failed read-ahead is left for the read that needs these pages.
-            (Purpose::ReadAhead, Err(_)) => {}
-            (Purpose::Read { id, at, skip, n, cache }, result) => {
+            (Purpose::ReadAhead, _) => unreachable!("handled above"),
+            (Purpose::Read { id, parts }, result) => {
                 let r = self.writes.reads.get_mut(&id).expect("a piece of a pending read");
                 match result {
                     Ok(()) => {
-                        r.out[at..at + n].copy_from_slice(&c.buf[skip..skip + n]);
-                        if cache {
-                            self.read_cache.put(w.first, &c.buf);
+                        for part in &parts {
+                            part.deliver(w.first, &c.buf, &mut r.out, &mut self.read_cache);
                         }
                     }
                     // That read fails; the shard goes on (nothing changed).
@@ -370,14 +475,126 @@ impl<D: Device> Shard<D> {
                         r.error.get_or_insert(e.into());
                     }
                 }
-                r.left -= 1;
-                if r.left == 0 {
-                    let r = self.writes.reads.remove(&id).expect("seen above");
-                    self.writes.finished.push((id, r.error.map_or(Ok(r.out), Err)));
-                }
+                self.writes.piece_done(id);
             }
         }
         self.io.device_mut().free_buf(c.buf);
+    }
+
+    /// A read-ahead of the run at `first` finished: hands its pieces to the
+    /// reads that joined it, and keeps the buffer for the next ones.
+    fn ahead_done(&mut self, first: u64, buf: AlignedBuf, result: FsResult<()>) {
+        let a = self.writes.ahead.get_mut(&first).expect("a read-ahead in flight is kept");
+        let waiting = std::mem::take(&mut a.waiting);
+        let end = first + a.pages;
+        let mut past = false;
+        for (id, part) in waiting {
+            let r = self.writes.reads.get_mut(&id).expect("a read that joined a read-ahead");
+            match &result {
+                Ok(()) => part.deliver(first, &buf, &mut r.out, &mut self.read_cache),
+                Err(e) => {
+                    r.error.get_or_insert(e.clone());
+                }
+            }
+            past |= part.page + part.pages == end;
+            self.writes.piece_done(id);
+        }
+        match result {
+            Ok(()) if !past => {
+                self.writes.ahead.get_mut(&first).expect("seen above").buf = Some(buf);
+            }
+            // Read past, or failed: nothing to keep.
+            _ => {
+                let a = self.writes.ahead.remove(&first).expect("seen above");
+                self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+                self.io.device_mut().free_buf(buf);
+            }
+        }
+    }
+
+    /// Drops the read-ahead runs that hold any of the `pages` pages from
+    /// `first` (they are about to hold something else). None of them is in
+    /// flight: pages are freed for reuse only by a commit, which first waits
+    /// for every data request submitted before it.
+    fn ahead_forget(&mut self, first: u64, pages: u64) {
+        while self.writes.ahead_overlaps(first, pages) {
+            let (&start, _) =
+                self.writes.ahead.range(..first + pages).next_back().expect("overlaps");
+            let a = self.writes.ahead.remove(&start).expect("seen above");
+            debug_assert!(a.buf.is_some(), "pages read ahead were reused while in flight");
+            self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+            if let Some(buf) = a.buf {
+                self.io.device_mut().free_buf(buf);
+            }
+        }
+    }
+
+    /// The most bytes read-ahead holds at once: half the read cache's size.
+    pub(super) fn ahead_cap(&self) -> u64 {
+        self.opts.read_cache_pages as u64 * PAGE_SIZE / 2
+    }
+
+    /// Makes room for `bytes` more of read-ahead, dropping the oldest runs
+    /// already read; `false` if the runs in flight leave no room.
+    fn ahead_room(&mut self, bytes: u64) -> bool {
+        let cap = self.ahead_cap();
+        let mut tries = self.writes.ahead_order.len();
+        while self.writes.ahead_bytes + bytes > cap && tries > 0 {
+            tries -= 1;
+            let Some(first) = self.writes.ahead_order.pop_front() else { break };
+            match self.writes.ahead.get(&first) {
+                None => {}
+                Some(a) if a.buf.is_none() => self.writes.ahead_order.push_back(first),
+                Some(_) => {
+                    let a = self.writes.ahead.remove(&first).expect("seen above");
+                    self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+                    self.io.device_mut().free_buf(a.buf.expect("read"));
+                }
+            }
+        }
+        if self.writes.ahead_order.len() > 2 * self.writes.ahead.len() + 64 {
+            let ahead = &self.writes.ahead;
+            self.writes.ahead_order.retain(|f| ahead.contains_key(f));
+        }
+        self.writes.ahead_bytes + bytes <= cap
+    }
+
+    /// Takes the pieces of `pieces` that read-ahead runs hold: those already
+    /// read are copied into `out` now; with `join`, those in flight are
+    /// returned to wait for (`(run's first page, part)`). The rest stay.
+    pub(super) fn take_ahead(
+        &mut self,
+        pieces: &mut Vec<Piece>,
+        out: &mut [u8],
+        join: bool,
+    ) -> Vec<(u64, Part)> {
+        let mut joined = Vec::new();
+        if self.writes.ahead.is_empty() {
+            return joined;
+        }
+        let block = u64::from(self.geo.block_size);
+        pieces.retain(|&(run, first, pages, at, skip, n)| {
+            let page = run.page + first;
+            let Some(start) = self.writes.ahead_at(page, pages) else { return true };
+            let part = Part { page, pages, at, skip, n, cache: u64::from(run.valid) < block };
+            let a = self.writes.ahead.get(&start).expect("found");
+            let Some(buf) = &a.buf else {
+                if join {
+                    self.stats.ahead_joins += 1;
+                    joined.push((start, part));
+                }
+                return !join;
+            };
+            self.stats.ahead_hits += 1;
+            part.deliver(start, buf, out, &mut self.read_cache);
+            if page + pages == start + a.pages {
+                let a = self.writes.ahead.remove(&start).expect("found");
+                self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+                self.io.device_mut().free_buf(a.buf.expect("read"));
+            }
+            false
+        });
+        joined
     }
 
     /// Reads that were pending and finished since the last call: their ids
@@ -397,19 +614,29 @@ impl<D: Device> Shard<D> {
     }
 
     /// Submits the device reads of `pieces` (the parts of a read that memory
-    /// does not hold) into `out`; returns the id of the pending read. Its
+    /// does not hold, neighbours together: [`device_reads`]) into `out`;
+    /// returns the id of the pending read. Its
     /// pages stay mapped while it is in flight: the commit that frees them
     /// waits for it (`data_requests_before`), and a write never rewrites
     /// mapped pages in place.
-    pub(super) fn read_in_background(&mut self, out: Vec<u8>, pieces: &[Piece]) -> u64 {
+    /// `joined`: pieces it waits for from read-aheads in flight
+    /// ([`take_ahead`](Self::take_ahead)).
+    pub(super) fn read_in_background(
+        &mut self,
+        out: Vec<u8>,
+        pieces: &[Piece],
+        joined: Vec<(u64, Part)>,
+    ) -> u64 {
         let id = self.writes.next_read;
         self.writes.next_read += 1;
-        self.writes.reads.insert(id, PendingRead { out, left: pieces.len(), error: None });
-        let block = u64::from(self.geo.block_size);
-        for &(run, first, pages, at, skip, n) in pieces {
-            let page = run.page + first;
-            let cache = u64::from(run.valid) < block;
-            let tag = self.writes.start(page, pages, Purpose::Read { id, at, skip, n, cache });
+        let reads = device_reads(pieces, u64::from(self.geo.block_size), u64::MAX);
+        let left = reads.len() + joined.len();
+        self.writes.reads.insert(id, PendingRead { out, left, error: None });
+        for (start, part) in joined {
+            self.writes.ahead.get_mut(&start).expect("in flight").waiting.push((id, part));
+        }
+        for (page, pages, parts) in reads {
+            let tag = self.writes.start(page, pages, Purpose::Read { id, parts });
             let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
             let offset = self.geo.data_offset(page);
             self.stats.reads_in_background += 1;
@@ -422,6 +649,14 @@ impl<D: Device> Shard<D> {
     /// from memory: a staged run, or the read cache. `false` if neither holds
     /// them all.
     pub(super) fn read_data_memory(&mut self, first: u64, skip: usize, out: &mut [u8]) -> bool {
+        let pages = (skip + out.len()).div_ceil(PAGE_SIZE as usize) as u64;
+        if let Some(start) = self.writes.ahead_at(first, pages) {
+            if let Some(buf) = &self.writes.ahead[&start].buf {
+                let from = ((first - start) * PAGE_SIZE) as usize + skip;
+                out.copy_from_slice(&buf[from..from + out.len()]);
+                return true;
+            }
+        }
         self.writes.read(first, skip, out) || self.read_cache.read(first, skip, out)
     }
 
@@ -432,7 +667,9 @@ impl<D: Device> Shard<D> {
         if self.writes.holds(first, pages)
             || self.read_cache.holds(first, pages)
             || self.writes.busy_overlaps(first, pages)
+            || self.writes.ahead_overlaps(first, pages)
             || self.io.device().in_flight() >= self.io.device().queue_depth()
+            || !self.ahead_room(pages * PAGE_SIZE)
         {
             return;
         }
@@ -440,6 +677,9 @@ impl<D: Device> Shard<D> {
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
         let tag = self.writes.start(first, pages, Purpose::ReadAhead);
+        self.writes.ahead.insert(first, Ahead { pages, buf: None, waiting: Vec::new() });
+        self.writes.ahead_bytes += pages * PAGE_SIZE;
+        self.writes.ahead_order.push_back(first);
         self.stats.read_aheads += 1;
         self.io.submit_data(req, tag);
     }

@@ -96,6 +96,11 @@ pub struct ShardStats {
     pub data_writes: u64,
     /// Device reads submitted ahead of a sequential reader.
     pub read_aheads: u64,
+    /// Pieces of reads copied from a read-ahead's buffer, and those that
+    /// joined a read-ahead still in flight.
+    pub ahead_hits: u64,
+    /// See `ahead_hits`.
+    pub ahead_joins: u64,
     /// Device reads of reads answered when they finish (`Shard::read_start`).
     pub reads_in_background: u64,
 }

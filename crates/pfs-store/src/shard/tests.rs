@@ -805,7 +805,7 @@ fn sequential_reads_read_ahead_into_the_cache() {
         assert_eq!(s.read(f.ino, at as u64, piece).unwrap(), data[at..at + piece]);
     }
     let sequential = misses(&s) - before;
-    assert_eq!(sequential, 0, "40 sequential reads all hit what was read ahead");
+    assert_eq!(sequential, 0, "40 sequential reads all hit what was read ahead: {:?}", s.stats());
     assert!(s.stats().read_aheads > 0, "read ahead in the background");
     // A reader that jumps around reads no more than it asks for.
     let mut s = reopen(s);
@@ -1040,4 +1040,59 @@ fn a_read_leaves_room_before_its_bytes() {
     assert!(got[0].1.as_ref().unwrap() == &want(70_000, 150_000, 100_000));
     // Past the end: the room and the padding.
     assert_eq!(s.read_start(f.ino, 1 << 20, 10, shape), Ok(ReadStart::Done(vec![0; 100_036])));
+}
+
+/// A sequential reader in the background (as the worker reads) is served by
+/// read-ahead: its reads copy from the read-ahead buffers or join a
+/// read-ahead still in flight, never reading a page twice or waiting inline,
+/// and each gets the right bytes whatever order the device answers in.
+#[test]
+fn background_readers_join_the_read_ahead_in_flight() {
+    use super::dataio::{ReadShape, ReadStart};
+    let bg = ReadShape { prefix: 0, pad: 0, background: true };
+    // 1024 pages: read-ahead has room for the whole file; 64: it is full of
+    // read-aheads in flight at times, and a read goes to the device itself.
+    for (seed, cache_pages) in (0..16).flat_map(|seed| [(seed, 1024), (seed, 64)]) {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        s.write(f.ino, 0, &data).unwrap();
+        s.commit().unwrap();
+        let opts = ShardOptions { read_cache_pages: cache_pages, ..small_opts() };
+        let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+        handle.reorder(Some(seed));
+        let piece = 16 << 10;
+        let mut want = HashMap::new();
+        let mut got = Vec::new();
+        for i in 0..data.len() / piece {
+            let at = i * piece;
+            match s.read_start(f.ino, at as u64, piece, bg).unwrap() {
+                ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
+                ReadStart::Pending(id) => {
+                    want.insert(id, at);
+                }
+            }
+            // A worker's round: collect what the device finished.
+            s.poll_data_writes();
+            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
+        }
+        for _ in 0..10_000 {
+            if !s.reads_under_way() {
+                break;
+            }
+            s.poll_data_writes();
+            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
+        }
+        assert_eq!(got.len(), data.len() / piece, "seed {seed}: every read answered");
+        for (at, r) in got {
+            assert!(r.unwrap() == data[at..at + piece], "seed {seed}: bytes at {at}");
+        }
+        let st = s.stats();
+        if cache_pages == 1024 {
+            // The first two reads go to the device; the second starts read-ahead.
+            assert!(st.reads_in_background <= 2, "seed {seed}: {st:?}");
+            assert_eq!(st.ahead_hits + st.ahead_joins, 62, "seed {seed}: {st:?}");
+        }
+        assert!(st.ahead_hits + st.ahead_joins > 0, "seed {seed}, {cache_pages}: {st:?}");
+    }
 }
