@@ -62,7 +62,9 @@ removes what rank (r+1)%N made, like mdtest -N 1 and IOR -C):
   ckpt      HACC-IO checkpoint/restart: each process writes --particles particles
             (9 arrays: xx yy zz vx vy vz phi as f32, pid as i64, mask as u16; 38
             bytes each) in --transfer pieces (1 MiB) to its own file, then reads
-            its neighbour's back; phases: checkpoint, restart.
+            its neighbour's back into arrays allocated (and touched) before
+            the clock starts, as the checkpoint's arrays are generated before
+            it; phases: checkpoint, restart.
 
 Each phase starts behind a barrier of all processes; its rate is the total of
 all processes over (latest finish - earliest start). --time SECS stonewalls the
