@@ -241,12 +241,10 @@ impl DataIo {
         true
     }
 
-    /// Whether a staged run holds all `pages` pages from `first`.
-    fn holds(&self, first: u64, pages: u64) -> bool {
-        self.staged
-            .range(..=first)
-            .next_back()
-            .is_some_and(|(&start, run)| first + pages <= start + run.pages)
+    /// Whether a staged run holds any of the `pages` pages from `first`: the
+    /// device does not hold them yet.
+    fn staged_overlaps(&self, first: u64, pages: u64) -> bool {
+        self.staged.range(..first + pages).next_back().is_some_and(|(&s, r)| s + r.pages > first)
     }
 
     /// Notes a request about to be submitted; returns its number, the tag to
@@ -664,7 +662,9 @@ impl<D: Device> Shard<D> {
     /// background, unless memory holds them or a request for some of them is
     /// in flight. Bounded by the device queue: a full queue skips it.
     pub(super) fn prefetch(&mut self, first: u64, pages: u64) {
-        if self.writes.holds(first, pages)
+        // Not a page that is staged (the device holds its old bytes) or being
+        // written: a read-ahead spans several runs, some may be.
+        if self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
             || self.writes.busy_overlaps(first, pages)
             || self.writes.ahead_overlaps(first, pages)

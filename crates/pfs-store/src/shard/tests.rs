@@ -1096,3 +1096,39 @@ fn background_readers_join_the_read_ahead_in_flight() {
         assert!(st.ahead_hits + st.ahead_joins > 0, "seed {seed}, {cache_pages}: {st:?}");
     }
 }
+
+/// Read-ahead never reads pages still staged: a window over several staged
+/// runs (a file just written, its runs neighbours on the device) read the
+/// device's old bytes, and later reads took them from the read-ahead.
+#[test]
+fn read_ahead_never_reads_pages_still_staged() {
+    use super::dataio::{ReadShape, ReadStart};
+    for background in [false, true] {
+        let (mut s, _) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let data: Vec<u8> = (0..(512u32 << 10)).map(|i| (i % 249) as u8 + 1).collect();
+        for (i, chunk) in data.chunks(64 << 10).enumerate() {
+            s.write(f.ino, (i << 16) as u64, chunk).unwrap();
+        }
+        let piece = 16 << 10;
+        let shape = ReadShape { prefix: 0, pad: 0, background };
+        for i in 0..data.len() / piece {
+            let at = i * piece;
+            let got = match s.read_start(f.ino, at as u64, piece, shape).unwrap() {
+                ReadStart::Done(bytes) => bytes,
+                ReadStart::Pending(id) => {
+                    let mut done = None;
+                    for _ in 0..10_000 {
+                        s.poll_data_writes();
+                        done = s.take_finished_reads().into_iter().find(|r| r.0 == id);
+                        if done.is_some() {
+                            break;
+                        }
+                    }
+                    done.expect("the read finished").1.unwrap()
+                }
+            };
+            assert!(got == data[at..at + piece], "background {background}: bytes at {at}");
+        }
+    }
+}
