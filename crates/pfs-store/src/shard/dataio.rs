@@ -557,6 +557,11 @@ impl<D: Device> Shard<D> {
         self.writes.ahead_bytes + bytes <= cap
     }
 
+    /// Whether a read-ahead still in flight holds all `pages` pages from `page`.
+    pub(super) fn ahead_in_flight(&self, page: u64, pages: u64) -> bool {
+        self.writes.ahead_at(page, pages).is_some_and(|s| self.writes.ahead[&s].buf.is_none())
+    }
+
     /// Takes the pieces of `pieces` that read-ahead runs hold: those already
     /// read are copied into `out` now; with `join`, those in flight are
     /// returned to wait for (`(run's first page, part)`). The rest stay.
@@ -631,7 +636,11 @@ impl<D: Device> Shard<D> {
         let left = reads.len() + joined.len();
         self.writes.reads.insert(id, PendingRead { out, left, error: None });
         for (start, part) in joined {
-            self.writes.ahead.get_mut(&start).expect("in flight").waiting.push((id, part));
+            let a = self.writes.ahead.get_mut(&start).expect("in flight");
+            // Nothing may finish it between `take_ahead` and here: a waiter on a
+            // finished read-ahead would never be answered.
+            assert!(a.buf.is_none(), "a read joined a read-ahead that had finished");
+            a.waiting.push((id, part));
         }
         for (page, pages, parts) in reads {
             let tag = self.writes.start(page, pages, Purpose::Read { id, parts });

@@ -1132,3 +1132,57 @@ fn read_ahead_never_reads_pages_still_staged() {
         }
     }
 }
+
+/// A read that must wait for a data write in flight (its block was just
+/// rewritten) while other pieces of it are being read ahead: the wait finishes
+/// those read-aheads too, and the read copies from them instead of joining a
+/// read-ahead that already finished (which left it unanswered: a client's
+/// request timed out after 30 s).
+#[test]
+fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
+    use super::dataio::{ReadShape, ReadStart};
+    let bg = ReadShape { prefix: 0, pad: 0, background: true };
+    for seed in 0..16 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let mut data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        s.write(f.ino, 0, &data).unwrap();
+        s.commit().unwrap();
+        let opts = ShardOptions { read_cache_pages: 1024, ..small_opts() };
+        let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+        handle.reorder(Some(seed));
+        let mut pending = HashMap::new();
+        let piece = 16 << 10;
+        // Two sequential reads: the second starts read-ahead past 32 KiB.
+        for at in [0, piece] {
+            if let ReadStart::Pending(id) = s.read_start(f.ino, at as u64, piece, bg).unwrap() {
+                pending.insert(id, (at, piece));
+            }
+        }
+        // Block 1 rewritten whole, its write submitted by a commit.
+        data[64 << 10..128 << 10].fill(0xEE);
+        s.write(f.ino, 64 << 10, &data[64 << 10..128 << 10]).unwrap();
+        s.start_commit().unwrap();
+        let (at, len) = (2 * piece, 200 << 10);
+        match s.read_start(f.ino, at as u64, len, bg).unwrap() {
+            ReadStart::Done(bytes) => assert!(bytes == data[at..at + len], "seed {seed}"),
+            ReadStart::Pending(id) => {
+                pending.insert(id, (at, len));
+            }
+        }
+        for _ in 0..10_000 {
+            if pending.is_empty() && !s.committing() {
+                break;
+            }
+            s.poll_data_writes();
+            if s.committing() {
+                s.poll_commit();
+            }
+            for (id, r) in s.take_finished_reads() {
+                let (at, len) = pending.remove(&id).expect("a read asked for");
+                assert!(r.unwrap() == data[at..at + len], "seed {seed}: bytes at {at}");
+            }
+        }
+        assert!(pending.is_empty(), "seed {seed}: reads never answered: {pending:?}");
+    }
+}
