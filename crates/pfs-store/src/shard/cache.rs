@@ -9,9 +9,9 @@
 //! starts empty.
 //!
 //! Sequential readers are detected per file (`Readers`): a read that starts
-//! where the file's previous read ended keeps
-//! `READ_AHEAD_FACTOR` times its length read ahead in the cache, so the next
-//! reads are hits.
+//! where the file's previous read ended, or a little past it, keeps the
+//! factor times the stretch it stands for read ahead, in buffers of its own
+//! (`dataio.rs`), so the next reads find their pages read or being read.
 //!
 //! What a write puts: the pages of a block left partly filled (the next append
 //! merges them: copy-on-write reads them back); the others are only dropped, so
@@ -169,9 +169,11 @@ pub struct Readers {
 
 impl Readers {
     /// Notes a read of `len` bytes of `ino` at `offset`. When it continues the
-    /// last one and less than half a window (`factor * len`, at most `most`
-    /// bytes) is read ahead of it, returns the range to read ahead now: from
-    /// where the last window ended to a full window past this read.
+    /// last one (starting at its end or up to `GAP_MAX` past it) and less than
+    /// half a window (`factor` times the stretch from the last end to this
+    /// one's, at most `most` bytes) is read ahead of it, returns the range to
+    /// read ahead now: from where the last window ended to a full window past
+    /// this read.
     pub fn ahead(
         &mut self,
         ino: InodeId,

@@ -135,10 +135,10 @@ impl<D: Device> Shard<D> {
     }
 
     /// After a read of `len` bytes at `offset`: when it continues the file's last
-    /// read, keeps `READ_AHEAD_FACTOR` times as much read ahead of it in the read
-    /// cache (up to the end of `inode`, at most `MAX_IO_BYTES` at once;
-    /// [`Readers::ahead`](super::cache::Readers::ahead)), read in the background
-    /// ([`prefetch`](Self::prefetch)).
+    /// read, keeps `read_ahead_factor` times the stretch it stands for read
+    /// ahead of it (up to the end of `inode`, at most a quarter of the read
+    /// cache's size; [`Readers::ahead`](super::cache::Readers::ahead)), read
+    /// in the background ([`prefetch`](Self::prefetch)).
     fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize) {
         let factor = self.opts.read_ahead_factor;
         // Half the room, so a window fits beside what is left of the last.
@@ -149,8 +149,8 @@ impl<D: Device> Shard<D> {
         };
         let to = to.min(inode.size).min(from.saturating_add(MAX_IO_BYTES as u64));
         if from < to {
-            // In device reads of at most this read's length, so the next read
-            // waits for one of them only.
+            // In device reads of this read's length (at least AHEAD_READ_MIN),
+            // so the next read waits for one of them only.
             let max_pages = (len as u64).max(AHEAD_READ_MIN).div_ceil(PAGE_SIZE);
             let pieces = self.data_pieces(inode, from, (to - from) as usize);
             for (page, pages, _) in device_reads(&pieces, u64::from(self.geo.block_size), max_pages)

@@ -503,10 +503,19 @@ impl<D: Device> Shard<D> {
             }
             // Read past, or failed: nothing to keep.
             _ => {
-                let a = self.writes.ahead.remove(&first).expect("seen above");
-                self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+                self.ahead_drop(first);
                 self.io.device_mut().free_buf(buf);
             }
+        }
+    }
+
+    /// Drops read-ahead run `start` and gives its buffer back (one in flight
+    /// has none yet).
+    fn ahead_drop(&mut self, start: u64) {
+        let a = self.writes.ahead.remove(&start).expect("a read-ahead run");
+        self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+        if let Some(buf) = a.buf {
+            self.io.device_mut().free_buf(buf);
         }
     }
 
@@ -516,14 +525,10 @@ impl<D: Device> Shard<D> {
     /// for every data request submitted before it.
     fn ahead_forget(&mut self, first: u64, pages: u64) {
         while self.writes.ahead_overlaps(first, pages) {
-            let (&start, _) =
+            let (&start, a) =
                 self.writes.ahead.range(..first + pages).next_back().expect("overlaps");
-            let a = self.writes.ahead.remove(&start).expect("seen above");
             debug_assert!(a.buf.is_some(), "pages read ahead were reused while in flight");
-            self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
-            if let Some(buf) = a.buf {
-                self.io.device_mut().free_buf(buf);
-            }
+            self.ahead_drop(start);
         }
     }
 
@@ -543,11 +548,7 @@ impl<D: Device> Shard<D> {
             match self.writes.ahead.get(&first) {
                 None => {}
                 Some(a) if a.buf.is_none() => self.writes.ahead_order.push_back(first),
-                Some(_) => {
-                    let a = self.writes.ahead.remove(&first).expect("seen above");
-                    self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
-                    self.io.device_mut().free_buf(a.buf.expect("read"));
-                }
+                Some(_) => self.ahead_drop(first),
             }
         }
         if self.writes.ahead_order.len() > 2 * self.writes.ahead.len() + 64 {
@@ -590,10 +591,9 @@ impl<D: Device> Shard<D> {
             };
             self.stats.ahead_hits += 1;
             part.deliver(start, buf, out, &mut self.read_cache);
+            // A sequential reader went past it.
             if page + pages == start + a.pages {
-                let a = self.writes.ahead.remove(&start).expect("found");
-                self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
-                self.io.device_mut().free_buf(a.buf.expect("read"));
+                self.ahead_drop(start);
             }
             false
         });
