@@ -290,12 +290,14 @@ impl<D: Device> Shard<D> {
         // cache) are copied from it; the rest are read from the device. The
         // wait for writes in flight comes first: it may finish a read-ahead,
         // which a piece must then copy from, not join.
-        let settle: Vec<(u64, u64)> = pieces
-            .iter()
-            .map(|&(run, first, pages, ..)| (run.page + first, pages))
-            .filter(|&(page, pages)| !(shape.background && self.ahead_in_flight(page, pages)))
-            .collect();
-        self.settle_data_pages(settle)?;
+        if self.data_busy() {
+            let settle: Vec<(u64, u64)> = pieces
+                .iter()
+                .map(|&(run, first, pages, ..)| (run.page + first, pages))
+                .filter(|&(page, pages)| !(shape.background && self.ahead_in_flight(page, pages)))
+                .collect();
+            self.settle_data_pages(settle)?;
+        }
         let joined = self.take_ahead(&mut pieces, &mut out, shape.background);
         pieces.retain(|&(run, first, _, at, skip, n)| {
             !self.read_data_memory(run.page + first, skip, &mut out[at..at + n])

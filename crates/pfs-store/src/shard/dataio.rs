@@ -558,6 +558,12 @@ impl<D: Device> Shard<D> {
         self.writes.ahead_bytes + bytes <= cap
     }
 
+    /// Whether a data write or read-ahead is in flight (a read may have to
+    /// settle its pages first: [`settle_data_pages`](Self::settle_data_pages)).
+    pub(super) fn data_busy(&self) -> bool {
+        !self.writes.busy.is_empty()
+    }
+
     /// Whether a read-ahead still in flight holds all `pages` pages from `page`.
     pub(super) fn ahead_in_flight(&self, page: u64, pages: u64) -> bool {
         self.writes.ahead_at(page, pages).is_some_and(|s| self.writes.ahead[&s].buf.is_none())
