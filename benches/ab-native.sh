@@ -7,6 +7,7 @@
 #
 #   benches/ab-native.sh OLD_PFS NEW_PFS      # as root; ROUNDS=2 by default
 #   WORKLOADS="io-easy ckpt" benches/ab-native.sh ...   # any of md-easy md-hard io-easy io-hard ckpt
+#   OPTS_io_easy="--segments 2048 --transfer 1048576" ...  # a workload's options
 set -euo pipefail
 A=$1
 B=$2
@@ -14,6 +15,11 @@ ROUNDS=${ROUNDS:-2}
 WORK=${WORK:-/tmp/pfs-ab}
 declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
 WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
+# A workload's options from the environment: OPTS_io_easy="--segments 2048 --transfer 1048576".
+for w in "${!OPTS[@]}"; do
+    v=OPTS_${w//-/_}
+    if [ -n "${!v:-}" ]; then OPTS[$w]=${!v}; fi
+done
 rm -rf "$WORK"
 mkdir -p "$WORK"
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

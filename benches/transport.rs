@@ -79,7 +79,13 @@ fn write(len: usize) -> Frame {
 }
 
 fn read(len: u32) -> Frame {
-    request(Request::Read { ino: InodeId(9), fh: FileHandle(1), offset: 0, size: len })
+    request(Request::Read {
+        ino: InodeId(9),
+        fh: FileHandle(1),
+        offset: 0,
+        size: len,
+        blocks: u32::MAX,
+    })
 }
 
 /// Sends and busy-polls until the reply is here.

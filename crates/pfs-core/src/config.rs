@@ -440,6 +440,10 @@ pub struct ClientConfig {
     /// Use slot RPC (replies written into the client's inbox, the RDMA protocol)
     /// over tcp and shm too; RDMA connections always use it.
     pub slot_rpc: bool,
+    /// KiB in each direction's ring of a shared-memory connection (a power of
+    /// two): a reply that fits is written whole, a larger one is streamed
+    /// through it in turns (docs/benchmarks.md: 4 MiB rings against 256 KiB).
+    pub shm_ring_kib: u32,
     /// How long a caller polls for its reply before it parks (microseconds; 0
     /// parks at once). A reply that comes within it costs no wake-up on either
     /// side (docs/benchmarks.md: 5 beat 0, 8, 15 and 30 here).
@@ -465,6 +469,7 @@ impl Default for ClientConfig {
             rdma_gid_index: 0,
             rpc_slots: 32,
             slot_rpc: false,
+            shm_ring_kib: 4096,
             reply_spin_us: 5,
         }
     }
@@ -482,6 +487,14 @@ impl ConfigFile for ClientConfig {
         check_range("rdma_port", self.rdma_port, 1, 255)?;
         check_range("rpc_slots", self.rpc_slots, 1, 4096)?;
         check_range("reply_spin_us", self.reply_spin_us, 0, 1000)?;
+        check_range("shm_ring_kib", self.shm_ring_kib, 4, 65536)?;
+        if !self.shm_ring_kib.is_power_of_two() {
+            return Err(ConfigError::Invalid {
+                field: "shm_ring_kib".into(),
+                value: self.shm_ring_kib.to_string(),
+                reason: "not a power of two".into(),
+            });
+        }
         Ok(())
     }
 }
@@ -712,6 +725,8 @@ mod tests {
                 "dentry_cache_entries = 16777217 is out of range: allowed 0..=16777216",
             ),
             ("reply_spin_us = 1001", "reply_spin_us = 1001 is out of range: allowed 0..=1000"),
+            ("shm_ring_kib = 2", "shm_ring_kib = 2 is out of range: allowed 4..=65536"),
+            ("shm_ring_kib = 3000", "shm_ring_kib = 3000 is invalid: not a power of two"),
             (
                 "master = \"m:x\"",
                 "master = \"m:x\" is invalid: expected host:port with a port in 1..=65535",

@@ -23,8 +23,9 @@ pub const SHM_CONTROL_BYTES: usize = 4096;
 pub const SHM_MAGIC: u64 = u64::from_le_bytes(*b"PFSSHM01");
 /// Offset of the magic in the control page; the ring size (`u32`) follows it.
 pub const SHM_MAGIC_OFFSET: usize = 1024;
-/// Default bytes in each ring.
-pub const DEFAULT_RING_BYTES: u32 = 256 << 10;
+/// Default bytes in each ring: a 1 MiB read's reply fits four times (docs/benchmarks.md,
+/// "Shared-memory rings that hold a reply").
+pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
 /// Smallest ring.
 pub const MIN_RING_BYTES: u32 = 4 << 10;
 /// Largest ring.

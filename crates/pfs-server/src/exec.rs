@@ -242,8 +242,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         // (`Durability::AfterCommit`): closes and fsyncs from many clients share
         // one device flush instead of one each.
         Request::Release { .. } => Reply::Release,
-        Request::Read { ino, fh: _, offset, size } => {
-            Reply::Read(shard.read(ino, offset, size as usize)?)
+        Request::Read { ino, fh: _, offset, size, blocks } => {
+            Reply::Read(shard.read_blocks(ino, offset, size as usize, blocks)?)
         }
         Request::Write { ino, fh, offset, data } => {
             write(shard, ino, WriteTarget::Home(fh), offset, &data)?
@@ -290,8 +290,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::WriteData { ino, layout, offset, data } => {
             write(shard, ino, WriteTarget::Elsewhere(layout), offset, &data)?
         }
-        Request::ReadData { ino, layout, offset, size } => {
-            Reply::ReadData(shard.read_data(ino, layout, offset, size as usize)?)
+        Request::ReadData { ino, layout, offset, size, blocks } => {
+            Reply::ReadData(shard.read_data_blocks(ino, layout, offset, size as usize, blocks)?)
         }
         Request::TruncateData { ino, layout, size, old_size } => {
             shard.truncate_data(ino, layout, size, old_size)?;
@@ -408,7 +408,7 @@ fn readdir<D: Device>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pfs_core::wire::RenameFlags as WireRenameFlags;
+    use pfs_core::wire::{RenameFlags as WireRenameFlags, ALL_BLOCKS};
     use pfs_core::{FileLayout, ShardId};
     use pfs_store::device::MemDevice;
     use pfs_store::{FormatOptions, ShardOptions};
@@ -459,7 +459,7 @@ mod tests {
         };
         assert_eq!(again, ctime, "the second write starts where the first ended");
         assert!(later > ctime);
-        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100 };
+        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100, blocks: ALL_BLOCKS };
         assert_eq!(ok(&mut s, r), Reply::Read(b"\0\0\0xyz".to_vec()));
         let list = |after: &[u8]| Request::ReadDir {
             ino: InodeId::ROOT,
@@ -497,7 +497,7 @@ mod tests {
         let w =
             Request::WriteData { ino, layout: FileLayout::Block, offset: 7, data: b"d".to_vec() };
         assert_eq!(from_frame(&mut s, w), Ok(Reply::WriteData { written: 1 }));
-        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100 };
+        let r = Request::Read { ino, fh: FileHandle(0), offset: 0, size: 100, blocks: ALL_BLOCKS };
         assert_eq!(ok(&mut s, r), Reply::Read(b"\0\0abc\0\0d".to_vec()));
         let gone = Request::Write {
             ino: InodeId(ino.0 + 1000),
@@ -564,11 +564,20 @@ mod tests {
             data: vec![7; 100],
         };
         assert_eq!(ok(&mut s, w), Reply::WriteData { written: 100 });
-        let r =
-            Request::ReadData { ino: foreign, layout: FileLayout::Block, offset: 65536, size: 120 };
-        let Reply::ReadData(bytes) = ok(&mut s, r) else { panic!() };
+        let read = |offset, size, blocks| Request::ReadData {
+            ino: foreign,
+            layout: FileLayout::Block,
+            offset,
+            size,
+            blocks,
+        };
+        let Reply::ReadData(bytes) = ok(&mut s, read(65536, 120, ALL_BLOCKS)) else { panic!() };
         assert_eq!(&bytes[..10], &[0; 10]);
         assert_eq!(&bytes[10..110], &[7; 100][..]);
         assert_eq!(bytes.len(), 120);
+        // Only the second block of a range over two: its 120 bytes.
+        let Reply::ReadData(bytes) = ok(&mut s, read(65000, 656, 0b10)) else { panic!() };
+        assert_eq!(bytes.len(), 120);
+        assert_eq!(&bytes[10..110], &[7; 100][..]);
     }
 }

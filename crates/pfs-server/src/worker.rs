@@ -798,11 +798,11 @@ impl<D: Device> Worker<D> {
     fn start_read(&mut self, req: Request) -> Result<FsResult<ReadStart>, Request> {
         let shape = ReadShape { prefix: READ_REPLY_PREFIX, pad: 0, background: true };
         let started = match req {
-            Request::Read { ino, fh: _, offset, size } => {
-                self.shard.read_start(ino, offset, size as usize, shape)
+            Request::Read { ino, fh: _, offset, size, blocks } => {
+                self.shard.read_start(ino, offset, size as usize, blocks, shape)
             }
-            Request::ReadData { ino, layout, offset, size } => {
-                self.shard.read_data_start(ino, layout, offset, size as usize, shape)
+            Request::ReadData { ino, layout, offset, size, blocks } => {
+                self.shard.read_data_start(ino, layout, offset, size as usize, blocks, shape)
             }
             other => return Err(other),
         };

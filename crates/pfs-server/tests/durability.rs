@@ -295,11 +295,20 @@ fn data_of_a_file_that_does_not_exist_is_swept() {
     let layout = pfs_core::FileLayout::Block;
     let write = Request::WriteData { ino, layout, offset: 65536, data: vec![9; 1000] };
     assert!(matches!(conn.call(write, 0, t).unwrap(), Reply::WriteData { written: 1000 }));
-    let read =
-        || match conn.call(Request::ReadData { ino, layout, offset: 65536, size: 1000 }, 0, t) {
-            Ok(Reply::ReadData(d)) => d,
-            other => panic!("read: {other:?}"),
-        };
+    let read = || match conn.call(
+        Request::ReadData {
+            ino,
+            layout,
+            offset: 65536,
+            size: 1000,
+            blocks: pfs_core::wire::ALL_BLOCKS,
+        },
+        0,
+        t,
+    ) {
+        Ok(Reply::ReadData(d)) => d,
+        other => panic!("read: {other:?}"),
+    };
     assert_eq!(read(), vec![9; 1000]);
     // The data shard asks the home every 2 s and frees it.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);

@@ -69,7 +69,7 @@ fn corpus() -> Vec<Vec<u8>> {
             plus: true,
         },
         Request::Write { ino: root, fh: FileHandle(0), offset: 0, data: vec![1; 100] },
-        Request::Read { ino: root, fh: FileHandle(0), offset: 0, size: 4096 },
+        Request::Read { ino: root, fh: FileHandle(0), offset: 0, size: 4096, blocks: u32::MAX },
         Request::StatFs,
         Request::SetXattr {
             ino: root,

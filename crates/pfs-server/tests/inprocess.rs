@@ -463,6 +463,48 @@ fn slot_rpc_carries_data_metadata_and_invalidations_over_tcp_and_shm() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The ring size a client asks for (`shm_ring_kib`) is the one its
+/// shared-memory connections get, and data of every size crosses rings
+/// smaller and larger than a frame alike.
+#[test]
+fn shared_memory_rings_take_the_size_the_client_asks_for() {
+    let dir = test_dir("shm-ring");
+    let cluster = Local::start(&dir, 1, 2);
+    let ring_maps = |ring: u64| {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines()
+            .filter(|l| l.contains("pfs-net-shm"))
+            .filter(|l| {
+                let range = l.split_whitespace().next().unwrap();
+                let (a, b) = range.split_once('-').unwrap();
+                let len = u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap();
+                len == 4096 + 2 * ring
+            })
+            .count()
+    };
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    for (k, ring) in [(0, 4u64 << 10), (1, 8u64 << 20)] {
+        assert_eq!(ring_maps(ring), 0, "no ring of {ring} bytes yet");
+        let mut o = pfs_client::ClusterOptions::new(cluster.master.addr(), cluster.key.clone());
+        o.transport = pfs_net::TransportKind::Shm;
+        o.shm_ring_bytes = ring as u32;
+        o.request_timeout = Duration::from_secs(10);
+        let fs = pfs_client::Cluster::connect(o).unwrap();
+        // Mapped by the client and by the server (this process): one link.
+        assert_eq!(ring_maps(ring), 2, "the client's link has rings of {ring} bytes");
+        let name = format!("f{k}");
+        let (attr, fh) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+        for (i, chunk) in data.chunks(1 << 20).enumerate() {
+            fs.write(attr.ino, fh, (i << 20) as u64, chunk).unwrap();
+        }
+        fs.release(attr.ino, fh).unwrap();
+        assert!(read_file(&fs, attr.ino) == data, "3 MB over rings of {ring} bytes");
+        drop(fs);
+    }
+    cluster.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The checkpoint pattern (write a temporary file, rename it over the old one)
 /// in a bigdir, where the old file's inode and data live on other shards than
 /// its name: every replaced file must be freed, or the cluster fills up.
@@ -739,6 +781,32 @@ fn read_with_hands_over_what_read_returns() {
         assert!(n == want.len() && buf[..n] == want[..], "read_into at {offset} +{size}");
         assert_eq!(buf[size as usize..], [0xee; 3], "read_into wrote past its buffer");
     }
+    // A sparse file read by another client (its size unknown there): one
+    // request per shard, holes and blocks no shard holds read as zeros, the
+    // read ends at the size.
+    let (sparse, sfh) = fs.create(InodeId::ROOT, b"sparse", 0o644, 0, 0, 0).unwrap();
+    fs.write(sparse.ino, sfh, 0, b"head").unwrap();
+    fs.write(sparse.ino, sfh, 400_000, b"middle").unwrap();
+    fs.write(sparse.ino, sfh, 3 * 65_536 - 2, b"edge").unwrap();
+    fs.release(sparse.ino, sfh).unwrap();
+    let mut want = vec![0u8; 400_006];
+    want[..4].copy_from_slice(b"head");
+    want[400_000..].copy_from_slice(b"middle");
+    want[3 * 65_536 - 2..3 * 65_536 + 2].copy_from_slice(b"edge");
+    let other = cluster.client();
+    let ofh = other.open(sparse.ino, libc::O_RDONLY as u32).unwrap();
+    for offset in [0u64, 1, 65_535, 131_074] {
+        let w = &want[offset as usize..];
+        assert!(other.read(sparse.ino, ofh, offset, 1 << 20).unwrap() == w, "sparse at {offset}");
+        let mut buf = vec![0xee; 1 << 20];
+        let n = other.read_into(sparse.ino, ofh, offset, &mut buf).unwrap();
+        assert!(buf[..n] == *w, "sparse read_into at {offset}");
+        let mut got = Vec::new();
+        other.read_with(sparse.ino, ofh, offset, 1 << 20, &mut |d| got = d.to_vec()).unwrap();
+        assert!(got == w, "sparse read_with at {offset}");
+    }
+    other.release(sparse.ino, ofh).unwrap();
+    drop(other);
     fs.unlink(InodeId::ROOT, b"f").unwrap();
     let gone = fs.create(InodeId::ROOT, b"g", 0o644, 0, 0, 0).unwrap();
     fs.release(gone.0.ino, gone.1).unwrap();

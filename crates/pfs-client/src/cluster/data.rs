@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pfs_core::wire::{
-    Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, FLAG_REPLY,
-    HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
+    Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, ALL_BLOCKS,
+    FLAG_REPLY, HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
 };
 use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
 
 use super::files::{OpenFile, OpenState, Pending};
-use super::placement::Piece;
+use super::placement::{by_shard, Piece, ShardRead};
 use super::Cluster;
-use crate::conn::Waited;
+use crate::conn::{Sent, Waited};
 
 impl Cluster {
     /// Tells the version observer of a change this client made at `ino`'s home
@@ -164,7 +164,13 @@ impl Cluster {
             let pieces = self.placement.pieces(ino, file.layout, offset, u64::from(size));
             if let [p] = pieces.as_slice() {
                 if p.home {
-                    let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                    let req = Request::Read {
+                        ino,
+                        fh,
+                        offset: p.offset,
+                        size: p.len as u32,
+                        blocks: ALL_BLOCKS,
+                    };
                     if self.read_in_reply(p.route.server, p.route.proc_worker, req, f)? {
                         return Ok(());
                     }
@@ -214,7 +220,13 @@ impl Cluster {
         };
         if let [p] = pieces.as_slice() {
             if p.home {
-                let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                let req = Request::Read {
+                    ino,
+                    fh,
+                    offset: p.offset,
+                    size: p.len as u32,
+                    blocks: ALL_BLOCKS,
+                };
                 if self.read_in_reply(p.route.server, p.route.proc_worker, req, &mut copy)? {
                     return Ok(n);
                 }
@@ -243,33 +255,45 @@ impl Cluster {
         offset: u64,
         buf: &mut [u8],
     ) -> FsResult<Option<usize>> {
-        let mut sent = Vec::new();
-        for p in pieces {
-            let req = if p.home {
-                Request::Read { ino, fh, offset: p.offset, size: p.len as u32 }
-            } else {
-                Request::ReadData { ino, layout, offset: p.offset, size: p.len as u32 }
-            };
-            sent.push((p.offset, p.len, self.send_to(p.route.server, p.route.proc_worker, req)?));
-        }
+        let sent = self.send_reads(ino, fh, layout, &pieces, offset, buf.len() as u64)?;
         let mut whole = true;
         // Every reply is taken, even after a failure, so none holds a credit.
-        for (o, n, (s, x)) in sent {
-            let at = (o - offset) as usize;
-            let dst = &mut buf[at..at + n as usize];
+        for (read, (s, x)) in sent {
             match self.conns[s].wait_raw(x) {
                 Ok(raw) => match read_reply_data(raw.bytes()) {
-                    Some(d) => {
-                        let k = d.len().min(dst.len());
-                        dst[..k].copy_from_slice(&d[..k]);
-                        dst[k..].fill(0);
-                    }
+                    Some(d) => scatter(&read.pieces, d, offset, buf),
                     None => whole = false,
                 },
                 Err(_) => whole = false,
             }
         }
         Ok(whole.then_some(buf.len()))
+    }
+
+    /// Sends one request to each shard that holds some of `pieces` (of the
+    /// `len` bytes at `offset` of a file of `layout`), for all of its pieces.
+    fn send_reads(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        layout: FileLayout,
+        pieces: &[Piece],
+        offset: u64,
+        len: u64,
+    ) -> FsResult<Vec<(ShardRead, (usize, Sent))>> {
+        let size = len as u32;
+        let mut sent = Vec::new();
+        for read in by_shard(pieces, offset) {
+            let blocks = read.blocks;
+            let req = if read.home {
+                Request::Read { ino, fh, offset, size, blocks }
+            } else {
+                Request::ReadData { ino, layout, offset, size, blocks }
+            };
+            let x = self.send_to(read.route.server, read.route.proc_worker, req)?;
+            sent.push((read, x));
+        }
+        Ok(sent)
     }
 
     /// Sends `req` (a `Read`) and hands the bytes of its reply to `f` in the
@@ -318,7 +342,13 @@ impl Cluster {
         let pieces = self.placement.pieces(ino, layout, offset, u64::from(size));
         if let [p] = pieces.as_slice() {
             if p.home {
-                let req = Request::Read { ino, fh, offset: p.offset, size: p.len as u32 };
+                let req = Request::Read {
+                    ino,
+                    fh,
+                    offset: p.offset,
+                    size: p.len as u32,
+                    blocks: ALL_BLOCKS,
+                };
                 let reply = self.call_to(p.route.server, p.route.proc_worker, req)?;
                 return expect_reply!(reply, Reply::Read(d) => d);
             }
@@ -340,22 +370,13 @@ impl Cluster {
             return Ok(Vec::new());
         }
         let len = u64::from(size).min(file_size - offset);
-        let mut sent = Vec::new();
-        for p in self.placement.pieces(ino, layout, offset, len) {
-            let req = if p.home {
-                Request::Read { ino, fh, offset: p.offset, size: p.len as u32 }
-            } else {
-                Request::ReadData { ino, layout, offset: p.offset, size: p.len as u32 }
-            };
-            sent.push((p.offset, p.len, self.send_to(p.route.server, p.route.proc_worker, req)?));
-        }
+        let pieces = self.placement.pieces(ino, layout, offset, len);
+        let sent = self.send_reads(ino, fh, layout, &pieces, offset, len)?;
         let mut out = vec![0u8; len as usize];
-        for (o, n, (s, x)) in sent {
+        for (read, (s, x)) in sent {
             let data =
                 expect_reply!(self.conns[s].wait(x)?, Reply::Read(d) | Reply::ReadData(d) => d)?;
-            let at = (o - offset) as usize;
-            let n = (n as usize).min(data.len());
-            out[at..at + n].copy_from_slice(&data[..n]);
+            scatter(&read.pieces, &data, offset, &mut out);
         }
         Ok(out)
     }
@@ -458,6 +479,19 @@ std::thread_local! {
     /// Where a read across shards for `read_with` is assembled: one per
     /// thread, at most `MAX_IO_BYTES`, kept for the thread's next read.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Copies the reply `data` of one shard's pieces (`(offset, len)`, their bytes
+/// one after the other, short at the end of the file) to their places in
+/// `out`, the read at `offset`; what the reply lacks is zeros.
+fn scatter(pieces: &[(u64, u64)], mut data: &[u8], offset: u64, out: &mut [u8]) {
+    for &(o, n) in pieces {
+        let dst = &mut out[(o - offset) as usize..(o - offset + n) as usize];
+        let k = dst.len().min(data.len());
+        dst[..k].copy_from_slice(&data[..k]);
+        dst[k..].fill(0);
+        data = &data[k..];
+    }
 }
 
 /// Whether bytes up to `end` of `file` are inside the size its handle learned

@@ -85,6 +85,8 @@ pub struct ClusterOptions {
     pub slot_rpc: Option<pfs_net::SlotRpc>,
     /// How long a caller polls for its reply before it parks.
     pub reply_spin: Duration,
+    /// Bytes in each ring of a shared-memory connection (a power of two).
+    pub shm_ring_bytes: u32,
 }
 
 impl ClusterOptions {
@@ -103,6 +105,7 @@ impl ClusterOptions {
             rdma: pfs_net::rdma::RdmaConfig::default(),
             slot_rpc: None,
             reply_spin: Duration::from_micros(5),
+            shm_ring_bytes: pfs_net::shm::DEFAULT_RING_BYTES,
         }
     }
 
@@ -124,6 +127,7 @@ impl ClusterOptions {
         o.strict = cfg.strict;
         o.dentry_ttl = Duration::from_millis(cfg.dentry_ttl_ms);
         o.reply_spin = Duration::from_micros(u64::from(cfg.reply_spin_us));
+        o.shm_ring_bytes = cfg.shm_ring_kib.saturating_mul(1024);
         o.dentry_cache_entries = cfg.dentry_cache_entries as usize;
         o.transport = match cfg.transport {
             pfs_core::Transport::Auto => pfs_net::TransportKind::Auto,
@@ -282,6 +286,7 @@ impl Cluster {
             ro.connect.transport = opts.transport;
             ro.connect.rdma = opts.rdma.clone();
             ro.connect.slot_rpc = opts.slot_rpc;
+            ro.connect.ring_bytes = opts.shm_ring_bytes;
             let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
                 FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
             })?;

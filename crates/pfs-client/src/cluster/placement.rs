@@ -3,6 +3,7 @@
 //! one shard holds. Pure: no connection, no lock.
 
 use pfs_core::routing::home_of;
+use pfs_core::wire::read_block_bit;
 use pfs_core::{
     ClientId, FileLayout, InodeId, Route, RouteKey, ServerId, WorkerId, BLOCK_SIZE_BYTES,
 };
@@ -90,6 +91,46 @@ impl Placement {
     }
 }
 
+/// The pieces of one read that one shard holds: one request asks for all of
+/// them (`blocks` of the read's range, `pfs_core::wire::read_segments`), and
+/// its reply holds their bytes one after the other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardRead {
+    /// The shard.
+    pub route: Route,
+    /// The shard is the file's home (`Read` there, `ReadData` elsewhere).
+    pub home: bool,
+    /// The blocks of the read's range the pieces lie in.
+    pub blocks: u32,
+    /// `(offset, len)` of each piece, in file order.
+    pub pieces: Vec<(u64, u64)>,
+}
+
+/// Groups `pieces` of a read at `offset` (in file order, within
+/// `MAX_IO_BYTES` of it) by shard, in the order each shard first appears.
+pub fn by_shard(pieces: &[Piece], offset: u64) -> Vec<ShardRead> {
+    let mut out: Vec<ShardRead> = Vec::new();
+    for p in pieces {
+        let blocks = (p.offset..p.offset + p.len)
+            .step_by(BLOCK_SIZE_BYTES as usize)
+            .chain(std::iter::once(p.offset + p.len - 1))
+            .fold(0, |m, at| m | read_block_bit(offset, at));
+        match out.iter_mut().find(|r| r.route == p.route) {
+            Some(r) => {
+                r.blocks |= blocks;
+                r.pieces.push((p.offset, p.len));
+            }
+            None => out.push(ShardRead {
+                route: p.route,
+                home: p.home,
+                blocks,
+                pieces: vec![(p.offset, p.len)],
+            }),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,5 +201,40 @@ mod tests {
         assert_eq!(shards[4], (ServerId(1), WorkerId(1)));
         let (s, w) = p.home(file(4));
         assert_eq!((s, w), (ServerId(1), WorkerId(1)), "shard 4 of 2 x 3");
+    }
+
+    /// Each shard's blocks pick exactly its pieces of the read: the segments
+    /// of its `blocks` are its pieces, merged where they touch.
+    #[test]
+    fn a_read_asks_each_shard_once_for_exactly_its_pieces() {
+        use pfs_core::wire::{read_segments, MAX_IO_BYTES};
+        let p = Placement::new(2, 3, ClientId(4));
+        let ino = file(2);
+        for (layout, offset, len) in [
+            (FileLayout::Block, 0, MAX_IO_BYTES as u64),
+            (FileLayout::Block, B - 1, MAX_IO_BYTES as u64),
+            (FileLayout::Block, 7 * B + 100, 3 * B),
+            (FileLayout::Io, B / 2, MAX_IO_BYTES as u64 - B),
+            (FileLayout::File, 12345, MAX_IO_BYTES as u64),
+        ] {
+            let pieces = p.pieces(ino, layout, offset, len);
+            let reads = by_shard(&pieces, offset);
+            let shards: std::collections::HashSet<_> = pieces.iter().map(|x| x.route).collect();
+            assert_eq!(reads.len(), shards.len(), "one request per shard");
+            let mut covered = 0;
+            for r in &reads {
+                let mut merged: Vec<(u64, u64)> = Vec::new();
+                for &(o, n) in &r.pieces {
+                    match merged.last_mut() {
+                        Some((mo, mn)) if *mo + *mn == o => *mn += n,
+                        _ => merged.push((o, n)),
+                    }
+                }
+                assert_eq!(read_segments(offset, len, r.blocks), merged, "{layout:?} at {offset}");
+                assert_eq!(r.home, p.is_home(ino, &r.route));
+                covered += r.pieces.iter().map(|x| x.1).sum::<u64>();
+            }
+            assert_eq!(covered, len);
+        }
     }
 }

@@ -37,7 +37,7 @@ pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode
 /// First four bytes of every frame: `"PFSW"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"PFSW");
 /// The protocol version this build speaks; a frame of another version is refused.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 32;
 /// Largest read or write payload: 1 MiB, FUSE's `max_write`.
@@ -54,3 +54,46 @@ pub const MAX_XATTR_VALUE_BYTES: usize = 64 << 10;
 pub const MAX_XATTR_LIST_BYTES: usize = 64 << 10;
 /// Longest error detail text; longer text is cut when encoded.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
+
+/// `blocks` of a `Read` or `ReadData` that reads its whole range.
+pub const ALL_BLOCKS: u32 = u32::MAX;
+
+/// The byte ranges `(offset, len)` of `offset..offset + size` that `blocks`
+/// picks, in file order, neighbours merged: bit `i` is the `i`-th file block
+/// ([`BLOCK_SIZE_BYTES`](crate::BLOCK_SIZE_BYTES)) the range touches. A read of
+/// at most [`MAX_IO_BYTES`] touches at most 17 blocks; bits past the range's
+/// last block pick nothing, and blocks past the 32nd are never picked (but
+/// with [`ALL_BLOCKS`], which picks the whole range).
+pub fn read_segments(offset: u64, size: u64, blocks: u32) -> Vec<(u64, u64)> {
+    let end = offset.saturating_add(size);
+    if blocks == ALL_BLOCKS || size == 0 {
+        return if size == 0 { Vec::new() } else { vec![(offset, end - offset)] };
+    }
+    let bs = crate::BLOCK_SIZE_BYTES;
+    let first = offset / bs;
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for i in 0..32u64 {
+        let start = (first + i).saturating_mul(bs).max(offset);
+        if start >= end {
+            break;
+        }
+        if blocks & (1 << i) == 0 {
+            continue;
+        }
+        let stop = (first + i + 1).saturating_mul(bs).min(end);
+        match out.last_mut() {
+            Some((o, n)) if *o + *n == start => *n += stop - start,
+            _ => out.push((start, stop - start)),
+        }
+    }
+    out
+}
+
+/// The bit in a read's `blocks` of the block that holds byte `at`, for a read
+/// starting at `offset` (`at` at most 31 blocks further on).
+pub fn read_block_bit(offset: u64, at: u64) -> u32 {
+    let bs = crate::BLOCK_SIZE_BYTES;
+    let i = at / bs - offset / bs;
+    debug_assert!(i < 32, "byte {at} is block {i} of a read at {offset}");
+    1 << i.min(31)
+}

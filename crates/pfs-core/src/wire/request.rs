@@ -238,7 +238,8 @@ pub enum Request {
         /// The flags it was opened with.
         flags: u32,
     },
-    /// Read up to `size` bytes at `offset`.
+    /// Read up to `size` bytes at `offset` (short at the end of the file), or
+    /// only the blocks of that range that `blocks` picks ([`read_segments`]).
     Read {
         /// The file.
         ino: InodeId,
@@ -248,6 +249,9 @@ pub enum Request {
         offset: u64,
         /// Bytes wanted, at most [`MAX_IO_BYTES`].
         size: u32,
+        /// Bit `i`: the `i`-th file block the range touches is read
+        /// ([`ALL_BLOCKS`]: the whole range).
+        blocks: u32,
     },
     /// Write `data` at `offset`.
     Write {
@@ -355,6 +359,8 @@ pub enum Request {
         offset: u64,
         /// Bytes wanted, at most [`MAX_IO_BYTES`].
         size: u32,
+        /// Which of the range's blocks are read, as in `Read`.
+        blocks: u32,
     },
     /// Free the data at or past `size` that a data-only shard holds for `ino`.
     TruncateData {
@@ -679,12 +685,13 @@ impl Request {
                 w.u32(*flags);
                 Ok(())
             }
-            Request::Read { ino, fh, offset, size } => {
+            Request::Read { ino, fh, offset, size, blocks } => {
                 super::cursor::check_len("read size", *size as usize, MAX_IO_BYTES)?;
                 w.u64(ino.0);
                 w.u64(fh.0);
                 w.u64(*offset);
                 w.u32(*size);
+                w.u32(*blocks);
                 Ok(())
             }
             Request::Write { ino, fh, offset, data } => {
@@ -724,12 +731,13 @@ impl Request {
                 w.u64(*offset);
                 w.bytes32("write data", data, MAX_IO_BYTES)
             }
-            Request::ReadData { ino, layout, offset, size } => {
+            Request::ReadData { ino, layout, offset, size, blocks } => {
                 super::cursor::check_len("read size", *size as usize, MAX_IO_BYTES)?;
                 w.u64(ino.0);
                 w.u8(*layout as u8);
                 w.u64(*offset);
                 w.u32(*size);
+                w.u32(*blocks);
                 Ok(())
             }
             Request::TruncateData { ino, layout, size, old_size } => {
@@ -885,7 +893,7 @@ impl Request {
                 let (ino, fh, offset) = (ino(r)?, fh(r)?, r.u64("read offset")?);
                 let size = r.u32("read size")?;
                 super::cursor::check_len("read size", size as usize, MAX_IO_BYTES)?;
-                Request::Read { ino, fh, offset, size }
+                Request::Read { ino, fh, offset, size, blocks: r.u32("read blocks")? }
             }
             Opcode::Write => Request::Write {
                 ino: ino(r)?,
@@ -926,7 +934,7 @@ impl Request {
                 let (ino, layout, offset) = (ino(r)?, read_file_layout(r)?, r.u64("read offset")?);
                 let size = r.u32("read size")?;
                 super::cursor::check_len("read size", size as usize, MAX_IO_BYTES)?;
-                Request::ReadData { ino, layout, offset, size }
+                Request::ReadData { ino, layout, offset, size, blocks: r.u32("read blocks")? }
             }
             Opcode::TruncateData => Request::TruncateData {
                 ino: ino(r)?,

@@ -169,8 +169,9 @@ fn request() -> impl Strategy<Value = Request> {
             fh,
             flags
         }),
-        (ino(), fh(), any::<u64>(), 0..=MAX_IO_BYTES as u32)
-            .prop_map(|(ino, fh, offset, size)| Request::Read { ino, fh, offset, size }),
+        (ino(), fh(), any::<u64>(), 0..=MAX_IO_BYTES as u32, any::<u32>()).prop_map(
+            |(ino, fh, offset, size, blocks)| Request::Read { ino, fh, offset, size, blocks }
+        ),
         (ino(), fh(), any::<u64>(), bytes(4096))
             .prop_map(|(ino, fh, offset, data)| Request::Write { ino, fh, offset, data }),
         (ino(), fh(), any::<bool>()).prop_map(|(ino, fh, datasync)| Request::Fsync {
@@ -192,8 +193,14 @@ fn request() -> impl Strategy<Value = Request> {
         (ino(), file_layout(), any::<u64>(), bytes(4096)).prop_map(
             |(ino, layout, offset, data)| Request::WriteData { ino, layout, offset, data }
         ),
-        (ino(), file_layout(), any::<u64>(), 0..=MAX_IO_BYTES as u32).prop_map(
-            |(ino, layout, offset, size)| Request::ReadData { ino, layout, offset, size }
+        (ino(), file_layout(), any::<u64>(), 0..=MAX_IO_BYTES as u32, any::<u32>()).prop_map(
+            |(ino, layout, offset, size, blocks)| Request::ReadData {
+                ino,
+                layout,
+                offset,
+                size,
+                blocks
+            }
         ),
         (ino(), file_layout(), any::<u64>(), any::<u64>()).prop_map(
             |(ino, layout, size, old_size)| Request::TruncateData { ino, layout, size, old_size }
@@ -503,8 +510,8 @@ fn wrong_version_is_named() {
     let mut bytes = sample_frame().to_bytes().unwrap();
     bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
     let err = Frame::decode(&bytes).unwrap_err();
-    assert_eq!(err, WireError::Version { found: 3, expected: 1 });
-    assert_eq!(err.to_string(), "protocol version 3, expected 1");
+    assert_eq!(err, WireError::Version { found: 3, expected: 2 });
+    assert_eq!(err.to_string(), "protocol version 3, expected 2");
 }
 
 #[test]
@@ -938,4 +945,49 @@ fn encode_as_is_encode_then_stamp() {
     let mut out = vec![1, 2];
     assert!(w.encode_as(&mut out, ClientId(1), RequestId(1), 0).is_err());
     assert_eq!(out, [1, 2]);
+}
+
+/// The blocks a read picks are the bytes of its range in those blocks, in
+/// order, neighbours merged; each picked byte is in a picked block.
+#[test]
+fn read_segments_are_the_picked_blocks_of_the_range() {
+    use super::{read_block_bit, read_segments, ALL_BLOCKS};
+    const B: u64 = crate::BLOCK_SIZE_BYTES;
+    assert_eq!(read_segments(100, 0, ALL_BLOCKS), vec![]);
+    assert_eq!(read_segments(100, 5, ALL_BLOCKS), vec![(100, 5)]);
+    // A 1 MiB read at B - 1 touches 17 blocks: the first has one byte.
+    let (offset, size) = (B - 1, MAX_IO_BYTES as u64);
+    assert_eq!(read_segments(offset, size, 1), vec![(B - 1, 1)]);
+    assert_eq!(read_segments(offset, size, 1 << 16), vec![(16 * B, B - 1)]);
+    assert_eq!(read_segments(offset, size, 0b110), vec![(B, 2 * B)]);
+    assert_eq!(read_segments(offset, size, 0b1_0101), vec![(B - 1, 1), (2 * B, B), (4 * B, B)]);
+    // Bits past the range pick nothing; the whole mask is the whole range.
+    assert_eq!(read_segments(0, B, 0b10), vec![]);
+    assert_eq!(read_segments(offset, size, (1 << 17) - 1), vec![(offset, size)]);
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..2000 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let offset = state >> 20;
+        let size = (state >> 7) % (MAX_IO_BYTES as u64 + 1);
+        let blocks = (state >> 32) as u32;
+        let segs = read_segments(offset, size, blocks);
+        let mut last_end = None;
+        for &(o, n) in &segs {
+            assert!(n > 0 && o >= offset && o + n <= offset + size, "{segs:?}");
+            assert!(last_end.is_none_or(|e| e < o), "not merged or not in order: {segs:?}");
+            last_end = Some(o + n);
+            for at in [o, o + n - 1] {
+                assert_ne!(blocks & read_block_bit(offset, at), 0, "{at} in {segs:?}");
+            }
+        }
+        let picked: u64 = segs.iter().map(|s| s.1).sum();
+        let expected: u64 = (0..17u64)
+            .filter(|i| blocks & (1 << i) != 0)
+            .map(|i| {
+                let (s, e) = ((offset / B + i) * B, (offset / B + i + 1) * B);
+                e.min(offset + size).saturating_sub(s.max(offset))
+            })
+            .sum();
+        assert_eq!(picked, expected, "offset {offset} size {size} blocks {blocks:#x}");
+    }
 }

@@ -91,6 +91,7 @@ pub fn read_frame() -> Frame {
             fh: FileHandle(1),
             offset: 0,
             size: 1,
+            blocks: u32::MAX,
         }),
     }
 }

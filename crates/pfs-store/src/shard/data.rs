@@ -9,6 +9,7 @@
 //! `io` layout: every write gets its own run and an extent keyed by file offset;
 //! nothing is read back and merged. Overlapped parts of older extents are trimmed.
 
+use pfs_core::wire::{read_segments, ALL_BLOCKS};
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
 use super::dataio::{device_reads, ReadShape, ReadStart};
@@ -105,41 +106,60 @@ impl<D: Device> Shard<D> {
         offset: u64,
         len: usize,
     ) -> FsResult<Vec<u8>> {
-        done(self.read_data_start(ino, layout, offset, len, ReadShape::default()))
+        self.read_data_blocks(ino, layout, offset, len, ALL_BLOCKS)
     }
 
-    /// [`read_data`](Self::read_data) into an output of `shape` (its `pad` is
-    /// at least `len`), answered later when the device must be read and
-    /// `shape.background` ([`ReadStart::Pending`]; dataio.rs).
+    /// [`read_data`](Self::read_data) of the blocks of the range that `blocks`
+    /// picks, one after the other (`pfs_core::wire::read_segments`).
+    pub fn read_data_blocks(
+        &mut self,
+        ino: InodeId,
+        layout: FileLayout,
+        offset: u64,
+        len: usize,
+        blocks: u32,
+    ) -> FsResult<Vec<u8>> {
+        done(self.read_data_start(ino, layout, offset, len, blocks, ReadShape::default()))
+    }
+
+    /// [`read_data`](Self::read_data) of the blocks of the range that `blocks`
+    /// picks (`pfs_core::wire::read_segments`: their bytes, one after the
+    /// other) into an output of `shape` (its `pad` is at least their length),
+    /// answered later when the device must be read and `shape.background`
+    /// ([`ReadStart::Pending`]; dataio.rs).
     pub fn read_data_start(
         &mut self,
         ino: InodeId,
         layout: FileLayout,
         offset: u64,
         len: usize,
+        blocks: u32,
         shape: ReadShape,
     ) -> FsResult<ReadStart> {
-        let shape = ReadShape { pad: shape.pad.max(len), ..shape };
         if self.has_inode(ino) {
-            return self.read_start(ino, offset, len, shape);
+            return self.read_start(ino, offset, len, blocks, shape);
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
+        let segments = read_segments(offset, len as u64, blocks);
+        let picked = segments.iter().map(|s| s.1 as usize).sum::<usize>();
+        let shape = ReadShape { pad: shape.pad.max(picked), ..shape };
         self.settle(ino)?;
         let inode = Self::homed_elsewhere(ino, layout, end);
-        let data = self.read_inode(&inode, offset, len, shape)?;
+        let data = self.read_inode(&inode, &segments, shape)?;
         // The file's size is known at its home only: read ahead as far as the
         // window may reach; holes past the end cost no device read.
         let ahead = end.saturating_add(self.ahead_cap());
-        self.read_ahead(&Self::homed_elsewhere(ino, layout, ahead), offset, len);
+        self.read_ahead(&Self::homed_elsewhere(ino, layout, ahead), offset, len, picked);
         Ok(data)
     }
 
-    /// After a read of `len` bytes at `offset`: when it continues the file's last
+    /// After a read of `len` bytes at `offset` (`picked` of them on this
+    /// shard, the size of its device reads): when it continues the file's last
     /// read, keeps `read_ahead_factor` times the stretch it stands for read
     /// ahead of it (up to the end of `inode`, at most a quarter of the read
     /// cache's size; [`Readers::ahead`](super::cache::Readers::ahead)), read
     /// in the background ([`prefetch`](Self::prefetch)).
-    fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize) {
+    fn read_ahead(&mut self, inode: &Inode, offset: u64, len: usize, picked: usize) {
         let factor = self.opts.read_ahead_factor;
         // Half the room, so a window fits beside what is left of the last.
         let most = self.ahead_cap() / 2;
@@ -149,9 +169,9 @@ impl<D: Device> Shard<D> {
         };
         let to = to.min(inode.size).min(from.saturating_add(MAX_IO_BYTES as u64));
         if from < to {
-            // In device reads of this read's length (at least AHEAD_READ_MIN),
+            // In device reads of what this read took here (at least AHEAD_READ_MIN),
             // so the next read waits for one of them only.
-            let max_pages = (len as u64).max(AHEAD_READ_MIN).div_ceil(PAGE_SIZE);
+            let max_pages = (picked as u64).max(AHEAD_READ_MIN).div_ceil(PAGE_SIZE);
             let pieces = self.data_pieces(inode, from, (to - from) as usize);
             for (page, pages, _) in device_reads(&pieces, u64::from(self.geo.block_size), max_pages)
             {
@@ -231,17 +251,34 @@ impl<D: Device> Shard<D> {
 
     /// Reads up to `len` bytes at `offset` of file `ino` (short at end of file).
     pub fn read(&mut self, ino: InodeId, offset: u64, len: usize) -> FsResult<Vec<u8>> {
-        done(self.read_start(ino, offset, len, ReadShape::default()))
+        self.read_blocks(ino, offset, len, ALL_BLOCKS)
     }
 
-    /// [`read`](Self::read) into an output of `shape` (room before the bytes,
-    /// zeros after them up to a length), answered later when the device must
-    /// be read and `shape.background` ([`ReadStart::Pending`]; dataio.rs).
+    /// [`read`](Self::read) of the blocks of the range that `blocks` picks,
+    /// one after the other (`pfs_core::wire::read_segments`), short at the end
+    /// of the file.
+    pub fn read_blocks(
+        &mut self,
+        ino: InodeId,
+        offset: u64,
+        len: usize,
+        blocks: u32,
+    ) -> FsResult<Vec<u8>> {
+        done(self.read_start(ino, offset, len, blocks, ReadShape::default()))
+    }
+
+    /// [`read`](Self::read) of the blocks of the range that `blocks` picks
+    /// (`pfs_core::wire::read_segments`; short at the end of the file: the
+    /// bytes of the picked blocks below it, one after the other) into an
+    /// output of `shape` (room before the bytes, zeros after them up to a
+    /// length), answered later when the device must be read and
+    /// `shape.background` ([`ReadStart::Pending`]; dataio.rs).
     pub fn read_start(
         &mut self,
         ino: InodeId,
         offset: u64,
         len: usize,
+        blocks: u32,
         shape: ReadShape,
     ) -> FsResult<ReadStart> {
         if len > MAX_IO_BYTES {
@@ -256,14 +293,16 @@ impl<D: Device> Shard<D> {
         }
         let len = len.min((inode.size - offset) as usize);
         self.settle(ino)?;
-        let data = self.read_inode(&inode, offset, len, shape)?;
-        self.read_ahead(&inode, offset, len);
+        let segments = read_segments(offset, len as u64, blocks);
+        let data = self.read_inode(&inode, &segments, shape)?;
+        self.read_ahead(&inode, offset, len, segments.iter().map(|s| s.1 as usize).sum());
         Ok(data)
     }
 
-    /// Reads `len` bytes at `offset` of `inode`'s data on this shard (holes are
-    /// zeros) into an output of `shape`: `shape.prefix` bytes before them, and
-    /// zeros after them up to `shape.pad` bytes. Pieces in memory are copied at
+    /// Reads the byte ranges `segments` (`(offset, len)`) of `inode`'s data on
+    /// this shard (holes are zeros), one after the other, into an output of
+    /// `shape`: `shape.prefix` bytes before them, and zeros after them up to
+    /// `shape.pad` bytes. Pieces in memory are copied at
     /// once; the others are read from the device, in the background when
     /// `shape.background` ([`ReadStart::Pending`]). What is read from the device
     /// goes to the read cache when it is a partly filled block (small files,
@@ -273,17 +312,23 @@ impl<D: Device> Shard<D> {
     fn read_inode(
         &mut self,
         inode: &Inode,
-        offset: u64,
-        len: usize,
+        segments: &[(u64, u64)],
         shape: ReadShape,
     ) -> FsResult<ReadStart> {
+        let len = segments.iter().map(|s| s.1).sum::<u64>() as usize;
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
         let mut out = vec![0u8; shape.prefix + len.max(shape.pad)];
-        let mut pieces = self.data_pieces(inode, offset, len);
-        for piece in &mut pieces {
-            piece.3 += shape.prefix;
+        let mut pieces = Vec::new();
+        let mut at = shape.prefix;
+        for &(offset, n) in segments {
+            let first = pieces.len();
+            pieces.extend(self.data_pieces(inode, offset, n as usize));
+            for piece in &mut pieces[first..] {
+                piece.3 += at;
+            }
+            at += n as usize;
         }
         // Pieces read ahead are copied from there, or wait for their read-ahead;
         // pieces in memory (written and not yet on the device, or in the read

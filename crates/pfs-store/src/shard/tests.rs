@@ -1,5 +1,6 @@
 //! Unit tests of the shard API on `MemDevice`.
 
+use pfs_core::wire::ALL_BLOCKS;
 use pfs_core::{FileLayout, FileType, FsError, InodeId, SetAttr, ShardId};
 
 use super::*;
@@ -965,7 +966,8 @@ fn reads_of_the_device_finish_in_the_background() {
         // Reopened: nothing in memory, every piece goes to the device.
         let mut s = reopen(s);
         handle.reorder(Some(seed));
-        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, bg(0)) else {
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 1000, 150_000, ALL_BLOCKS, bg(0))
+        else {
             panic!("seed {seed}: a read of the device waits for it");
         };
         assert!(s.reads_under_way());
@@ -987,14 +989,20 @@ fn reads_of_the_device_finish_in_the_background() {
         assert!(!s.reads_under_way());
         // Memory (a staged write) answers at once; a read past the end pads.
         s.write(f.ino, 0, &[9u8; 10]).unwrap();
-        assert_eq!(s.read_start(f.ino, 0, 10, bg(0)), Ok(ReadStart::Done(vec![9u8; 10])));
-        assert_eq!(s.read_start(f.ino, 1 << 30, 10, bg(16)), Ok(ReadStart::Done(vec![0; 16])));
+        assert_eq!(
+            s.read_start(f.ino, 0, 10, ALL_BLOCKS, bg(0)),
+            Ok(ReadStart::Done(vec![9u8; 10]))
+        );
+        assert_eq!(
+            s.read_start(f.ino, 1 << 30, 10, ALL_BLOCKS, bg(16)),
+            Ok(ReadStart::Done(vec![0; 16]))
+        );
         // A device error reaches that read only; the shard goes on.
         let mut s = reopen(s);
         handle.reorder(None);
         s.getattr(f.ino).unwrap();
         handle.inject(Fault::next(IoKind::Read, 1));
-        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, bg(0)) else {
+        let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 150_000, 10, ALL_BLOCKS, bg(0)) else {
             panic!("seed {seed}: pending");
         };
         s.poll_data_writes();
@@ -1023,12 +1031,12 @@ fn a_read_leaves_room_before_its_bytes() {
     };
     // Staged: from memory.
     assert_eq!(
-        s.read_start(f.ino, 100, 1000, shape),
+        s.read_start(f.ino, 100, 1000, ALL_BLOCKS, shape),
         Ok(ReadStart::Done(want(100, 1100, 100_000)))
     );
     // From the device, short at the end of the file, padded.
     let mut s = reopen(s);
-    let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 70_000, 90_000, shape) else {
+    let Ok(ReadStart::Pending(id)) = s.read_start(f.ino, 70_000, 90_000, ALL_BLOCKS, shape) else {
         panic!("a read of the device waits for it");
     };
     let mut got = Vec::new();
@@ -1039,7 +1047,87 @@ fn a_read_leaves_room_before_its_bytes() {
     assert_eq!(got[0].0, id);
     assert!(got[0].1.as_ref().unwrap() == &want(70_000, 150_000, 100_000));
     // Past the end: the room and the padding.
-    assert_eq!(s.read_start(f.ino, 1 << 20, 10, shape), Ok(ReadStart::Done(vec![0; 100_036])));
+    assert_eq!(
+        s.read_start(f.ino, 1 << 20, 10, ALL_BLOCKS, shape),
+        Ok(ReadStart::Done(vec![0; 100_036]))
+    );
+}
+
+/// A read of some of its range's blocks (`blocks`, as a client asks each
+/// shard of a striped file for its own) returns those blocks' bytes one after
+/// the other, short at the end of the file at the home, from memory and from
+/// the device, in the background and not, for every layout.
+#[test]
+fn a_read_of_picked_blocks_returns_them_one_after_the_other() {
+    use super::dataio::{ReadShape, ReadStart};
+    use pfs_core::wire::read_segments;
+    const B: u64 = pfs_core::BLOCK_SIZE_BYTES;
+    let seed = 0x5eed_0001u64;
+    println!("seed {seed}");
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    assert_eq!(s.geometry().block_size as u64, B, "routing and storage blocks agree");
+    let size = 5 * B + 1234;
+    let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8 ^ 0x5a).collect();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    s.write(f.ino, 0, &data).unwrap();
+    let foreign = InodeId::compose(ShardId(9), 42);
+    for layout in [FileLayout::Block, FileLayout::Io] {
+        for b in 0..6u64 {
+            let end = ((b + 1) * B).min(size);
+            s.write_data(foreign, layout, b * B, &data[(b * B) as usize..end as usize]).unwrap();
+        }
+    }
+    let want = |offset: u64, len: u64, blocks: u32, clamp: u64| {
+        let mut w = Vec::new();
+        let len = len.min(clamp.saturating_sub(offset));
+        for (o, n) in read_segments(offset, len, blocks) {
+            w.extend_from_slice(&data[o as usize..(o + n) as usize]);
+        }
+        w
+    };
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        state >> 16
+    };
+    for round in 0..2 {
+        if round == 1 {
+            s = reopen(s); // everything from the device now
+        }
+        for _ in 0..60 {
+            let offset = next() % (size + B);
+            let len = 1 + next() % (3 * B);
+            let blocks = next() as u32;
+            let background = next() % 2 == 0;
+            let shape = ReadShape { prefix: 7, pad: 0, background };
+            let ctx = format!("seed {seed} round {round} at {offset} +{len} blocks {blocks:#x}");
+            let finish = |started: ReadStart, s: &mut Shard<MemDevice>| match started {
+                ReadStart::Done(out) => out,
+                ReadStart::Pending(id) => loop {
+                    s.poll_data_writes();
+                    if let Some((i, r)) = s.take_finished_reads().pop() {
+                        assert_eq!(i, id);
+                        break r.unwrap();
+                    }
+                },
+            };
+            let home = s.read_start(f.ino, offset, len as usize, blocks, shape).unwrap();
+            let home = finish(home, &mut s);
+            assert!(
+                home[..7] == [0; 7] && home[7..] == want(offset, len, blocks, size),
+                "home {ctx}"
+            );
+            for layout in [FileLayout::Block, FileLayout::Io] {
+                let got = s.read_data_start(foreign, layout, offset, len as usize, blocks, shape);
+                let got = finish(got.unwrap(), &mut s);
+                // Elsewhere, the size is not known: past the data reads zeros.
+                let mut w = want(offset, len, blocks, size);
+                let picked: u64 = read_segments(offset, len, blocks).iter().map(|s| s.1).sum();
+                w.resize(picked as usize, 0);
+                assert!(got[7..] == w[..], "{layout:?} elsewhere {ctx}");
+            }
+        }
+    }
 }
 
 /// A sequential reader in the background (as the worker reads) is served by
@@ -1066,7 +1154,7 @@ fn background_readers_join_the_read_ahead_in_flight() {
         let mut got = Vec::new();
         for i in 0..data.len() / piece {
             let at = i * piece;
-            match s.read_start(f.ino, at as u64, piece, bg).unwrap() {
+            match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, bg).unwrap() {
                 ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
                 ReadStart::Pending(id) => {
                     want.insert(id, at);
@@ -1114,7 +1202,7 @@ fn read_ahead_never_reads_pages_still_staged() {
         let shape = ReadShape { prefix: 0, pad: 0, background };
         for i in 0..data.len() / piece {
             let at = i * piece;
-            let got = match s.read_start(f.ino, at as u64, piece, shape).unwrap() {
+            let got = match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, shape).unwrap() {
                 ReadStart::Done(bytes) => bytes,
                 ReadStart::Pending(id) => {
                     let mut done = None;
@@ -1155,7 +1243,9 @@ fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
         let piece = 16 << 10;
         // Two sequential reads: the second starts read-ahead past 32 KiB.
         for at in [0, piece] {
-            if let ReadStart::Pending(id) = s.read_start(f.ino, at as u64, piece, bg).unwrap() {
+            if let ReadStart::Pending(id) =
+                s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, bg).unwrap()
+            {
                 pending.insert(id, (at, piece));
             }
         }
@@ -1164,7 +1254,7 @@ fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
         s.write(f.ino, 64 << 10, &data[64 << 10..128 << 10]).unwrap();
         s.start_commit().unwrap();
         let (at, len) = (2 * piece, 200 << 10);
-        match s.read_start(f.ino, at as u64, len, bg).unwrap() {
+        match s.read_start(f.ino, at as u64, len, ALL_BLOCKS, bg).unwrap() {
             ReadStart::Done(bytes) => assert!(bytes == data[at..at + len], "seed {seed}"),
             ReadStart::Pending(id) => {
                 pending.insert(id, (at, len));
