@@ -140,6 +140,7 @@ fn run(args: &Args, w: Workload) -> Report {
         queue_depth: args.queue_depth,
         registered_buffers: args.queue_depth,
         registered_buffer_size: w.block_bytes,
+        spare_buffers: 0,
         size_bytes: None,
         preallocate: true,
     };

@@ -151,6 +151,7 @@ fn main() {
             queue_depth: 64,
             registered_buffers: 4,
             registered_buffer_size: 1 << 20,
+            spare_buffers: 16,
             size_bytes: Some(zone),
             preallocate: true,
         },

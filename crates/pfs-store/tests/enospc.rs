@@ -61,6 +61,7 @@ fn options(size_bytes: Option<u64>, preallocate: bool) -> UringOptions {
         queue_depth: 32,
         registered_buffers: 4,
         registered_buffer_size: 1 << 20,
+        spare_buffers: 4,
         size_bytes,
         preallocate,
     }

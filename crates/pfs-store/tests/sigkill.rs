@@ -112,6 +112,7 @@ fn sigkill_mid_workload_loses_nothing_durable() {
                 queue_depth: 32,
                 registered_buffers: 0,
                 registered_buffer_size: 0,
+                spare_buffers: 0,
                 size_bytes: None,
                 preallocate: false,
             },

@@ -47,6 +47,7 @@ fn main() -> ExitCode {
         queue_depth: 64,
         registered_buffers: 16,
         registered_buffer_size: 1 << 20,
+        spare_buffers: 16,
         size_bytes: Some(size),
         preallocate: false,
     };

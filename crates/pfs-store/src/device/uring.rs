@@ -61,6 +61,11 @@ pub struct UringOptions {
     pub registered_buffers: usize,
     /// Size of each registered buffer in bytes, a multiple of [`SECTOR_SIZE`].
     pub registered_buffer_size: usize,
+    /// Plain buffers of the registered size kept for reuse once returned
+    /// (`free_buf`) while the registered ones are all lent: a large buffer
+    /// allocated afresh is zeroed and faulted in page by page, and unmapped
+    /// when freed. At most this many are kept.
+    pub spare_buffers: usize,
     /// For a regular file: create it if missing and extend it to this size, which is
     /// then the device size. For a block device: use only the first this many bytes.
     /// `None` uses the whole existing file or device.
@@ -77,6 +82,7 @@ impl Default for UringOptions {
             queue_depth: 64,
             registered_buffers: 64,
             registered_buffer_size: 128 * 1024,
+            spare_buffers: 16,
             size_bytes: None,
             preallocate: true,
         }
@@ -119,6 +125,10 @@ pub struct UringDevice {
     pool_addrs: Vec<usize>,
     pool_free: Vec<u16>,
     registered_buffer_size: usize,
+    /// Plain buffers of `registered_buffer_size` bytes to lend again, at most
+    /// `spares_max`.
+    spares: Vec<AlignedBuf>,
+    spares_max: usize,
     /// Scratch for reaped CQEs (`user_data`, `result`), sized at open.
     cqes: Vec<(u64, i32)>,
 }
@@ -221,6 +231,8 @@ impl UringDevice {
             pool,
             pool_addrs,
             registered_buffer_size: opts.registered_buffer_size,
+            spares: Vec::with_capacity(opts.spare_buffers),
+            spares_max: opts.spare_buffers,
             cqes: Vec::with_capacity(2 * queue_depth),
         })
     }
@@ -233,6 +245,11 @@ impl UringDevice {
     /// Registered buffers currently free in the pool.
     pub fn pooled_buffers_free(&self) -> usize {
         self.pool_free.len()
+    }
+
+    /// Plain buffers kept for reuse ([`UringOptions::spare_buffers`]).
+    pub fn spare_buffers_kept(&self) -> usize {
+        self.spares.len()
     }
 
     /// The registered-buffer index of `buf` if it is one of our pooled buffers, lent out.
@@ -613,9 +630,20 @@ impl Device for UringDevice {
 
     fn alloc_buf(&mut self, len: usize) -> AlignedBuf {
         let len = len.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
-        if len > 0 && len <= self.registered_buffer_size {
+        let size = self.registered_buffer_size;
+        if len > 0 && len <= size {
             if let Some(i) = self.pool_free.pop() {
                 let mut buf = self.pool[usize::from(i)].take().expect("free pooled buffer");
+                buf.set_len(len);
+                return buf;
+            }
+            if let Some(mut buf) = self.spares.pop() {
+                buf.set_len(len);
+                return buf;
+            }
+            if len > size / 4 && self.spares_max > 0 {
+                // Of the registered size, so it can be kept when it comes back.
+                let mut buf = AlignedBuf::zeroed(size);
                 buf.set_len(len);
                 return buf;
             }
@@ -628,6 +656,12 @@ impl Device for UringDevice {
             buf.set_len(buf.capacity());
             self.pool[usize::from(i)] = Some(buf);
             self.pool_free.push(i);
+        } else if buf.capacity() == self.registered_buffer_size
+            && buf.fixed_index().is_none()
+            && self.spares.len() < self.spares_max
+        {
+            buf.set_len(buf.capacity());
+            self.spares.push(buf);
         }
     }
 }
@@ -679,6 +713,7 @@ mod tests {
             queue_depth,
             registered_buffers: pooled,
             registered_buffer_size: 64 * 1024,
+            spare_buffers: 4,
             size_bytes: Some(size),
             preallocate: true,
         };
@@ -803,6 +838,46 @@ mod tests {
         dev.free_buf(b);
         dev.free_buf(d);
         assert_eq!(dev.pooled_buffers_free(), 2);
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// With the registered buffers all lent, large buffers come back as
+    /// spares and are lent again (no fresh allocation), at most
+    /// `spare_buffers` of them; what is read into a spare is the device's.
+    #[test]
+    fn large_buffers_past_the_pool_are_kept_and_lent_again() {
+        let path = test_path("spares");
+        let mut dev = open(&path, 1 << 20, 8, 1);
+        let held = dev.alloc_buf(4096);
+        assert!(held.fixed_index().is_some());
+        let bufs: Vec<AlignedBuf> = (0..5).map(|_| dev.alloc_buf(40 * 1024)).collect();
+        assert!(bufs.iter().all(|b| b.fixed_index().is_none() && b.capacity() == 64 * 1024));
+        let addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+        for b in bufs {
+            dev.free_buf(b);
+        }
+        // Four kept (`spare_buffers`), the fifth dropped; the four lent again.
+        assert_eq!(dev.spare_buffers_kept(), 4);
+        let again: Vec<AlignedBuf> = (0..5).map(|_| dev.alloc_buf(64 * 1024)).collect();
+        assert_eq!(dev.spare_buffers_kept(), 0);
+        assert!(again[..4].iter().all(|b| addrs[..4].contains(&(b.as_ptr() as usize))));
+        // A small one is not taken from the spares, nor kept.
+        let small = dev.alloc_buf(4096);
+        assert_eq!(small.capacity(), 4096);
+        // Data through a reused buffer is the device's.
+        let mut w = AlignedBuf::zeroed(64 * 1024);
+        fill(&mut w, 9);
+        let want = w.to_vec();
+        expect_ok(&run_all(&mut dev, vec![req(IoKind::Write, 128 * 1024, w)]));
+        let mut it = again.into_iter();
+        let r = it.next().unwrap();
+        let done = run_all(&mut dev, vec![req(IoKind::Read, 128 * 1024, r)]);
+        expect_ok(&done);
+        assert!(done[0].buf[..] == want[..]);
+        for b in it.chain(done.into_iter().map(|c| c.buf)).chain([small, held]) {
+            dev.free_buf(b);
+        }
         drop(dev);
         std::fs::remove_file(&path).unwrap();
     }
