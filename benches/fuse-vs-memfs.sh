@@ -6,6 +6,8 @@
 #      fuser version (`pfs-fuse memory`): the FUSE ceiling. Rates and CPU time
 #      per operation: the workers' plus the file system process's (pfs up holds
 #      server and mount; memfs is one process), all threads, user + system;
+#      Then IOR-style data (`pfs bench io-hard` and `io-easy`, IO_WORKLOADS) the
+#      same way, rates in MiB/s;
 #   2. `tar xf` of /usr/include and `rm -rf` of the result, same two targets,
 #      with the CPU time of tar/rm plus the file system process;
 #   3. fio 1 MiB sequential write and read through the pfs mount vs fio on a file
@@ -15,7 +17,9 @@
 # Environment: EASY (files per process, 5000), HARD (files per process, 2000),
 #   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (pfs up's default: half the
 #   cores), WORK (target/bench-fuse),
-#   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1.
+#   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1,
+#   IO_WORKLOADS ("io-hard io-easy"; empty: none), SEGMENTS (transfers per
+#   process of each, 2048).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +30,8 @@ SIZE_MIB=${SIZE_MIB:-1024}
 WORK=${WORK:-$PWD/target/bench-fuse}
 WORKERS=${WORKERS:-}
 UP_ARGS=${UP_ARGS:-}
+IO_WORKLOADS=${IO_WORKLOADS-io-hard io-easy}
+SEGMENTS=${SEGMENTS:-2048}
 
 for tool in fio jq tar; do
     command -v "$tool" >/dev/null || { echo "error: $tool not found (apt-get install -y $tool)" >&2; exit 1; }
@@ -70,17 +76,23 @@ cpu_ns() { # pid -> user + system ns, all threads
 
 SHAPE=$(sed -n 's/^pfs up: master on [^,]*, \(.*\), data in .*/\1/p' "$WORK/up.log")
 echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, pfs up with $SHAPE${UP_ARGS:+ ($UP_ARGS)}."
-for w in md-easy md-hard; do
-    files=$([ "$w" = md-easy ] && echo "$EASY" || echo "$HARD")
+# shellcheck disable=SC2086
+for w in md-easy md-hard $IO_WORKLOADS; do
+    case $w in
+        md-easy) opts="--files $EASY" unit="ops/s" ;;
+        md-hard) opts="--files $HARD" unit="ops/s" ;;
+        *) opts="--segments $SEGMENTS" unit="MiB/s" ;;
+    esac
     for t in memfs pfs; do
         echo "$w on $t..." >&2
-        "$PFS" bench "$w" --procs "$PROCS" --files "$files" --key "$KEY" --label "$t" \
+        # shellcheck disable=SC2086
+        "$PFS" bench "$w" --procs "$PROCS" $opts --key "$KEY" --label "$t" \
             --cpu-of "$(pid_of "$t")" --json "$WORK/json/$w.$t.json" "$(dir_of "$t")" >&2
     done
     echo
-    echo "### $w (\`pfs bench $w --procs $PROCS --files $files\`)"
+    echo "### $w (\`pfs bench $w --procs $PROCS $opts\`)"
     echo
-    echo "| phase | memfs ops/s | pfs ops/s | pfs/memfs | memfs CPU us/op | pfs CPU us/op | pfs/memfs CPU |"
+    echo "| phase | memfs $unit | pfs $unit | pfs/memfs | memfs CPU us/op | pfs CPU us/op | pfs/memfs CPU |"
     echo "|---|---|---|---|---|---|---|"
     for phase in $(jq -r '.phases[].name' "$WORK/json/$w.memfs.json"); do
         get() { jq -r --arg p "$phase" ".phases[] | select(.name == \$p) | .$2" "$WORK/json/$w.$1.json"; }

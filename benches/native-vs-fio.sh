@@ -7,6 +7,7 @@
 # Prints per workload and phase the mean rate of each and pfs/fio.
 #
 #   benches/native-vs-fio.sh [PFS]        # as root; ROUNDS=2, PROCS=2 by default
+#   SCALE=8 benches/native-vs-fio.sh       # 8x the bytes (at most 8: ckpt's limit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PFS=${1:-$PWD/target/release/pfs}
@@ -16,10 +17,15 @@ WORK=${WORK:-$PWD/target/bench-native-fio}
 for tool in fio jq; do
     command -v "$tool" >/dev/null || { echo "error: $tool not found" >&2; exit 1; }
 done
-declare -A OPTS=([io-easy]="--segments 512" [ckpt]="--particles 1048576" [io-hard]="--segments 2048")
+# SCALE (1..8) multiplies every workload's bytes: at 1 a phase lasts 0.05-0.5 s,
+# short enough for one stall to decide it.
+SCALE=${SCALE:-1}
+declare -A OPTS=([io-easy]="--segments $((512 * SCALE))" [ckpt]="--particles $((1048576 * SCALE))"
+    [io-hard]="--segments $((2048 * SCALE))")
 # Transfer size and bytes per process of each workload's phases, as pfs bench does them.
 declare -A BS=([io-easy]=262144 [ckpt]=1048576 [io-hard]=47008)
-declare -A BYTES=([io-easy]=$((262144 * 512)) [ckpt]=$((38 * 1048576)) [io-hard]=$((47008 * 2048)))
+declare -A BYTES=([io-easy]=$((262144 * 512 * SCALE)) [ckpt]=$((38 * 1048576 * SCALE))
+    [io-hard]=$((47008 * 2048 * SCALE)))
 declare -A PHASE_RW=([io-easy.write]=write [io-easy.read]=read [ckpt.checkpoint]=write
     [ckpt.restart]=read [io-hard.write]=write [io-hard.read]=read)
 rm -rf "$WORK"
@@ -56,7 +62,7 @@ for r in $(seq "$ROUNDS"); do
     kill -INT "$up"
     wait "$up" || true
 done
-echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, mean of $ROUNDS rounds, MiB/s."
+echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, mean of $ROUNDS rounds, SCALE=$SCALE, MiB/s."
 echo
 echo "| workload | phase | fio on a file | pfs native | pfs/fio |"
 echo "|---|---|---|---|---|"
