@@ -164,13 +164,7 @@ impl Cluster {
             let pieces = self.placement.pieces(ino, file.layout, offset, u64::from(size));
             if let [p] = pieces.as_slice() {
                 if p.home {
-                    let req = Request::Read {
-                        ino,
-                        fh,
-                        offset: p.offset,
-                        size: p.len as u32,
-                        blocks: ALL_BLOCKS,
-                    };
+                    let req = home_read(ino, fh, p);
                     if self.read_in_reply(p.route.server, p.route.proc_worker, req, f)? {
                         return Ok(());
                     }
@@ -220,13 +214,7 @@ impl Cluster {
         };
         if let [p] = pieces.as_slice() {
             if p.home {
-                let req = Request::Read {
-                    ino,
-                    fh,
-                    offset: p.offset,
-                    size: p.len as u32,
-                    blocks: ALL_BLOCKS,
-                };
+                let req = home_read(ino, fh, p);
                 if self.read_in_reply(p.route.server, p.route.proc_worker, req, &mut copy)? {
                     return Ok(n);
                 }
@@ -342,13 +330,7 @@ impl Cluster {
         let pieces = self.placement.pieces(ino, layout, offset, u64::from(size));
         if let [p] = pieces.as_slice() {
             if p.home {
-                let req = Request::Read {
-                    ino,
-                    fh,
-                    offset: p.offset,
-                    size: p.len as u32,
-                    blocks: ALL_BLOCKS,
-                };
+                let req = home_read(ino, fh, p);
                 let reply = self.call_to(p.route.server, p.route.proc_worker, req)?;
                 return expect_reply!(reply, Reply::Read(d) => d);
             }
@@ -479,6 +461,11 @@ std::thread_local! {
     /// Where a read across shards for `read_with` is assembled: one per
     /// thread, at most `MAX_IO_BYTES`, kept for the thread's next read.
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The `Read` of the one piece `p` of a read, at the file's home.
+fn home_read(ino: InodeId, fh: FileHandle, p: &Piece) -> Request {
+    Request::Read { ino, fh, offset: p.offset, size: p.len as u32, blocks: ALL_BLOCKS }
 }
 
 /// Copies the reply `data` of one shard's pieces (`(offset, len)`, their bytes
