@@ -136,13 +136,14 @@ impl<D: Device> Shard<D> {
         blocks: u32,
         shape: ReadShape,
     ) -> FsResult<ReadStart> {
+        // Exactly the picked bytes, even from the home (no short read there).
+        let segments = read_segments(offset, len as u64, blocks);
+        let picked = segments.iter().map(|s| s.1 as usize).sum::<usize>();
+        let shape = ReadShape { pad: shape.pad.max(picked), ..shape };
         if self.has_inode(ino) {
             return self.read_start(ino, offset, len, blocks, shape);
         }
         let end = offset.checked_add(len as u64).ok_or(FsError::FileTooLarge)?;
-        let segments = read_segments(offset, len as u64, blocks);
-        let picked = segments.iter().map(|s| s.1 as usize).sum::<usize>();
-        let shape = ReadShape { pad: shape.pad.max(picked), ..shape };
         self.settle(ino)?;
         let inode = Self::homed_elsewhere(ino, layout, end);
         let data = self.read_inode(&inode, &segments, shape)?;

@@ -1077,6 +1077,10 @@ fn a_read_of_picked_blocks_returns_them_one_after_the_other() {
             s.write_data(foreign, layout, b * B, &data[(b * B) as usize..end as usize]).unwrap();
         }
     }
+    // A `ReadData` that reaches the home answers exactly its bytes, not short.
+    let tail = s.read_data_blocks(f.ino, FileLayout::Block, size - 10, 100, ALL_BLOCKS).unwrap();
+    assert_eq!(tail.len(), 100);
+    assert!(tail[..10] == data[(size - 10) as usize..] && tail[10..] == [0; 90]);
     let want = |offset: u64, len: u64, blocks: u32, clamp: u64| {
         let mut w = Vec::new();
         let len = len.min(clamp.saturating_sub(offset));
