@@ -324,11 +324,7 @@ impl<D: Device> Shard<D> {
         let mut pieces = Vec::new();
         let mut at = shape.prefix;
         for &(offset, n) in segments {
-            let first = pieces.len();
-            pieces.extend(self.data_pieces(inode, offset, n as usize));
-            for piece in &mut pieces[first..] {
-                piece.3 += at;
-            }
+            self.data_pieces_into(inode, offset, n as usize, at, &mut pieces);
             at += n as usize;
         }
         // Pieces read ahead are copied from there, or wait for their read-ahead;
@@ -386,13 +382,45 @@ impl<D: Device> Shard<D> {
     /// first page in run, pages, where in the output, skip bytes in the first
     /// page, bytes)`; holes have none.
     fn data_pieces(&self, inode: &Inode, offset: u64, len: usize) -> Vec<Piece> {
-        let mut pieces: Vec<Piece> = Vec::new();
+        let mut pieces = Vec::new();
+        self.data_pieces_into(inode, offset, len, 0, &mut pieces);
+        pieces
+    }
+
+    /// [`data_pieces`](Self::data_pieces) appended to `pieces`, their place in
+    /// the output `out_at` bytes further on.
+    fn data_pieces_into(
+        &self,
+        inode: &Inode,
+        offset: u64,
+        len: usize,
+        out_at: usize,
+        pieces: &mut Vec<Piece>,
+    ) {
+        let end = offset + len as u64;
         if inode.file_layout == FileLayout::Io {
-            self.io_pieces(inode, offset, len, &mut pieces);
-            return pieces;
+            let before = self
+                .extents
+                .range(..(inode.ino, offset))
+                .next_back()
+                .filter(|((i, _), _)| *i == inode.ino);
+            let inside = self.extents.range((inode.ino, offset)..(inode.ino, end));
+            for (&(_, ext_off), e) in before.into_iter().chain(inside) {
+                let ext_end = ext_off + e.len as u64;
+                let (from, to) = (offset.max(ext_off), end.min(ext_end));
+                if from >= to {
+                    continue;
+                }
+                let in_run = e.skip as u64 + (from - ext_off);
+                let first = in_run / PAGE_SIZE;
+                let pages = (in_run + (to - from)).div_ceil(PAGE_SIZE) - first;
+                let at = out_at + (from - offset) as usize;
+                let skip = (in_run % PAGE_SIZE) as usize;
+                pieces.push((e.run, first, pages, at, skip, (to - from) as usize));
+            }
+            return;
         }
         let bs = self.geo.block_size as u64;
-        let end = offset + len as u64;
         for b in offset / bs..end.div_ceil(bs) {
             let Some(run) = self.block_run(inode, BlockIndex(b)) else { continue };
             let block_start = b * bs;
@@ -403,37 +431,8 @@ impl<D: Device> Shard<D> {
             }
             let first = from / PAGE_SIZE;
             let pages = to.div_ceil(PAGE_SIZE) - first;
-            let at = (block_start + from - offset) as usize;
+            let at = out_at + (block_start + from - offset) as usize;
             pieces.push((run, first, pages, at, (from % PAGE_SIZE) as usize, (to - from) as usize));
-        }
-        pieces
-    }
-
-    fn io_pieces(&self, inode: &Inode, offset: u64, len: usize, pieces: &mut Vec<Piece>) {
-        let end = offset + len as u64;
-        let before = self
-            .extents
-            .range(..(inode.ino, offset))
-            .next_back()
-            .filter(|((i, _), _)| *i == inode.ino);
-        let inside = self.extents.range((inode.ino, offset)..(inode.ino, end));
-        for (&(_, ext_off), e) in before.into_iter().chain(inside) {
-            let ext_end = ext_off + e.len as u64;
-            let (from, to) = (offset.max(ext_off), end.min(ext_end));
-            if from >= to {
-                continue;
-            }
-            let in_run = e.skip as u64 + (from - ext_off);
-            let first = in_run / PAGE_SIZE;
-            let pages = (in_run + (to - from)).div_ceil(PAGE_SIZE) - first;
-            pieces.push((
-                e.run,
-                first,
-                pages,
-                (from - offset) as usize,
-                (in_run % PAGE_SIZE) as usize,
-                (to - from) as usize,
-            ));
         }
     }
 
