@@ -196,6 +196,13 @@ impl Readers {
         // the stretch of file from the last end to its own.
         let sequential =
             offset > 0 && len > 0 && offset >= next && offset - next <= GAP_MAX.max(len);
+        // A read a little before the last end: another reader of the same
+        // file (IOR's interleaved transfers reach the shard out of order), or
+        // one that went back a little. It neither moves the window nor starts
+        // over, so the reader ahead keeps its read-ahead.
+        if offset < next && next - offset <= GAP_MAX.max(len) && next <= ahead_end {
+            return None;
+        }
         let step = if sequential { end - next } else { len };
         let window = step.saturating_mul(factor).min(most);
         let plan = if !sequential || end.saturating_add(window / 2) <= ahead_end {
@@ -275,13 +282,28 @@ mod tests {
             assert_eq!(r.ahead(ino, off, 10, READ_AHEAD_FACTOR, u64::MAX), None, "at {off}");
         }
         assert_eq!(r.ahead(ino, 70, 10, READ_AHEAD_FACTOR, u64::MAX), Some((120, 180)));
+        // A read a little behind (another reader of the file, out of order)
+        // keeps the window: the reader ahead goes on without a new plan.
+        assert_eq!(r.ahead(ino, 50, 10, READ_AHEAD_FACTOR, u64::MAX), None, "behind");
+        for off in (80..130).step_by(10) {
+            assert_eq!(r.ahead(ino, off, 10, READ_AHEAD_FACTOR, u64::MAX), None, "kept, at {off}");
+        }
+        assert_eq!(r.ahead(ino, 130, 10, READ_AHEAD_FACTOR, u64::MAX), Some((180, 240)));
+        let back = 140 + GAP_MAX + 1;
+        let at = back + 2 * GAP_MAX;
+        assert_eq!(r.ahead(ino, at, 10, READ_AHEAD_FACTOR, u64::MAX), None, "a jump");
         assert_eq!(
-            r.ahead(ino, 5, 10, READ_AHEAD_FACTOR, u64::MAX),
-            None,
-            "a jump back starts over"
+            r.ahead(ino, at + 10, 10, READ_AHEAD_FACTOR, u64::MAX),
+            Some((at + 20, at + 120))
         );
-        assert_eq!(r.ahead(ino, 15, 10, READ_AHEAD_FACTOR, u64::MAX), Some((25, 125)));
-        let far = 25 + GAP_MAX + 1;
+        assert_eq!(
+            r.ahead(ino, at - back, 10, READ_AHEAD_FACTOR, u64::MAX),
+            None,
+            "a long jump back starts over"
+        );
+        let s = at - back;
+        assert_eq!(r.ahead(ino, s + 10, 10, READ_AHEAD_FACTOR, u64::MAX), Some((s + 20, s + 120)));
+        let far = s + 20 + GAP_MAX + 1;
         assert_eq!(r.ahead(ino, far, 10, READ_AHEAD_FACTOR, u64::MAX), None, "a long gap: a jump");
         assert_eq!(
             r.ahead(ino, far + 10, 10, READ_AHEAD_FACTOR, u64::MAX),

@@ -327,6 +327,7 @@ impl<D: Device> Shard<D> {
             self.data_pieces_into(inode, offset, n as usize, at, &mut pieces);
             at += n as usize;
         }
+        self.split_at_ahead(&mut pieces);
         // Pieces read ahead are copied from there, or wait for their read-ahead;
         // pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device. The

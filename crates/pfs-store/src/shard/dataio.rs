@@ -149,6 +149,11 @@ pub(super) fn device_reads(
 struct Ahead {
     pages: u64,
     buf: Option<AlignedBuf>,
+    /// Bytes reads took from it: once every byte was taken, the readers
+    /// went past it and it is dropped. (Several readers of one file take
+    /// its parts in any order; a run some bytes of which are never read
+    /// waits to be the oldest.)
+    taken: u64,
     /// Pieces of pending reads that joined it while in flight: `(read id, part)`.
     waiting: Vec<(u64, Part)>,
 }
@@ -270,6 +275,34 @@ impl DataIo {
     /// pages from `first`.
     fn ahead_overlaps(&self, first: u64, pages: u64) -> bool {
         self.ahead.range(..first + pages).next_back().is_some_and(|(&s, a)| s + a.pages > first)
+    }
+
+    /// The read-ahead runs that hold any of the `pages` pages from `first`:
+    /// `(first page, pages)`, in order.
+    fn ahead_runs(&self, first: u64, pages: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let from = self.ahead.range(..=first).next_back().map_or(first, |(&s, _)| s);
+        self.ahead
+            .range(from..first + pages)
+            .map(|(&s, a)| (s, a.pages))
+            .filter(move |&(s, n)| s + n > first)
+    }
+
+    /// The stretches of the `pages` pages from `first` that no read-ahead run
+    /// holds, in order.
+    fn ahead_gaps(&self, first: u64, pages: u64) -> Vec<(u64, u64)> {
+        let end = first + pages;
+        let mut gaps = Vec::new();
+        let mut at = first;
+        for (s, n) in self.ahead_runs(first, pages) {
+            if s > at {
+                gaps.push((at, s - at));
+            }
+            at = at.max(s + n);
+        }
+        if at < end {
+            gaps.push((at, end - at));
+        }
+        gaps
     }
 
     /// One more piece of pending read `id` arrived (or failed): a read whose
@@ -484,8 +517,8 @@ impl<D: Device> Shard<D> {
     fn ahead_done(&mut self, first: u64, buf: AlignedBuf, result: FsResult<()>) {
         let a = self.writes.ahead.get_mut(&first).expect("a read-ahead in flight is kept");
         let waiting = std::mem::take(&mut a.waiting);
-        let end = first + a.pages;
-        let mut past = false;
+        a.taken += waiting.iter().map(|(_, part)| part.n as u64).sum::<u64>();
+        let past = a.taken >= a.pages * PAGE_SIZE;
         for (id, part) in waiting {
             let r = self.writes.reads.get_mut(&id).expect("a read that joined a read-ahead");
             match &result {
@@ -494,7 +527,6 @@ impl<D: Device> Shard<D> {
                     r.error.get_or_insert(e.clone());
                 }
             }
-            past |= part.page + part.pages == end;
             self.writes.piece_done(id);
         }
         match result {
@@ -569,6 +601,45 @@ impl<D: Device> Shard<D> {
         self.writes.ahead_at(page, pages).is_some_and(|s| self.writes.ahead[&s].buf.is_none())
     }
 
+    /// Splits each piece of `pieces` at the edges of the read-ahead runs that
+    /// hold some of its pages, so that every piece is held by one run whole
+    /// or by none. Read-ahead windows end at byte offsets, not at a reader's
+    /// pieces: a read often starts in one window's run and ends in the
+    /// next's, and unsplit it went to the device for pages memory held.
+    pub(super) fn split_at_ahead(&self, pieces: &mut Vec<Piece>) {
+        let straddles = |&(run, first, pages, ..): &Piece| {
+            let page = run.page + first;
+            self.writes.ahead_overlaps(page, pages) && self.writes.ahead_at(page, pages).is_none()
+        };
+        if self.writes.ahead.is_empty() || !pieces.iter().any(straddles) {
+            return;
+        }
+        let mut split = Vec::with_capacity(pieces.len() + 4);
+        for &piece in pieces.iter() {
+            let (run, first, pages, ..) = piece;
+            let page = run.page + first;
+            let mut cuts: Vec<u64> = self
+                .writes
+                .ahead_runs(page, pages)
+                .flat_map(|(s, n)| [s, s + n])
+                .filter(|&c| c > page && c < page + pages)
+                .collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut rest = piece;
+            for cut in cuts {
+                let (run, first, pages, at, skip, n) = rest;
+                // Pages before the cut: the bytes up to its first byte.
+                let head = cut - (run.page + first);
+                let bytes = (head * PAGE_SIZE) as usize - skip;
+                split.push((run, first, head, at, skip, bytes));
+                rest = (run, first + head, pages - head, at + bytes, 0, n - bytes);
+            }
+            split.push(rest);
+        }
+        *pieces = split;
+    }
+
     /// Takes the pieces of `pieces` that read-ahead runs hold: those already
     /// read are copied into `out` now; with `join`, those in flight are
     /// returned to wait for (`(run's first page, part)`). The rest stay.
@@ -587,7 +658,7 @@ impl<D: Device> Shard<D> {
             let page = run.page + first;
             let Some(start) = self.writes.ahead_at(page, pages) else { return true };
             let part = Part { page, pages, at, skip, n, cache: u64::from(run.valid) < block };
-            let a = self.writes.ahead.get(&start).expect("found");
+            let a = self.writes.ahead.get_mut(&start).expect("found");
             let Some(buf) = &a.buf else {
                 if join {
                     self.stats.ahead_joins += 1;
@@ -597,8 +668,11 @@ impl<D: Device> Shard<D> {
             };
             self.stats.ahead_hits += 1;
             part.deliver(start, buf, out, &mut self.read_cache);
-            // A sequential reader went past it.
-            if page + pages == start + a.pages {
+            a.taken += n as u64;
+            // The readers went past it (not when one read its last page: a
+            // read that ends inside a page leaves that page to the next, and
+            // another reader of the file may still want its first pages).
+            if a.taken >= a.pages * PAGE_SIZE {
                 self.ahead_drop(start);
             }
             false
@@ -674,15 +748,24 @@ impl<D: Device> Shard<D> {
     }
 
     /// Reads `pages` data pages from `first` into the read cache in the
-    /// background, unless memory holds them or a request for some of them is
-    /// in flight. Bounded by the device queue: a full queue skips it.
+    /// background, those that no read-ahead holds yet, unless memory holds
+    /// them or a request for some of them is in flight. Bounded by the device
+    /// queue: a full queue skips it.
     pub(super) fn prefetch(&mut self, first: u64, pages: u64) {
+        // Windows planned at byte offsets share their edge pages: the pages
+        // the last window read are left out, not the whole device read.
+        for (first, pages) in self.writes.ahead_gaps(first, pages) {
+            self.prefetch_pages(first, pages);
+        }
+    }
+
+    /// [`prefetch`](Self::prefetch) of pages no read-ahead holds.
+    fn prefetch_pages(&mut self, first: u64, pages: u64) {
         // Not a page that is staged (the device holds its old bytes) or being
         // written: a read-ahead spans several runs, some may be.
         if self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
             || self.writes.busy_overlaps(first, pages)
-            || self.writes.ahead_overlaps(first, pages)
             || self.io.device().in_flight() >= self.io.device().queue_depth()
             || !self.ahead_room(pages * PAGE_SIZE)
         {
@@ -692,7 +775,7 @@ impl<D: Device> Shard<D> {
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
         let tag = self.writes.start(first, pages, Purpose::ReadAhead);
-        self.writes.ahead.insert(first, Ahead { pages, buf: None, waiting: Vec::new() });
+        self.writes.ahead.insert(first, Ahead { pages, buf: None, taken: 0, waiting: Vec::new() });
         self.writes.ahead_bytes += pages * PAGE_SIZE;
         self.writes.ahead_order.push_back(first);
         self.stats.read_aheads += 1;
