@@ -45,9 +45,11 @@
 //! read whose pieces a read-ahead holds copies them from its buffer; one whose
 //! pieces are still being read ahead joins that device read (it becomes
 //! pending, answered when the read-ahead finishes) instead of reading them
-//! again or waiting. A buffer is dropped when a read took its last page (a
-//! sequential reader has gone past it), when pages it holds are written anew,
-//! or, oldest first, to make room: read-ahead buffers hold at most half the
+//! again or waiting. A piece that spans two read-ahead runs, or one in part,
+//! is split at their edges first (`split_at_ahead`), and a window skips the
+//! pages a read-ahead already holds. A buffer is dropped when reads took all
+//! of its bytes (the readers have gone past it), when pages it holds are
+//! written anew, or, oldest first, to make room: read-ahead buffers hold at most half the
 //! read cache's size (`read_cache_mib`), in flight or not. A failed read-ahead
 //! fails the reads that joined it (`EIO`, as their own device read would
 //! have) and keeps nothing.
