@@ -19,7 +19,8 @@
 #   cores), WORK (target/bench-fuse),
 #   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1,
 #   IO_WORKLOADS ("io-hard io-easy"; empty: none), SEGMENTS (transfers per
-#   process of each, 2048).
+#   process of each, 2048), MD_WORKLOADS ("md-easy md-hard"; empty: none),
+#   SKIP_TAR=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +32,7 @@ WORK=${WORK:-$PWD/target/bench-fuse}
 WORKERS=${WORKERS:-}
 UP_ARGS=${UP_ARGS:-}
 IO_WORKLOADS=${IO_WORKLOADS-io-hard io-easy}
+MD_WORKLOADS=${MD_WORKLOADS-md-easy md-hard}
 SEGMENTS=${SEGMENTS:-2048}
 
 for tool in fio jq tar; do
@@ -77,7 +79,7 @@ cpu_ns() { # pid -> user + system ns, all threads
 SHAPE=$(sed -n 's/^pfs up: master on [^,]*, \(.*\), data in .*/\1/p' "$WORK/up.log")
 echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, pfs up with $SHAPE${UP_ARGS:+ ($UP_ARGS)}."
 # shellcheck disable=SC2086
-for w in md-easy md-hard $IO_WORKLOADS; do
+for w in $MD_WORKLOADS $IO_WORKLOADS; do
     case $w in
         md-easy) opts="--files $EASY" unit="ops/s" ;;
         md-hard) opts="--files $HARD" unit="ops/s" ;;
@@ -103,6 +105,7 @@ done
 
 # tar xf / rm -rf of /usr/include: wall time and CPU (tar or rm, plus the file
 # system process).
+if [ "${SKIP_TAR:-0}" != 1 ]; then
 TARBALL=$WORK/include.tar
 tar cf "$TARBALL" -C /usr include
 ENTRIES=$(tar tf "$TARBALL" | wc -l)
@@ -134,6 +137,7 @@ echo "|---|---|---|---|---|---|---|"
 for step in tar rm; do
     echo "| $step | ${SECS[memfs.$step]} | ${SECS[pfs.$step]} | $(ratio "${SECS[memfs.$step]}" "${SECS[pfs.$step]}") | ${CPU[memfs.$step]} | ${CPU[pfs.$step]} | $(ratio "${CPU[pfs.$step]}" "${CPU[memfs.$step]}") |"
 done
+fi
 
 [ "${SKIP_FIO:-0}" = 1 ] && exit 0
 fio_bw() { # dir rw -> MiB/s

@@ -22,4 +22,4 @@ pub mod pages;
 
 pub use adapter::{CacheTtl, PfsFuse};
 pub use memfs::MemFs;
-pub use mount::{mount, Mount, MountConfig};
+pub use mount::{mount, Mount, MountConfig, READ_AHEAD_KB};

@@ -39,7 +39,9 @@ const READY_FD: i32 = 3;
 /// carries the children's attributes, the default, or only when the kernel
 /// guesses they will be used), page_cache=keep|drop (an open keeps the kernel's
 /// cached pages of a file no other client changed since, the default, or drops
-/// them every time; see docs/posix.md), uring (FUSE over io_uring: Linux 6.14+, after
+/// them every time; see docs/posix.md), read_ahead_kb=N (the kernel's read-ahead
+/// for the mount, default 4096; needs root, 0 keeps the kernel's 128), uring (FUSE
+/// over io_uring: Linux 6.14+, after
 /// `echo Y > /sys/module/fuse/parameters/enable_uring`; otherwise /dev/fuse with
 /// a warning), uring_threads=N (threads per CPU queue, default 2, 1 to 64),
 /// uring_nopin (do not pin them to their CPU), log=FILE (where the background

@@ -21,6 +21,7 @@ fn main() {
     let cases: &[(&str, fn())] = &[
         ("posix_ops_on_pfs", posix_ops_on_pfs),
         ("posix_ops_on_memfs", posix_ops_on_memfs),
+        ("read_ahead_of_the_mount", read_ahead_of_the_mount),
         ("mmap_shared_read_write", mmap_shared_read_write),
         ("real_programs", real_programs),
         ("remount_keeps_everything", remount_keeps_everything),
@@ -320,6 +321,30 @@ fn posix_ops_on_memfs() {
     let m = Mounted::new("memory", Path::new("/nonexistent"), &dir.path("mnt"), "");
     posix_ops(&m.dir, false);
     assert_eq!(m.unmount(), Some(0));
+}
+
+/// The kernel's read-ahead of a mount: 4 MiB by default, `read_ahead_kb=`
+/// otherwise, 0 leaves the kernel's own (128 KiB on this kernel).
+fn read_ahead_of_the_mount() {
+    use std::os::unix::fs::MetadataExt;
+    let read_ahead = |dir: &Path| {
+        let dev = fs::metadata(dir).unwrap().dev();
+        let file =
+            format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(dev), libc::minor(dev));
+        fs::read_to_string(&file).unwrap().trim().parse::<u32>().unwrap()
+    };
+    let dir = Scratch::new("readahead");
+    for (opts, want) in
+        [("", pfs_fuse::READ_AHEAD_KB), ("read_ahead_kb=512", 512), ("read_ahead_kb=0", 128)]
+    {
+        let m = Mounted::new("memory", Path::new("/nonexistent"), &dir.path("mnt"), opts);
+        assert_eq!(read_ahead(&m.dir), want, "-o {opts:?}");
+        // Reads still read what was written, across the read-ahead window.
+        let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 253) as u8).collect();
+        fs::write(m.path("f"), &data).unwrap();
+        assert!(fs::read(m.path("f")).unwrap() == data, "-o {opts:?}");
+        assert_eq!(m.unmount(), Some(0));
+    }
 }
 
 fn mmap_shared_read_write() {
