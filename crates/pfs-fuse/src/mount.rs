@@ -436,7 +436,8 @@ pub fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<PathBuf, String> {
 fn fuse_mount_device(mountinfo: &str, path: &[u8]) -> Option<String> {
     mountinfo
         .lines()
-        .filter_map(|line| {
+        .rev()
+        .find_map(|line| {
             // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
             let mut f = line.split(' ');
             let dev = f.nth(2)?;
@@ -446,7 +447,6 @@ fn fuse_mount_device(mountinfo: &str, path: &[u8]) -> Option<String> {
             let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
             (fuse && point == path).then(|| dev.to_string())
         })
-        .last()
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) undone.
