@@ -30,9 +30,10 @@ pub fn default_threads() -> usize {
 /// The kernel's read-ahead of a mount without `read_ahead_kb=`, in KiB.
 /// FUSE mounts start at 128 KiB: every sequential reader of the mount then
 /// asks for 128 KiB at a time, a round trip each. 4 MiB measured 1.4x on
-/// io-hard reads and 1.3-1.5x on fio's 1 MiB reads, on pfs and on the
-/// in-memory file system alike (docs/benchmarks.md); the kernel still starts
-/// small for a reader it does not see going forward.
+/// io-hard's 47,008-byte reads, on pfs and on the in-memory file system alike
+/// (docs/benchmarks.md); 1 MiB reads gain nothing (the kernel already asks for
+/// a whole read at once). The kernel still starts small for a reader it does
+/// not see going forward.
 pub const READ_AHEAD_KB: u32 = 4096;
 
 /// Largest `read_ahead_kb=`.
