@@ -432,6 +432,10 @@ impl<D: Device> Worker<D> {
     /// Sends the held replies whose commit finished.
     fn release_committed(&mut self) -> usize {
         let done = self.shard.commits_done();
+        // Every round asks: most find nothing ready, and need not rebuild the list.
+        if !self.after_commit.iter().any(|h| h.0 <= done) {
+            return 0;
+        }
         let (ready, waiting): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.after_commit).into_iter().partition(|h| h.0 <= done);
         self.after_commit = waiting;
