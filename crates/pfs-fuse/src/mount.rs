@@ -435,19 +435,16 @@ pub fn set_read_ahead(mountpoint: &Path, kib: u32) -> Result<PathBuf, String> {
 /// The device number (`MAJOR:MINOR`) of the last FUSE mount on `path` in a
 /// `/proc/self/mountinfo` text (mounts stack: the last one is on top).
 fn fuse_mount_device(mountinfo: &str, path: &[u8]) -> Option<String> {
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|line| {
-            // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
-            let mut f = line.split(' ');
-            let dev = f.nth(2)?;
-            let point = unescape_mountinfo(f.nth(1)?);
-            let (_, after) = line.split_once(" - ")?;
-            let fstype = after.split(' ').next()?;
-            let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
-            (fuse && point == path).then(|| dev.to_string())
-        })
+    mountinfo.lines().rev().find_map(|line| {
+        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
+        let mut f = line.split(' ');
+        let dev = f.nth(2)?;
+        let point = unescape_mountinfo(f.nth(1)?);
+        let (_, after) = line.split_once(" - ")?;
+        let fstype = after.split(' ').next()?;
+        let fuse = fstype == "fuse" || fstype.starts_with("fuse.");
+        (fuse && point == path).then(|| dev.to_string())
+    })
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) undone.

@@ -42,6 +42,6 @@ pub use link::{Link, SlotRpc, SLOT_BYTES};
 pub use listener::{Listener, ListenerConfig};
 pub use poller::{wait_readable, Epoll, EventFd};
 pub use qp::{Qp, QpLimits, POLL_BATCH};
-pub use rpc::{RpcClient, RpcOptions};
+pub use rpc::{link_sum, RpcClient, RpcOptions};
 pub use serve::FrameServer;
 pub use transport::{Backend, Completion, QueuePair, RegionId, RegionRange, Rejected, WorkId};

@@ -411,6 +411,8 @@ impl Link {
             )));
         }
         let off = slot as usize * SLOT_BYTES;
+        // Through shared memory a frame may be summed over its header only.
+        let shm = self.backend() == Backend::Shm;
         let checked = {
             let region = on_inner!(&self.inner, q => q.region(inbox));
             let head = &region[off..off + HEADER_LEN];
@@ -419,7 +421,7 @@ impl Link {
                 if len > SLOT_BYTES {
                     return Err(format!("frame of {len} bytes is over the slot size"));
                 }
-                match check_datagram(&region[off..off + len]) {
+                match check_datagram(&region[off..off + len], shm) {
                     Ok(Datagram::Frame) => Ok((h, len)),
                     Ok(Datagram::Net(_)) => unreachable!("the magic said frame"),
                     Err(r) => Err(r),

@@ -6,7 +6,9 @@
 //! 28..32 hold the crc32c of bytes 0..28 and the payload. Layout: `docs/format.md`,
 //! "Transport and handshake".
 
-use pfs_core::wire::{FrameHeader, HEADER_LEN, MAGIC, MAX_FRAME_PAYLOAD};
+use pfs_core::wire::{
+    frame_checksum, FrameHeader, FLAG_HEADER_SUM, HEADER_LEN, MAGIC, MAX_FRAME_PAYLOAD,
+};
 
 /// First four bytes of a transport message: `"PFSN"`.
 pub const NET_MAGIC: u32 = u32::from_le_bytes(*b"PFSN");
@@ -162,6 +164,42 @@ pub fn checksum(head: &[u8], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(head), payload)
 }
 
+/// Checks the checksum of a received transport message (header and payload).
+fn check_sum(msg: &[u8]) -> Result<(), String> {
+    let stored = u32::from_le_bytes(msg[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
+    let computed = checksum(&msg[..CHECKSUM_OFFSET], &msg[HEADER_LEN..]);
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch: header says 0x{stored:08x}, message of {} bytes hashes to \
+             0x{computed:08x}",
+            msg.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the checksum of a received frame: over its header and payload, or,
+/// when its flags say so and `header_sums` allows it (a shared-memory link),
+/// over its header only.
+pub(crate) fn check_frame_sum(frame: &[u8], header_sums: bool) -> Result<(), String> {
+    let flags = u16::from_le_bytes([frame[8], frame[9]]);
+    if flags & FLAG_HEADER_SUM != 0 && !header_sums {
+        return Err("a frame whose checksum covers only its header (shared memory only) \
+                    arrived over another link"
+            .into());
+    }
+    let stored = u32::from_le_bytes(frame[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
+    let computed = frame_checksum(frame);
+    if stored != computed {
+        return Err(format!(
+            "checksum mismatch: header says 0x{stored:08x}, frame of {} bytes hashes to \
+             0x{computed:08x}",
+            frame.len()
+        ));
+    }
+    Ok(())
+}
+
 /// What a whole message received as one unit (an RDMA receive) turned out to be.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Datagram {
@@ -172,8 +210,9 @@ pub enum Datagram {
 }
 
 /// Checks a message that arrived whole: a known magic, a good header, a length that
-/// is exactly the bytes received, and the checksum.
-pub fn check_datagram(msg: &[u8]) -> Result<Datagram, String> {
+/// is exactly the bytes received, and the checksum (over the header only for a
+/// frame that says so, when `header_sums`: it came through shared memory).
+pub fn check_datagram(msg: &[u8], header_sums: bool) -> Result<Datagram, String> {
     if msg.len() < MSG_HEADER_LEN {
         return Err(format!("message of {} bytes is shorter than a header", msg.len()));
     }
@@ -193,9 +232,9 @@ pub fn check_datagram(msg: &[u8]) -> Result<Datagram, String> {
     if total != msg.len() {
         return Err(format!("header says {total} bytes, {} arrived", msg.len()));
     }
-    let stored = u32::from_le_bytes(msg[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
-    if checksum(&msg[..CHECKSUM_OFFSET], &msg[HEADER_LEN..]) != stored {
-        return Err(format!("checksum mismatch in a message of {total} bytes"));
+    match kind {
+        Datagram::Frame => check_frame_sum(msg, header_sums)?,
+        Datagram::Net(_) => check_sum(msg)?,
     }
     Ok(kind)
 }
@@ -230,6 +269,8 @@ pub struct RxBuf {
     /// Bytes the message at `start` needs, once its header has been checked.
     need: usize,
     max_bytes: usize,
+    /// Frames summed over their header only are accepted (a shared-memory link).
+    header_sums: bool,
 }
 
 impl RxBuf {
@@ -242,7 +283,15 @@ impl RxBuf {
             end: 0,
             need: 0,
             max_bytes,
+            header_sums: false,
         }
+    }
+
+    /// Accepts frames whose checksum covers their header only
+    /// ([`FLAG_HEADER_SUM`]): for a shared-memory link, whose bytes never leave
+    /// this host's memory. Any other link refuses them.
+    pub fn allow_header_sums(&mut self) {
+        self.header_sums = true;
     }
 
     /// The largest message it accepts.
@@ -319,12 +368,9 @@ impl RxBuf {
         }
         self.need = 0;
         let msg = &self.buf[s..s + total];
-        let stored = u32::from_le_bytes(msg[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
-        let computed = checksum(&msg[..CHECKSUM_OFFSET], &msg[HEADER_LEN..]);
-        if stored != computed {
-            return Err(format!(
-                "checksum mismatch: header says 0x{stored:08x}, message hashes to 0x{computed:08x}"
-            ));
+        match net {
+            None => check_frame_sum(msg, self.header_sums)?,
+            Some(_) => check_sum(msg)?,
         }
         self.start += total;
         Ok(Some(match net {
@@ -342,6 +388,7 @@ impl RxBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pfs_core::wire::Sum;
 
     #[test]
     fn cuts_a_stream_in_any_split() {
@@ -399,7 +446,7 @@ mod tests {
         let mut net = Vec::new();
         let h = NetHeader { kind: Kind::RdmaRegion, region: 3, len: 4, offset: 0, token: 0 };
         h.encode(b"abcd", &mut net);
-        assert_eq!(check_datagram(&net), Ok(Datagram::Net(h)));
+        assert_eq!(check_datagram(&net, false), Ok(Datagram::Net(h)));
         let mut frame = Vec::new();
         pfs_core::Frame {
             request_id: pfs_core::RequestId(4),
@@ -408,16 +455,70 @@ mod tests {
         }
         .encode(&mut frame)
         .unwrap();
-        assert_eq!(check_datagram(&frame), Ok(Datagram::Frame));
+        assert_eq!(check_datagram(&frame, false), Ok(Datagram::Frame));
 
-        assert!(check_datagram(&frame[..31]).unwrap_err().contains("shorter than a header"));
+        assert!(check_datagram(&frame[..31], false).unwrap_err().contains("shorter than a header"));
         let mut long = net.clone();
         long.push(0);
-        assert!(check_datagram(&long).unwrap_err().contains("header says 36 bytes, 37 arrived"));
+        assert!(check_datagram(&long, false)
+            .unwrap_err()
+            .contains("header says 36 bytes, 37 arrived"));
         let mut bad = net.clone();
         bad[35] ^= 0x40;
-        assert!(check_datagram(&bad).unwrap_err().starts_with("checksum mismatch"));
-        assert!(check_datagram(&[0xab; 40]).unwrap_err().starts_with("bad magic"));
+        assert!(check_datagram(&bad, false).unwrap_err().starts_with("checksum mismatch"));
+        assert!(check_datagram(&[0xab; 40], false).unwrap_err().starts_with("bad magic"));
+    }
+
+    /// A frame summed over its header only (`FLAG_HEADER_SUM`) is taken only
+    /// where the link allows it (shared memory), and its header is still
+    /// checked there; a frame summed in full is taken everywhere.
+    #[test]
+    fn header_sums_are_taken_only_from_shared_memory() {
+        let frame = pfs_core::Frame {
+            request_id: pfs_core::RequestId(4),
+            client: pfs_core::ClientId(1),
+            body: pfs_core::Body::Reply(pfs_core::Reply::Read(vec![9; 70_000])),
+        };
+        let encode = |sum| {
+            let mut b = Vec::new();
+            frame.encode_summed(&mut b, frame.client, frame.request_id, 0, sum).unwrap();
+            b
+        };
+        let (full, head) = (encode(Sum::Full), encode(Sum::Header));
+        let receive = |msg: &[u8], allow: bool| {
+            let mut rx = RxBuf::new(MAX_MSG_BYTES);
+            if allow {
+                rx.allow_header_sums();
+            }
+            let mut at = 0;
+            while at < msg.len() {
+                let spare = rx.spare();
+                let n = spare.len().min(msg.len() - at);
+                spare[..n].copy_from_slice(&msg[at..at + n]);
+                rx.filled(n);
+                at += n;
+                if let Some(m) = rx.next_message()? {
+                    assert!(matches!(m, Incoming::Frame { .. }));
+                }
+            }
+            Ok::<(), String>(())
+        };
+        for allow in [false, true] {
+            receive(&full, allow).unwrap();
+            assert_eq!(check_datagram(&full, allow), Ok(Datagram::Frame));
+        }
+        receive(&head, true).unwrap();
+        assert_eq!(check_datagram(&head, true), Ok(Datagram::Frame));
+        let refused = receive(&head, false).unwrap_err();
+        assert!(refused.contains("only its header"), "{refused}");
+        assert!(check_datagram(&head, false).unwrap_err().contains("only its header"));
+        let mut bad = head.clone();
+        bad[17] ^= 1;
+        assert!(receive(&bad, true).unwrap_err().starts_with("checksum mismatch"));
+        // The full sum still covers the payload.
+        let mut bad = full;
+        *bad.last_mut().unwrap() ^= 1;
+        assert!(receive(&bad, true).unwrap_err().starts_with("checksum mismatch"));
     }
 
     proptest::proptest! {
@@ -432,7 +533,7 @@ mod tests {
                 let magic = if net { NET_MAGIC } else { MAGIC };
                 m[..4].copy_from_slice(&magic.to_le_bytes());
             }
-            let _ = check_datagram(&m);
+            let _ = check_datagram(&m, false);
         }
     }
 }

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{FrameHeader, WireError, WriteRef, FLAG_REPLY};
+use pfs_core::wire::{FrameHeader, Sum, WireError, WriteRef, FLAG_REPLY};
 use pfs_core::{ClientId, Frame, RequestId};
 
 use crate::auth::ClusterKey;
@@ -214,7 +214,9 @@ impl RpcClient {
         worker: u16,
         deadline: Instant,
     ) -> Result<RequestId, NetError> {
-        self.send_with(deadline, |out, client, id| frame.encode_as(out, client, id, worker))
+        self.send_with(deadline, |out, client, id, sum| {
+            frame.encode_summed(out, client, id, worker, sum)
+        })
     }
 
     /// [`send_to`](Self::send_to) of a write whose data the caller holds:
@@ -225,15 +227,18 @@ impl RpcClient {
         worker: u16,
         deadline: Instant,
     ) -> Result<RequestId, NetError> {
-        self.send_with(deadline, |out, client, id| write.encode_as(out, client, id, worker))
+        self.send_with(deadline, |out, client, id, sum| {
+            write.encode_summed(out, client, id, worker, sum)
+        })
     }
 
     /// Sends the request frame `encode` appends (addressed to this client and
-    /// the request id it is given).
+    /// the request id it is given, its checksum covering what the link needs:
+    /// through shared memory the header only, `docs/format.md`).
     fn send_with(
         &mut self,
         deadline: Instant,
-        encode: impl FnOnce(&mut Vec<u8>, ClientId, RequestId) -> Result<(), WireError>,
+        encode: impl FnOnce(&mut Vec<u8>, ClientId, RequestId, Sum) -> Result<(), WireError>,
     ) -> Result<RequestId, NetError> {
         if self.qp.is_none() {
             self.reconnect().map_err(|e| match e {
@@ -256,7 +261,8 @@ impl RpcClient {
         self.seq += 1;
         let mut buf = self.bufs.pop().unwrap_or_default();
         buf.clear();
-        if let Err(source) = encode(&mut buf, self.opts.client, RequestId(id)) {
+        let sum = link_sum(self.qp.as_ref().expect("connected above").backend());
+        if let Err(source) = encode(&mut buf, self.opts.client, RequestId(id), sum) {
             self.free.push(slot);
             self.bufs.push(buf);
             return Err(NetError::Wire { peer: self.peer.clone(), source });
@@ -481,5 +487,15 @@ impl RpcClient {
         self.qp = None;
         self.last_error = reason;
         self.next_attempt = Instant::now();
+    }
+}
+
+/// What the checksum of a frame sent over a link of `backend` covers: the
+/// header only through shared memory (the bytes never leave this host's
+/// memory), header and payload over a network.
+pub fn link_sum(backend: crate::Backend) -> Sum {
+    match backend {
+        crate::Backend::Shm => Sum::Header,
+        crate::Backend::Tcp | crate::Backend::Rdma => Sum::Full,
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use pfs_core::wire::{Frame, Opcode};
+use pfs_core::wire::{Frame, Opcode, Sum};
 use pfs_core::{ClientId, RequestId};
 
 use crate::msg::{ConnRef, Doorbell};
@@ -34,6 +34,8 @@ pub struct Job {
     pub client: ClientId,
     /// `Read` or `ReadData`.
     pub op: Opcode,
+    /// What the reply's checksum covers (the header only through shared memory).
+    pub sum: Sum,
     /// The reply laid out in place: `READ_REPLY_PREFIX` bytes of room, then
     /// the data (at most `MAX_IO_BYTES`, checked by the worker).
     pub buf: Vec<u8>,
@@ -145,7 +147,9 @@ fn copy_loop(jobs: Receiver<Job>, backs: &[Sender<Done>], bells: &[Doorbell]) {
     while let Ok(mut job) = jobs.recv() {
         // The worker checked the size before offering: a reply that does not
         // seal is a bug in the caller.
-        if Frame::seal_read_reply(&mut job.buf, job.request_id, job.client, job.op).is_err() {
+        if Frame::seal_read_reply(&mut job.buf, job.request_id, job.client, job.op, job.sum)
+            .is_err()
+        {
             unreachable!("the memcpy pool got a read reply that does not seal");
         }
         let done = Done { origin: job.origin, conn: job.conn, buf: job.buf };
@@ -166,7 +170,7 @@ mod tests {
         let mut buf = vec![0; READ_REPLY_PREFIX];
         buf.extend_from_slice(data);
         let (request_id, client, op) = (RequestId(7), ClientId(3), Opcode::Read);
-        Job { worker, origin: 0, conn, request_id, client, op, buf }
+        Job { worker, origin: 0, conn, request_id, client, op, sum: Sum::Full, buf }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, READ_REPLY_PREFIX};
+use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, Sum, READ_REPLY_PREFIX};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, Link, QueuePair, WorkId};
@@ -582,7 +582,7 @@ impl<D: Device> Worker<D> {
     /// the next commit.
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
         let header = FrameHeader::decode(&buf).expect("checked by the receiver");
-        if header.flags == 0
+        if header.flags & pfs_core::wire::FLAG_REPLY == 0
             && [Opcode::Write as u16, Opcode::WriteData as u16].contains(&header.opcode)
         {
             return self.process_write(origin, conn, buf);
@@ -858,10 +858,11 @@ impl<D: Device> Worker<D> {
             }
         };
         let (request_id, client, op) = (p.request_id, p.client, p.op);
+        let sum = self.reply_sum(p.origin, p.conn);
         if let Some(port) = self.memcpy.as_mut() {
             if out.len() - READ_REPLY_PREFIX >= port.threshold_bytes {
                 let (worker, origin, conn) = (self.id, p.origin, p.conn);
-                let job = Job { worker, origin, conn, request_id, client, op, buf: out };
+                let job = Job { worker, origin, conn, request_id, client, op, sum, buf: out };
                 match port.offer(job) {
                     None => return None,
                     // The pool's queue is full: seal it here.
@@ -869,8 +870,22 @@ impl<D: Device> Worker<D> {
                 }
             }
         }
-        Frame::seal_read_reply(&mut out, request_id, client, op).expect("size checked above");
+        Frame::seal_read_reply(&mut out, request_id, client, op, sum).expect("size checked above");
         Some(out)
+    }
+
+    /// What the checksum of a reply to `origin`'s connection `conn` covers:
+    /// the header only when the connection is this worker's and runs through
+    /// shared memory ([`pfs_net::link_sum`]); in full when another worker
+    /// sends it (its link is not known here) or over a network.
+    fn reply_sum(&self, origin: u16, conn: ConnRef) -> Sum {
+        if origin != self.id {
+            return Sum::Full;
+        }
+        match self.conns.get(conn.slot as usize).and_then(Option::as_ref) {
+            Some(state) if state.gen == conn.gen => pfs_net::link_sum(state.qp.backend()),
+            _ => Sum::Full,
+        }
     }
 
     /// Encodes `reply` into `buf` (reused). A reply too large for the

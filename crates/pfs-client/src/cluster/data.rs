@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pfs_core::wire::{
     Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, ALL_BLOCKS,
-    FLAG_REPLY, HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
+    FLAG_ERROR, FLAG_REPLY, HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
 };
 use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
 
@@ -492,7 +492,8 @@ fn within_known_size(file: &OpenFile, end: u64) -> bool {
 fn read_reply_data(frame: &[u8]) -> Option<&[u8]> {
     let header = FrameHeader::decode(frame).ok()?;
     let data_reply = [Opcode::Read as u16, Opcode::ReadData as u16].contains(&header.opcode);
-    if header.flags != FLAG_REPLY || !data_reply {
+    // A data reply, not an error (whatever its checksum covers).
+    if header.flags & (FLAG_REPLY | FLAG_ERROR) != FLAG_REPLY || !data_reply {
         return None;
     }
     let len = u32::from_le_bytes(frame.get(HEADER_LEN..READ_REPLY_PREFIX)?.try_into().ok()?);

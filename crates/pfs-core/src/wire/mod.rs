@@ -28,7 +28,10 @@ mod tests;
 pub use cluster::{ServerInfo, Usage, View};
 pub use error::WireError;
 pub use follow::{FollowOp, MAX_FOLLOW_UPS};
-pub use frame::{stamp, Body, Frame, FrameHeader, FLAG_ERROR, FLAG_REPLY, READ_REPLY_PREFIX};
+pub use frame::{
+    frame_checksum, stamp, Body, Frame, FrameHeader, Sum, FLAG_ERROR, FLAG_HEADER_SUM, FLAG_REPLY,
+    READ_REPLY_PREFIX,
+};
 pub use opcode::Opcode;
 pub use reply::{Replaced, Reply};
 pub use request::{Request, WriteRef, WriteTarget};

@@ -839,14 +839,84 @@ fn a_read_reply_sealed_in_place_is_the_encoded_reply() {
             Frame { request_id: RequestId(99), client: ClientId(5), body: Body::Reply(body) };
         let mut buf = vec![0xee; READ_REPLY_PREFIX];
         buf.extend_from_slice(&data);
-        Frame::seal_read_reply(&mut buf, RequestId(99), ClientId(5), op).unwrap();
+        let mut local = buf.clone();
+        Frame::seal_read_reply(&mut buf, RequestId(99), ClientId(5), op, Sum::Full).unwrap();
         assert!(buf == frame.to_bytes().unwrap(), "{len} bytes, {op:?}");
         assert_eq!(Frame::decode(&buf).unwrap(), frame);
+        // Summed over the header only: the bytes encode_summed gives.
+        Frame::seal_read_reply(&mut local, RequestId(99), ClientId(5), op, Sum::Header).unwrap();
+        let mut want = Vec::new();
+        frame.encode_summed(&mut want, ClientId(5), RequestId(99), 0, Sum::Header).unwrap();
+        assert!(local == want, "{len} bytes, {op:?}, header sum");
+        assert_eq!(Frame::decode(&local).unwrap(), frame);
     }
     let mut big = vec![0; READ_REPLY_PREFIX + MAX_IO_BYTES + 1];
-    assert!(Frame::seal_read_reply(&mut big, RequestId(1), ClientId(1), Opcode::Read).is_err());
+    let sealed = |buf: &mut [u8], op| {
+        Frame::seal_read_reply(buf, RequestId(1), ClientId(1), op, Sum::Full).is_ok()
+    };
+    assert!(!sealed(&mut big, Opcode::Read));
     let mut other = vec![0; READ_REPLY_PREFIX + 4];
-    assert!(Frame::seal_read_reply(&mut other, RequestId(1), ClientId(1), Opcode::Write).is_err());
+    assert!(!sealed(&mut other, Opcode::Write));
+}
+
+/// A frame summed over its header only (shared memory): the checksum is the
+/// header's, the flag says so and is accepted with every kind of frame, a
+/// changed header byte is still caught, and `stamp` keeps the sum it had.
+#[test]
+fn a_frame_summed_over_its_header_only() {
+    let frame = sample_frame();
+    let mut full = Vec::new();
+    frame.encode_summed(&mut full, ClientId(3), RequestId(8), 1, Sum::Full).unwrap();
+    let mut head = Vec::new();
+    frame.encode_summed(&mut head, ClientId(3), RequestId(8), 1, Sum::Header).unwrap();
+    assert_eq!(full.len(), head.len());
+    assert_eq!(full[HEADER_LEN..], head[HEADER_LEN..], "same payload");
+    let flags = |f: &[u8]| u16::from_le_bytes([f[8], f[9]]);
+    assert_eq!(flags(&head), flags(&full) | FLAG_HEADER_SUM);
+    let stored = |f: &[u8]| u32::from_le_bytes(f[28..32].try_into().unwrap());
+    assert_eq!(stored(&head), crc32c::crc32c(&head[..28]));
+    assert_eq!(stored(&full), frame_checksum(&full));
+    assert_ne!(stored(&full), crc32c::crc32c(&full[..28]), "the full sum covers the payload");
+    assert_eq!(Frame::decode(&head).unwrap(), Frame::decode(&full).unwrap());
+    let mut bad = head.clone();
+    bad[16] ^= 1;
+    assert!(matches!(Frame::decode(&bad), Err(WireError::Checksum { .. })), "header byte");
+    // What the header-only sum gives up: a payload byte changed in memory.
+    let mut changed = head.clone();
+    *changed.last_mut().unwrap() ^= 1;
+    assert!(!matches!(Frame::decode(&changed), Err(WireError::Checksum { .. })));
+    let mut stamped = head.clone();
+    stamp(&mut stamped, ClientId(4), RequestId(9), 2);
+    assert_eq!(flags(&stamped), flags(&head));
+    assert_eq!(stored(&stamped), crc32c::crc32c(&stamped[..28]));
+    // An error reply and a write carry the flag too.
+    let err = Frame {
+        request_id: RequestId(1),
+        client: ClientId(1),
+        body: Body::Error { op: Opcode::Read, error: crate::FsError::NotFound },
+    };
+    let mut e = Vec::new();
+    err.encode_summed(&mut e, ClientId(1), RequestId(1), 0, Sum::Header).unwrap();
+    assert_eq!(Frame::decode(&e).unwrap(), err);
+    assert_eq!(FrameHeader::decode(&e).unwrap().flags, FLAG_REPLY | FLAG_ERROR | FLAG_HEADER_SUM);
+    let data = vec![7u8; 5000];
+    let w = WriteRef {
+        ino: InodeId(5),
+        target: WriteTarget::Home(FileHandle(2)),
+        offset: 100,
+        data: &data,
+    };
+    let mut wb = Vec::new();
+    w.encode_summed(&mut wb, ClientId(2), RequestId(3), 0, Sum::Header).unwrap();
+    let (id, client, got) = Frame::decode_write(&wb).unwrap().unwrap();
+    assert_eq!((id, client, got), (RequestId(3), ClientId(2), w));
+    // The flag alone, or beside an unknown one, is still refused where it must be.
+    let mut unknown = head.clone();
+    unknown[8..10].copy_from_slice(&(FLAG_HEADER_SUM | 1 << 3).to_le_bytes());
+    assert!(FrameHeader::decode(&unknown).is_err());
+    let mut error_only = head;
+    error_only[8..10].copy_from_slice(&(FLAG_HEADER_SUM | FLAG_ERROR).to_le_bytes());
+    assert!(FrameHeader::decode(&error_only).is_err(), "an error that is not a reply");
 }
 
 /// `decode_write` borrows the data of `Write` and `WriteData` frames and

@@ -153,7 +153,8 @@ impl RdmaQp {
         assert!(len <= self.msg_bytes, "the NIC fails a message longer than the buffer");
         let start = slot as usize * self.msg_bytes;
         let msg = self.recv_mem.slice(start, start + len);
-        let parsed = match check_datagram(msg) {
+        // RDMA carries frames summed over header and payload only.
+        let parsed = match check_datagram(msg, false) {
             Ok(Datagram::Frame) => None,
             Ok(Datagram::Net(h)) if h.kind == Kind::RdmaRegion => {
                 Some(RegionAd::decode(&msg[MSG_HEADER_LEN..]).map(|ad| (h.region, ad)))
