@@ -508,10 +508,10 @@ proptest! {
 #[test]
 fn wrong_version_is_named() {
     let mut bytes = sample_frame().to_bytes().unwrap();
-    bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
+    bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
     let err = Frame::decode(&bytes).unwrap_err();
-    assert_eq!(err, WireError::Version { found: 3, expected: 2 });
-    assert_eq!(err.to_string(), "protocol version 3, expected 2");
+    assert_eq!(err, WireError::Version { found: 2, expected: 3 });
+    assert_eq!(err.to_string(), "protocol version 2, expected 3");
 }
 
 #[test]
