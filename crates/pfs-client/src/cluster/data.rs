@@ -500,3 +500,74 @@ fn read_reply_data(frame: &[u8]) -> Option<&[u8]> {
     let data = frame.get(READ_REPLY_PREFIX..)?;
     (data.len() == len as usize && len as usize <= MAX_IO_BYTES).then_some(data)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::wire::Sum;
+    use pfs_core::{ClientId, RequestId};
+
+    fn sealed(op: Opcode, data: &[u8], sum: Sum) -> Vec<u8> {
+        let mut buf = vec![0; READ_REPLY_PREFIX];
+        buf.extend_from_slice(data);
+        Frame::seal_read_reply(&mut buf, RequestId(3), ClientId(4), op, sum).unwrap();
+        buf
+    }
+
+    /// A read reply's data is taken in place, however its checksum was summed;
+    /// an error, another reply or a length that does not add up is not data.
+    #[test]
+    fn read_reply_data_is_the_data_of_read_replies_only() {
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 241) as u8).collect();
+        for op in [Opcode::Read, Opcode::ReadData] {
+            for sum in [Sum::Full, Sum::Header] {
+                let frame = sealed(op, &data, sum);
+                assert_eq!(read_reply_data(&frame), Some(&data[..]), "{op:?} {sum:?}");
+                assert_eq!(read_reply_data(&sealed(op, &[], sum)), Some(&[][..]));
+            }
+        }
+        let error = Frame {
+            request_id: RequestId(3),
+            client: ClientId(4),
+            body: Body::Error { op: Opcode::Read, error: FsError::NotFound },
+        };
+        for sum in [Sum::Full, Sum::Header] {
+            let mut e = Vec::new();
+            error.encode_summed(&mut e, ClientId(4), RequestId(3), 0, sum).unwrap();
+            assert_eq!(read_reply_data(&e), None, "an error reply, {sum:?}");
+        }
+        let getattr = Frame {
+            request_id: RequestId(3),
+            client: ClientId(4),
+            body: Body::Reply(Reply::Fsync),
+        };
+        assert_eq!(read_reply_data(&getattr.to_bytes().unwrap()), None, "another reply");
+        let mut short = sealed(Opcode::Read, &data, Sum::Full);
+        short.pop();
+        assert_eq!(read_reply_data(&short), None, "one byte short of its length");
+        assert_eq!(read_reply_data(&short[..10]), None, "not even a header");
+    }
+
+    /// One shard's reply holds its pieces one after the other; each lands at
+    /// its place in the read, and what a short reply lacks reads as zeros.
+    #[test]
+    fn a_shard_reply_is_scattered_to_its_pieces() {
+        let offset = 1000;
+        let pieces = [(1000, 10), (1030, 5), (1050, 20)];
+        let data: Vec<u8> = (1..=35).collect();
+        let mut out = vec![0xEE; 70];
+        scatter(&pieces, &data, offset, &mut out);
+        assert_eq!(&out[0..10], &data[0..10]);
+        assert_eq!(&out[10..30], &[0xEE; 20][..], "not this shard's");
+        assert_eq!(&out[30..35], &data[10..15]);
+        assert_eq!(&out[50..70], &data[15..35]);
+        // Short at the end of the file: the rest of the last piece and the
+        // pieces past it are zeros.
+        let mut out = vec![0xEE; 70];
+        scatter(&pieces, &data[..12], offset, &mut out);
+        assert_eq!(&out[0..10], &data[0..10]);
+        assert_eq!(&out[30..32], &data[10..12]);
+        assert_eq!(&out[32..35], &[0; 3][..]);
+        assert_eq!(&out[50..70], &[0; 20][..]);
+    }
+}
