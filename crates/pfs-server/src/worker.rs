@@ -152,6 +152,8 @@ pub struct Worker<D: Device> {
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
     pub(crate) after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    /// Checkpoints of the shard already logged (`log_checkpoint`).
+    checkpoints_seen: u64,
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
@@ -246,6 +248,7 @@ impl<D: Device> Worker<D> {
             // A commit step that finishes wakes a parked worker.
             epoll.add(fd, READ, TOKEN_DEVICE)?;
         }
+        let checkpoints_seen = shard.checkpoints();
         let mut w = Worker {
             id,
             shard,
@@ -262,6 +265,7 @@ impl<D: Device> Worker<D> {
             epoll,
             completions: Vec::with_capacity(pfs_net::POLL_BATCH),
             after_commit: Vec::new(),
+            checkpoints_seen,
             reads: HashMap::new(),
             dirty_since: None,
             now: Instant::now(),
@@ -295,6 +299,9 @@ impl<D: Device> Worker<D> {
             if let Some(why) = self.shard.failure() {
                 self.fail_stop.trip(format!("worker {}: {why}", self.id));
                 break;
+            }
+            if self.shard.checkpoints() != self.checkpoints_seen {
+                self.log_checkpoint();
             }
             if work > 0 {
                 if let Some(since) = idle_from.take().filter(|_| parked) {
@@ -1120,6 +1127,21 @@ impl<D: Device> Worker<D> {
         }
         bell.parked.store(false, Ordering::SeqCst);
         bell.wake.drain();
+    }
+
+    /// Tells the operator about a checkpoint taken while serving (the log
+    /// was full): the shard served nothing while it ran.
+    fn log_checkpoint(&mut self) {
+        self.checkpoints_seen = self.shard.checkpoints();
+        let st = self.shard.stats();
+        log::info!(
+            "worker {}: checkpointed (the log was full): {:.1} MiB of tables in {} ms, \
+             serving nothing meanwhile (longest so far {} ms)",
+            self.id,
+            st.last_checkpoint_bytes as f64 / (1 << 20) as f64,
+            st.last_checkpoint_us / 1000,
+            st.max_checkpoint_us / 1000
+        );
     }
 
     /// Whether a commit step or a read waits for the device.

@@ -84,6 +84,13 @@ pub struct ShardStats {
     pub commits: u64,
     /// Checkpoints taken.
     pub checkpoints: u64,
+    /// The last checkpoint: bytes of tables it wrote, and how long it took
+    /// (microseconds), during which the shard served nothing.
+    pub last_checkpoint_bytes: u64,
+    /// See `last_checkpoint_bytes`.
+    pub last_checkpoint_us: u64,
+    /// The longest checkpoint since the shard opened, in microseconds.
+    pub max_checkpoint_us: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
     /// Data reads served from the read cache, and those that went to the device
@@ -402,6 +409,12 @@ impl<D: Device> Shard<D> {
         }
     }
 
+    /// Checkpoints taken since the shard opened (`ShardStats::checkpoints`,
+    /// without building the whole record).
+    pub fn checkpoints(&self) -> u64 {
+        self.stats.checkpoints
+    }
+
     /// Sets the clock used for timestamps (the worker sets it once per tick).
     pub fn set_now(&mut self, now_ns: TimeNs) {
         self.clock_ns = now_ns;
@@ -423,8 +436,12 @@ impl<D: Device> Shard<D> {
         if let Some(f) = &self.failed {
             return Err(StoreError::Corruption(f.clone()));
         }
+        let started = std::time::Instant::now();
         self.commit().map_err(|e| StoreError::Corruption(e.to_string()))?;
         let result = self.checkpoint_inner();
+        let us = started.elapsed().as_micros() as u64;
+        self.stats.last_checkpoint_us = us;
+        self.stats.max_checkpoint_us = self.stats.max_checkpoint_us.max(us);
         if let Err(e) = &result {
             self.fail(format!("checkpoint failed, the shard must be recovered from its log: {e}"));
         }
@@ -434,6 +451,7 @@ impl<D: Device> Shard<D> {
     fn checkpoint_inner(&mut self) -> Result<(), StoreError> {
         self.icache.flush_all(&mut self.io)?;
         let tables = self.encode_tables();
+        self.stats.last_checkpoint_bytes = tables.len() as u64;
         assert!(
             tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
             "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",

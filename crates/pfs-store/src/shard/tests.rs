@@ -214,7 +214,13 @@ fn everything_survives_clean_reopen_and_wal_replay() {
     let f = s.create(d.ino, b"file", CreateArgs::file(0o640)).unwrap();
     s.write(f.ino, 0, b"persistent bytes").unwrap();
     s.setxattr(f.ino, b"user.k", b"v", XattrFlags::default()).unwrap();
+    let before = s.checkpoints();
     s.checkpoint().unwrap();
+    // The operator sees it: counted, with its tables' size and its time.
+    let st = s.stats();
+    assert_eq!((s.checkpoints(), st.checkpoints), (before + 1, before + 1));
+    assert!(st.last_checkpoint_bytes > 0, "{st:?}");
+    assert!(st.last_checkpoint_us <= st.max_checkpoint_us, "{st:?}");
     // More work after the checkpoint: only in the WAL.
     let g = s.create(d.ino, b"later", CreateArgs::file(0o600)).unwrap();
     s.write(g.ino, 70_000, b"tail").unwrap();
