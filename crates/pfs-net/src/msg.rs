@@ -166,16 +166,7 @@ pub fn checksum(head: &[u8], payload: &[u8]) -> u32 {
 
 /// Checks the checksum of a received transport message (header and payload).
 fn check_sum(msg: &[u8]) -> Result<(), String> {
-    let stored = u32::from_le_bytes(msg[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
-    let computed = checksum(&msg[..CHECKSUM_OFFSET], &msg[HEADER_LEN..]);
-    if stored != computed {
-        return Err(format!(
-            "checksum mismatch: header says 0x{stored:08x}, message of {} bytes hashes to \
-             0x{computed:08x}",
-            msg.len()
-        ));
-    }
-    Ok(())
+    match_sum(msg, "message", checksum(&msg[..CHECKSUM_OFFSET], &msg[HEADER_LEN..]))
 }
 
 /// Checks the checksum of a received frame: over its header and payload, or,
@@ -188,13 +179,17 @@ pub(crate) fn check_frame_sum(frame: &[u8], header_sums: bool) -> Result<(), Str
                     arrived over another link"
             .into());
     }
-    let stored = u32::from_le_bytes(frame[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
-    let computed = frame_checksum(frame);
+    match_sum(frame, "frame", frame_checksum(frame))
+}
+
+/// Whether the checksum stored in `msg`'s header is `computed`.
+fn match_sum(msg: &[u8], what: &str, computed: u32) -> Result<(), String> {
+    let stored = u32::from_le_bytes(msg[CHECKSUM_OFFSET..HEADER_LEN].try_into().expect("4"));
     if stored != computed {
         return Err(format!(
-            "checksum mismatch: header says 0x{stored:08x}, frame of {} bytes hashes to \
+            "checksum mismatch: header says 0x{stored:08x}, {what} of {} bytes hashes to \
              0x{computed:08x}",
-            frame.len()
+            msg.len()
         ));
     }
     Ok(())

@@ -148,14 +148,19 @@ fn send_queue_hands_the_buffer_back_when_full() {
     assert_eq!(r.buf.len(), frame.len());
 }
 
-/// A server thread that registers a 4 KiB region on each connection and only polls.
-fn region_server(
-    server_key: pfs_net::ClusterKey,
-) -> (
+/// A raw server: a thread that accepts links (`setup` runs on each), polls
+/// them, and hands each completion to `on` until a link fails.
+type RawServer = (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicBool>,
     std::thread::JoinHandle<()>,
-) {
+);
+
+fn raw_server(
+    server_key: pfs_net::ClusterKey,
+    mut setup: impl FnMut(&mut pfs_net::Link) + Send + 'static,
+    mut on: impl FnMut(&mut pfs_net::Link, Completion) + Send + 'static,
+) -> RawServer {
     let mut listener =
         pfs_net::Listener::bind(ListenerConfig::new(loopback(), server_key)).unwrap();
     let addr = listener.local_addr();
@@ -168,18 +173,32 @@ fn region_server(
         while !s.load(std::sync::atomic::Ordering::Acquire) {
             listener.accept(&mut out).unwrap();
             for mut qp in out.drain(..) {
-                let r = qp.register_region(4096).unwrap();
-                qp.region_mut(r)[..4].copy_from_slice(b"SRVR");
+                setup(&mut qp);
                 conns.push(qp);
             }
             conns.retain_mut(|qp| {
                 done.clear();
-                qp.poll_cq(&mut done).is_ok()
+                if qp.poll_cq(&mut done).is_err() {
+                    return false;
+                }
+                for c in done.drain(..) {
+                    on(qp, c);
+                }
+                true
             });
             std::thread::yield_now();
         }
     });
     (addr, stop, h)
+}
+
+/// A server thread that registers a 4 KiB region on each connection and only polls.
+fn region_server(server_key: pfs_net::ClusterKey) -> RawServer {
+    let setup = |qp: &mut pfs_net::Link| {
+        let r = qp.register_region(4096).unwrap();
+        qp.region_mut(r)[..4].copy_from_slice(b"SRVR");
+    };
+    raw_server(server_key, setup, |_, _| {})
 }
 
 fn wait_completion(qp: &mut pfs_net::Link) -> Result<Completion, NetError> {
@@ -458,57 +477,25 @@ fn connections_past_the_limit_are_refused() {
 /// A server thread that answers each write with its data, sealed as a
 /// worker seals a read reply (summed by `link_sum` of the link), and reports
 /// for each request whether its frame was summed over its header only.
-fn flag_server(
-    server_key: pfs_net::ClusterKey,
-    seen: std::sync::mpsc::Sender<bool>,
-) -> (
-    std::net::SocketAddr,
-    std::sync::Arc<std::sync::atomic::AtomicBool>,
-    std::thread::JoinHandle<()>,
-) {
+fn flag_server(server_key: pfs_net::ClusterKey, seen: std::sync::mpsc::Sender<bool>) -> RawServer {
     use pfs_core::wire::{FrameHeader, FLAG_HEADER_SUM};
-    let mut listener =
-        pfs_net::Listener::bind(ListenerConfig::new(loopback(), server_key)).unwrap();
-    let addr = listener.local_addr();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s = stop.clone();
-    let h = std::thread::spawn(move || {
-        let mut conns = Vec::new();
-        let mut out = Vec::new();
-        let mut done = Vec::with_capacity(64);
-        while !s.load(std::sync::atomic::Ordering::Acquire) {
-            listener.accept(&mut out).unwrap();
-            for mut qp in out.drain(..) {
-                for _ in 0..qp.credits() {
-                    qp.post_recv(Vec::new()).unwrap();
-                }
-                conns.push(qp);
-            }
-            conns.retain_mut(|qp| {
-                done.clear();
-                if qp.poll_cq(&mut done).is_err() {
-                    return false;
-                }
-                for c in done.drain(..) {
-                    let Completion::Recv { buf } = c else { continue };
-                    let h = FrameHeader::decode(&buf).unwrap();
-                    seen.send(h.flags & FLAG_HEADER_SUM != 0).unwrap();
-                    let req = pfs_core::Frame::decode_received(&buf).unwrap();
-                    let reply = echo(req).unwrap();
-                    let mut bytes = Vec::new();
-                    let sum = pfs_net::link_sum(qp.backend());
-                    reply
-                        .encode_summed(&mut bytes, reply.client, reply.request_id, 0, sum)
-                        .unwrap();
-                    qp.post_send(WorkId(0), bytes).unwrap();
-                    qp.post_recv(buf).unwrap();
-                }
-                true
-            });
-            std::thread::yield_now();
+    let setup = |qp: &mut pfs_net::Link| {
+        for _ in 0..qp.credits() {
+            qp.post_recv(Vec::new()).unwrap();
         }
-    });
-    (addr, stop, h)
+    };
+    let on = move |qp: &mut pfs_net::Link, c: Completion| {
+        let Completion::Recv { buf } = c else { return };
+        let h = FrameHeader::decode(&buf).unwrap();
+        seen.send(h.flags & FLAG_HEADER_SUM != 0).unwrap();
+        let reply = echo(pfs_core::Frame::decode_received(&buf).unwrap()).unwrap();
+        let mut bytes = Vec::new();
+        let sum = pfs_net::link_sum(qp.backend());
+        reply.encode_summed(&mut bytes, reply.client, reply.request_id, 0, sum).unwrap();
+        qp.post_send(WorkId(0), bytes).unwrap();
+        qp.post_recv(buf).unwrap();
+    };
+    raw_server(server_key, setup, on)
 }
 
 /// Through shared memory a frame's checksum covers its header only (the

@@ -1140,14 +1140,44 @@ fn a_read_of_picked_blocks_returns_them_one_after_the_other() {
     }
 }
 
+/// Starts background reads `(offset, len)` of `ino` one after the other,
+/// collecting what the device finished after each as a worker's round does,
+/// then waits for the rest: each read's offset and result.
+fn read_in_background(
+    s: &mut Shard<MemDevice>,
+    ino: InodeId,
+    reads: impl Iterator<Item = (usize, usize)>,
+) -> Vec<(usize, FsResult<Vec<u8>>)> {
+    use super::dataio::{ReadShape, ReadStart};
+    let bg = ReadShape { prefix: 0, pad: 0, background: true };
+    let mut want = HashMap::new();
+    let mut got = Vec::new();
+    for (at, len) in reads {
+        match s.read_start(ino, at as u64, len, ALL_BLOCKS, bg).unwrap() {
+            ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
+            ReadStart::Pending(id) => {
+                want.insert(id, at);
+            }
+        }
+        s.poll_data_writes();
+        got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
+    }
+    for _ in 0..10_000 {
+        if !s.reads_under_way() {
+            break;
+        }
+        s.poll_data_writes();
+        got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
+    }
+    got
+}
+
 /// A sequential reader in the background (as the worker reads) is served by
 /// read-ahead: its reads copy from the read-ahead buffers or join a
 /// read-ahead still in flight, never reading a page twice or waiting inline,
 /// and each gets the right bytes whatever order the device answers in.
 #[test]
 fn background_readers_join_the_read_ahead_in_flight() {
-    use super::dataio::{ReadShape, ReadStart};
-    let bg = ReadShape { prefix: 0, pad: 0, background: true };
     // 1024 pages: read-ahead has room for the whole file; 64: it is full of
     // read-aheads in flight at times, and a read goes to the device itself.
     for (seed, cache_pages) in (0..16).flat_map(|seed| [(seed, 1024), (seed, 64)]) {
@@ -1160,27 +1190,8 @@ fn background_readers_join_the_read_ahead_in_flight() {
         let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
         handle.reorder(Some(seed));
         let piece = 16 << 10;
-        let mut want = HashMap::new();
-        let mut got = Vec::new();
-        for i in 0..data.len() / piece {
-            let at = i * piece;
-            match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, bg).unwrap() {
-                ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
-                ReadStart::Pending(id) => {
-                    want.insert(id, at);
-                }
-            }
-            // A worker's round: collect what the device finished.
-            s.poll_data_writes();
-            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
-        }
-        for _ in 0..10_000 {
-            if !s.reads_under_way() {
-                break;
-            }
-            s.poll_data_writes();
-            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
-        }
+        let reads = (0..data.len() / piece).map(|i| (i * piece, piece));
+        let got = read_in_background(&mut s, f.ino, reads);
         assert_eq!(got.len(), data.len() / piece, "seed {seed}: every read answered");
         for (at, r) in got {
             assert!(r.unwrap() == data[at..at + piece], "seed {seed}: bytes at {at}");
@@ -1297,8 +1308,6 @@ fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
 /// io-hard's reads waited for the device.
 #[test]
 fn interleaved_unaligned_readers_find_their_pages_read_ahead() {
-    use super::dataio::{ReadShape, ReadStart};
-    let bg = ReadShape { prefix: 0, pad: 0, background: true };
     let transfer = 47_008;
     let segments = 64;
     for seed in 0..8 {
@@ -1312,27 +1321,9 @@ fn interleaved_unaligned_readers_find_their_pages_read_ahead() {
         let opts = ShardOptions { read_cache_pages: 1024, ..small_opts() };
         let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
         handle.reorder(Some(seed));
-        let mut want = HashMap::new();
-        let mut got = Vec::new();
         // Segment 2k+1 before 2k: the second reader ahead of the first.
-        for i in (0..segments).map(|i| i ^ 1) {
-            let at = i * transfer;
-            match s.read_start(f.ino, at as u64, transfer, ALL_BLOCKS, bg).unwrap() {
-                ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
-                ReadStart::Pending(id) => {
-                    want.insert(id, at);
-                }
-            }
-            s.poll_data_writes();
-            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
-        }
-        for _ in 0..10_000 {
-            if !s.reads_under_way() {
-                break;
-            }
-            s.poll_data_writes();
-            got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
-        }
+        let reads = (0..segments).map(|i| ((i ^ 1) * transfer, transfer));
+        let got = read_in_background(&mut s, f.ino, reads);
         assert_eq!(got.len(), segments, "seed {seed}: every read answered");
         for (at, r) in got {
             assert!(r.unwrap() == data[at..at + transfer], "seed {seed}: bytes at {at}");
