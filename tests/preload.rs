@@ -420,6 +420,96 @@ fn a_c_program_on_stdio_dirs_and_at_calls() {
     assert_eq!(std::fs::read_to_string(c.mnt.join("c/system.txt")).unwrap().trim(), "1001");
 }
 
+/// Descriptors: a pfs descriptor is, to the kernel, an `O_PATH` descriptor
+/// of `/dev/null` (duplicated from one the library keeps), so a raw system
+/// call on it fails with `EBADF`; opening and closing leaks none; and a
+/// program that closes every descriptor (a loop of `close`, `closefrom`,
+/// `close_range`) or `dup2`s its own files onto every low number keeps
+/// opening pfs files that are what they should be: the library's links stay
+/// open (a `dup2` onto one fails with `EBUSY`). Before, the close loop cut
+/// the library's links and the program aborted ("IO Safety violation").
+/// (`busy > 0`: the library's links sit at low numbers, so the test sees them.)
+const FDS_PROGRAM: &str = r#"
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "failed at line %d: %s\n", __LINE__, #c); exit(1); } } while (0)
+static int count_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1;
+}
+/* A pfs descriptor reads "hello" through the library and is O_PATH to the kernel. */
+static void check_pfs(int fd) {
+    char b[8];
+    CHECK(fd >= 0 && read(fd, b, 8) == 5 && memcmp(b, "hello", 5) == 0);
+    CHECK(syscall(SYS_read, fd, b, 8) == -1 && errno == EBADF);
+    CHECK(close(fd) == 0);
+}
+int main(int argc, char **argv) {
+    CHECK(chdir(argv[1]) == 0);
+    int fd = open("a", O_CREAT | O_WRONLY, 0644);
+    CHECK(fd >= 0 && write(fd, "hello", 5) == 5 && close(fd) == 0);
+    int base = count_fds();
+    for (int i = 0; i < 1000; i++) check_pfs(open("a", O_RDONLY));
+    CHECK(count_fds() == base);
+    for (int i = 3; i < 1024; i++) close(i);
+    check_pfs(open("a", O_RDONLY));
+    closefrom(3);
+    check_pfs(open("a", O_RDONLY));
+    CHECK(close_range(3, ~0U, 0) == 0);
+    check_pfs(open("a", O_RDONLY | O_CLOEXEC));
+    int k = open(argv[2], O_RDONLY);
+    CHECK(k >= 0);
+    /* The library's links refuse to be replaced (EBUSY); its template moves. */
+    char took[64] = {0};
+    int busy = 0;
+    for (int i = 3; i < 64; i++) {
+        if (i == k) continue;
+        int r = dup2(k, i);
+        CHECK(r == i || (r == -1 && errno == EBUSY));
+        took[i] = r == i;
+        busy += r == -1;
+    }
+    CHECK(busy > 0);
+    for (int i = 0; i < 10; i++) check_pfs(open("a", O_RDONLY));
+    for (int i = 3; i < 64; i++) {
+        char c;
+        if (took[i]) CHECK(pread(i, &c, 1, 0) == 1 && c == 'K');
+    }
+    fprintf(stderr, "fds ok\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn descriptors_stay_the_librarys_whatever_the_program_closes() {
+    let c = Cluster::start("fds");
+    let src = c._dir.0.join("fds.c");
+    let exe = c._dir.0.join("fds");
+    let kernel_file = c._dir.0.join("kernel-file");
+    std::fs::write(&src, FDS_PROGRAM).unwrap();
+    std::fs::write(&kernel_file, b"K is a kernel file").unwrap();
+    let cc = Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src).output();
+    let cc = cc.expect("cc (gcc) is needed: .ci/run installs it");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    c.run("mkdir", &[&c.p("fds")]);
+    let out =
+        c.run_on(&c.pfs, exe.to_str().unwrap(), &[&c.p("fds"), kernel_file.to_str().unwrap()]);
+    assert!(out.status.success(), "the descriptor program failed");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "fds ok");
+    assert_eq!(std::fs::read(c.mnt.join("fds/a")).unwrap(), b"hello");
+}
+
 #[test]
 fn git_commits_through_the_library() {
     let c = Cluster::start("git");

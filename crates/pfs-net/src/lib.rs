@@ -18,12 +18,15 @@
 //! - [`rdma`]: RDMA queue pairs over verbs (feature `rdma`: `RdmaQp`,
 //!   `rdma::connect`), the reply immediate and the connection-info encoding.
 //! - `poller`: epoll and eventfd wrappers.
+//! - [`fdguard`]: the descriptors pfs-net keeps open, which libpfs_preload keeps
+//!   the host program from closing.
 //!
 //! Byte layouts: `docs/format.md`, "Transport and handshake".
 
 pub mod auth;
 pub mod connect;
 mod error;
+pub mod fdguard;
 pub mod link;
 pub mod listener;
 pub mod msg;

@@ -7,6 +7,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use crate::fdguard::FdGuard;
+
 /// Readable (or a peer hang-up).
 pub const READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
 /// Writable.
@@ -15,6 +17,7 @@ pub const WRITE: u32 = libc::EPOLLOUT as u32;
 /// One epoll instance; its fd is itself pollable, so instances nest.
 #[derive(Debug)]
 pub struct Epoll {
+    _guard: FdGuard,
     fd: OwnedFd,
 }
 
@@ -27,7 +30,7 @@ impl Epoll {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        Ok(Epoll { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Epoll { _guard: FdGuard::new(fd), fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
     fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
@@ -80,6 +83,7 @@ impl Epoll {
 /// An eventfd: a counter one side bumps to wake the other.
 #[derive(Debug)]
 pub struct EventFd {
+    _guard: FdGuard,
     fd: OwnedFd,
 }
 
@@ -92,12 +96,12 @@ impl EventFd {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fresh descriptor.
-        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(EventFd { _guard: FdGuard::new(fd), fd: unsafe { OwnedFd::from_raw_fd(fd) } })
     }
 
     /// Wraps a received eventfd descriptor.
     pub(crate) fn from_owned(fd: OwnedFd) -> EventFd {
-        EventFd { fd }
+        EventFd { _guard: FdGuard::new(fd.as_raw_fd()), fd }
     }
 
     /// Wakes whoever waits on it.

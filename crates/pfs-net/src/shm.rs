@@ -104,6 +104,7 @@ pub(crate) struct ShmPipe {
     mine: EventFd,
     /// Rung by this side to wake the peer.
     theirs: EventFd,
+    _sock_guard: crate::fdguard::FdGuard,
     sock: UnixStream,
     empty_reads: u32,
     /// Parks since the last check for a dead peer.
@@ -235,6 +236,7 @@ impl ShmPipe {
             rx,
             mine,
             theirs,
+            _sock_guard: crate::fdguard::FdGuard::new(sock.as_raw_fd()),
             sock,
             empty_reads: 0,
             parks: 0,

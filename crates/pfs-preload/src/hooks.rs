@@ -307,6 +307,12 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
 
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if pfs_net::fdguard::is_guarded(fd) {
+        // One of the library's own descriptors (a link to a server, its
+        // template), closed by a program that closes every number it did not
+        // open: it stays open, as if it never existed.
+        return 0;
+    }
     if !fds::is_pfs(fd) {
         // SAFETY: libc's close.
         return unsafe { real!(close: fn(c_int) -> c_int)(fd) };
@@ -1551,6 +1557,16 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 }
 
 unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int) -> c_int {
+    if oldfd != newfd && pfs_net::fdguard::is_guarded(newfd) {
+        if ops::template() == Some(newfd) {
+            // The program wants this number: the library's template moves.
+            ops::template_taken(newfd);
+        } else {
+            // A link of the library lives at that number and cannot move.
+            set_errno(libc::EBUSY);
+            return -1;
+        }
+    }
     let old_pfs = fds::is_pfs(oldfd);
     let new_pfs = fds::is_pfs(newfd);
     if old_pfs && oldfd != newfd {
@@ -2681,8 +2697,27 @@ fn forget_range(first: c_uint, last: c_uint) {
 
 #[no_mangle]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    // SAFETY: libc's close_range with the caller's arguments.
-    let r = unsafe { real!(close_range: fn(c_uint, c_uint, c_int) -> c_int)(first, last, flags) };
+    let f = real!(close_range: fn(c_uint, c_uint, c_int) -> c_int);
+    if first > last {
+        // SAFETY: libc's close_range says what is wrong (EINVAL).
+        return unsafe { f(first, last, flags) };
+    }
+    // Around the library's own descriptors (they stay open, as `close`
+    // leaves them): the stretches between them, each closed by libc.
+    let mut r = 0;
+    let mut from = u64::from(first);
+    for g in pfs_net::fdguard::guarded_in(first, last) {
+        let g = g as u64;
+        if g > from && r == 0 {
+            // SAFETY: libc's close_range on part of the caller's range.
+            r = unsafe { f(from as c_uint, (g - 1) as c_uint, flags) };
+        }
+        from = g + 1;
+    }
+    if from <= u64::from(last) && r == 0 {
+        // SAFETY: libc's close_range on the rest of the caller's range.
+        r = unsafe { f(from as c_uint, last, flags) };
+    }
     if r == 0 && flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
         forget_range(first, last);
     }
@@ -2691,6 +2726,12 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    if !pfs_net::fdguard::guarded_in(lowfd.max(0) as c_uint, c_uint::MAX).is_empty() {
+        // Around the library's own descriptors, as `close_range` does.
+        // SAFETY: closes descriptors of this process by number.
+        unsafe { close_range(lowfd.max(0) as c_uint, c_uint::MAX, 0) };
+        return;
+    }
     // SAFETY: libc's closefrom.
     unsafe { real!(closefrom: fn(c_int) -> ())(lowfd) };
     forget_range(lowfd.max(0) as c_uint, c_uint::MAX);

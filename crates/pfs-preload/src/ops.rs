@@ -314,17 +314,86 @@ fn access_mask(flags: i32) -> i32 {
     }
 }
 
-/// Reserves a real descriptor for a pfs file: `O_PATH` of `/dev/null`, so the
-/// number is the kernel's and an uncaught call on it fails with `EBADF`.
+/// The descriptor every reserved one is duplicated from: an `O_PATH`
+/// descriptor of `/dev/null` the library keeps (close-on-exec), or -1 before
+/// the first pfs open. Opening `/dev/null` for every pfs open walked its path
+/// in the kernel: 11% of md-hard's read phase through the library
+/// (docs/benchmarks.md). It is guarded (`pfs_net::fdguard`) as the library's
+/// link descriptors are: the program's `close` of it leaves it open; a `dup2`
+/// onto its number makes the library open another.
+static TEMPLATE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(-1);
+
+/// The template descriptor, if the library has one.
+pub fn template() -> Option<i32> {
+    let t = TEMPLATE.load(std::sync::atomic::Ordering::Acquire);
+    (t >= 0).then_some(t)
+}
+
+/// The program is about to make descriptor `fd` something else (`dup2`
+/// onto it): if it is the template, the library stops using it and opens
+/// another at its next pfs open.
+pub fn template_taken(fd: i32) {
+    let taken = TEMPLATE.compare_exchange(
+        fd,
+        -1,
+        std::sync::atomic::Ordering::AcqRel,
+        std::sync::atomic::Ordering::Acquire,
+    );
+    if taken.is_ok() {
+        pfs_net::fdguard::unguard(fd);
+    }
+}
+
+/// Reserves a real descriptor for a pfs file: a duplicate of the template,
+/// an `O_PATH` descriptor of `/dev/null`, so the number is the kernel's and
+/// an uncaught call on it fails with `EBADF`.
 fn reserve(cloexec: bool) -> Res<i32> {
-    let flags = libc::O_PATH | if cloexec { libc::O_CLOEXEC } else { 0 };
+    let fcntl = real!(fcntl: fn(i32, i32, libc::c_ulong) -> i32);
+    let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
+    for _ in 0..2 {
+        let t = match template() {
+            Some(t) => t,
+            None => open_template()?,
+        };
+        // SAFETY: duplicates a descriptor; no memory is passed.
+        let fd = unsafe { fcntl(t, cmd, 0) };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        let e = last_errno();
+        if e != libc::EBADF {
+            return Err(e);
+        }
+        // Closed behind the library's back (a raw system call): open another.
+        template_taken(t);
+    }
+    Err(libc::EBADF)
+}
+
+/// Opens the template (another thread may have opened one first: then that
+/// one is used and this one closed).
+fn open_template() -> Res<i32> {
     let open = real!(open: fn(*const libc::c_char, i32, libc::c_uint) -> i32);
     // SAFETY: a nul-terminated path.
-    let fd = unsafe { open(c"/dev/null".as_ptr(), flags, 0) };
+    let fd = unsafe { open(c"/dev/null".as_ptr(), libc::O_PATH | libc::O_CLOEXEC, 0) };
     if fd < 0 {
         return Err(last_errno());
     }
-    Ok(fd)
+    match TEMPLATE.compare_exchange(
+        -1,
+        fd,
+        std::sync::atomic::Ordering::AcqRel,
+        std::sync::atomic::Ordering::Acquire,
+    ) {
+        Ok(_) => {
+            pfs_net::fdguard::guard(fd);
+            Ok(fd)
+        }
+        Err(other) => {
+            real_close(fd);
+            Ok(other)
+        }
+    }
 }
 
 fn real_close(fd: i32) {

@@ -101,6 +101,8 @@ impl TxItem {
 #[derive(Debug)]
 pub struct Qp {
     peer: String,
+    /// Guards a TCP pipe's socket (`fdguard`); before `pipe`, so it drops first.
+    _tcp_guard: Option<crate::fdguard::FdGuard>,
     pipe: Pipe,
     epoll: Epoll,
     interest: u32,
@@ -151,6 +153,10 @@ impl Qp {
         if matches!(pipe, Pipe::Shm(_)) {
             rx.allow_header_sums();
         }
+        let _tcp_guard = match &pipe {
+            Pipe::Tcp(s) => Some(crate::fdguard::FdGuard::new(s.as_raw_fd())),
+            Pipe::Shm(_) => None,
+        };
         Ok(Qp {
             rx,
             recv_posted: VecDeque::with_capacity(limits.recv_depth),
@@ -167,6 +173,7 @@ impl Qp {
             done: VecDeque::with_capacity(limits.send_depth + limits.op_depth),
             dead: None,
             peer,
+            _tcp_guard,
             pipe,
             epoll,
             interest,
