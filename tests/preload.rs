@@ -94,6 +94,17 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Compiles the C program `source` (with `cc`) into the test's directory.
+    fn compile(&self, name: &str, source: &str) -> PathBuf {
+        let src = self._dir.0.join(format!("{name}.c"));
+        let exe = self._dir.0.join(name);
+        std::fs::write(&src, source).unwrap();
+        let cc = Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src).output();
+        let cc = cc.expect("cc (gcc) is needed: .ci/run installs it");
+        assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+        exe
+    }
+
     /// A path under the library's mount.
     fn p(&self, rel: &str) -> String {
         self.pfs.join(rel).to_str().unwrap().to_string()
@@ -400,12 +411,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_c_program_on_stdio_dirs_and_at_calls() {
     let c = Cluster::start("c");
-    let src = c._dir.0.join("prog.c");
-    let exe = c._dir.0.join("prog");
-    std::fs::write(&src, C_PROGRAM).unwrap();
-    let cc = Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src).output();
-    let cc = cc.expect("cc (gcc) is needed: .ci/run installs it");
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let exe = c.compile("prog", C_PROGRAM);
     c.run("mkdir", &[&c.p("c")]);
     let out = c.run_on(&c.pfs, exe.to_str().unwrap(), &[&c.p("c")]);
     assert!(out.status.success(), "the C program failed");
@@ -494,14 +500,9 @@ int main(int argc, char **argv) {
 #[test]
 fn descriptors_stay_the_librarys_whatever_the_program_closes() {
     let c = Cluster::start("fds");
-    let src = c._dir.0.join("fds.c");
-    let exe = c._dir.0.join("fds");
+    let exe = c.compile("fds", FDS_PROGRAM);
     let kernel_file = c._dir.0.join("kernel-file");
-    std::fs::write(&src, FDS_PROGRAM).unwrap();
     std::fs::write(&kernel_file, b"K is a kernel file").unwrap();
-    let cc = Command::new("cc").arg("-O1").arg("-o").arg(&exe).arg(&src).output();
-    let cc = cc.expect("cc (gcc) is needed: .ci/run installs it");
-    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
     c.run("mkdir", &[&c.p("fds")]);
     let out =
         c.run_on(&c.pfs, exe.to_str().unwrap(), &[&c.p("fds"), kernel_file.to_str().unwrap()]);
