@@ -11,9 +11,12 @@
 //! | `worker.panic` | a worker, before it runs a request | the worker panics |
 //! | `device.read`, `device.write`, `device.sync` | the shard's device path (`DevIo`: blocking batches, data requests, commit steps) | that request fails with `EIO`, as a failing device's would |
 //!
-//! One name is a setting instead, read with [`setting`]: `commit.hold_ms=M` hands
+//! Some names are settings instead, read with [`setting`]: `commit.hold_ms=M` hands
 //! every group-commit step's completion to its shard M ms late, without blocking
-//! the worker, so a test sees requests served while a commit waits.
+//! the worker, so a test sees requests served while a commit waits;
+//! `read.hold_ms=M` does the same to finished data reads; `checkpoint.hold_ms=M`
+//! holds every checkpoint's header write back M ms from the checkpoint's start,
+//! so a test sees requests served while a checkpoint is under way.
 //!
 //! A malformed variable is reported once on stderr and ignored.
 

@@ -152,8 +152,12 @@ pub struct Worker<D: Device> {
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
     pub(crate) after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
-    /// Checkpoints of the shard already logged (`log_checkpoint`).
+    /// Checkpoints of the shard, and waits for a full log, already logged
+    /// (`log_checkpoint`).
     checkpoints_seen: u64,
+    log_full_waits_seen: u64,
+    /// Whether the last round saw a checkpoint under way (its start is logged).
+    checkpoint_seen_running: bool,
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
@@ -266,6 +270,8 @@ impl<D: Device> Worker<D> {
             completions: Vec::with_capacity(pfs_net::POLL_BATCH),
             after_commit: Vec::new(),
             checkpoints_seen,
+            log_full_waits_seen: 0,
+            checkpoint_seen_running: false,
             reads: HashMap::new(),
             dirty_since: None,
             now: Instant::now(),
@@ -302,6 +308,16 @@ impl<D: Device> Worker<D> {
             }
             if self.shard.checkpoints() != self.checkpoints_seen {
                 self.log_checkpoint();
+            }
+            if self.shard.checkpointing() != self.checkpoint_seen_running {
+                self.checkpoint_seen_running = self.shard.checkpointing();
+                if self.checkpoint_seen_running {
+                    log::info!(
+                        "worker {}: checkpoint started beside the requests (a quarter of the \
+                         log's half is left)",
+                        self.id
+                    );
+                }
             }
             if work > 0 {
                 if let Some(since) = idle_from.take().filter(|_| parked) {
@@ -409,6 +425,9 @@ impl<D: Device> Worker<D> {
     /// it or the oldest change is `commit_interval` old. Returns the work done.
     fn drive_commit(&mut self) -> usize {
         let mut work = 0;
+        if self.shard.checkpointing() {
+            self.shard.poll_checkpoint();
+        }
         if self.shard.committing() {
             self.shard.poll_commit();
             if self.shard.committing() {
@@ -1096,6 +1115,7 @@ impl<D: Device> Worker<D> {
         // way is polled, not slept on.
         self.shard.poll_device();
         self.shard.poll_commit();
+        self.shard.poll_checkpoint();
         self.shard.poll_data_writes();
         let read = self.shard.has_finished_reads();
         let done = self.shard.commits_done();
@@ -1130,23 +1150,34 @@ impl<D: Device> Worker<D> {
     }
 
     /// Tells the operator about a checkpoint taken while serving (the log
-    /// was full): the shard served nothing while it ran.
+    /// was filling): how long it took beside the requests, and how long the
+    /// snapshot stopped them; warns when operations waited for a full log.
     fn log_checkpoint(&mut self) {
         self.checkpoints_seen = self.shard.checkpoints();
         let st = self.shard.stats();
         log::info!(
-            "worker {}: checkpointed (the log was full): {:.1} MiB of tables in {} ms, \
-             serving nothing meanwhile (longest so far {} ms)",
+            "worker {}: checkpointed beside the requests: {:.1} MiB of tables in {} ms; \
+             the snapshot stopped serving for {} us (longest so far {} us)",
             self.id,
             st.last_checkpoint_bytes as f64 / (1 << 20) as f64,
             st.last_checkpoint_us / 1000,
-            st.max_checkpoint_us / 1000
+            st.last_snapshot_us,
+            st.max_snapshot_us
         );
+        if st.log_full_waits != self.log_full_waits_seen {
+            self.log_full_waits_seen = st.log_full_waits;
+            log::warn!(
+                "worker {}: the log filled before a checkpoint finished, and operations \
+                 waited for it ({} times so far); a larger wal_size gives checkpoints more time",
+                self.id,
+                st.log_full_waits
+            );
+        }
     }
 
     /// Whether a commit step or a read waits for the device.
     fn awaits_device(&self) -> bool {
-        self.shard.committing() || !self.reads.is_empty()
+        self.shard.committing() || self.shard.checkpointing() || !self.reads.is_empty()
     }
 
     fn publish_usage(&self) {

@@ -9,8 +9,9 @@
 //! - Servers refuse server-internal requests from clients with `EPERM`, log it,
 //!   and go on serving.
 //! - A worker answers requests while its group commit waits for the device
-//!   (failpoint `commit.hold_ms`), and while a read waits for its device read
-//!   (failpoint `read.hold_ms`).
+//!   (failpoint `commit.hold_ms`), while a read waits for its device read
+//!   (failpoint `read.hold_ms`), and while a checkpoint is under way (failpoint
+//!   `checkpoint.hold_ms`).
 
 mod common;
 
@@ -455,6 +456,63 @@ fn a_worker_serves_requests_while_a_commit_waits_for_the_device() {
         synced.saturating_duration_since(served)
     );
     drop(other);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint runs beside the requests: with its header held back 3 s
+/// (failpoint `checkpoint.hold_ms`), the same worker creates, writes and
+/// makes durable another file while it is under way; the checkpoint then
+/// finishes, and after a SIGKILL everything made durable is there.
+#[test]
+fn a_worker_serves_requests_while_a_checkpoint_is_under_way() {
+    const HOLD_MS: u64 = 3000;
+    let (dir, mut c) = one_worker_with("ckpt-beside", &format!("checkpoint.hold_ms={HOLD_MS}"));
+    let fs = c.client();
+    let (a, fh) = fs.create(InodeId::ROOT, b"big-xattrs", 0o644, 0, 0, 0).unwrap();
+    let value = vec![7u8; 60 << 10];
+    let set = pfs_core::wire::XattrSetMode::Any;
+    // Records of 60 KiB fill the log's half (4 MiB of the test's 8) fast.
+    let started = "checkpoint started beside the requests";
+    let mut n = 0;
+    while !log_of(&c, 0).contains(started) {
+        fs.setxattr(a.ino, format!("user.k{}", n % 16).as_bytes(), &value, set).unwrap();
+        n += 1;
+        assert!(n < 2000, "no checkpoint started after {n} records of 60 KiB");
+    }
+    let t = std::time::Instant::now();
+    let (b, bfh) = fs.create(InodeId::ROOT, b"beside", 0o644, 0, 0, 0).unwrap();
+    fs.write(b.ino, bfh, 0, b"written while the checkpoint ran").unwrap();
+    fs.fsync(b.ino, bfh, false).unwrap();
+    fs.release(b.ino, bfh).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    let served = t.elapsed();
+    let finished = "checkpointed beside the requests";
+    assert!(
+        !log_of(&c, 0).contains(finished),
+        "the checkpoint finished before the requests beside it were answered ({served:?})"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !log_of(&c, 0).contains(finished) {
+        assert!(std::time::Instant::now() < deadline, "the checkpoint never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(HOLD_MS / 2),
+        "the checkpoint finished {:?} after the requests started: not held",
+        t.elapsed()
+    );
+    drop(fs);
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let fs = c.client();
+    assert_eq!(
+        common::read_all(&fs, fs.lookup(InodeId::ROOT, b"beside").unwrap().ino).unwrap(),
+        b"written while the checkpoint ran"
+    );
+    assert_eq!(fs.getxattr(a.ino, b"user.k0").unwrap(), value);
+    drop(fs);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,6 +43,9 @@ struct CacheBlock {
     data: Option<AlignedBuf>,
     /// Highest WAL sequence number that changed this block since it was clean.
     dirty_lsn: u64,
+    /// Lowest such number: the block holds no change older than it that the
+    /// device lacks (a checkpoint waits for blocks older than its snapshot).
+    first_dirty_lsn: u64,
     prev: u32,
     next: u32,
 }
@@ -58,6 +61,17 @@ pub struct IcacheStats {
     pub writebacks: u64,
     /// Ready blocks dropped to make room.
     pub evictions: u64,
+}
+
+/// What [`Icache::write_back_older`] still waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteBack {
+    /// Every block it was given reached the device.
+    Done,
+    /// Write-backs in flight.
+    Writing,
+    /// Blocks whose newest records are not durable yet: a commit first.
+    NeedsCommit,
 }
 
 /// A fixed set of cache blocks over the metadata area of a zone.
@@ -94,6 +108,7 @@ impl Icache {
                 page: 0,
                 data: None,
                 dirty_lsn: 0,
+                first_dirty_lsn: 0,
                 prev: NIL,
                 next: NIL,
             })
@@ -173,6 +188,7 @@ impl Icache {
         block.dirty_lsn = block.dirty_lsn.max(lsn);
         if block.state == BlockState::Ready {
             block.state = BlockState::Dirty;
+            block.first_dirty_lsn = lsn;
             self.dirty_count += 1;
         }
         assert_eq!(block.state, BlockState::Dirty);
@@ -213,6 +229,57 @@ impl Icache {
             }
         }
         self.reap(io, io_wait_async)
+    }
+
+    /// The blocks holding changes the device lacks (dirty or being written):
+    /// what a checkpoint taken now must see written ([`write_back_older`]).
+    ///
+    /// [`write_back_older`]: Self::write_back_older
+    pub fn unwritten_blocks(&self) -> Vec<u32> {
+        (0..self.blocks.len() as u32)
+            .filter(|&b| {
+                matches!(self.blocks[b as usize].state, BlockState::Dirty | BlockState::Writing)
+            })
+            .collect()
+    }
+
+    /// Moves the write-back of `blocks` (from [`unwritten_blocks`]) along
+    /// without waiting: collects finished write-backs, forgets the blocks whose
+    /// changes older than `lsn` reached the device, and starts the write of
+    /// those whose records are durable. Returns what is left to wait for.
+    ///
+    /// [`unwritten_blocks`]: Self::unwritten_blocks
+    pub fn write_back_older<D: Device>(
+        &mut self,
+        io: &mut DevIo<D>,
+        blocks: &mut Vec<u32>,
+        lsn: u64,
+    ) -> Result<WriteBack, StoreError> {
+        self.reap(io, io_take_async)?;
+        blocks.retain(|&b| {
+            let block = &self.blocks[b as usize];
+            matches!(block.state, BlockState::Dirty | BlockState::Writing)
+                && block.first_dirty_lsn < lsn
+        });
+        let mut needs_commit = false;
+        for &b in blocks.iter() {
+            let block = &self.blocks[b as usize];
+            if block.state != BlockState::Dirty {
+                continue;
+            }
+            if block.dirty_lsn <= self.durable_lsn {
+                self.start_write(io, b);
+            } else {
+                needs_commit = true;
+            }
+        }
+        Ok(if blocks.is_empty() {
+            WriteBack::Done
+        } else if needs_commit {
+            WriteBack::NeedsCommit
+        } else {
+            WriteBack::Writing
+        })
     }
 
     /// Makes metadata `page` resident and most recently used; returns its block.

@@ -1,7 +1,8 @@
 //! The shard's one path to its device: blocking batches for the operation at hand,
-//! plus three kinds of asynchronous requests whose completions are collected later:
-//! Icache write-backs, data writes and reads (`shard/dataio.rs`), and the steps of
-//! a group commit (`shard/commit.rs`).
+//! plus four kinds of asynchronous requests whose completions are collected later:
+//! Icache write-backs, data writes and reads (`shard/dataio.rs`), the steps of
+//! a group commit (`shard/commit.rs`), and the writes and syncs of a checkpoint
+//! (`shard/checkpoint.rs`).
 
 use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
@@ -11,6 +12,10 @@ const ASYNC_TAG: u64 = 1 << 63;
 const DATA_TAG: u64 = 1 << 62;
 /// Asynchronous tags with this bit set as well are a group commit's steps.
 const COMMIT_TAG: u64 = 1 << 61;
+/// Asynchronous tags with this bit set as well are a checkpoint's requests.
+const CKPT_TAG: u64 = 1 << 60;
+/// The bits above a caller's tag.
+const KIND_BITS: u64 = ASYNC_TAG | DATA_TAG | COMMIT_TAG | CKPT_TAG;
 
 /// Completions and the count in flight of one kind of asynchronous request.
 #[derive(Debug, Default)]
@@ -28,6 +33,8 @@ struct Kinds {
     data: AsyncKind,
     /// The step of a group commit under way (at most one).
     commit: AsyncKind,
+    /// The writes and syncs of a checkpoint under way.
+    ckpt: AsyncKind,
 }
 
 /// The device plus completion routing.
@@ -77,6 +84,7 @@ impl<D: Device> DevIo<D> {
         self.wait_async_all();
         self.wait_data_all();
         self.wait_all(|k| &mut k.commit);
+        self.wait_all(|k| &mut k.ckpt);
         self.dev
     }
 
@@ -129,20 +137,20 @@ impl<D: Device> DevIo<D> {
         Ok(out)
     }
 
-    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^61); waits
+    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^60); waits
     /// for room if full.
     pub fn submit_async(&mut self, mut req: IoRequest, tag: u64) {
-        assert!(tag & (ASYNC_TAG | DATA_TAG | COMMIT_TAG) == 0, "async tag {tag} too large");
+        assert!(tag & KIND_BITS == 0, "async tag {tag} too large");
         req.tag = tag | ASYNC_TAG;
         self.submit_waiting(req);
         self.kinds.meta.in_flight += 1;
     }
 
-    /// Submits an asynchronous data write or read tagged `tag` (< 2^61); waits
+    /// Submits an asynchronous data write or read tagged `tag` (< 2^60); waits
     /// for room if full. Failpoints `device.write` and `device.read` fail it as
     /// [`run`](Self::run) would.
     pub fn submit_data(&mut self, mut req: IoRequest, tag: u64) {
-        assert!(tag & (ASYNC_TAG | DATA_TAG | COMMIT_TAG) == 0, "data tag {tag} too large");
+        assert!(tag & KIND_BITS == 0, "data tag {tag} too large");
         req.tag = tag;
         match failpoint(req) {
             Ok(mut req) => {
@@ -170,6 +178,41 @@ impl<D: Device> DevIo<D> {
             }
             Err(failed) => self.kinds.commit.done.push(failed),
         }
+    }
+
+    /// Submits a checkpoint's write or sync tagged `tag` (< 2^60) and hands it
+    /// to the kernel at once; [`take_ckpt`](Self::take_ckpt) collects it.
+    /// Failpoints as in [`run`](Self::run).
+    pub fn submit_ckpt(&mut self, mut req: IoRequest, tag: u64) {
+        assert!(tag & KIND_BITS == 0, "checkpoint tag {tag} too large");
+        req.tag = tag;
+        match failpoint(req) {
+            Ok(mut req) => {
+                req.tag = tag | ASYNC_TAG | CKPT_TAG;
+                self.submit_waiting(req);
+                self.kinds.ckpt.in_flight += 1;
+                self.poll();
+            }
+            Err(failed) => self.kinds.ckpt.done.push(failed),
+        }
+    }
+
+    /// The checkpoint's finished requests so far, without waiting.
+    pub fn take_ckpt(&mut self) -> Vec<IoCompletion> {
+        self.poll();
+        std::mem::take(&mut self.kinds.ckpt.done)
+    }
+
+    /// Whether finished asynchronous requests of any kind wait to be taken
+    /// (a poll filed them).
+    pub fn has_finished(&self) -> bool {
+        let k = &self.kinds;
+        [&k.meta, &k.data, &k.commit, &k.ckpt].iter().any(|k| !k.done.is_empty())
+    }
+
+    /// The checkpoint's requests in flight (submitted and not yet taken).
+    pub fn ckpt_in_flight(&self) -> usize {
+        self.kinds.ckpt.in_flight + self.kinds.ckpt.done.len()
     }
 
     /// The commit step's completion once it finished, without waiting.
@@ -304,10 +347,12 @@ impl Kinds {
             &mut self.data
         } else if c.tag & COMMIT_TAG != 0 {
             &mut self.commit
+        } else if c.tag & CKPT_TAG != 0 {
+            &mut self.ckpt
         } else {
             &mut self.meta
         };
-        c.tag &= !(ASYNC_TAG | DATA_TAG | COMMIT_TAG);
+        c.tag &= !KIND_BITS;
         kind.in_flight -= 1;
         kind.done.push(c);
     }

@@ -213,6 +213,8 @@ struct Outcome {
     uncommitted: usize,
     /// WAL records replayed at recovery.
     replayed: u64,
+    /// Whether a checkpoint was under way beside the operations at the crash.
+    checkpointing: bool,
 }
 
 fn run_seed(seed: u64) -> Outcome {
@@ -232,9 +234,19 @@ fn run_seed(seed: u64) -> Outcome {
     handle.freeze_after_writes(cut_after - handle.writes_submitted());
     for _ in 0..ops {
         let r = rng.gen_range(0..100);
-        if r < 12 {
+        if r < 4 {
+            // A checkpoint beside the operations: no acknowledgement; it moves
+            // on as operations start and as polled.
+            shard.start_checkpoint();
+            continue;
+        }
+        if r < 8 {
+            shard.poll_checkpoint();
+            continue;
+        }
+        if r < 20 {
             let res =
-                if r < 2 { shard.checkpoint().map_err(FsError::from) } else { shard.commit() };
+                if r < 10 { shard.checkpoint().map_err(FsError::from) } else { shard.commit() };
             if handle.is_frozen() {
                 break; // The acknowledgement never left the machine.
             }
@@ -259,6 +271,7 @@ fn run_seed(seed: u64) -> Outcome {
             break;
         }
     }
+    let checkpointing = shard.checkpointing();
     drop(shard);
     let crashed = handle.crash(seed ^ 0x5eed);
     let mut shard = match Shard::open(crashed, 0, opts()) {
@@ -273,6 +286,7 @@ fn run_seed(seed: u64) -> Outcome {
                     kept_after_commit: i,
                     uncommitted: candidates.len() - 1,
                     replayed: shard.stats().replayed,
+                    checkpointing,
                 }
             }
             Some(why) => reasons.push(why),
@@ -294,24 +308,32 @@ fn random_crashes_never_lose_durable_work() {
     }
     let seeds: u64 =
         std::env::var("PFS_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
-    let (mut lost_some, mut kept_some, mut replayed) = (0, 0, 0);
+    let (mut lost_some, mut kept_some, mut replayed, mut mid_checkpoint) = (0, 0, 0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| run_seed(seed)) {
             Ok(o) => {
                 lost_some += (o.kept_after_commit < o.uncommitted) as u64;
                 kept_some += (o.kept_after_commit > 0) as u64;
                 replayed += (o.replayed > 0) as u64;
+                mid_checkpoint += o.checkpointing as u64;
             }
             Err(_) => {
                 panic!("crash test failed for seed {seed}; replay with PFS_CRASH_SEED={seed}")
             }
         }
     }
-    eprintln!("{seeds} seeds: {lost_some} lost uncommitted work, {kept_some} kept some, {replayed} replayed the WAL");
+    eprintln!(
+        "{seeds} seeds: {lost_some} lost uncommitted work, {kept_some} kept some, {replayed} \
+         replayed the WAL, {mid_checkpoint} crashed during a checkpoint taken beside the operations"
+    );
     // The test must exercise every outcome, or it proves nothing.
     if seeds >= 100 {
         assert!(lost_some > seeds / 20, "too few crashes lost uncommitted work: {lost_some}");
         assert!(kept_some > 0, "no crash kept uncommitted work that had reached the log");
         assert!(replayed > seeds / 10, "too few recoveries replayed the WAL: {replayed}");
+        assert!(
+            mid_checkpoint > seeds / 40,
+            "too few crashes during a checkpoint beside the operations: {mid_checkpoint}"
+        );
     }
 }

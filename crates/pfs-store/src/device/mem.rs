@@ -107,6 +107,8 @@ struct State {
     /// Writes with a submission number at or past this are after the power cut.
     cut_at_write: Option<u64>,
     reorder: Option<Rng>,
+    /// Requests touching these bytes stay in flight (`hold`).
+    held: Option<Range<u64>>,
 }
 
 impl MemDevice {
@@ -134,6 +136,7 @@ impl MemDevice {
             writes_submitted: 0,
             cut_at_write: None,
             reorder: None,
+            held: None,
         };
         MemDevice { state: Arc::new(Mutex::new(state)) }
     }
@@ -151,6 +154,13 @@ impl MemDevice {
     /// in-flight requests in a seeded random order; with `None`, all in submission order.
     pub fn reorder(&self, seed: Option<u64>) {
         self.lock().reorder = seed.map(Rng::new);
+    }
+
+    /// With `Some(range)`, requests that touch those bytes stay in flight:
+    /// `poll` leaves them, and `wait` for one of them panics (the test would
+    /// hang). `None` lets them finish.
+    pub fn hold(&self, range: Option<Range<u64>>) {
+        self.lock().held = range;
     }
 
     /// Adds a fault rule; rules are checked in the order added, and the first match
@@ -301,13 +311,27 @@ impl State {
         IoCompletion { tag, kind, offset, buf, result }
     }
 
-    /// Completes `n` pending requests into `out`.
+    /// Whether `p` is held in flight (`MemDevice::hold`).
+    fn is_held(&self, p: &Pending) -> bool {
+        let end = p.req.offset + p.req.buf.len() as u64;
+        p.req.kind != IoKind::Sync
+            && self.held.as_ref().is_some_and(|h| p.req.offset < h.end && h.start < end)
+    }
+
+    /// Requests that may complete now (not held).
+    fn ready(&self) -> usize {
+        self.pending.iter().filter(|p| !self.is_held(p)).count()
+    }
+
+    /// Completes `n` pending requests that are not held into `out`.
     fn complete(&mut self, n: usize, out: &mut Vec<IoCompletion>) -> usize {
-        assert!(n <= self.pending.len());
+        assert!(n <= self.ready());
         for _ in 0..n {
+            let ready: Vec<usize> =
+                (0..self.pending.len()).filter(|&i| !self.is_held(&self.pending[i])).collect();
             let i = match &mut self.reorder {
-                Some(rng) => rng.below(self.pending.len()),
-                None => 0,
+                Some(rng) => ready[rng.below(ready.len())],
+                None => ready[0],
             };
             let pending = self.pending.remove(i).expect("index within pending");
             let done = self.execute(pending);
@@ -351,7 +375,7 @@ impl Device for MemDevice {
 
     fn poll(&mut self, out: &mut Vec<IoCompletion>) -> usize {
         let mut st = self.lock();
-        let len = st.pending.len();
+        let len = st.ready();
         let n = match &mut st.reorder {
             Some(rng) => rng.below(len + 1),
             None => len,
@@ -361,7 +385,11 @@ impl Device for MemDevice {
 
     fn wait(&mut self, out: &mut Vec<IoCompletion>, min: usize) -> usize {
         let mut st = self.lock();
-        let len = st.pending.len();
+        let len = st.ready();
+        assert!(
+            min <= len || st.pending.len() == len,
+            "waiting for a request held in flight (MemDevice::hold): the test would hang"
+        );
         let min = min.min(len);
         let n = match &mut st.reorder {
             Some(rng) => min + rng.below(len - min + 1),

@@ -29,7 +29,7 @@
 
 use super::{follow::FollowUp, Run, Shard};
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest};
-use crate::wal::CommitEnd;
+use crate::wal::{CommitEnd, Wal};
 use pfs_core::{FsError, FsResult};
 
 /// A group commit under way.
@@ -48,6 +48,9 @@ pub(super) struct Committing {
     /// reusable once it is durable.
     pub(super) follow: Vec<FollowUp>,
     frees: Vec<Run>,
+    /// The log it writes when it is not the shard's: the last commit of a
+    /// generation a checkpoint's snapshot ended (`checkpoint.rs`).
+    retired: Option<Wal>,
 }
 
 /// The request a commit waits for.
@@ -82,6 +85,20 @@ impl<D: Device> Shard<D> {
         if self.committing.is_some() {
             return Ok(());
         }
+        if self.wants_snapshot() {
+            // A checkpoint waits for a moment without a commit: its snapshot
+            // starts this one.
+            self.poll_checkpoint();
+            return self.check_failed();
+        }
+        self.start_commit_of(None)
+    }
+
+    /// Starts a group commit, none being under way, of the operations
+    /// finished so far; their records are in `retired` when given (the log a
+    /// checkpoint's snapshot just replaced), else in the shard's log.
+    pub(super) fn start_commit_of(&mut self, retired: Option<Wal>) -> FsResult<()> {
+        assert!(self.committing.is_none(), "one commit at a time");
         if pfs_core::failpoint::fire("shard.commit") {
             let e = FsError::Io("device sync failed (failpoint shard.commit)".into());
             self.fail(format!("commit failed, the shard must be recovered from its log: {e}"));
@@ -89,7 +106,7 @@ impl<D: Device> Shard<D> {
         }
         self.commits_started += 1;
         let requests_before = self.submit_data_writes();
-        let log_end = self.wal.pending_end();
+        let log_end = retired.as_ref().unwrap_or(&self.wal).pending_end();
         self.committing = Some(Committing {
             number: self.commits_started,
             step: Step::DataWrites,
@@ -98,6 +115,7 @@ impl<D: Device> Shard<D> {
             log_end,
             follow: std::mem::take(&mut self.follow_pending),
             frees: std::mem::take(&mut self.pending_free),
+            retired,
         });
         self.poll_commit();
         self.check_failed()
@@ -148,7 +166,10 @@ impl<D: Device> Shard<D> {
             Step::DataWrites if c.sync_data => Some((Step::DataSync, sync_req())),
             Step::DataWrites | Step::DataSync => match c.log_end {
                 // The records as they were when the commit started.
-                Some(end) => Some((Step::LogWrite, self.wal.commit_write(end))),
+                Some(end) => {
+                    let wal = c.retired.as_ref().unwrap_or(&self.wal);
+                    Some((Step::LogWrite, wal.commit_write(end)))
+                }
                 None => None,
             },
             Step::LogWrite => Some((Step::LogSync, sync_req())),
@@ -165,9 +186,9 @@ impl<D: Device> Shard<D> {
 
     /// The commit's requests all finished: its operations are durable.
     fn finish_commit(&mut self) {
-        let c = self.committing.take().expect("a commit under way");
+        let mut c = self.committing.take().expect("a commit under way");
         if let Some(end) = c.log_end {
-            let lsn = self.wal.committed(end);
+            let lsn = c.retired.as_mut().unwrap_or(&mut self.wal).committed(end);
             self.icache.set_durable_lsn(lsn);
             self.stats.commits += 1;
         }

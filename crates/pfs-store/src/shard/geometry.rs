@@ -10,8 +10,10 @@ use crate::icache::INODES_PER_BLOCK;
 
 /// Bytes per page of every area.
 pub const PAGE_SIZE: u64 = SECTOR_SIZE as u64;
-/// Format version written in the superblock and checkpoint headers.
-pub const FORMAT_VERSION: u32 = 3;
+/// Format version written in the superblock and checkpoint headers. Version 4
+/// splits the WAL area in two halves, one per checkpoint generation's parity
+/// ([`Geometry::wal_half`]).
+pub const FORMAT_VERSION: u32 = 4;
 const SUPER_MAGIC: &[u8; 8] = b"PFSZONE\0";
 const CKPT_MAGIC: &[u8; 8] = b"PFSCKPT\0";
 
@@ -131,8 +133,9 @@ impl Geometry {
         let meta_pages = slots / INODES_PER_BLOCK;
         let wal_bytes = opts.wal_bytes.unwrap_or((opts.zone_bytes / 16).clamp(1 << 20, 256 << 20));
         let wal_pages = wal_bytes.div_ceil(PAGE_SIZE);
-        if wal_pages < 64 {
-            return bad(format!("wal_bytes = {wal_bytes} is out of range: at least 256 KiB"));
+        // Each half must hold the largest record twice over.
+        if wal_pages < 128 {
+            return bad(format!("wal_bytes = {wal_bytes} is out of range: at least 512 KiB"));
         }
         // A checkpoint holds every table; budget per inode slot and per data page.
         let ckpt_bytes = slots * 320 + pages * 32 + (64 << 10);
@@ -169,6 +172,16 @@ impl Geometry {
     /// Device byte offset of zone page `page`.
     pub fn offset(&self, page: u64) -> u64 {
         self.zone_offset + page * PAGE_SIZE
+    }
+
+    /// The half of the WAL area that checkpoint generation `gen` logs to: its
+    /// device byte offset and length. Generations alternate, so a checkpoint
+    /// taken while serving logs the operations after its snapshot to the other
+    /// half, and the records its predecessor needs stay intact until its
+    /// header is durable.
+    pub fn wal_half(&self, gen: u64) -> (u64, u64) {
+        let half = self.wal_pages / 2;
+        (self.offset(self.wal_page + (gen % 2) * half), half * PAGE_SIZE)
     }
 
     /// Device byte offset of data page `page` (index into the data area).
@@ -326,6 +339,21 @@ mod tests {
         assert_eq!(Geometry::decode_superblock(&img).unwrap(), g);
         img[40] ^= 1;
         assert!(Geometry::decode_superblock(&img).is_err());
+    }
+
+    #[test]
+    fn generations_alternate_between_the_halves_of_the_log() {
+        let g = Geometry::compute(&FormatOptions::new(ShardId(3), 64 << 20)).unwrap();
+        let (even, bytes) = g.wal_half(4);
+        let (odd, odd_bytes) = g.wal_half(7);
+        assert_eq!((bytes, odd_bytes), (g.wal_pages / 2 * PAGE_SIZE, bytes));
+        assert_eq!(even, g.offset(g.wal_page));
+        assert_eq!(odd, even + bytes);
+        assert!(odd + bytes <= g.offset(g.data_page));
+        let mut small = FormatOptions::new(ShardId(0), 64 << 20);
+        small.wal_bytes = Some(256 << 10);
+        let err = Geometry::compute(&small).unwrap_err();
+        assert!(err.to_string().contains("wal_bytes"), "{err}");
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! - [`meta`]: namespace operations (create, lookup, rename, readdir, xattrs, ...).
 //! - [`data`]: file data (block / file / io layouts), truncate.
 //! - [`cache`]: the read cache of data pages, and read-ahead for sequential readers.
+//! - [`commit`] and [`checkpoint`]: group commit and checkpoints, as steps the
+//!   worker drives between requests.
 //! - this file: state, format, open (recovery), the operation frame
-//!   (`begin` / `log` / `finish`), commit and checkpoint.
+//!   (`begin` / `log` / `finish`).
 //!
 //! Every operation validates and reads first, then applies its changes through
 //! [`Shard::log`], which both changes memory and appends to the operation's WAL
@@ -14,6 +16,7 @@
 
 pub mod cache;
 pub mod check;
+mod checkpoint;
 mod commit;
 pub mod data;
 pub mod dataio;
@@ -85,12 +88,19 @@ pub struct ShardStats {
     /// Checkpoints taken.
     pub checkpoints: u64,
     /// The last checkpoint: bytes of tables it wrote, and how long it took
-    /// (microseconds), during which the shard served nothing.
+    /// from start to durable header (microseconds), serving meanwhile.
     pub last_checkpoint_bytes: u64,
     /// See `last_checkpoint_bytes`.
     pub last_checkpoint_us: u64,
     /// The longest checkpoint since the shard opened, in microseconds.
     pub max_checkpoint_us: u64,
+    /// The last checkpoint's snapshot (encoding the tables), during which
+    /// the shard served nothing, and the longest one, in microseconds.
+    pub last_snapshot_us: u64,
+    /// See `last_snapshot_us`.
+    pub max_snapshot_us: u64,
+    /// Operations that found the log full and waited for a checkpoint.
+    pub log_full_waits: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
     /// Data reads served from the read cache, and those that went to the device
@@ -173,6 +183,8 @@ pub struct Shard<D: Device> {
     writes: dataio::DataIo,
     /// The group commit under way, and how many started and finished (`commit.rs`).
     committing: Option<commit::Committing>,
+    /// The checkpoint under way (`checkpoint.rs`).
+    ckpt: Option<checkpoint::Checkpointing>,
     commits_started: u64,
     commits_done: u64,
 }
@@ -207,12 +219,15 @@ impl<D: Device> Shard<D> {
         let mut io = DevIo::new(dev);
         reserve(&mut io, &geo)?;
         // Zero the headers and the metadata area (slots must read as empty), and the
-        // start of the WAL.
+        // start of each half of the WAL.
         let mut reqs = vec![write_req(geo.offset(0), &geo.encode_superblock())];
         reqs.push(write_req(geo.offset(1), &[0u8; 64]));
         reqs.push(write_req(geo.offset(2), &[0u8; 64]));
         let zero_chunk_pages = 256u64;
-        for (first, count) in [(geo.meta_page, geo.meta_pages), (geo.wal_page, 1)] {
+        let half = geo.wal_pages / 2;
+        for (first, count) in
+            [(geo.meta_page, geo.meta_pages), (geo.wal_page, 1), (geo.wal_page + half, 1)]
+        {
             let mut p = first;
             while p < first + count {
                 let n = zero_chunk_pages.min(first + count - p);
@@ -293,31 +308,31 @@ impl<D: Device> Shard<D> {
         let mut shard =
             Shard::empty(io, geo, opts, header.gen, header.first_lsn, header.next_ino_seq);
         shard.load_tables(tables)?;
-        let scanned = Wal::scan(
-            &mut shard.io,
-            geo.offset(geo.wal_page),
-            geo.wal_pages * PAGE_SIZE,
-            header.gen,
-            header.first_lsn,
-            geo.format_id,
-        )?;
+        // The generation's half, then the next generation's records that
+        // follow it in the other half: a checkpoint that was under way logged
+        // there after its snapshot (`checkpoint.rs`).
+        let mut records = Vec::new();
+        let mut next_lsn = header.first_lsn;
+        for gen in [header.gen, header.gen + 1] {
+            let (offset, bytes) = geo.wal_half(gen);
+            let scanned = Wal::scan(&mut shard.io, offset, bytes, gen, next_lsn, geo.format_id)?;
+            next_lsn += scanned.records.len() as u64;
+            records.extend(scanned.records);
+        }
         // Replayed records are durable: their Icache blocks may be written back.
-        let last_lsn = header.first_lsn + scanned.records.len() as u64;
+        let last_lsn = next_lsn;
         shard.icache.set_durable_lsn(last_lsn);
-        for (lsn, payload) in &scanned.records {
+        for (lsn, payload) in &records {
             for change in Change::decode_all(payload)? {
                 shard.apply(&change, *lsn)?;
             }
             shard.stats.replayed += 1;
         }
-        shard.wal = Wal::new(
-            geo.offset(geo.wal_page),
-            geo.wal_pages * PAGE_SIZE,
-            header.gen,
-            last_lsn,
-            opts_group(&shard.opts),
-            geo.format_id,
-        );
+        // The checkpoint below is of the next generation whatever the log
+        // held: its tables must not overwrite the region the header names.
+        let (offset, bytes) = geo.wal_half(header.gen);
+        shard.wal =
+            Wal::new(offset, bytes, header.gen, last_lsn, opts_group(&shard.opts), geo.format_id);
         shard.rebuild_bitmaps()?;
         shard.resume_txn_ids();
         // Every follow-up in the log is durable: the worker sends them again.
@@ -336,6 +351,7 @@ impl<D: Device> Shard<D> {
         next_ino_seq: u64,
     ) -> Shard<D> {
         let icache_blocks = opts.icache_blocks.max(4 * OP_ICACHE_BLOCKS);
+        let (wal_offset, wal_bytes) = geo.wal_half(gen);
         Shard {
             icache: Icache::new(
                 icache_blocks,
@@ -343,14 +359,7 @@ impl<D: Device> Shard<D> {
                 geo.offset(geo.meta_page),
                 geo.meta_pages,
             ),
-            wal: Wal::new(
-                geo.offset(geo.wal_page),
-                geo.wal_pages * PAGE_SIZE,
-                gen,
-                first_lsn,
-                opts_group(&opts),
-                geo.format_id,
-            ),
+            wal: Wal::new(wal_offset, wal_bytes, gen, first_lsn, opts_group(&opts), geo.format_id),
             io,
             dentries: Cart::new(),
             inode_slots: HashMap::new(),
@@ -382,6 +391,7 @@ impl<D: Device> Shard<D> {
             writes: dataio::DataIo::default(),
             readers: cache::Readers::default(),
             committing: None,
+            ckpt: None,
             commits_started: 0,
             commits_done: 0,
             geo,
@@ -430,79 +440,6 @@ impl<D: Device> Shard<D> {
         self.inode_slots.len()
     }
 
-    /// Writes every table to the inactive checkpoint region, switches the header to
-    /// it and truncates the WAL.
-    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
-        if let Some(f) = &self.failed {
-            return Err(StoreError::Corruption(f.clone()));
-        }
-        let started = std::time::Instant::now();
-        self.commit().map_err(|e| StoreError::Corruption(e.to_string()))?;
-        let result = self.checkpoint_inner();
-        let us = started.elapsed().as_micros() as u64;
-        self.stats.last_checkpoint_us = us;
-        self.stats.max_checkpoint_us = self.stats.max_checkpoint_us.max(us);
-        if let Err(e) = &result {
-            self.fail(format!("checkpoint failed, the shard must be recovered from its log: {e}"));
-        }
-        result
-    }
-
-    fn checkpoint_inner(&mut self) -> Result<(), StoreError> {
-        self.icache.flush_all(&mut self.io)?;
-        let tables = self.encode_tables();
-        self.stats.last_checkpoint_bytes = tables.len() as u64;
-        assert!(
-            tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
-            "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
-            tables.len()
-        );
-        let gen = self.wal.gen() + 1;
-        let region = (gen % 2) as u32;
-        let header = geometry::CheckpointHeader {
-            gen,
-            region,
-            tables_len: tables.len() as u64,
-            tables_crc: crc32c::crc32c(&tables),
-            next_ino_seq: self.next_ino_seq,
-            first_lsn: self.wal.next_lsn(),
-        };
-        let mut reqs = Vec::new();
-        for (i, chunk) in tables.chunks(1 << 20).enumerate() {
-            reqs.push(write_req(
-                self.geo.offset(self.geo.ckpt_page[region as usize]) + (i as u64) * (1 << 20),
-                chunk,
-            ));
-        }
-        // A sync covers only writes that completed before it: never batch them.
-        for c in self.io.run(reqs) {
-            c.result?;
-        }
-        self.sync()?;
-        for c in self.io.run(vec![write_req(
-            self.geo.offset(1 + region as u64),
-            &header.encode(self.geo.format_id),
-        )]) {
-            c.result?;
-        }
-        self.sync()?;
-        self.wal = Wal::new(
-            self.geo.offset(self.geo.wal_page),
-            self.geo.wal_pages * PAGE_SIZE,
-            gen,
-            header.first_lsn,
-            opts_group(&self.opts),
-            self.geo.format_id,
-        );
-        self.stats.checkpoints += 1;
-        Ok(())
-    }
-
-    /// Makes every write that completed so far durable.
-    fn sync(&mut self) -> Result<(), StoreError> {
-        Ok(self.io.run(vec![sync_req()]).pop().expect("one completion").result?)
-    }
-
     /// Gives the device back (after a clean `checkpoint`, or to simulate a crash).
     pub fn into_device(self) -> D {
         self.io.into_device()
@@ -516,8 +453,12 @@ impl<D: Device> Shard<D> {
         self.end_request();
         self.check_failed()?;
         self.op_ns = self.clock_ns.max(self.op_ns.saturating_add(1));
+        if self.wal.free_bytes() < self.checkpoint_start_free() {
+            self.start_checkpoint();
+        }
+        self.poll_checkpoint();
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
-            self.checkpoint()?;
+            self.make_log_room()?;
         } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
             // Dirty blocks can be written back (and so evicted) only once their
             // records are durable: commit before the Icache runs out of clean ones.

@@ -221,6 +221,7 @@ fn everything_survives_clean_reopen_and_wal_replay() {
     assert_eq!((s.checkpoints(), st.checkpoints), (before + 1, before + 1));
     assert!(st.last_checkpoint_bytes > 0, "{st:?}");
     assert!(st.last_checkpoint_us <= st.max_checkpoint_us, "{st:?}");
+    assert!(st.last_snapshot_us <= st.max_snapshot_us, "{st:?}");
     // More work after the checkpoint: only in the WAL.
     let g = s.create(d.ino, b"later", CreateArgs::file(0o600)).unwrap();
     s.write(g.ino, 70_000, b"tail").unwrap();
@@ -1333,4 +1334,133 @@ fn interleaved_unaligned_readers_find_their_pages_read_ahead() {
         let st = s.stats();
         assert!(st.reads_in_background <= 4, "seed {seed}: {st:?}");
     }
+}
+
+/// A checkpoint taken beside the operations: with its header write held in
+/// flight, creates, writes, an unlink and commits go on, logging to the other
+/// half of the log, and nobody waits for it. A crash then recovers every
+/// committed operation whether the header reached the device (tables of the
+/// snapshot, then the new half) or not (the old tables, the old half, then
+/// the new half); released, the checkpoint finishes.
+#[test]
+fn operations_go_on_while_a_checkpoint_is_under_way() {
+    let header_pages = PAGE_SIZE..3 * PAGE_SIZE;
+    let (mut new_header, mut old_header) = (0, 0);
+    for seed in 0..12u64 {
+        let (mut s, handle) = fresh();
+        let mut files = Vec::new();
+        let add = |s: &mut Shard<MemDevice>, files: &mut Vec<InodeId>, i: usize| {
+            let f = s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+            s.write(f.ino, 0, format!("data {i}").as_bytes()).unwrap();
+            files.push(f.ino);
+        };
+        for i in 0..20 {
+            add(&mut s, &mut files, i);
+        }
+        let gen = s.wal.gen();
+        handle.hold(Some(header_pages.clone()));
+        s.start_checkpoint();
+        for _ in 0..8 {
+            s.poll_checkpoint();
+        }
+        assert!(s.checkpointing(), "seed {seed}: its header is held");
+        assert_eq!(s.wal.gen(), gen + 1, "seed {seed}: the snapshot moved the log on");
+        let before = s.stats();
+        for i in 20..40 {
+            add(&mut s, &mut files, i);
+        }
+        s.unlink(ROOT, b"f0").unwrap();
+        s.rename(ROOT, b"f1", ROOT, b"g1", RenameFlags::default()).unwrap();
+        s.commit().unwrap();
+        let after = s.stats();
+        assert!(s.checkpointing(), "seed {seed}: still under way");
+        assert_eq!(after.checkpoints, before.checkpoints);
+        assert_eq!(after.log_full_waits, 0, "seed {seed}: nobody waited for it");
+        drop(s);
+        let crashed = handle.crash(seed);
+        let region_page = 1 + (gen + 1) % 2;
+        let image = crashed.peek(region_page * PAGE_SIZE, PAGE_SIZE as usize);
+        let format_id =
+            Geometry::decode_superblock(&crashed.peek(0, PAGE_SIZE as usize)).unwrap().format_id;
+        match geometry::CheckpointHeader::decode(&image, format_id) {
+            Some(h) if h.gen == gen + 1 => new_header += 1,
+            _ => old_header += 1,
+        }
+        let mut s = Shard::open(crashed, 0, small_opts())
+            .unwrap_or_else(|e| panic!("seed {seed}: recovery: {e}"));
+        assert_eq!(s.lookup(ROOT, b"f0").unwrap_err(), FsError::NotFound, "seed {seed}");
+        assert_eq!(s.lookup(ROOT, b"f1").unwrap_err(), FsError::NotFound, "seed {seed}");
+        for (i, ino) in files.iter().enumerate().skip(1) {
+            let name = if i == 1 { "g1".to_string() } else { format!("f{i}") };
+            let found = s.lookup(ROOT, name.as_bytes());
+            assert_eq!(found.map(|a| a.ino), Ok(*ino), "seed {seed}: {name}");
+            assert_eq!(s.read(*ino, 0, 64).unwrap(), format!("data {i}").as_bytes(), "{name}");
+        }
+        // Released, it finishes, and what it wrote opens.
+        let done = s.stats().checkpoints;
+        s.start_checkpoint();
+        s.create(ROOT, b"last", CreateArgs::file(0o644)).unwrap();
+        while s.checkpointing() {
+            assert!(s.io.wait_any(), "seed {seed}: a checkpoint with nothing in flight");
+            s.poll_checkpoint();
+        }
+        assert_eq!(s.stats().checkpoints, done + 1);
+        let mut s = reopen(s);
+        s.lookup(ROOT, b"last").unwrap();
+        s.lookup(ROOT, b"g1").unwrap();
+    }
+    // Both recoveries ran.
+    assert!(new_header > 0 && old_header > 0, "new {new_header}, old {old_header}");
+}
+
+/// The log fills while a checkpoint is held: the operation that needs room
+/// waits for it (counted), and nothing is lost.
+#[test]
+fn a_full_log_waits_for_the_checkpoint_under_way() {
+    let mut fo = FormatOptions::new(ShardId(0), ZONE);
+    fo.wal_bytes = Some(512 << 10);
+    let dev = MemDevice::new(ZONE, 64);
+    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let mut made = 0u32;
+    // Long names: each record is large, so the half fills quickly. Every
+    // 97th file stays; the others are removed again, so the tables stay small.
+    let name = |i: u32| format!("{i:0>200}");
+    let churn = |s: &mut Shard<MemDevice>, made: &mut u32| {
+        let n = name(*made);
+        s.create(ROOT, n.as_bytes(), CreateArgs::file(0o644)).unwrap();
+        if *made % 97 != 0 {
+            s.unlink(ROOT, n.as_bytes()).unwrap();
+        }
+        *made += 1;
+    };
+    // Checkpoints start as a half fills and finish before the other does.
+    let base = s.stats().checkpoints;
+    for _ in 0..5_000 {
+        churn(&mut s, &mut made);
+    }
+    assert!(s.stats().checkpoints >= base + 3, "{:?}", s.stats());
+    assert_eq!(s.stats().log_full_waits, 0, "the checkpoints kept up");
+    // Held, the checkpoint lets the log fill up to the largest record.
+    let handle = s.io.device().handle();
+    handle.hold(Some(PAGE_SIZE..3 * PAGE_SIZE));
+    while !s.checkpointing() {
+        churn(&mut s, &mut made);
+    }
+    while s.wal.free_bytes() >= MAX_RECORD_BYTES {
+        s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)).unwrap();
+        made += 1;
+    }
+    assert!(s.checkpointing(), "{:?}", s.stats());
+    // The next operation waits for it, then a snapshot moves the log on.
+    handle.hold(None);
+    let n = name(made);
+    s.create(ROOT, n.as_bytes(), CreateArgs::file(0o644)).unwrap();
+    made += 1;
+    assert_eq!(s.stats().log_full_waits, 1, "{:?}", s.stats());
+    assert!(s.wal.free_bytes() >= MAX_RECORD_BYTES);
+    let mut s = reopen(s);
+    for i in (0..made).step_by(97) {
+        s.lookup(ROOT, name(i).as_bytes()).unwrap();
+    }
+    s.lookup(ROOT, n.as_bytes()).unwrap();
 }

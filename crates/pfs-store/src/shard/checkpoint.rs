@@ -1,0 +1,391 @@
+//! Checkpoints taken beside the requests: the worker serves while the tables
+//! go to the device, and stops only for the in-memory snapshot.
+//!
+//! The WAL area has two halves, one per generation's parity
+//! ([`Geometry::wal_half`](super::Geometry::wal_half)); the checkpoint
+//! regions alternate the same way. A checkpoint of generation `g + 1`:
+//!
+//! 1. **Snapshot** (the only part that stops serving): once no commit is
+//!    under way, the tables are encoded as they are after the last finished
+//!    operation, lsn `X - 1`. The shard's log is replaced by an empty one of
+//!    generation `g + 1` over the other half, starting at lsn `X`, and a
+//!    commit of the old log's pending records starts (`Committing::retired`).
+//!    Operations go on and log to the new half.
+//! 2. **Writes**: the tables go to the inactive region, at most
+//!    [`TABLE_WRITES`] chunks in flight; the Icache blocks that held changes
+//!    older than `X` are written back once their records are durable (a block
+//!    changed again since waits for the commit of that change).
+//! 3. **Sync**, once the snapshot's commit finished and every write above did.
+//! 4. **Header** of generation `g + 1` written, then **synced**: from then on
+//!    recovery starts at the new tables and the new half.
+//!
+//! A crash before step 4 finished finds the old header: recovery replays the
+//! old half and then the new half's records of generation `g + 1` that follow
+//! it without a gap (`Shard::open`). Records of the new half are written only
+//! after the snapshot's commit made the old half's durable, so the two halves
+//! never leave a hole. A failed request fails the shard, as a failed commit
+//! does.
+//!
+//! If the new half fills before the checkpoint finished, the operation that
+//! needs room waits for it (`ShardStats::log_full_waits`): a checkpoint starts
+//! when a quarter of the half is left (`start_free`), so only a checkpoint
+//! slower than writing three quarters of a half makes anyone wait.
+
+use std::time::Instant;
+
+use super::{geometry::CheckpointHeader, opts_group, sync_req, write_req, Shard};
+use super::{MAX_RECORD_BYTES, PAGE_SIZE};
+use crate::device::Device;
+use crate::error::StoreError;
+use crate::icache::WriteBack;
+use crate::wal::Wal;
+use pfs_core::{FsError, FsResult};
+
+/// Table writes of 1 MiB a checkpoint keeps in flight.
+const TABLE_WRITES: usize = 4;
+/// Bytes of one table write.
+const TABLE_CHUNK: usize = 1 << 20;
+
+/// A checkpoint under way.
+#[derive(Debug)]
+pub(super) struct Checkpointing {
+    step: Step,
+    started: Instant,
+    /// Set at the snapshot: the header to write, the encoded tables and how
+    /// many bytes of them were submitted, the number of the commit that makes
+    /// the snapshot durable, and the Icache blocks it must see written.
+    header: Option<CheckpointHeader>,
+    tables: Vec<u8>,
+    submitted: usize,
+    commit: u64,
+    blocks: Vec<u32>,
+    /// Failpoint `checkpoint.hold_ms`: the header is not written before this.
+    hold_until: Option<Instant>,
+}
+
+/// What a checkpoint waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// The commit under way, before the snapshot.
+    Snapshot,
+    /// Table writes, write-backs and the snapshot's commit.
+    Writes,
+    /// The sync of all of them.
+    Sync,
+    /// Failpoint `checkpoint.hold_ms`: the time before the header write.
+    Hold,
+    /// The header write.
+    Header,
+    /// Its sync.
+    HeaderSync,
+}
+
+impl<D: Device> Shard<D> {
+    /// Takes a checkpoint and waits for it (open, format, a clean stop):
+    /// finishes the one under way, then checkpoints everything finished so far.
+    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let corrupt = |e: FsError| StoreError::Corruption(e.to_string());
+        self.check_failed().map_err(corrupt)?;
+        self.wait_checkpoint().map_err(corrupt)?;
+        self.start_checkpoint();
+        self.wait_checkpoint().map_err(corrupt)
+    }
+
+    /// Starts a checkpoint beside the requests, unless one is under way; the
+    /// worker moves it along with [`poll_checkpoint`](Self::poll_checkpoint).
+    pub fn start_checkpoint(&mut self) {
+        if self.ckpt.is_some() || self.failed.is_some() {
+            return;
+        }
+        let hold = pfs_core::failpoint::setting("checkpoint.hold_ms")
+            .map(|ms| Instant::now() + std::time::Duration::from_millis(ms));
+        self.ckpt = Some(Checkpointing {
+            step: Step::Snapshot,
+            started: Instant::now(),
+            header: None,
+            tables: Vec::new(),
+            submitted: 0,
+            commit: 0,
+            blocks: Vec::new(),
+            hold_until: hold,
+        });
+        self.poll_checkpoint();
+    }
+
+    /// Whether a checkpoint is under way.
+    pub fn checkpointing(&self) -> bool {
+        self.ckpt.is_some()
+    }
+
+    /// Whether a checkpoint waits for its snapshot, which the next commit to
+    /// start takes (`start_commit`).
+    pub(super) fn wants_snapshot(&self) -> bool {
+        self.ckpt.as_ref().is_some_and(|c| c.step == Step::Snapshot)
+    }
+
+    /// Free log bytes under which a checkpoint starts.
+    pub(super) fn checkpoint_start_free(&self) -> u64 {
+        let half = self.geo.wal_half(0).1;
+        MAX_RECORD_BYTES + (half - MAX_RECORD_BYTES) / 4
+    }
+
+    /// Moves the checkpoint under way as far as finished requests allow,
+    /// without waiting. A failed request fails the shard.
+    pub fn poll_checkpoint(&mut self) {
+        while let Some(c) = &self.ckpt {
+            if self.failed.is_some() {
+                self.ckpt = None;
+                return;
+            }
+            let step = c.step;
+            let moved = match step {
+                Step::Snapshot => {
+                    if self.committing.is_some() {
+                        self.poll_commit();
+                    }
+                    if self.committing.is_some() {
+                        return;
+                    }
+                    self.snapshot();
+                    true
+                }
+                Step::Writes => self.poll_writes(),
+                Step::Hold => self.write_header(),
+                Step::Sync | Step::Header | Step::HeaderSync => self.poll_step(step),
+            };
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Encodes the tables, moves the log to the other half and commits the
+    /// old one's records.
+    fn snapshot(&mut self) {
+        let at = Instant::now();
+        let tables = self.encode_tables();
+        assert!(
+            tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
+            "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
+            tables.len()
+        );
+        let gen = self.wal.gen() + 1;
+        let header = CheckpointHeader {
+            gen,
+            region: (gen % 2) as u32,
+            tables_len: tables.len() as u64,
+            tables_crc: crc32c::crc32c(&tables),
+            next_ino_seq: self.next_ino_seq,
+            first_lsn: self.wal.next_lsn(),
+        };
+        let (offset, bytes) = self.geo.wal_half(gen);
+        let group = opts_group(&self.opts);
+        let fresh = Wal::new(offset, bytes, gen, header.first_lsn, group, self.geo.format_id);
+        let retired = std::mem::replace(&mut self.wal, fresh);
+        let blocks = self.icache.unwritten_blocks();
+        self.stats.last_checkpoint_bytes = tables.len() as u64;
+        // A failure is the shard's: `poll_checkpoint` drops the checkpoint.
+        let _ = self.start_commit_of(Some(retired));
+        let us = at.elapsed().as_micros() as u64;
+        self.stats.last_snapshot_us = us;
+        self.stats.max_snapshot_us = self.stats.max_snapshot_us.max(us);
+        let commit = self.commits_started;
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        c.step = Step::Writes;
+        c.header = Some(header);
+        c.tables = tables;
+        c.commit = commit;
+        c.blocks = blocks;
+    }
+
+    /// The table writes and write-backs: submits what fits, collects what
+    /// finished, and submits the sync once all of them and the snapshot's
+    /// commit are done. Returns whether the step changed. Passes again while
+    /// a pass left finished requests behind (submitting polls the device), so
+    /// a worker never sleeps on completions already collected.
+    fn poll_writes(&mut self) -> bool {
+        for _ in 0..TABLE_WRITES + 4 {
+            if self.poll_writes_once() {
+                return true;
+            }
+            if !self.io.has_finished() {
+                break;
+            }
+        }
+        false
+    }
+
+    fn poll_writes_once(&mut self) -> bool {
+        self.poll_data_writes();
+        if self.committing.is_some() {
+            self.poll_commit();
+        }
+        loop {
+            if !self.take_table_writes() {
+                return true;
+            }
+            let c = self.ckpt.as_mut().expect("a checkpoint under way");
+            if self.io.ckpt_in_flight() >= TABLE_WRITES || c.submitted == c.tables.len() {
+                break;
+            }
+            let region = c.header.expect("snapshot taken").region as usize;
+            let base = self.geo.offset(self.geo.ckpt_page[region]);
+            while self.io.ckpt_in_flight() < TABLE_WRITES && c.submitted < c.tables.len() {
+                let end = (c.submitted + TABLE_CHUNK).min(c.tables.len());
+                let req = write_req(base + c.submitted as u64, &c.tables[c.submitted..end]);
+                c.submitted = end;
+                self.io.submit_ckpt(req, 0);
+            }
+        }
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        let (lsn, commit) = (c.header.expect("snapshot taken").first_lsn, c.commit);
+        let mut blocks = std::mem::take(&mut c.blocks);
+        let written = self.icache.write_back_older(&mut self.io, &mut blocks, lsn);
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        c.blocks = blocks;
+        let written = match written {
+            Ok(w) => w,
+            Err(e) => {
+                self.fail_checkpoint(format!("writing back inodes: {e}"));
+                return true;
+            }
+        };
+        // Writes that finished meanwhile (the write-backs polled the device).
+        if !self.take_table_writes() {
+            return true;
+        }
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        let tables_done = c.submitted == c.tables.len() && self.io.ckpt_in_flight() == 0;
+        if written == WriteBack::NeedsCommit && self.committing.is_none() {
+            // Blocks changed again since the snapshot: their records first.
+            let _ = self.start_commit();
+        }
+        if !tables_done || written != WriteBack::Done || self.commits_done < commit {
+            return false;
+        }
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        c.step = Step::Sync;
+        c.tables = Vec::new();
+        self.io.submit_ckpt(sync_req(), 0);
+        true
+    }
+
+    /// Collects finished table writes; `false` if one failed (then the shard
+    /// failed).
+    fn take_table_writes(&mut self) -> bool {
+        for done in self.io.take_ckpt() {
+            if let Err(e) = done.result {
+                self.fail_checkpoint(format!("writing its tables: {e}"));
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A single request's step: when it finished, submits the next one or
+    /// finishes the checkpoint. Returns whether the step changed.
+    fn poll_step(&mut self, step: Step) -> bool {
+        let Some(done) = self.io.take_ckpt().pop() else { return false };
+        if let Err(e) = done.result {
+            self.fail_checkpoint(format!("{step:?}: {e}"));
+            return true;
+        }
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        match step {
+            Step::Sync => {
+                c.step = Step::Hold;
+            }
+            Step::Header => {
+                c.step = Step::HeaderSync;
+                self.io.submit_ckpt(sync_req(), 0);
+            }
+            _ => {
+                let c = self.ckpt.take().expect("a checkpoint under way");
+                let us = c.started.elapsed().as_micros() as u64;
+                self.stats.last_checkpoint_us = us;
+                self.stats.max_checkpoint_us = self.stats.max_checkpoint_us.max(us);
+                self.stats.checkpoints += 1;
+            }
+        }
+        true
+    }
+
+    /// Writes the header, once failpoint `checkpoint.hold_ms` lets it.
+    fn write_header(&mut self) -> bool {
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        if c.hold_until.is_some_and(|until| Instant::now() < until) {
+            return false;
+        }
+        let header = c.header.expect("snapshot taken");
+        c.step = Step::Header;
+        let page = self.geo.offset(1 + u64::from(header.region));
+        self.io.submit_ckpt(write_req(page, &header.encode(self.geo.format_id)), 0);
+        true
+    }
+
+    /// How long the checkpoint under way holds its header back (failpoint
+    /// `checkpoint.hold_ms`), if it does now.
+    fn held_for(&self) -> Option<std::time::Duration> {
+        let c = self.ckpt.as_ref()?;
+        let until = c.hold_until.filter(|_| c.step == Step::Hold)?;
+        Some(until.saturating_duration_since(Instant::now()))
+    }
+
+    fn fail_checkpoint(&mut self, why: String) {
+        self.ckpt = None;
+        self.fail(format!("checkpoint failed, the shard must be recovered from its log: {why}"));
+    }
+
+    /// Waits for the checkpoint under way, if any; fails if it failed.
+    pub(super) fn wait_checkpoint(&mut self) -> FsResult<()> {
+        loop {
+            self.poll_checkpoint();
+            if self.ckpt.is_none() {
+                return self.check_failed();
+            }
+            if let Some(held) = self.held_for() {
+                std::thread::sleep(held);
+                continue;
+            }
+            if !self.io.wait_any() && !self.io.has_finished() {
+                // Every step waits for a request it or its commit submitted.
+                let c = self.ckpt.take().expect("a checkpoint under way");
+                self.fail(format!(
+                    "a checkpoint waited for a request not in flight (step {:?}, {} blocks \
+                     to write back, commit {} of {} done)",
+                    c.step,
+                    c.blocks.len(),
+                    self.commits_done,
+                    c.commit
+                ));
+                return self.check_failed();
+            }
+            // What the steps wait for: data requests before the snapshot's
+            // commit, and its steps.
+            self.poll_data_writes();
+            self.poll_commit();
+        }
+    }
+
+    /// Makes room in a full log for the operation about to start, waiting:
+    /// takes the snapshot of a checkpoint (moving to the other half), after
+    /// waiting for the one under way if it already took its own.
+    pub(super) fn make_log_room(&mut self) -> FsResult<()> {
+        self.stats.log_full_waits += 1;
+        for _ in 0..4 {
+            if self.wal.free_bytes() >= MAX_RECORD_BYTES {
+                return Ok(());
+            }
+            if self.wants_snapshot() {
+                self.wait_commit()?;
+                self.poll_checkpoint();
+            } else if self.ckpt.is_some() {
+                self.wait_checkpoint()?;
+            } else {
+                self.start_checkpoint();
+            }
+            self.check_failed()?;
+        }
+        Err(FsError::Io("the log stayed full after a checkpoint".into()))
+    }
+}
