@@ -106,6 +106,9 @@ pub struct CrossOp {
     /// The participant request in flight, or when to send it again.
     pub(crate) sent: Option<RequestId>,
     retry_at: Instant,
+    /// The commit that makes the intent durable: nothing is sent before it
+    /// finished (`Shard::commits_done`).
+    pub(crate) durable_at: u64,
     /// Nobody waits for the outcome any more (the client was told `EIO`, or
     /// the coordinator restarted): the participant finishes only what it
     /// already applied and abandons the rest, so a rename never lands after
@@ -160,18 +163,22 @@ impl<D: Device> Worker<D> {
         };
         let txn = self.new_txn()?;
         self.shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
-        // The intent must be durable before the participant changes anything.
-        self.shard.commit()?;
-        let mut op = CrossOp {
+        // The intent must be durable before the participant changes anything:
+        // the op is sent once the commit that covers it finished, and the
+        // worker serves meanwhile.
+        let durable_at = self.shard.next_commit();
+        self.mark_dirty();
+        // A failure fails the shard, which stops the server.
+        let _ = self.shard.start_commit();
+        self.cross.push(CrossOp {
             txn,
             intent,
             waiter: Some(waiter),
             sent: None,
             retry_at: self.now,
+            durable_at,
             resume: false,
-        };
-        self.dispatch(&mut op);
-        self.cross.push(op);
+        });
         Ok(())
     }
 
@@ -203,6 +210,7 @@ impl<D: Device> Worker<D> {
                         waiter: None,
                         sent: None,
                         retry_at: self.now,
+                        durable_at: 0,
                         resume: true,
                     });
                 }
@@ -260,8 +268,9 @@ impl<D: Device> Worker<D> {
         let mut i = 0;
         while i < self.cross.len() {
             let mut op = self.cross.swap_remove(i);
+            let durable = self.shard.commits_done() >= op.durable_at;
             let outcome = match op.sent {
-                None if self.now >= op.retry_at => {
+                None if self.now >= op.retry_at && durable => {
                     self.dispatch(&mut op);
                     None
                 }

@@ -58,6 +58,9 @@ pub struct RmdirOp {
     /// Decided; now every shard is told to forget its seal (`Sealed` = forgot),
     /// and the intent goes when all did.
     unsealing: bool,
+    /// The commit that makes the intent durable: no shard is asked before it
+    /// finished (`Shard::commits_done`).
+    pub(crate) durable_at: u64,
 }
 
 impl RmdirOp {
@@ -112,9 +115,14 @@ impl<D: Device> Worker<D> {
         let Some((servers, workers)) = self.peers.shape() else { return Err(FsError::TryAgain) };
         let txn = self.new_txn()?;
         self.shard.txn_record(txn, &encode(parent, &name, entry.ino))?;
-        self.shard.commit()?;
+        // Durable before any shard seals: asked once the commit finished.
+        let durable_at = self.shard.next_commit();
+        self.mark_dirty();
+        // A failure fails the shard, which stops the server.
+        let _ = self.shard.start_commit();
         let mut op = self.rmdir_op(txn, parent, name, entry.ino, servers, workers);
         op.waiter = Some(waiter);
+        op.durable_at = durable_at;
         self.rmdirs.push(op);
         Ok(())
     }
@@ -132,7 +140,7 @@ impl<D: Device> Worker<D> {
             .flat_map(|s| (0..workers).map(move |w| (ServerId(s), WorkerId(w))))
             .map(|sw| (sw, Seal::Unsent(self.now)))
             .collect();
-        RmdirOp { txn, parent, name, dir, waiter: None, shards, unsealing: false }
+        RmdirOp { txn, parent, name, dir, waiter: None, shards, unsealing: false, durable_at: 0 }
     }
 
     /// An rmdir intent left by a crash: run it again.
@@ -157,6 +165,7 @@ impl<D: Device> Worker<D> {
             waiter: None,
             shards: Vec::new(),
             unsealing: decided,
+            durable_at: 0,
         });
     }
 
@@ -166,6 +175,10 @@ impl<D: Device> Worker<D> {
         let mut ops = std::mem::take(&mut self.rmdirs);
         let mut keep = Vec::with_capacity(ops.len());
         for mut op in ops.drain(..) {
+            if self.shard.commits_done() < op.durable_at {
+                keep.push(op);
+                continue;
+            }
             if op.shards.is_empty() {
                 match self.peers.shape() {
                     Some((s, w)) => {

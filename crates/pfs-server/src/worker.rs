@@ -439,6 +439,7 @@ impl<D: Device> Worker<D> {
         work += self.release_committed();
         let due = !self.after_commit.is_empty()
             || self.holds_wait_for_commit()
+            || self.intents_wait_for_commit()
             || self
                 .dirty_since
                 .is_some_and(|t| self.now.duration_since(t) >= self.opts.commit_interval);
@@ -453,6 +454,14 @@ impl<D: Device> Worker<D> {
             }
         }
         work
+    }
+
+    /// Whether a cross-shard rename or bigdir rmdir waits for its intent to
+    /// be durable before it asks another shard.
+    fn intents_wait_for_commit(&self) -> bool {
+        let done = self.shard.commits_done();
+        self.cross.iter().any(|c| c.durable_at > done)
+            || self.rmdirs.iter().any(|r| r.durable_at > done)
     }
 
     /// Sends the held replies whose commit finished.

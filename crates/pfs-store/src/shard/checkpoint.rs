@@ -112,6 +112,13 @@ impl<D: Device> Shard<D> {
         self.poll_checkpoint();
     }
 
+    /// Waits for the checkpoint under way, if any (what every operation did
+    /// before checkpoints ran beside the requests; `benches/checkpoint.rs`
+    /// compares the two).
+    pub fn finish_checkpoint(&mut self) -> FsResult<()> {
+        self.wait_checkpoint()
+    }
+
     /// Whether a checkpoint is under way.
     pub fn checkpointing(&self) -> bool {
         self.ckpt.is_some()

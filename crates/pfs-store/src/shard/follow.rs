@@ -132,22 +132,34 @@ impl<D: Device> Shard<D> {
 
     /// Inode numbers are never handed out twice, even when a crash loses the
     /// create that used one: its client may have written the file's data on
-    /// other shards, and a new file of that number would find it there. So
-    /// before a number at or past the durable floor goes out, a new floor
-    /// 65 536 ahead is logged and committed (once per that many creates).
+    /// other shards, and a new file of that number would find it there. So no
+    /// number at or past the durable floor goes out. Half a chunk before the
+    /// floor, the next one, 65 536 further, is logged, and the group commit
+    /// makes it durable long before it is needed; only when numbers run out
+    /// before that (the first create after an open) does the create wait for
+    /// a commit.
     pub(super) fn ensure_ino_floor(&mut self) -> FsResult<()> {
-        if self.next_ino_seq < self.ino_floor {
-            return Ok(());
+        if let Some((floor, commit)) = self.ino_floor_next {
+            if self.commits_done >= commit {
+                self.ino_floor = floor;
+                self.ino_floor_next = None;
+            }
         }
-        let floor = self.next_ino_seq + INO_CHUNK;
-        if !self.txns.contains_key(&INO_FLOOR_KEY) {
-            self.reserve_table_bytes(tables::txn_bytes(&[0; 8]))?;
+        if self.ino_floor_next.is_none() && self.next_ino_seq + INO_CHUNK / 2 >= self.ino_floor {
+            let floor = self.next_ino_seq.max(self.ino_floor) + INO_CHUNK;
+            if !self.txns.contains_key(&INO_FLOOR_KEY) {
+                self.reserve_table_bytes(tables::txn_bytes(&[0; 8]))?;
+            }
+            self.begin()?;
+            self.log(Change::TxnPut { id: INO_FLOOR_KEY, data: floor.to_le_bytes().to_vec() })?;
+            self.finish()?;
+            self.ino_floor_next = Some((floor, self.next_commit()));
         }
-        self.begin()?;
-        self.log(Change::TxnPut { id: INO_FLOOR_KEY, data: floor.to_le_bytes().to_vec() })?;
-        self.finish()?;
-        self.commit()?;
-        self.ino_floor = floor;
+        if self.next_ino_seq >= self.ino_floor {
+            self.commit()?;
+            let (floor, _) = self.ino_floor_next.take().expect("a floor logged above");
+            self.ino_floor = floor;
+        }
         Ok(())
     }
 

@@ -152,6 +152,8 @@ pub struct Shard<D: Device> {
     txn_floor: u64,
     /// No inode number at or above it was handed out (logged, `follow.rs`).
     ino_floor: u64,
+    /// The next floor, logged, and the commit that makes it durable.
+    ino_floor_next: Option<(u64, u64)>,
     /// Follow-ups logged since the last commit, and those durable and not yet
     /// taken by the worker.
     follow_pending: Vec<follow::FollowUp>,
@@ -375,6 +377,7 @@ impl<D: Device> Shard<D> {
             txn_next: 1,
             txn_floor: 0,
             ino_floor: 0,
+            ino_floor_next: None,
             follow_pending: Vec::new(),
             follow_ready: Vec::new(),
             next_ino_seq,

@@ -1,0 +1,138 @@
+//! How long checkpoints stop a shard from serving: creates of empty files in
+//! one directory on a shard over a real file (`UringDevice`, io_uring,
+//! `O_DIRECT`) with a small log, so checkpoints come every few thousand
+//! creates while the tables grow, the way a worker drives it (a group commit
+//! started every `COMMIT_EVERY` creates and polled between them).
+//!
+//! Two modes in the same run, each on a fresh file:
+//! - **waited**: each checkpoint is waited for by the operation that started
+//!   it, as every checkpoint was before they ran beside the requests;
+//! - **beside**: checkpoints run beside the creates; only the snapshot (the
+//!   tables encoded in memory) stops them.
+//!
+//! Reported per mode: creates/s, the longest create, the 99.9th percentile,
+//! the total time of creates over 1 ms, checkpoints taken, and the shard's own
+//! figures (longest checkpoint, longest snapshot).
+//!
+//! `cargo bench --bench checkpoint`; `PFS_BENCH_FILES` sets the creates
+//! (default 200000), `PFS_BENCH_WAL_MIB` the log (default 16 MiB: halves of
+//! 8). The device files go under `target/bench-checkpoint` and are removed.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pfs_core::{InodeId, ShardId};
+use pfs_store::device::{UringDevice, UringOptions};
+use pfs_store::{CreateArgs, FormatOptions, Shard, ShardOptions};
+
+const COMMIT_EVERY: u64 = 256;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Outcome {
+    rate: f64,
+    max: Duration,
+    p999: Duration,
+    over_1ms: Duration,
+    checkpoints: u64,
+    max_checkpoint_us: u64,
+    max_snapshot_us: u64,
+    log_full_waits: u64,
+}
+
+fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome {
+    let zone = 4u64 << 30;
+    let path = dir.join(if waited { "waited.img" } else { "beside.img" });
+    let _ = std::fs::remove_file(&path);
+    let dev = UringDevice::open(
+        &path,
+        UringOptions {
+            queue_depth: 64,
+            registered_buffers: 4,
+            registered_buffer_size: 1 << 20,
+            spare_buffers: 16,
+            size_bytes: Some(zone),
+            preallocate: false,
+        },
+    )
+    .expect("device file");
+    let mut fo = FormatOptions::new(ShardId(0), zone);
+    fo.inode_slots = Some((files + 4096).next_power_of_two());
+    fo.wal_bytes = Some(wal_mib << 20);
+    let mut s = Shard::format(dev, &fo, ShardOptions::default()).expect("format");
+    let dir_ino = s.create(InodeId::ROOT, b"mdtest", CreateArgs::dir(0o755)).unwrap().ino;
+    s.commit().unwrap();
+    let base = s.stats().checkpoints;
+    let mut lat = Vec::with_capacity(files as usize);
+    let t = Instant::now();
+    for i in 0..files {
+        let name = format!("file.mdtest.0.{i}");
+        let op = Instant::now();
+        s.create(dir_ino, name.as_bytes(), CreateArgs::file(0o644)).unwrap();
+        if waited && s.checkpointing() {
+            s.finish_checkpoint().unwrap();
+        }
+        if i % COMMIT_EVERY == 0 {
+            s.start_commit().unwrap();
+        }
+        s.poll_commit();
+        s.poll_checkpoint();
+        lat.push(op.elapsed());
+    }
+    s.commit().unwrap();
+    let elapsed = t.elapsed();
+    let st = s.stats();
+    drop(s);
+    let _ = std::fs::remove_file(&path);
+    lat.sort_unstable();
+    Outcome {
+        rate: files as f64 / elapsed.as_secs_f64(),
+        max: *lat.last().unwrap(),
+        p999: lat[lat.len() * 999 / 1000],
+        over_1ms: lat.iter().filter(|d| **d > Duration::from_millis(1)).sum(),
+        checkpoints: st.checkpoints - base,
+        max_checkpoint_us: st.max_checkpoint_us,
+        max_snapshot_us: st.max_snapshot_us,
+        log_full_waits: st.log_full_waits,
+    }
+}
+
+fn main() {
+    let files = env_u64("PFS_BENCH_FILES", 200_000);
+    let wal_mib = env_u64("PFS_BENCH_WAL_MIB", 16);
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-checkpoint");
+    std::fs::create_dir_all(&dir).unwrap();
+    println!("{files} creates in one directory, one shard on a file, WAL {wal_mib} MiB");
+    println!(
+        "| checkpoints | creates/s | longest create | p99.9 | time in creates over 1 ms | \
+         checkpoints | longest checkpoint | longest snapshot | log-full waits |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for waited in [true, false] {
+        let o = run(&dir, files, wal_mib, waited);
+        println!(
+            "| {} | {:.0} | {:.2} ms | {:.1} us | {:.1} ms | {} | {:.2} ms | {:.2} ms | {} |",
+            if waited { "waited" } else { "beside" },
+            o.rate,
+            o.max.as_secs_f64() * 1e3,
+            o.p999.as_secs_f64() * 1e6,
+            o.over_1ms.as_secs_f64() * 1e3,
+            o.checkpoints,
+            o.max_checkpoint_us as f64 / 1e3,
+            o.max_snapshot_us as f64 / 1e3,
+            o.log_full_waits
+        );
+        rows.push(o);
+    }
+    let (w, b) = (&rows[0], &rows[1]);
+    println!(
+        "beside / waited: creates/s {:.2}, longest create {:.2}, time in creates over 1 ms {:.2}",
+        b.rate / w.rate,
+        b.max.as_secs_f64() / w.max.as_secs_f64(),
+        b.over_1ms.as_secs_f64() / w.over_1ms.as_secs_f64().max(1e-9)
+    );
+    let _ = std::fs::remove_dir(&dir);
+}
