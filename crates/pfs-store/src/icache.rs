@@ -18,6 +18,8 @@ use crate::io::DevIo;
 pub const INODES_PER_BLOCK: u64 = (SECTOR_SIZE / INODE_SLOT_SIZE) as u64;
 
 const NIL: u32 = u32::MAX;
+/// Tag bit of the write of a block's copy (`write_copy`), beside its index.
+const COPY_TAG: u64 = 1 << 32;
 
 /// The state of one cache block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +48,10 @@ struct CacheBlock {
     /// Lowest such number: the block holds no change older than it that the
     /// device lacks (a checkpoint waits for blocks older than its snapshot).
     first_dirty_lsn: u64,
+    /// A copy of this block as of that lsn is being written (`write_copy`):
+    /// the block itself is not written back meanwhile, so the two writes of
+    /// the page never race.
+    copy_lsn: Option<u64>,
     prev: u32,
     next: u32,
 }
@@ -61,6 +67,8 @@ pub struct IcacheStats {
     pub writebacks: u64,
     /// Ready blocks dropped to make room.
     pub evictions: u64,
+    /// Pages of free slots made resident as zeros, without a read.
+    pub blank_loads: u64,
 }
 
 /// What [`Icache::write_back_older`] still waits for.
@@ -109,6 +117,7 @@ impl Icache {
                 data: None,
                 dirty_lsn: 0,
                 first_dirty_lsn: 0,
+                copy_lsn: None,
                 prev: NIL,
                 next: NIL,
             })
@@ -172,6 +181,29 @@ impl Icache {
         Ok(data[at..at + INODE_SLOT_SIZE].try_into().expect("slot size"))
     }
 
+    /// Makes the page of slot `slot` resident without reading it when it is
+    /// not: the caller knows every other slot of the page is free, so what
+    /// the device holds there does not matter, and the block starts as zeros
+    /// (a free slot's image). A fresh page of inodes costs no device read.
+    pub fn load_blank(&mut self, io: &mut DevIo<impl Device>, slot: u64) -> Result<(), StoreError> {
+        let page = slot / INODES_PER_BLOCK;
+        if self.index.contains_key(&page) {
+            return self.load(io, page).map(|_| ());
+        }
+        let b = self.take_block(io)?;
+        let block = &mut self.blocks[b as usize];
+        let mut buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
+        buf.fill(0);
+        block.data = Some(buf);
+        block.state = BlockState::Ready;
+        block.page = page;
+        block.dirty_lsn = 0;
+        self.index.insert(page, b);
+        self.push_lru(b);
+        self.stats.blank_loads += 1;
+        Ok(())
+    }
+
     /// Replaces slot `slot` with `image`, changed by WAL record `lsn`.
     pub fn write_slot<D: Device>(
         &mut self,
@@ -206,9 +238,7 @@ impl Icache {
         let mut b = self.lru_head;
         while self.dirty_count > self.dirty_max && b != NIL {
             let next = self.blocks[b as usize].next;
-            if self.blocks[b as usize].state == BlockState::Dirty
-                && self.blocks[b as usize].dirty_lsn <= self.durable_lsn
-            {
+            if self.writable(b) {
                 self.start_write(io, b);
             }
             b = next;
@@ -219,6 +249,7 @@ impl Icache {
     /// Writes back every dirty block and waits (checkpoint). All its records must
     /// be durable first.
     pub fn flush_all<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
+        self.reap(io, io_wait_async)?;
         for b in 0..self.blocks.len() as u32 {
             if self.blocks[b as usize].state == BlockState::Dirty {
                 assert!(
@@ -264,7 +295,7 @@ impl Icache {
         let mut needs_commit = false;
         for &b in blocks.iter() {
             let block = &self.blocks[b as usize];
-            if block.state != BlockState::Dirty {
+            if block.state != BlockState::Dirty || block.copy_lsn.is_some() {
                 continue;
             }
             if block.dirty_lsn <= self.durable_lsn {
@@ -280,6 +311,63 @@ impl Icache {
         } else {
             WriteBack::Writing
         })
+    }
+
+    /// Copies of the dirty blocks among `blocks`, as they are now (a
+    /// checkpoint's snapshot): written with [`write_copy`](Self::write_copy)
+    /// once the records up to now are durable, while the blocks themselves go
+    /// on changing.
+    pub fn copy_dirty(&self, blocks: &[u32]) -> Vec<(u32, AlignedBuf)> {
+        blocks
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].state == BlockState::Dirty)
+            .map(|&b| {
+                let data = self.blocks[b as usize].data.as_ref().expect("a dirty block has data");
+                (b, AlignedBuf::from_slice(data))
+            })
+            .collect()
+    }
+
+    /// Writes `copy` of block `b`, taken when every change up to `lsn` was in
+    /// it (and no later one), if the block still lacks those changes on the
+    /// device: it is dirty with a change at or below `lsn`, not being written,
+    /// and every record up to `lsn` is durable. Then the block is not written
+    /// back until the copy landed, and after that it counts as holding on the
+    /// device every change up to `lsn`. Returns whether it was submitted.
+    pub fn write_copy<D: Device>(
+        &mut self,
+        io: &mut DevIo<D>,
+        b: u32,
+        copy: AlignedBuf,
+        lsn: u64,
+    ) -> bool {
+        let block = &mut self.blocks[b as usize];
+        if block.state != BlockState::Dirty
+            || block.first_dirty_lsn > lsn
+            || block.copy_lsn.is_some()
+            || lsn > self.durable_lsn
+        {
+            return false;
+        }
+        block.copy_lsn = Some(lsn);
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Write,
+            offset: self.area_offset + block.page * SECTOR_SIZE as u64,
+            buf: copy,
+        };
+        io.submit_async(req, u64::from(b) | COPY_TAG);
+        self.stats.writebacks += 1;
+        true
+    }
+
+    /// Whether block `b` may be written back now: dirty, every record that
+    /// changed it durable, and no copy of it being written.
+    fn writable(&self, b: u32) -> bool {
+        let block = &self.blocks[b as usize];
+        block.state == BlockState::Dirty
+            && block.dirty_lsn <= self.durable_lsn
+            && block.copy_lsn.is_none()
     }
 
     /// Makes metadata `page` resident and most recently used; returns its block.
@@ -341,17 +429,18 @@ impl Icache {
             // Every block is dirty or writing: write back the oldest durable dirty
             // one before reuse, and wait for it.
             let mut d = self.lru_head;
-            while d != NIL
-                && !(self.blocks[d as usize].state == BlockState::Dirty
-                    && self.blocks[d as usize].dirty_lsn <= self.durable_lsn)
-            {
+            while d != NIL && !self.writable(d) {
                 d = self.blocks[d as usize].next;
             }
             if d != NIL {
                 self.start_write(io, d);
             }
             assert!(
-                d != NIL || self.blocks.iter().any(|x| x.state == BlockState::Writing),
+                d != NIL
+                    || self
+                        .blocks
+                        .iter()
+                        .any(|x| x.state == BlockState::Writing || x.copy_lsn.is_some()),
                 "Icache full of dirty blocks whose WAL records are not durable: commit first"
             );
             self.reap(io, io_wait_async)?;
@@ -362,6 +451,7 @@ impl Icache {
     fn start_write<D: Device>(&mut self, io: &mut DevIo<D>, b: u32) {
         let block = &mut self.blocks[b as usize];
         assert_eq!(block.state, BlockState::Dirty);
+        assert!(block.copy_lsn.is_none(), "a block written while a copy of it is");
         block.state = BlockState::Writing;
         self.dirty_count -= 1;
         self.writing_count += 1;
@@ -386,6 +476,18 @@ impl Icache {
         for c in collect(io) {
             let b = c.tag as u32;
             let block = &mut self.blocks[b as usize];
+            if c.tag & COPY_TAG != 0 {
+                let lsn = block.copy_lsn.take().expect("a copy in flight");
+                match c.result {
+                    // The device has every change up to `lsn`: the block's
+                    // later ones are what it still lacks.
+                    Ok(()) => block.first_dirty_lsn = block.first_dirty_lsn.max(lsn + 1),
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
+                continue;
+            }
             assert_eq!(block.state, BlockState::Writing, "write-back completion for idle block");
             block.data = Some(c.buf);
             self.writing_count -= 1;

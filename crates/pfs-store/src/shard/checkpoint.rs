@@ -13,8 +13,10 @@
 //!    Operations go on and log to the new half.
 //! 2. **Writes**: the tables go to the inactive region, at most
 //!    [`TABLE_WRITES`] chunks in flight; the Icache blocks that held changes
-//!    older than `X` are written back once their records are durable (a block
-//!    changed again since waits for the commit of that change).
+//!    older than `X` are copied at the snapshot, and the copies written once
+//!    the snapshot's commit finished (`Icache::write_copy`): a block that
+//!    changes with every operation, such as the inode of the directory of a
+//!    create storm, never has all its changes durable at once.
 //! 3. **Sync**, once the snapshot's commit finished and every write above did.
 //! 4. **Header** of generation `g + 1` written, then **synced**: from then on
 //!    recovery starts at the new tables and the new half.
@@ -35,7 +37,7 @@ use std::time::Instant;
 
 use super::{geometry::CheckpointHeader, opts_group, sync_req, write_req, Shard};
 use super::{MAX_RECORD_BYTES, PAGE_SIZE};
-use crate::device::Device;
+use crate::device::{AlignedBuf, Device};
 use crate::error::StoreError;
 use crate::icache::WriteBack;
 use crate::wal::Wal;
@@ -59,6 +61,11 @@ pub(super) struct Checkpointing {
     submitted: usize,
     commit: u64,
     blocks: Vec<u32>,
+    /// Copies of the dirty ones as of the snapshot, written once its commit
+    /// finished: a block that changes with every operation (a directory's
+    /// inode in a create storm) never waits for a moment its newest change
+    /// is durable.
+    copies: Vec<(u32, AlignedBuf)>,
     /// Failpoint `checkpoint.hold_ms`: the header is not written before this.
     hold_until: Option<Instant>,
 }
@@ -107,6 +114,7 @@ impl<D: Device> Shard<D> {
             submitted: 0,
             commit: 0,
             blocks: Vec::new(),
+            copies: Vec::new(),
             hold_until: hold,
         });
         self.poll_checkpoint();
@@ -190,6 +198,7 @@ impl<D: Device> Shard<D> {
         let fresh = Wal::new(offset, bytes, gen, header.first_lsn, group, self.geo.format_id);
         let retired = std::mem::replace(&mut self.wal, fresh);
         let blocks = self.icache.unwritten_blocks();
+        let copies = self.icache.copy_dirty(&blocks);
         self.stats.last_checkpoint_bytes = tables.len() as u64;
         // A failure is the shard's: `poll_checkpoint` drops the checkpoint.
         let _ = self.start_commit_of(Some(retired));
@@ -203,6 +212,7 @@ impl<D: Device> Shard<D> {
         c.tables = tables;
         c.commit = commit;
         c.blocks = blocks;
+        c.copies = copies;
     }
 
     /// The table writes and write-backs: submits what fits, collects what
@@ -246,6 +256,13 @@ impl<D: Device> Shard<D> {
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         let (lsn, commit) = (c.header.expect("snapshot taken").first_lsn, c.commit);
+        if self.commits_done >= commit && !c.copies.is_empty() {
+            // Everything the copies hold is durable now.
+            for (b, copy) in std::mem::take(&mut c.copies) {
+                self.icache.write_copy(&mut self.io, b, copy, lsn - 1);
+            }
+        }
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
         let mut blocks = std::mem::take(&mut c.blocks);
         let written = self.icache.write_back_older(&mut self.io, &mut blocks, lsn);
         let c = self.ckpt.as_mut().expect("a checkpoint under way");

@@ -726,8 +726,18 @@ impl<D: Device> Shard<D> {
     fn new_inode(&mut self, mut inode: Inode) -> FsResult<Inode> {
         self.reserve_table_bytes(tables::INODE_BYTES)?;
         let slot = self.slot_bitmap.alloc().ok_or(FsError::NoSpace)?;
-        // Read first: a device error here fails only this operation.
-        if let Err(e) = self.icache.read_slot(&mut self.io, slot) {
+        // Read first: a device error here fails only this operation. A page
+        // whose other slots are all free is not read at all.
+        let first = slot - slot % crate::icache::INODES_PER_BLOCK;
+        let page_free = (first..first + crate::icache::INODES_PER_BLOCK)
+            .filter(|&s| s != slot && s < self.geo.inode_slots)
+            .all(|s| !self.slot_bitmap.get(s));
+        let loaded = if page_free {
+            self.icache.load_blank(&mut self.io, slot)
+        } else {
+            self.icache.read_slot(&mut self.io, slot).map(|_| ())
+        };
+        if let Err(e) = loaded {
             self.slot_bitmap.clear_run(slot, 1);
             return Err(e.into());
         }
