@@ -161,6 +161,11 @@ pub struct Worker<D: Device> {
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
+    /// Requests that stopped at an inode page being read in the background
+    /// (`Shard::set_defer_misses`), run again when reads finish, and the
+    /// count of finished reads when they last were.
+    deferred: Vec<(u16, ConnRef, Vec<u8>)>,
+    deferred_seen: u64,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -225,6 +230,10 @@ pub fn ring_mesh(
 const TOKEN_BELL: u64 = 0;
 /// Token of the device's completion descriptor (`Device::completion_fd`).
 const TOKEN_DEVICE: u64 = u64::MAX;
+/// Most requests waiting for inode pages read in the background; past it,
+/// a request reads its page blocking.
+const DEFERRED_MAX: usize = 4096;
+
 /// Longest park, so the stop flag and the commit timer are seen.
 const PARK_MAX: Duration = Duration::from_millis(100);
 
@@ -273,6 +282,8 @@ impl<D: Device> Worker<D> {
             log_full_waits_seen: 0,
             checkpoint_seen_running: false,
             reads: HashMap::new(),
+            deferred: Vec::new(),
+            deferred_seen: 0,
             dirty_since: None,
             now: Instant::now(),
             cross: Vec::new(),
@@ -360,7 +371,7 @@ impl<D: Device> Worker<D> {
         let drain_end = Instant::now() + Duration::from_secs(2);
         for _ in 0..1000 {
             let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
-            let busy = copying || !self.reads.is_empty();
+            let busy = copying || !self.reads.is_empty() || !self.deferred.is_empty();
             if self.round() == 0 && (!busy || Instant::now() > drain_end) {
                 break;
             }
@@ -405,6 +416,9 @@ impl<D: Device> Worker<D> {
         self.shard.poll_data_writes();
         if !self.reads.is_empty() {
             work += self.send_finished_reads();
+        }
+        if !self.deferred.is_empty() {
+            work += self.retry_deferred();
         }
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
@@ -761,7 +775,26 @@ impl<D: Device> Worker<D> {
         };
         let mutates = is_mutation(&req);
         let mark = self.shard.txn_id_mark();
+        // A request that changes nothing does not wait for an inode page
+        // being read: it runs again once the page is in memory.
+        let deferrable = matches!(
+            req,
+            Request::Lookup { .. }
+                | Request::GetAttr { .. }
+                | Request::Open { .. }
+                | Request::GetXattr { .. }
+                | Request::ListXattr { .. }
+                | Request::ReadLink { .. }
+                | Request::LayoutGet { .. }
+                | Request::GetParent { .. }
+        );
+        self.shard.set_defer_misses(deferrable && self.deferred.len() < DEFERRED_MAX);
         let (result, durability) = execute(&mut self.shard, req);
+        self.shard.set_defer_misses(false);
+        if self.shard.take_deferred_miss() {
+            self.deferred.push((origin, conn, buf));
+            return None;
+        }
         let reply = (frame.request_id, frame.client, op, result);
         self.finish_request(origin, conn, mutates, mark, reply, durability, buf)
     }
@@ -848,6 +881,24 @@ impl<D: Device> Worker<D> {
         // As `execute` does: an operation cut halfway fails the shard.
         self.shard.end_request();
         Ok(started)
+    }
+
+    /// Runs again the requests that waited for inode pages, once a read of
+    /// one finished; returns how many ran.
+    fn retry_deferred(&mut self) -> usize {
+        let done = self.shard.icache_reads_done();
+        if done == self.deferred_seen {
+            return 0;
+        }
+        self.deferred_seen = done;
+        let waiting = std::mem::take(&mut self.deferred);
+        let n = waiting.len();
+        for (origin, conn, buf) in waiting {
+            if let Some(reply) = self.process_for(origin, conn, buf) {
+                self.route_reply(origin, conn, reply);
+            }
+        }
+        n
     }
 
     /// Answers the reads whose device reads finished; returns how many.
@@ -1126,7 +1177,8 @@ impl<D: Device> Worker<D> {
         self.shard.poll_commit();
         self.shard.poll_checkpoint();
         self.shard.poll_data_writes();
-        let read = self.shard.has_finished_reads();
+        let read = self.shard.has_finished_reads()
+            || (!self.deferred.is_empty() && self.shard.icache_reads_done() != self.deferred_seen);
         let done = self.shard.commits_done();
         let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();
@@ -1186,7 +1238,10 @@ impl<D: Device> Worker<D> {
 
     /// Whether a commit step or a read waits for the device.
     fn awaits_device(&self) -> bool {
-        self.shard.committing() || self.shard.checkpointing() || !self.reads.is_empty()
+        self.shard.committing()
+            || self.shard.checkpointing()
+            || !self.reads.is_empty()
+            || !self.deferred.is_empty()
     }
 
     fn publish_usage(&self) {

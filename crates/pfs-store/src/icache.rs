@@ -20,6 +20,10 @@ pub const INODES_PER_BLOCK: u64 = (SECTOR_SIZE / INODE_SLOT_SIZE) as u64;
 const NIL: u32 = u32::MAX;
 /// Tag bit of the write of a block's copy (`write_copy`), beside its index.
 const COPY_TAG: u64 = 1 << 32;
+/// Tag bit of a page read started by `start_read`, beside the block's index.
+const READ_TAG: u64 = 1 << 33;
+/// Pages whose read failed, remembered until a blocking load reports it.
+const READ_ERRORS_MAX: usize = 64;
 
 /// The state of one cache block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +73,10 @@ pub struct IcacheStats {
     pub evictions: u64,
     /// Pages of free slots made resident as zeros, without a read.
     pub blank_loads: u64,
+    /// Pages read in the background (`start_read`), and those done.
+    pub background_reads: u64,
+    /// See `background_reads`.
+    pub background_reads_done: u64,
 }
 
 /// What [`Icache::write_back_older`] still waits for.
@@ -101,6 +109,9 @@ pub struct Icache {
     durable_lsn: u64,
     /// `durable_lsn` at the last write-back walk.
     last_write_back_lsn: u64,
+    /// Pages whose read in the background failed: the next load of one reads
+    /// it blocking, so the operation gets the error.
+    read_errors: Vec<u64>,
     stats: IcacheStats,
 }
 
@@ -135,6 +146,7 @@ impl Icache {
             area_pages,
             durable_lsn: 0,
             last_write_back_lsn: 0,
+            read_errors: Vec::new(),
             stats: IcacheStats::default(),
         }
     }
@@ -179,6 +191,70 @@ impl Icache {
         let at = (slot % INODES_PER_BLOCK) as usize * INODE_SLOT_SIZE;
         let data = self.blocks[b as usize].data.as_ref().expect("loaded block has data");
         Ok(data[at..at + INODE_SLOT_SIZE].try_into().expect("slot size"))
+    }
+
+    /// Whether the page of slot `slot` is resident (not being read).
+    pub fn resident(&self, slot: u64) -> bool {
+        self.index
+            .get(&(slot / INODES_PER_BLOCK))
+            .is_some_and(|&b| self.blocks[b as usize].state != BlockState::Reading)
+    }
+
+    /// Starts reading the page of slot `slot` in the background, unless it is
+    /// resident, already being read, or its last such read failed; `true`
+    /// when the page is (now) being read: the caller tries again once it is
+    /// resident. `false` when it must load the page itself (blocking): the
+    /// read failed before (then the load reports the error), or no block is
+    /// free without waiting for a write-back.
+    pub fn start_read<D: Device>(&mut self, io: &mut DevIo<D>, slot: u64) -> bool {
+        let page = slot / INODES_PER_BLOCK;
+        assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
+        if let Some(&b) = self.index.get(&page) {
+            return self.blocks[b as usize].state == BlockState::Reading;
+        }
+        if let Some(i) = self.read_errors.iter().position(|&p| p == page) {
+            self.read_errors.swap_remove(i);
+            return false;
+        }
+        let Some(b) = self.free_block_now() else { return false };
+        let block = &mut self.blocks[b as usize];
+        block.state = BlockState::Reading;
+        block.page = page;
+        block.dirty_lsn = 0;
+        let buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
+        let req = IoRequest {
+            tag: 0,
+            kind: IoKind::Read,
+            offset: self.area_offset + page * SECTOR_SIZE as u64,
+            buf,
+        };
+        self.index.insert(page, b);
+        io.submit_async(req, u64::from(b) | READ_TAG);
+        self.stats.background_reads += 1;
+        true
+    }
+
+    /// Collects finished background reads and write-backs without waiting.
+    pub fn poll<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
+        self.reap(io, io_take_async)
+    }
+
+    /// A free block without waiting: a free one, or the least recently used
+    /// ready block evicted.
+    fn free_block_now(&mut self) -> Option<u32> {
+        if let Some(b) = self.free.pop() {
+            return Some(b);
+        }
+        let mut b = self.lru_head;
+        while b != NIL && self.blocks[b as usize].state != BlockState::Ready {
+            b = self.blocks[b as usize].next;
+        }
+        if b == NIL {
+            return None;
+        }
+        self.stats.evictions += 1;
+        self.release(b);
+        self.free.pop()
     }
 
     /// Makes the page of slot `slot` resident without reading it when it is
@@ -374,8 +450,9 @@ impl Icache {
     fn load<D: Device>(&mut self, io: &mut DevIo<D>, page: u64) -> Result<u32, StoreError> {
         assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
         if let Some(&b) = self.index.get(&page) {
-            if self.blocks[b as usize].state == BlockState::Writing {
-                // The device holds the buffer: wait for the write-back to land.
+            if matches!(self.blocks[b as usize].state, BlockState::Writing | BlockState::Reading) {
+                // The device holds the buffer: wait for the write-back or the
+                // background read to land (a failed read frees the block).
                 self.reap(io, io_wait_async)?;
             }
             if let Some(&b) = self.index.get(&page) {
@@ -437,10 +514,10 @@ impl Icache {
             }
             assert!(
                 d != NIL
-                    || self
-                        .blocks
-                        .iter()
-                        .any(|x| x.state == BlockState::Writing || x.copy_lsn.is_some()),
+                    || self.blocks.iter().any(|x| {
+                        matches!(x.state, BlockState::Writing | BlockState::Reading)
+                            || x.copy_lsn.is_some()
+                    }),
                 "Icache full of dirty blocks whose WAL records are not durable: commit first"
             );
             self.reap(io, io_wait_async)?;
@@ -476,6 +553,29 @@ impl Icache {
         for c in collect(io) {
             let b = c.tag as u32;
             let block = &mut self.blocks[b as usize];
+            if c.tag & READ_TAG != 0 {
+                assert_eq!(block.state, BlockState::Reading, "read completion for another state");
+                block.data = Some(c.buf);
+                self.stats.background_reads_done += 1;
+                match c.result {
+                    Ok(()) => {
+                        block.state = BlockState::Ready;
+                        self.push_lru(b);
+                    }
+                    Err(_) => {
+                        // The next load of the page reads it blocking and
+                        // gives the error to its operation.
+                        block.state = BlockState::Free;
+                        let page = block.page;
+                        self.index.remove(&page);
+                        self.free.push(b);
+                        if self.read_errors.len() < READ_ERRORS_MAX {
+                            self.read_errors.push(page);
+                        }
+                    }
+                }
+                continue;
+            }
             if c.tag & COPY_TAG != 0 {
                 let lsn = block.copy_lsn.take().expect("a copy in flight");
                 match c.result {

@@ -154,6 +154,10 @@ pub struct Shard<D: Device> {
     ino_floor: u64,
     /// The next floor, logged, and the commit that makes it durable.
     ino_floor_next: Option<(u64, u64)>,
+    /// Icache misses read in the background (`set_defer_misses`), and whether
+    /// the last operation stopped at one.
+    defer_misses: bool,
+    deferred_miss: bool,
     /// Follow-ups logged since the last commit, and those durable and not yet
     /// taken by the worker.
     follow_pending: Vec<follow::FollowUp>,
@@ -378,6 +382,8 @@ impl<D: Device> Shard<D> {
             txn_floor: 0,
             ino_floor: 0,
             ino_floor_next: None,
+            defer_misses: false,
+            deferred_miss: false,
             follow_pending: Vec::new(),
             follow_ready: Vec::new(),
             next_ino_seq,
@@ -698,6 +704,14 @@ impl<D: Device> Shard<D> {
     // ---- inodes ----
 
     fn load_inode_at(&mut self, slot: u64, ino: InodeId) -> Result<Inode, StoreError> {
+        if self.defer_misses && self.op_changes == 0 && !self.icache.resident(slot) {
+            // Not in memory: read it in the background and have the request
+            // run again once it is (`set_defer_misses`).
+            if self.icache.start_read(&mut self.io, slot) {
+                self.deferred_miss = true;
+                return Err(StoreError::Fs(FsError::TryAgain));
+            }
+        }
         let image = self.icache.read_slot(&mut self.io, slot)?;
         match Inode::decode(&image)? {
             Some(inode) if inode.ino == ino => Ok(inode),
@@ -756,6 +770,39 @@ impl<D: Device> Shard<D> {
         self.log(Change::InodeDel { ino: inode.ino, slot })?;
         self.slot_bitmap.clear_run(slot, 1);
         Ok(())
+    }
+
+    /// While set, an operation that needs an inode whose metadata page is not
+    /// in memory starts reading it in the background and fails with
+    /// `TryAgain` instead of waiting for the device, and
+    /// [`take_deferred_miss`](Self::take_deferred_miss) says so: the worker
+    /// runs the request again once [`icache_reads_done`](Self::icache_reads_done)
+    /// moved. Only before the operation changed anything; the worker sets it
+    /// for requests that change nothing.
+    pub fn set_defer_misses(&mut self, on: bool) {
+        self.defer_misses = on;
+    }
+
+    /// Whether the last operation stopped at an inode page being read
+    /// (`set_defer_misses`); clears it.
+    pub fn take_deferred_miss(&mut self) -> bool {
+        std::mem::take(&mut self.deferred_miss)
+    }
+
+    /// Collects finished background reads of inode pages (and write-backs);
+    /// returns how many reads finished so far, in all. A failed write-back
+    /// fails the shard, as after a commit.
+    pub fn icache_reads_done(&mut self) -> u64 {
+        if let Err(e) = self.icache.poll(&mut self.io) {
+            self.fail(format!("writing back inodes: {e}"));
+        }
+        self.icache.stats().background_reads_done
+    }
+
+    /// Whether inode pages are being read in the background.
+    pub fn icache_reading(&self) -> bool {
+        let st = self.icache.stats();
+        st.background_reads_done < st.background_reads
     }
 
     /// The time of the operation in progress (set by [`Shard::begin`]).

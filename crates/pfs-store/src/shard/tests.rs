@@ -1501,3 +1501,64 @@ fn fresh_pages_of_inodes_are_not_read() {
     assert_eq!(s.getattr(reused.ino).unwrap().ino, reused.ino);
     assert_eq!(s.getattr(files[8]).unwrap().ino, files[8]);
 }
+
+/// With misses deferred (`set_defer_misses`, as the worker sets it for
+/// requests that change nothing), a getattr of an inode whose page is not in
+/// memory starts reading it and fails with `TryAgain` at once; while that read
+/// is held in flight, a create and a getattr of a resident inode go on, and
+/// asking again starts no second read; once it finished, the getattr succeeds.
+/// A background read that fails is not retried in the background: the next
+/// load reads the page itself.
+#[test]
+fn inode_pages_are_read_in_the_background_when_asked() {
+    use crate::device::{mem::Fault, IoKind};
+    let (mut s, handle) = fresh();
+    let mut files = Vec::new();
+    // 40 pages of inodes, more than the 32 Icache blocks.
+    for i in 0..640 {
+        files
+            .push(s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap().ino);
+    }
+    let mut s = reopen(s);
+    let cold: Vec<InodeId> =
+        files.iter().copied().filter(|ino| !s.icache.resident(s.inode_slots[ino])).collect();
+    assert!(cold.len() >= 32, "{} cold inodes", cold.len());
+    let (ino, other) = (cold[0], cold[cold.len() - 1]);
+    let page = s.inode_slots[&ino] / crate::icache::INODES_PER_BLOCK;
+    let at = s.geo.offset(s.geo.meta_page + page);
+    handle.hold(Some(at..at + PAGE_SIZE));
+    let reads = s.icache.stats().background_reads;
+    s.set_defer_misses(true);
+    assert_eq!(s.getattr(ino), Err(FsError::TryAgain));
+    assert!(s.take_deferred_miss());
+    assert!(s.icache_reading());
+    // Meanwhile: a create and a resident inode.
+    let beside = s.create(ROOT, b"beside", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.getattr(beside.ino).unwrap().ino, beside.ino);
+    assert!(!s.take_deferred_miss());
+    assert_eq!(s.getattr(ino), Err(FsError::TryAgain));
+    assert!(s.take_deferred_miss());
+    assert_eq!(s.icache.stats().background_reads, reads + 1, "one read per page");
+    handle.hold(None);
+    let done = s.icache.stats().background_reads_done;
+    for _ in 0..100 {
+        if s.icache_reads_done() > done {
+            break;
+        }
+    }
+    assert!(!s.icache_reading());
+    assert_eq!(s.getattr(ino).unwrap().ino, ino);
+    assert!(!s.take_deferred_miss());
+    // A failed background read: the next load reads the page itself.
+    handle.inject(Fault::next(IoKind::Read, 1));
+    assert_eq!(s.getattr(other), Err(FsError::TryAgain));
+    assert!(s.take_deferred_miss());
+    while s.icache_reading() {
+        s.icache_reads_done();
+    }
+    let reads = s.icache.stats().background_reads;
+    assert_eq!(s.getattr(other).unwrap().ino, other);
+    assert!(!s.take_deferred_miss());
+    assert_eq!(s.icache.stats().background_reads, reads, "read blocking, not again");
+    s.set_defer_misses(false);
+}
