@@ -164,8 +164,12 @@ pub struct Worker<D: Device> {
     /// Requests that stopped at an inode page being read in the background
     /// (`Shard::set_defer_misses`), run again when reads finish, and the
     /// count of finished reads when they last were.
-    deferred: Vec<(u16, ConnRef, Vec<u8>)>,
+    deferred: Vec<(u16, ConnRef, Vec<u8>, u8)>,
     deferred_seen: u64,
+    /// Times the request being run again was deferred before: past
+    /// `DEFER_TRIES` it reads its page blocking, so a page evicted before
+    /// its request ran again cannot keep a request waiting for ever.
+    deferred_tries: u8,
     dirty_since: Option<Instant>,
     pub(crate) now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -233,6 +237,9 @@ const TOKEN_DEVICE: u64 = u64::MAX;
 /// Most requests waiting for inode pages read in the background; past it,
 /// a request reads its page blocking.
 const DEFERRED_MAX: usize = 4096;
+/// Times one request waits for a page read in the background; then it reads
+/// blocking (a page can be evicted again before its request runs).
+const DEFER_TRIES: u8 = 4;
 
 /// Longest park, so the stop flag and the commit timer are seen.
 const PARK_MAX: Duration = Duration::from_millis(100);
@@ -284,6 +291,7 @@ impl<D: Device> Worker<D> {
             reads: HashMap::new(),
             deferred: Vec::new(),
             deferred_seen: 0,
+            deferred_tries: 0,
             dirty_since: None,
             now: Instant::now(),
             cross: Vec::new(),
@@ -788,11 +796,14 @@ impl<D: Device> Worker<D> {
                 | Request::LayoutGet { .. }
                 | Request::GetParent { .. }
         );
-        self.shard.set_defer_misses(deferrable && self.deferred.len() < DEFERRED_MAX);
+        let tries = std::mem::take(&mut self.deferred_tries);
+        self.shard.set_defer_misses(
+            deferrable && self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES,
+        );
         let (result, durability) = execute(&mut self.shard, req);
         self.shard.set_defer_misses(false);
         if self.shard.take_deferred_miss() {
-            self.deferred.push((origin, conn, buf));
+            self.deferred.push((origin, conn, buf, tries + 1));
             return None;
         }
         let reply = (frame.request_id, frame.client, op, result);
@@ -893,8 +904,11 @@ impl<D: Device> Worker<D> {
         self.deferred_seen = done;
         let waiting = std::mem::take(&mut self.deferred);
         let n = waiting.len();
-        for (origin, conn, buf) in waiting {
-            if let Some(reply) = self.process_for(origin, conn, buf) {
+        for (origin, conn, buf, tries) in waiting {
+            self.deferred_tries = tries;
+            let reply = self.process_for(origin, conn, buf);
+            self.deferred_tries = 0;
+            if let Some(reply) = reply {
                 self.route_reply(origin, conn, reply);
             }
         }
