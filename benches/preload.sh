@@ -14,6 +14,7 @@
 #   cargo build --release -p pfs -p pfs-preload
 #   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
 #   WORKERS=1 benches/preload.sh       # pfs up's workers (2 by default here)
+#   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/pfs}
@@ -23,6 +24,11 @@ WORK=${WORK:-/tmp/pfs-preload-bench}
 PFS_AT=/pfs-preload-bench
 declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
 WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
+# A workload's options from the environment: OPTS_md_hard="--files 20000".
+for w in "${!OPTS[@]}"; do
+    v=OPTS_${w//-/_}
+    if [ -n "${!v:-}" ]; then OPTS[$w]=${!v}; fi
+done
 TARGETS="native preload mount"
 for f in "$BIN" "$LIB"; do
     [ -e "$f" ] || { echo "error: $f not found (cargo build --release -p pfs -p pfs-preload)" >&2; exit 1; }
