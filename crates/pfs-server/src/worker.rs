@@ -638,6 +638,13 @@ impl<D: Device> Worker<D> {
     /// worker's shard; returns the reply frame, or `None` when the reply waits for
     /// the next commit.
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
+        // Behind a request of the same connection that waits for an inode
+        // page: runs after it, so one connection's requests keep their order.
+        if !self.deferred.is_empty() && self.deferred.iter().any(|d| (d.0, d.1) == (origin, conn)) {
+            let tries = std::mem::take(&mut self.deferred_tries);
+            self.deferred.push((origin, conn, buf, tries));
+            return None;
+        }
         let header = FrameHeader::decode(&buf).expect("checked by the receiver");
         if header.flags & pfs_core::wire::FLAG_REPLY == 0
             && [Opcode::Write as u16, Opcode::WriteData as u16].contains(&header.opcode)
@@ -783,8 +790,11 @@ impl<D: Device> Worker<D> {
         };
         let mutates = is_mutation(&req);
         let mark = self.shard.txn_id_mark();
-        // A request that changes nothing does not wait for an inode page
-        // being read: it runs again once the page is in memory.
+        // A request does not wait for an inode page being read: it stops
+        // before it changed anything and runs again once the page is in
+        // memory. Metadata requests only (a data request's pieces are read
+        // in the background anyway), and those whose reads all come before
+        // their changes.
         let deferrable = matches!(
             req,
             Request::Lookup { .. }
@@ -795,6 +805,16 @@ impl<D: Device> Worker<D> {
                 | Request::ReadLink { .. }
                 | Request::LayoutGet { .. }
                 | Request::GetParent { .. }
+                | Request::SetAttr { .. }
+                | Request::Create { .. }
+                | Request::Mkdir { .. }
+                | Request::Mknod { .. }
+                | Request::Symlink { .. }
+                | Request::Unlink { .. }
+                | Request::Rmdir { .. }
+                | Request::Rename { .. }
+                | Request::SetXattr { .. }
+                | Request::RemoveXattr { .. }
         );
         let tries = std::mem::take(&mut self.deferred_tries);
         self.shard.set_defer_misses(

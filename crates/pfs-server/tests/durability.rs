@@ -518,11 +518,12 @@ fn a_worker_serves_requests_while_a_checkpoint_is_under_way() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Lookups and stats of inodes whose pages are not in memory read them in
-/// the background and run again: after a clean restart (nothing resident)
-/// of a server with 6,000 files and an Icache of 256 pages, two clients look
-/// up and stat every file at once, every answer is right, and the server's
-/// stop log counts the background reads.
+/// Requests on inodes whose pages are not in memory read them in the
+/// background and run again: after a clean restart (nothing resident) of a
+/// server with 6,000 files and an Icache of 256 pages, two clients look up
+/// and stat every file at once; after another, they chmod a third of the
+/// files and remove the rest. Every answer is right, and the server's stop
+/// log counts the background reads.
 #[test]
 fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
     let dir = common::test_dir("cold-lookups");
@@ -557,6 +558,43 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
     for w in workers {
         w.join().unwrap();
     }
+    // Changes of cold inodes: a restart again, then every third file
+    // chmodded and every other one removed, by two clients at once.
+    c.stop_servers();
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let workers: Vec<_> = (0..2)
+        .map(|k| {
+            let fs = c.client();
+            let inos = inos.clone();
+            std::thread::spawn(move || {
+                for (i, ino) in inos.iter().enumerate().skip(k).step_by(2) {
+                    let name = format!("f{i}");
+                    if i % 3 == 0 {
+                        let set = pfs_core::SetAttr { perm: Some(0o640), ..Default::default() };
+                        fs.setattr(*ino, &set).unwrap();
+                        assert_eq!(fs.getattr(*ino).unwrap().perm & 0o777, 0o640, "{name}");
+                    } else {
+                        fs.unlink(d, name.as_bytes()).unwrap();
+                        assert_eq!(fs.lookup(d, name.as_bytes()).unwrap_err(), FsError::NotFound);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let fs = c.client();
+    for (i, ino) in inos.iter().enumerate() {
+        let found = fs.lookup(d, format!("f{i}").as_bytes());
+        if i % 3 == 0 {
+            assert_eq!(found.unwrap().ino, *ino, "f{i}");
+        } else {
+            assert_eq!(found.unwrap_err(), FsError::NotFound, "f{i}");
+        }
+    }
+    drop(fs);
     c.stop_servers();
     let log = log_of(&c, 0);
     let stats = log.rsplit("checkpointed, stopping;").next().unwrap();
@@ -566,7 +604,6 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
         .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no background_reads in the stop log: {stats}"));
-    eprintln!("{reads} inode pages read in the background");
     assert!(reads >= 100, "{reads} inode pages read in the background: {stats}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -478,6 +478,9 @@ impl<D: Device> Shard<D> {
 
     /// Applies one change and adds it to the operation's record.
     fn log(&mut self, change: Change) -> FsResult<()> {
+        // Once a request changed something it cannot run again from the
+        // start: its later reads wait for the device (`set_defer_misses`).
+        self.defer_misses = false;
         let lsn = self.wal.next_lsn();
         if let Err(e) = self.apply(&change, lsn) {
             let msg = format!("device error while applying a change, shard must be reopened: {e}");
@@ -777,8 +780,9 @@ impl<D: Device> Shard<D> {
     /// `TryAgain` instead of waiting for the device, and
     /// [`take_deferred_miss`](Self::take_deferred_miss) says so: the worker
     /// runs the request again once [`icache_reads_done`](Self::icache_reads_done)
-    /// moved. Only before the operation changed anything; the worker sets it
-    /// for requests that change nothing.
+    /// moved. Only until the request first changes something: the first
+    /// logged change turns it off, so a request is never run again after it
+    /// changed the shard (a create whose reply then reads attributes).
     pub fn set_defer_misses(&mut self, on: bool) {
         self.defer_misses = on;
     }

@@ -1536,6 +1536,8 @@ fn inode_pages_are_read_in_the_background_when_asked() {
     let beside = s.create(ROOT, b"beside", CreateArgs::file(0o644)).unwrap();
     assert_eq!(s.getattr(beside.ino).unwrap().ino, beside.ino);
     assert!(!s.take_deferred_miss());
+    // A new request (the create's change turned deferring off for its own).
+    s.set_defer_misses(true);
     assert_eq!(s.getattr(ino), Err(FsError::TryAgain));
     assert!(s.take_deferred_miss());
     assert_eq!(s.icache.stats().background_reads, reads + 1, "one read per page");
@@ -1550,6 +1552,7 @@ fn inode_pages_are_read_in_the_background_when_asked() {
     assert_eq!(s.getattr(ino).unwrap().ino, ino);
     assert!(!s.take_deferred_miss());
     // A failed background read: the next load reads the page itself.
+    s.set_defer_misses(true);
     handle.inject(Fault::next(IoKind::Read, 1));
     assert_eq!(s.getattr(other), Err(FsError::TryAgain));
     assert!(s.take_deferred_miss());
@@ -1560,5 +1563,44 @@ fn inode_pages_are_read_in_the_background_when_asked() {
     assert_eq!(s.getattr(other).unwrap().ino, other);
     assert!(!s.take_deferred_miss());
     assert_eq!(s.icache.stats().background_reads, reads, "read blocking, not again");
+    s.set_defer_misses(false);
+}
+
+/// Changes wait for inode pages the same way, as long as nothing was changed
+/// yet: an unlink of a cold inode stops with nothing logged and the name still
+/// there, and succeeds once the page was read; once a request changed
+/// something (a create), its later reads wait for the device instead.
+#[test]
+fn a_change_stops_at_a_cold_inode_only_before_it_changed_anything() {
+    let (mut s, _) = fresh();
+    let mut files = Vec::new();
+    for i in 0..640 {
+        files
+            .push(s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap().ino);
+    }
+    let mut s = reopen(s);
+    let cold: Vec<usize> =
+        (0..files.len()).filter(|&i| !s.icache.resident(s.inode_slots[&files[i]])).collect();
+    assert!(cold.len() >= 32, "{} cold inodes", cold.len());
+    let (i, j) = (cold[0], cold[cold.len() - 1]);
+    let lsn = s.wal.next_lsn();
+    s.set_defer_misses(true);
+    let name = format!("f{i}");
+    assert_eq!(s.unlink(ROOT, name.as_bytes()), Err(FsError::TryAgain));
+    assert!(s.take_deferred_miss());
+    assert_eq!(s.wal.next_lsn(), lsn, "nothing logged");
+    assert_eq!(s.lookup(ROOT, name.as_bytes()).unwrap().ino, files[i]);
+    while s.icache_reading() {
+        s.icache_reads_done();
+    }
+    s.set_defer_misses(true);
+    s.unlink(ROOT, name.as_bytes()).unwrap();
+    assert!(!s.take_deferred_miss());
+    assert_eq!(s.lookup(ROOT, name.as_bytes()).unwrap_err(), FsError::NotFound);
+    // A create, then a read of a cold inode in the same request: waits.
+    s.set_defer_misses(true);
+    s.create(ROOT, b"made", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.getattr(files[j]).unwrap().ino, files[j]);
+    assert!(!s.take_deferred_miss());
     s.set_defer_misses(false);
 }
