@@ -217,17 +217,7 @@ impl Icache {
             return false;
         }
         let Some(b) = self.free_block_now() else { return false };
-        let block = &mut self.blocks[b as usize];
-        block.state = BlockState::Reading;
-        block.page = page;
-        block.dirty_lsn = 0;
-        let buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
-        let req = IoRequest {
-            tag: 0,
-            kind: IoKind::Read,
-            offset: self.area_offset + page * SECTOR_SIZE as u64,
-            buf,
-        };
+        let req = self.read_request(b, page);
         self.index.insert(page, b);
         io.submit_async(req, u64::from(b) | READ_TAG);
         self.stats.background_reads += 1;
@@ -237,6 +227,22 @@ impl Icache {
     /// Collects finished background reads and write-backs without waiting.
     pub fn poll<D: Device>(&mut self, io: &mut DevIo<D>) -> Result<(), StoreError> {
         self.reap(io, io_take_async)
+    }
+
+    /// Puts free block `b` in the reading state for metadata `page`; returns
+    /// the read into its buffer.
+    fn read_request(&mut self, b: u32, page: u64) -> IoRequest {
+        let block = &mut self.blocks[b as usize];
+        block.state = BlockState::Reading;
+        block.page = page;
+        block.dirty_lsn = 0;
+        let buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
+        IoRequest {
+            tag: 0,
+            kind: IoKind::Read,
+            offset: self.area_offset + page * SECTOR_SIZE as u64,
+            buf,
+        }
     }
 
     /// A free block without waiting: a free one, or the least recently used
@@ -463,17 +469,7 @@ impl Icache {
         }
         self.stats.misses += 1;
         let b = self.take_block(io)?;
-        let block = &mut self.blocks[b as usize];
-        block.state = BlockState::Reading;
-        block.page = page;
-        block.dirty_lsn = 0;
-        let buf = block.data.take().unwrap_or_else(|| AlignedBuf::zeroed(SECTOR_SIZE));
-        let req = IoRequest {
-            tag: 0,
-            kind: IoKind::Read,
-            offset: self.area_offset + page * SECTOR_SIZE as u64,
-            buf,
-        };
+        let req = self.read_request(b, page);
         let done = io.run(vec![req]).pop().expect("one completion");
         let block = &mut self.blocks[b as usize];
         block.data = Some(done.buf);
