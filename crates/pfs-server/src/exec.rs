@@ -385,6 +385,13 @@ fn readdir<D: Device>(
     let budget = (max_bytes as usize).min(pfs_core::wire::MAX_IO_BYTES);
     let after = (!after.is_empty()).then_some(after);
     let found = shard.readdir(dir, after, max)?;
+    if plus {
+        // The entries' inode pages, read together in the background when
+        // the worker allows it (then this request runs again).
+        let local: Vec<InodeId> =
+            found.iter().map(|e| e.ino).filter(|&ino| shard.has_inode(ino)).collect();
+        shard.prefetch_inodes(local.into_iter())?;
+    }
     let full = found.len() == max;
     let mut entries = Vec::with_capacity(found.len());
     let mut used = 0usize;
@@ -579,5 +586,58 @@ mod tests {
         let Reply::ReadData(bytes) = ok(&mut s, read(65000, 656, 0b10)) else { panic!() };
         assert_eq!(bytes.len(), 120);
         assert_eq!(&bytes[10..110], &[7; 100][..]);
+    }
+
+    /// A `ReadDir` with attributes over inodes whose pages are not in memory,
+    /// with misses deferred (as the worker runs it): it starts the reads of
+    /// all their pages at once and stops; once they finished, it runs with
+    /// no device read and every attribute right.
+    #[test]
+    fn a_readdir_reads_its_entries_pages_together() {
+        let opts = ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let handle = dev.handle();
+        let mut s =
+            Shard::format(dev, &FormatOptions::new(ShardId(0), 64 << 20), opts.clone()).unwrap();
+        for i in 0..2000 {
+            create(&mut s, &format!("f{i:04}"));
+        }
+        s.commit().unwrap();
+        s.checkpoint().unwrap();
+        drop(s);
+        let mut s = Shard::open(handle.crash(1), 0, opts).unwrap();
+        let list = Request::ReadDir {
+            ino: InodeId::ROOT,
+            after: Vec::new(),
+            max_entries: 400,
+            max_bytes: 1 << 20,
+            plus: true,
+        };
+        let reads = s.stats().icache.background_reads;
+        // Stops for the directory's own page (if not resident), then once for
+        // its entries' pages, all read together.
+        let mut stops = 0;
+        let (entries, eof) = loop {
+            let misses = s.stats().icache.misses;
+            s.set_defer_misses(true);
+            let result = execute(&mut s, list.clone()).0;
+            if !s.take_deferred_miss() {
+                assert_eq!(s.stats().icache.misses, misses, "no page read blocking");
+                let Reply::ReadDir { entries, eof } = result.unwrap() else { panic!() };
+                break (entries, eof);
+            }
+            assert_eq!(result, Err(FsError::TryAgain));
+            stops += 1;
+            assert!(stops <= 2, "stopped {stops} times");
+            while s.icache_reading() {
+                s.icache_reads_done();
+            }
+        };
+        let started = s.stats().icache.background_reads - reads;
+        // Open leaves at most 32 of the 125 pages resident, some of these 25.
+        assert!(started >= 8, "{started} pages read in {stops} stops");
+        s.set_defer_misses(false);
+        assert_eq!((entries.len(), eof), (400, false));
+        assert!(entries.iter().all(|e| e.attr.is_some_and(|a| a.perm == 0o640 && a.uid == 7)));
     }
 }

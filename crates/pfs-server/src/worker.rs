@@ -815,6 +815,7 @@ impl<D: Device> Worker<D> {
                 | Request::Rename { .. }
                 | Request::SetXattr { .. }
                 | Request::RemoveXattr { .. }
+                | Request::ReadDir { .. }
         );
         let tries = std::mem::take(&mut self.deferred_tries);
         self.shard.set_defer_misses(

@@ -193,6 +193,17 @@ impl Icache {
         Ok(data[at..at + INODE_SLOT_SIZE].try_into().expect("slot size"))
     }
 
+    /// Marks the page of slot `slot`, if resident, most recently used: a
+    /// caller about to read other pages keeps the ones it needs from being
+    /// evicted for them.
+    pub fn touch_slot(&mut self, slot: u64) {
+        if let Some(&b) = self.index.get(&(slot / INODES_PER_BLOCK)) {
+            if self.blocks[b as usize].state != BlockState::Reading {
+                self.touch(b);
+            }
+        }
+    }
+
     /// Whether the page of slot `slot` is resident (not being read).
     pub fn resident(&self, slot: u64) -> bool {
         self.index

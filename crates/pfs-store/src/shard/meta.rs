@@ -663,10 +663,11 @@ impl<D: Device> Shard<D> {
         after: Option<&[u8]>,
         max: usize,
     ) -> FsResult<Vec<DirEntry>> {
-        if let Ok(inode) = self.inode(dir) {
-            if inode.kind != FileType::Directory {
-                return Err(FsError::NotDir);
-            }
+        match self.inode(dir) {
+            Ok(inode) if inode.kind != FileType::Directory => return Err(FsError::NotDir),
+            // Its page is being read (`set_defer_misses`): run again then.
+            Err(FsError::TryAgain) if self.deferred_miss => return Err(FsError::TryAgain),
+            _ => {}
         }
         let mut out = Vec::with_capacity(max.min(1024));
         self.dentries.for_each_from(dir, after, |name, value| {

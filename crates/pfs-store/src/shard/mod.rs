@@ -481,6 +481,12 @@ impl<D: Device> Shard<D> {
         // Once a request changed something it cannot run again from the
         // start: its later reads wait for the device (`set_defer_misses`).
         self.defer_misses = false;
+        debug_assert!(
+            !self.deferred_miss,
+            "a request changed the shard after it stopped at an inode page being read"
+        );
+        // Never run again a request that changed something.
+        self.deferred_miss = false;
         let lsn = self.wal.next_lsn();
         if let Err(e) = self.apply(&change, lsn) {
             let msg = format!("device error while applying a change, shard must be reopened: {e}");
@@ -785,6 +791,42 @@ impl<D: Device> Shard<D> {
     /// changed the shard (a create whose reply then reads attributes).
     pub fn set_defer_misses(&mut self, on: bool) {
         self.defer_misses = on;
+    }
+
+    /// With misses deferred (`set_defer_misses`), starts background reads of
+    /// the pages of those of `inos` that live here and are not in memory (at
+    /// most 64 pages), and stops the request as a miss does when any of them
+    /// is being read: a `ReadDir` with attributes reads its entries' pages
+    /// together, then runs again once. Without, does nothing.
+    pub fn prefetch_inodes(&mut self, inos: impl Iterator<Item = InodeId>) -> FsResult<()> {
+        const PREFETCH_MAX: usize = 64;
+        if !self.defer_misses || self.op_changes > 0 {
+            return Ok(());
+        }
+        let slots: Vec<u64> = inos.filter_map(|ino| self.inode_slots.get(&ino).copied()).collect();
+        // The resident ones first, so reading the others does not evict them.
+        for &slot in &slots {
+            self.icache.touch_slot(slot);
+        }
+        let mut pages: Vec<u64> = Vec::new();
+        for slot in slots {
+            let page = slot / crate::icache::INODES_PER_BLOCK;
+            if self.icache.resident(slot) || pages.contains(&page) {
+                continue;
+            }
+            if pages.len() == PREFETCH_MAX {
+                break;
+            }
+            // `false`: this one is loaded blocking when its turn comes.
+            if self.icache.start_read(&mut self.io, slot) {
+                pages.push(page);
+            }
+        }
+        if !pages.is_empty() {
+            self.deferred_miss = true;
+            return Err(FsError::TryAgain);
+        }
+        Ok(())
     }
 
     /// Whether the last operation stopped at an inode page being read
