@@ -101,6 +101,9 @@ pub struct ShardStats {
     pub max_snapshot_us: u64,
     /// Operations that found the log full and waited for a checkpoint.
     pub log_full_waits: u64,
+    /// Operations that waited for a commit: the pending records reached two
+    /// groups, or the Icache was short of clean blocks (`begin`).
+    pub forced_commits: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
     /// Data reads served from the read cache, and those that went to the device
@@ -468,10 +471,16 @@ impl<D: Device> Shard<D> {
         self.poll_checkpoint();
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.make_log_room()?;
-        } else if self.wal.group_full() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
+        } else if self.wal.group_overfull() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
             // Dirty blocks can be written back (and so evicted) only once their
-            // records are durable: commit before the Icache runs out of clean ones.
+            // records are durable: wait for a commit before the Icache runs out
+            // of clean ones, or when the pending records reach two groups.
+            self.stats.forced_commits += 1;
             self.commit()?;
+        } else if self.wal.group_full() || self.icache.clean_blocks() < 2 * OP_ICACHE_BLOCKS {
+            // Half way there: a commit starts beside the operations, so they
+            // rarely get to wait for one.
+            self.start_commit()?;
         }
         Ok(())
     }

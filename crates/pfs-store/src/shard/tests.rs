@@ -1604,3 +1604,32 @@ fn a_change_stops_at_a_cold_inode_only_before_it_changed_anything() {
     assert!(!s.take_deferred_miss());
     s.set_defer_misses(false);
 }
+
+/// A full commit group starts a commit beside the operations instead of
+/// waiting for one: with the log's writes held in flight, creates go on past
+/// the group's bound (a blocking commit would wait for the held write), the
+/// commit stays under way, and once released everything is durable.
+#[test]
+fn a_full_group_starts_a_commit_without_waiting() {
+    let (mut s, handle) = fresh();
+    // The first create makes the inode number floor durable, waiting.
+    s.create(ROOT, b"first", CreateArgs::file(0o644)).unwrap();
+    s.commit().unwrap();
+    let (offset, bytes) = s.geo.wal_half(s.wal.gen());
+    handle.hold(Some(offset..offset + bytes));
+    let name = |i: u32| format!("{i:0>200}");
+    let mut made = 0;
+    // Past one group (64 KiB here), not two.
+    while s.wal.pending_bytes() < 96 << 10 {
+        s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)).unwrap();
+        made += 1;
+        assert!(made < 10_000);
+    }
+    assert!(s.committing(), "a commit started when the group filled");
+    assert_eq!(s.stats().forced_commits, 0, "nobody waited for it");
+    handle.hold(None);
+    let mut s = reopen(s);
+    for i in 0..made {
+        s.lookup(ROOT, name(i).as_bytes()).unwrap();
+    }
+}

@@ -143,9 +143,21 @@ impl Wal {
         self.tail > self.durable_tail
     }
 
-    /// True if the pending group reached its bound and must be committed.
+    /// Bytes of records (and the partial sector before them) not yet durable.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True if the pending group reached its bound: a commit should start.
     pub fn group_full(&self) -> bool {
         self.pending.len() >= self.pending_max
+    }
+
+    /// True if the pending records reached twice the bound (a group, and the
+    /// one a commit under way is writing): the next operation waits for a
+    /// commit, so pending records stay within two groups.
+    pub fn group_overfull(&self) -> bool {
+        self.pending.len() >= 2 * self.pending_max
     }
 
     /// The generation of this log.
