@@ -518,6 +518,37 @@ fn a_worker_serves_requests_while_a_checkpoint_is_under_way() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Stops the server cleanly (checkpoint: nothing to replay) and starts it
+/// again, so no inode page is in memory.
+fn restart_cold(c: &mut ClusterProcs) {
+    c.stop_servers();
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+}
+
+/// Runs `each(client, i, inos[i])` for every file, the even ones on one
+/// client and the odd ones on another, at once.
+fn on_two_clients(
+    c: &ClusterProcs,
+    inos: &std::sync::Arc<Vec<InodeId>>,
+    each: impl Fn(&pfs_client::Cluster, usize, InodeId) + Copy + Send + 'static,
+) {
+    let workers: Vec<_> = (0..2)
+        .map(|k| {
+            let fs = c.client();
+            let inos = inos.clone();
+            std::thread::spawn(move || {
+                for (i, ino) in inos.iter().enumerate().skip(k).step_by(2) {
+                    each(&fs, i, *ino);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+}
+
 /// Requests on inodes whose pages are not in memory read them in the
 /// background and run again: after a clean restart (nothing resident) of a
 /// server with 6,000 files and an Icache of 256 pages, two clients look up
@@ -537,54 +568,28 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
         inos.push(a.ino);
     }
     drop(fs);
-    c.stop_servers();
-    c.servers[0] = Some(c.spawn_server(0, &[]));
-    c.wait_registered(1);
     let inos = std::sync::Arc::new(inos);
-    let workers: Vec<_> = (0..2)
-        .map(|k| {
-            let fs = c.client();
-            let inos = inos.clone();
-            std::thread::spawn(move || {
-                for (i, ino) in inos.iter().enumerate().skip(k).step_by(2) {
-                    let found = fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
-                    assert_eq!(found.ino, *ino, "f{i}");
-                    let attr = fs.getattr(*ino).unwrap();
-                    assert_eq!((attr.ino, attr.perm & 0o777), (*ino, 0o600), "f{i}");
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().unwrap();
-    }
+    restart_cold(&mut c);
+    on_two_clients(&c, &inos, move |fs, i, ino| {
+        let found = fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
+        assert_eq!(found.ino, ino, "f{i}");
+        let attr = fs.getattr(ino).unwrap();
+        assert_eq!((attr.ino, attr.perm & 0o777), (ino, 0o600), "f{i}");
+    });
     // Changes of cold inodes: a restart again, then every third file
     // chmodded and every other one removed, by two clients at once.
-    c.stop_servers();
-    c.servers[0] = Some(c.spawn_server(0, &[]));
-    c.wait_registered(1);
-    let workers: Vec<_> = (0..2)
-        .map(|k| {
-            let fs = c.client();
-            let inos = inos.clone();
-            std::thread::spawn(move || {
-                for (i, ino) in inos.iter().enumerate().skip(k).step_by(2) {
-                    let name = format!("f{i}");
-                    if i % 3 == 0 {
-                        let set = pfs_core::SetAttr { perm: Some(0o640), ..Default::default() };
-                        fs.setattr(*ino, &set).unwrap();
-                        assert_eq!(fs.getattr(*ino).unwrap().perm & 0o777, 0o640, "{name}");
-                    } else {
-                        fs.unlink(d, name.as_bytes()).unwrap();
-                        assert_eq!(fs.lookup(d, name.as_bytes()).unwrap_err(), FsError::NotFound);
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().unwrap();
-    }
+    restart_cold(&mut c);
+    on_two_clients(&c, &inos, move |fs, i, ino| {
+        let name = format!("f{i}");
+        if i % 3 == 0 {
+            let set = pfs_core::SetAttr { perm: Some(0o640), ..Default::default() };
+            fs.setattr(ino, &set).unwrap();
+            assert_eq!(fs.getattr(ino).unwrap().perm & 0o777, 0o640, "{name}");
+        } else {
+            fs.unlink(d, name.as_bytes()).unwrap();
+            assert_eq!(fs.lookup(d, name.as_bytes()).unwrap_err(), FsError::NotFound);
+        }
+    });
     let fs = c.client();
     for (i, ino) in inos.iter().enumerate() {
         let found = fs.lookup(d, format!("f{i}").as_bytes());
