@@ -111,6 +111,7 @@ fn drive<T: Target>(
     let mut counts = vec![w.count(params); procs as usize];
     let mut reports = Vec::with_capacity(w.phases().len());
     for (i, def) in w.phases().iter().enumerate() {
+        run_checks(w, i, t, run, params, &counts)?;
         let items: Vec<u64> = (0..procs).map(|r| w.items(i, r, params, &counts)).collect();
         workers.send_all(&ToWorker::Prepare { phase: i, counts: counts.clone() })?;
         workers.expect_all(|m| matches!(m, FromWorker::Prepared), "Prepared")?;
@@ -136,10 +137,26 @@ fn drive<T: Target>(
         if def.stonewall {
             counts = outcomes.iter().map(|o| o.items).collect();
         }
-        workload::check_after(w, i, t, run, params, &counts)
-            .map_err(|e| format!("after phase {}: {e}", def.name))?;
     }
+    run_checks(w, w.phases().len(), t, run, params, &counts)?;
     Ok(reports)
+}
+
+/// The checks due before phase `next` (or at the end).
+fn run_checks<T: Target>(
+    w: workload::Workload,
+    next: usize,
+    t: &T,
+    run: &str,
+    params: &Params,
+    counts: &[u64],
+) -> Result<(), String> {
+    for i in workload::checks_due_before(w, next) {
+        let name = w.phases()[i].name;
+        workload::check_after(w, i, t, run, params, counts)
+            .map_err(|e| format!("after phase {name}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// What the reader threads pass on.

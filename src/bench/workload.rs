@@ -56,18 +56,26 @@ pub struct PhaseDef {
     pub name: &'static str,
     /// Whether `--time` stonewalls it.
     pub stonewall: bool,
+    /// Whether it only looks (stat, read): it changes no name, size or byte,
+    /// so the coordinator's check of an earlier phase can wait until after it
+    /// (see [`check_after`]).
+    pub looks_only: bool,
 }
 
 const fn ph(name: &'static str, stonewall: bool) -> PhaseDef {
-    PhaseDef { name, stonewall }
+    PhaseDef { name, stonewall, looks_only: false }
 }
 
-const MD_EASY: [PhaseDef; 3] = [ph("create", true), ph("stat", false), ph("remove", false)];
-const MD_HARD: [PhaseDef; 4] =
-    [ph("create", true), ph("stat", false), ph("read", false), ph("remove", false)];
-const IO: [PhaseDef; 2] = [ph("write", true), ph("read", false)];
+/// A phase that only looks.
+const fn look(name: &'static str) -> PhaseDef {
+    PhaseDef { name, stonewall: false, looks_only: true }
+}
+
+const MD_EASY: [PhaseDef; 3] = [ph("create", true), look("stat"), ph("remove", false)];
+const MD_HARD: [PhaseDef; 4] = [ph("create", true), look("stat"), look("read"), ph("remove", false)];
+const IO: [PhaseDef; 2] = [ph("write", true), look("read")];
 const MDWB: [PhaseDef; 3] = [ph("precreate", false), ph("mixed", true), ph("cleanup", false)];
-const CKPT: [PhaseDef; 2] = [ph("checkpoint", false), ph("restart", false)];
+const CKPT: [PhaseDef; 2] = [ph("checkpoint", false), look("restart")];
 
 /// Defaults and limits.
 const FILES_DEFAULT: u64 = 1000;
@@ -357,6 +365,14 @@ pub fn expect_file<T: Target>(t: &T, path: &str, size: u64) -> Result<(), BenchE
 
 /// The coordinator's check after phase `phase`: listings and sizes as the
 /// per-rank `counts` say they must be.
+///
+/// The coordinator runs it right before the next phase that changes
+/// something, or at the end, never right before a phase that only looks
+/// ([`checks_due_before`]): its listings and stats would fill the kernel's
+/// name and attribute caches of a mount (a `readdirplus` answers every
+/// name's attributes), and the timed stats and reads after it would measure
+/// those caches instead of the file system (mdtest runs its stat phase
+/// after nothing but a barrier).
 pub fn check_after<T: Target>(
     w: Workload,
     phase: usize,
@@ -412,6 +428,27 @@ pub fn check_after<T: Target>(
     Ok(())
 }
 
+/// The phases whose [`check_after`] runs before phase `next` of workload `w`
+/// (`next` = the number of phases: at the end): every phase from the last
+/// one before `next` that changed something, if `next` changes something or
+/// is the end; none before a phase that only looks.
+pub fn checks_due_before(w: Workload, next: usize) -> std::ops::Range<usize> {
+    let phases = w.phases();
+    if next < phases.len() && phases[next].looks_only {
+        return next..next;
+    }
+    // Walk back over the phases that only looked; their checks and the one
+    // of the phase that changed something before them are due now.
+    let mut first = next;
+    while first > 0 {
+        first -= 1;
+        if !phases[first].looks_only {
+            break;
+        }
+    }
+    first..next
+}
+
 /// Removes what the phases left and the run directory, then checks it is gone.
 pub fn cleanup<T: Target>(w: Workload, t: &T, run: &str, p: &Params) -> Result<(), BenchError> {
     match w {
@@ -455,6 +492,33 @@ mod tests {
 
     fn args(line: &str) -> BenchArgs {
         Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace())).unwrap().args
+    }
+
+    #[test]
+    fn checks_wait_until_after_the_phases_that_only_look() {
+        let due = |w: Workload| -> Vec<Vec<&str>> {
+            (0..=w.phases().len())
+                .map(|n| checks_due_before(w, n).map(|i| w.phases()[i].name).collect())
+                .collect()
+        };
+        // Before each phase, and at the end.
+        assert_eq!(due(Workload::MdEasy), [vec![], vec![], vec!["create", "stat"], vec!["remove"]]);
+        assert_eq!(
+            due(Workload::MdHard),
+            [vec![], vec![], vec![], vec!["create", "stat", "read"], vec!["remove"]]
+        );
+        assert_eq!(due(Workload::IoEasy), [vec![], vec![], vec!["write", "read"]]);
+        assert_eq!(due(Workload::Ckpt), [vec![], vec![], vec!["checkpoint", "restart"]]);
+        assert_eq!(
+            due(Workload::Mdwb),
+            [vec![], vec!["precreate"], vec!["mixed"], vec!["cleanup"]]
+        );
+        // Every check runs exactly once.
+        for w in [Workload::MdEasy, Workload::MdHard, Workload::IoEasy, Workload::IoHard] {
+            let all: Vec<usize> =
+                (0..=w.phases().len()).flat_map(|n| checks_due_before(w, n)).collect();
+            assert_eq!(all, (0..w.phases().len()).collect::<Vec<_>>(), "{w:?}");
+        }
     }
 
     #[test]
