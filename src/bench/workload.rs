@@ -72,7 +72,8 @@ const fn look(name: &'static str) -> PhaseDef {
 }
 
 const MD_EASY: [PhaseDef; 3] = [ph("create", true), look("stat"), ph("remove", false)];
-const MD_HARD: [PhaseDef; 4] = [ph("create", true), look("stat"), look("read"), ph("remove", false)];
+const MD_HARD: [PhaseDef; 4] =
+    [ph("create", true), look("stat"), look("read"), ph("remove", false)];
 const IO: [PhaseDef; 2] = [ph("write", true), look("read")];
 const MDWB: [PhaseDef; 3] = [ph("precreate", false), ph("mixed", true), ph("cleanup", false)];
 const CKPT: [PhaseDef; 2] = [ph("checkpoint", false), look("restart")];

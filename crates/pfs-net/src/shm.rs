@@ -297,6 +297,34 @@ impl ShmPipe {
     /// Copies waiting bytes into `dst`: `Ok(0)` at end of stream (the peer closed or
     /// died), `WouldBlock` when empty.
     pub(crate) fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        let (ptr, max) = (dst.as_mut_ptr(), dst.len());
+        // SAFETY: `take` writes at most `max` bytes at `ptr`, inside `dst`.
+        self.take(max, |ring, head, n| unsafe { copy_out_raw(ring, head, ptr, n) })
+    }
+
+    /// Appends waiting bytes to `dst` until it holds `len` bytes at most, into
+    /// its spare capacity (no zeroing first: a large frame is copied once);
+    /// `Ok(0)` at end of stream or when `dst` already holds `len`, `WouldBlock`
+    /// when empty.
+    pub(crate) fn read_append(&mut self, dst: &mut Vec<u8>, len: usize) -> io::Result<usize> {
+        let have = dst.len();
+        let max = len.saturating_sub(have);
+        if max == 0 {
+            return Ok(0);
+        }
+        dst.reserve(max);
+        let ptr = dst.spare_capacity_mut().as_mut_ptr().cast::<u8>();
+        // SAFETY: `take` writes at most `max` bytes at `ptr`, inside the spare
+        // capacity reserved above.
+        let n = self.take(max, |ring, head, n| unsafe { copy_out_raw(ring, head, ptr, n) })?;
+        // SAFETY: the first `n` bytes of the spare capacity were just written.
+        unsafe { dst.set_len(have + n) };
+        Ok(n)
+    }
+
+    /// Takes up to `max` waiting bytes, handing `copy` the ring, the position
+    /// of the first and their count.
+    fn take(&mut self, max: usize, copy: impl FnOnce(&Ring, u64, usize)) -> io::Result<usize> {
         let used = self.rx.used().ok_or_else(corrupt)?;
         if used == 0 {
             if self.rx.u32_at(PRODUCER_CLOSED).load(Ordering::Acquire) != 0 || self.peer_gone {
@@ -309,9 +337,9 @@ impl ShmPipe {
             }
             return Err(io::ErrorKind::WouldBlock.into());
         }
-        let n = used.min(dst.len() as u64) as usize;
+        let n = used.min(max as u64) as usize;
         let head = self.rx.u64_at(HEAD).load(Ordering::Relaxed);
-        copy_out(&self.rx, head, &mut dst[..n]);
+        copy(&self.rx, head, n);
         self.rx.u64_at(HEAD).store(head + n as u64, Ordering::Release);
         fence(Ordering::SeqCst);
         if self.rx.u32_at(PRODUCER_WAITING).swap(0, Ordering::SeqCst) != 0 {
@@ -396,13 +424,23 @@ fn copy_in(r: &Ring, pos: u64, src: &[u8]) {
 }
 
 fn copy_out(r: &Ring, pos: u64, dst: &mut [u8]) {
+    // SAFETY: `dst` holds `dst.len()` writable bytes.
+    unsafe { copy_out_raw(r, pos, dst.as_mut_ptr(), dst.len()) }
+}
+
+/// Copies `len` bytes from ring position `pos` to `dst`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes, not overlapping the ring, and
+/// the `len` bytes at `pos` published by the producer.
+unsafe fn copy_out_raw(r: &Ring, pos: u64, dst: *mut u8, len: usize) {
     let at = (pos % r.bytes) as usize;
-    let first = dst.len().min(r.bytes as usize - at);
+    let first = len.min(r.bytes as usize - at);
     // SAFETY: both pieces lie inside the ring's data area and were published by the
-    // producer (the Acquire load of the tail in `used`).
+    // producer (the Acquire load of the tail in `used`); the caller vouches for `dst`.
     unsafe {
-        std::ptr::copy_nonoverlapping(r.data.add(at), dst.as_mut_ptr(), first);
-        std::ptr::copy_nonoverlapping(r.data, dst.as_mut_ptr().add(first), dst.len() - first);
+        std::ptr::copy_nonoverlapping(r.data.add(at), dst, first);
+        std::ptr::copy_nonoverlapping(r.data, dst.add(first), len - first);
     }
 }
 

@@ -374,22 +374,23 @@ impl Qp {
                 return Ok(Direct::No);
             }
             let mut buf = self.recv_posted.pop_front().expect("checked above");
-            buf.resize(total, 0);
-            self.direct = Some((buf, 0));
+            // Filled from the ring into its spare capacity: never zeroed first.
+            buf.clear();
+            self.direct = Some((buf, total));
         }
         let Pipe::Shm(p) = &mut self.pipe else { unreachable!("started on a shm pipe") };
-        let (buf, filled) = self.direct.as_mut().expect("started above");
-        while *filled < buf.len() {
-            match p.read(&mut buf[*filled..]) {
+        let (buf, total) = self.direct.as_mut().expect("started above");
+        while buf.len() < *total {
+            match p.read_append(buf, *total) {
                 Ok(0) => {
                     let msg = format!(
-                        "truncated message: the connection ended {filled} bytes into a \
-                         frame of {}",
+                        "truncated message: the connection ended {} bytes into a \
+                         frame of {total}",
                         buf.len()
                     );
                     return Err(NetError::protocol(&self.peer, msg));
                 }
-                Ok(k) => *filled += k,
+                Ok(_) => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Direct::Waiting),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.read_error(e)),

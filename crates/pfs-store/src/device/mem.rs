@@ -33,7 +33,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Device, DeviceError, IoCompletion, IoKind, IoRequest, SECTOR_SIZE};
+use super::{AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, SECTOR_SIZE};
 
 /// A rule that fails matching requests with `EIO`.
 ///
@@ -397,7 +397,19 @@ impl Device for MemDevice {
         };
         st.complete(n, out)
     }
+
+    /// Buffers arrive full of a marker byte, not zeros: a pooled buffer of a
+    /// real device holds whatever its last use left, and code that counts on
+    /// zeros must fail here too.
+    fn alloc_buf(&mut self, len: usize) -> AlignedBuf {
+        let mut buf = AlignedBuf::zeroed(len);
+        buf[..].fill(STALE_BYTE);
+        buf
+    }
 }
+
+/// What a fresh [`MemDevice`] buffer holds.
+const STALE_BYTE: u8 = 0xA5;
 
 /// splitmix64: small, seedable, good enough to pick sectors and orders.
 #[derive(Clone, Debug)]

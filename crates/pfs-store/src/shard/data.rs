@@ -545,15 +545,26 @@ impl<D: Device> Shard<D> {
             };
             let run = Run { page, pages: pages as u32, valid: new_valid };
             let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
-            buf[..].fill(0);
-            if let Some(old) = &old_data[i] {
-                let keep = (plans[i].1.expect("merge has an old run").valid as u64)
-                    .min(inode.size.saturating_sub(block.0 * bs))
-                    .min(new_valid as u64) as usize;
-                buf[..keep].copy_from_slice(&old[..keep]);
+            // The old bytes kept, then the new ones; only what neither covers
+            // is zeroed (the buffer holds whatever its last use left).
+            let keep = match &old_data[i] {
+                Some(old) => {
+                    let keep = (plans[i].1.expect("merge has an old run").valid as u64)
+                        .min(inode.size.saturating_sub(block.0 * bs))
+                        .min(new_valid as u64) as usize;
+                    buf[..keep].copy_from_slice(&old[..keep]);
+                    keep
+                }
+                None => 0,
+            };
+            let (from, to) = (from as usize, to as usize);
+            if keep < from {
+                buf[keep..from].fill(0);
             }
-            let src = (block.0 * bs + from - offset) as usize;
-            buf[from as usize..to as usize].copy_from_slice(&data[src..src + (to - from) as usize]);
+            let src = block.0 as usize * bs as usize + from - offset as usize;
+            buf[from..to].copy_from_slice(&data[src..src + (to - from)]);
+            let end = keep.max(to);
+            buf[end..].fill(0);
             bufs.push(buf);
             new_runs.push(run);
         }
