@@ -26,7 +26,7 @@ use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::{ReadShape, ReadStart};
-use pfs_store::Shard;
+use pfs_store::{DeferredOn, Shard};
 
 use crate::cross::CrossOp;
 use crate::exec::{execute, execute_write, is_mutation, Durability};
@@ -161,11 +161,12 @@ pub struct Worker<D: Device> {
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
-    /// Requests that stopped at an inode page being read in the background
-    /// (`Shard::set_defer_misses`), run again when reads finish, and the
-    /// count of finished reads when they last were.
-    deferred: Vec<(u16, ConnRef, Vec<u8>, u8)>,
-    deferred_seen: u64,
+    /// Requests that stopped at an inode page being read in the background,
+    /// or at data pages a partial write merges (`Shard::set_defer_misses`),
+    /// in arrival order, and the counts of finished background requests when
+    /// they last ran.
+    deferred: Vec<Deferred>,
+    deferred_seen: Progress,
     /// Times the request being run again was deferred before: past
     /// `DEFER_TRIES` it reads its page blocking, so a page evicted before
     /// its request ran again cannot keep a request waiting for ever.
@@ -237,6 +238,51 @@ const TOKEN_DEVICE: u64 = u64::MAX;
 /// Most requests waiting for inode pages read in the background; past it,
 /// a request reads its page blocking.
 const DEFERRED_MAX: usize = 4096;
+
+/// Background requests finished so far: inode page reads and data requests
+/// (`Shard::icache_reads_done`, `Shard::data_requests_done`).
+type Progress = (u64, u64);
+
+/// A request waiting to run again (`Worker::deferred`).
+struct Deferred {
+    origin: u16,
+    conn: ConnRef,
+    buf: Vec<u8>,
+    /// Times it stopped before.
+    tries: u8,
+    /// What it waits for and the count of those finished when it stopped:
+    /// it runs again once that count moved. `None`: it waits only for an
+    /// earlier request of its connection.
+    waits: Option<(DeferredOn, u64)>,
+}
+
+impl Deferred {
+    /// A request that stopped at what `on` says, having started when the
+    /// counts were `before`: the read or write it waits for finishes after
+    /// that, so the count moves past it.
+    fn after(
+        origin: u16,
+        conn: ConnRef,
+        buf: Vec<u8>,
+        tries: u8,
+        on: DeferredOn,
+        before: Progress,
+    ) -> Deferred {
+        let at = match on {
+            DeferredOn::InodePage => before.0,
+            DeferredOn::Data => before.1,
+        };
+        Deferred { origin, conn, buf, tries, waits: Some((on, at)) }
+    }
+
+    fn ready(&self, now: Progress) -> bool {
+        match self.waits {
+            None => true,
+            Some((DeferredOn::InodePage, at)) => now.0 != at,
+            Some((DeferredOn::Data, at)) => now.1 != at,
+        }
+    }
+}
 /// Times one request waits for a page read in the background; then it reads
 /// blocking (a page can be evicted again before its request runs).
 const DEFER_TRIES: u8 = 4;
@@ -290,7 +336,7 @@ impl<D: Device> Worker<D> {
             checkpoint_seen_running: false,
             reads: HashMap::new(),
             deferred: Vec::new(),
-            deferred_seen: 0,
+            deferred_seen: (0, 0),
             deferred_tries: 0,
             dirty_since: None,
             now: Instant::now(),
@@ -640,9 +686,11 @@ impl<D: Device> Worker<D> {
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
         // Behind a request of the same connection that waits for an inode
         // page: runs after it, so one connection's requests keep their order.
-        if !self.deferred.is_empty() && self.deferred.iter().any(|d| (d.0, d.1) == (origin, conn)) {
+        if !self.deferred.is_empty()
+            && self.deferred.iter().any(|d| (d.origin, d.conn) == (origin, conn))
+        {
             let tries = std::mem::take(&mut self.deferred_tries);
-            self.deferred.push((origin, conn, buf, tries));
+            self.deferred.push(Deferred { origin, conn, buf, tries, waits: None });
             return None;
         }
         let header = FrameHeader::decode(&buf).expect("checked by the receiver");
@@ -821,10 +869,11 @@ impl<D: Device> Worker<D> {
         self.shard.set_defer_misses(
             deferrable && self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES,
         );
+        let before = self.shard.background_progress();
         let (result, durability) = execute(&mut self.shard, req);
         self.shard.set_defer_misses(false);
-        if self.shard.take_deferred_miss() {
-            self.deferred.push((origin, conn, buf, tries + 1));
+        if let Some(on) = self.shard.take_deferred() {
+            self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
             return None;
         }
         let reply = (frame.request_id, frame.client, op, result);
@@ -836,12 +885,25 @@ impl<D: Device> Worker<D> {
     /// reuses the frame's buffer.
     fn process_write(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) -> Option<Vec<u8>> {
         let mark = self.shard.txn_id_mark();
+        // As a metadata request: a write whose inode page, or the old bytes of
+        // the block it merges into, are not in memory stops before it changed
+        // anything and runs again once they are.
+        let tries = std::mem::take(&mut self.deferred_tries);
         let (request_id, client, op, result) = match Frame::decode_write(&buf) {
             Some(Ok((request_id, client, w))) => {
                 if pfs_core::failpoint::fire("worker.panic") {
                     panic!("failpoint worker.panic, before {:?}", w.opcode());
                 }
-                (request_id, client, w.opcode(), execute_write(&mut self.shard, &w))
+                self.shard
+                    .set_defer_misses(self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES);
+                let before = self.shard.background_progress();
+                let result = execute_write(&mut self.shard, &w);
+                self.shard.set_defer_misses(false);
+                if let Some(on) = self.shard.take_deferred() {
+                    self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
+                    return None;
+                }
+                (request_id, client, w.opcode(), result)
             }
             Some(Err(e)) => {
                 let header = FrameHeader::decode(&buf).expect("checked by the receiver");
@@ -915,25 +977,42 @@ impl<D: Device> Worker<D> {
         Ok(started)
     }
 
-    /// Runs again the requests that waited for inode pages, once a read of
-    /// one finished; returns how many ran.
+    /// Keeps a request to run again later.
+    fn defer(&mut self, d: Deferred) {
+        self.deferred.push(d);
+    }
+
+    /// The background requests finished so far.
+    fn progress(&mut self) -> Progress {
+        (self.shard.icache_reads_done(), self.shard.data_requests_done())
+    }
+
+    /// Runs again the requests that waited for inode pages or data pages,
+    /// once what each waits for moved (in arrival order: one that still
+    /// waits keeps the later ones of its connection behind it); returns how
+    /// many ran.
     fn retry_deferred(&mut self) -> usize {
-        let done = self.shard.icache_reads_done();
-        if done == self.deferred_seen {
+        let now = self.progress();
+        if now == self.deferred_seen {
             return 0;
         }
-        self.deferred_seen = done;
+        self.deferred_seen = now;
         let waiting = std::mem::take(&mut self.deferred);
-        let n = waiting.len();
-        for (origin, conn, buf, tries) in waiting {
-            self.deferred_tries = tries;
-            let reply = self.process_for(origin, conn, buf);
+        let mut ran = 0;
+        for d in waiting {
+            if !d.ready(now) {
+                self.deferred.push(d);
+                continue;
+            }
+            ran += 1;
+            self.deferred_tries = d.tries;
+            let reply = self.process_for(d.origin, d.conn, d.buf);
             self.deferred_tries = 0;
             if let Some(reply) = reply {
-                self.route_reply(origin, conn, reply);
+                self.route_reply(d.origin, d.conn, reply);
             }
         }
-        n
+        ran
     }
 
     /// Answers the reads whose device reads finished; returns how many.
@@ -1213,7 +1292,9 @@ impl<D: Device> Worker<D> {
         self.shard.poll_checkpoint();
         self.shard.poll_data_writes();
         let read = self.shard.has_finished_reads()
-            || (!self.deferred.is_empty() && self.shard.icache_reads_done() != self.deferred_seen);
+            || (!self.deferred.is_empty()
+                && (self.shard.icache_reads_done(), self.shard.data_requests_done())
+                    != self.deferred_seen);
         let done = self.shard.commits_done();
         let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();

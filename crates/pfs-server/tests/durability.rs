@@ -613,6 +613,63 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The count `name` in the last stop line of server 0's log.
+fn stop_count(c: &ClusterProcs, name: &str) -> u64 {
+    let log = log_of(c, 0);
+    let stats = log.rsplit("checkpointed, stopping;").next().unwrap();
+    stats
+        .split(&format!("{name}: "))
+        .nth(1)
+        .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the stop log: {stats}"))
+}
+
+/// Appends to files whose blocks are not in memory (a restarted server):
+/// each write first stops at the inode's page and then at the old bytes its
+/// block merges, reads them in the background, and runs again once they are
+/// in memory. Two clients append to 2,000 files at once; every file then
+/// holds its old bytes and the appended ones, after another restart too, and
+/// the server's stop log counts the deferred merges.
+#[test]
+fn appends_to_cold_blocks_read_the_old_bytes_in_the_background() {
+    let dir = common::test_dir("cold-appends");
+    let mut c = ClusterProcs::start(&dir, 1, 1);
+    let fs = c.client();
+    let d = fs.mkdir(InodeId::ROOT, b"many", 0o755, 0, 0).unwrap().ino;
+    let old = |i: usize| -> Vec<u8> { (0..3000).map(|k| (k * 31 + i) as u8).collect() };
+    let new = |i: usize| -> Vec<u8> { format!("appended to f{i}").into_bytes() };
+    let mut inos = Vec::new();
+    for i in 0..2000 {
+        let (a, fh) = fs.create(d, format!("f{i}").as_bytes(), 0o600, 0, 0, 0).unwrap();
+        fs.write(a.ino, fh, 0, &old(i)).unwrap();
+        fs.release(a.ino, fh).unwrap();
+        inos.push(a.ino);
+    }
+    drop(fs);
+    let inos = std::sync::Arc::new(inos);
+    restart_cold(&mut c);
+    on_two_clients(&c, &inos, move |fs, i, ino| {
+        let fh = fs.open(ino, libc::O_WRONLY as u32).unwrap();
+        assert_eq!(fs.write(ino, fh, 3000, &new(i)).unwrap(), new(i).len() as u32, "f{i}");
+        fs.release(ino, fh).unwrap();
+    });
+    c.stop_servers();
+    let merges = stop_count(&c, "merges_deferred");
+    assert!(merges >= 100, "{merges} merges read their old bytes in the background");
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let fs = c.client();
+    for (i, &ino) in inos.iter().enumerate() {
+        let mut want = old(i);
+        want.extend_from_slice(&new(i));
+        assert_eq!(common::read_all(&fs, ino).unwrap(), want, "f{i}");
+    }
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A regular directory (entries at its home) under the root homed on server
 /// `server` (2 workers each), other than the shards in `not`.
 fn regular_dir_on(fs: &dyn FileSystem, server: u32, not: &[u32]) -> (InodeId, u32) {

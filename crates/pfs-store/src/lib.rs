@@ -22,6 +22,6 @@ pub mod wal;
 
 pub use error::StoreError;
 pub use shard::{
-    CreateArgs, DirEntry, FormatOptions, RenameFlags, Shard, ShardOptions, XattrFlags,
+    CreateArgs, DeferredOn, DirEntry, FormatOptions, RenameFlags, Shard, ShardOptions, XattrFlags,
 };
 pub mod cart;

@@ -443,7 +443,7 @@ impl<D: Device> Shard<D> {
         b.0 == 0 && self.inode_slots.contains_key(&inode.ino)
     }
 
-    fn block_run(&self, inode: &Inode, b: BlockIndex) -> Option<Run> {
+    pub(super) fn block_run(&self, inode: &Inode, b: BlockIndex) -> Option<Run> {
         if self.block_in_inode(inode, b) {
             inode.first_block
         } else {
@@ -501,6 +501,20 @@ impl<D: Device> Shard<D> {
             let mut from_cache = None;
             if let Some(run) = old.filter(|_| old_valid > 0 && (from > 0 || to < old_valid)) {
                 let pages = old_valid.div_ceil(PAGE_SIZE);
+                if self.defer_misses && self.op_changes == 0 && self.merge_waits(run.page, pages) {
+                    // Nothing changed yet: stop, and run again once the old
+                    // bytes are in memory (`set_defer_misses`).
+                    let bufs = old_data.into_iter().flatten();
+                    for buf in
+                        bufs.chain(merge_reads.into_iter().map(|(_, r): (usize, IoRequest)| r.buf))
+                    {
+                        self.io.device_mut().free_buf(buf);
+                    }
+                    self.stats.merges_deferred += 1;
+                    self.deferred_miss = true;
+                    self.deferred_on_data = true;
+                    return Err(FsError::TryAgain);
+                }
                 self.settle_data_pages([(run.page, pages)])?;
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
                 if self.read_data_memory(run.page, 0, &mut buf) {

@@ -231,6 +231,8 @@ pub struct DataIo {
     ahead_bytes: u64,
     /// Their first pages, oldest first (may name runs dropped since).
     ahead_order: VecDeque<u64>,
+    /// Data requests (writes, reads, read-aheads) finished so far, in all.
+    pub(super) done: u64,
 }
 
 impl DataIo {
@@ -472,6 +474,7 @@ impl<D: Device> Shard<D> {
 
     fn finish_data_write(&mut self, c: IoCompletion) {
         let w = self.writes.in_flight.remove(&c.tag).expect("completion of a data request");
+        self.writes.done += 1;
         if !matches!(w.purpose, Purpose::Read { .. }) {
             self.writes.busy.remove(&w.first);
         }
@@ -782,6 +785,38 @@ impl<D: Device> Shard<D> {
         self.writes.ahead_order.push_back(first);
         self.stats.read_aheads += 1;
         self.io.submit_data(req, tag);
+    }
+
+    /// Data requests finished so far, in all (after collecting the finished
+    /// ones): a write that stopped at its merge
+    /// ([`merge_waits`](Self::merge_waits)) runs again once this moved.
+    pub fn data_requests_done(&mut self) -> u64 {
+        self.poll_data_writes();
+        self.writes.done
+    }
+
+    /// With misses deferred (`set_defer_misses`): whether a partial write's
+    /// merge of the old run's `pages` pages from `first` must wait instead of
+    /// reading them blocking. It waits while a write or read-ahead of them is
+    /// in flight (its completion leaves them in memory), or when memory does
+    /// not hold them and a read of them into the read-ahead runs could start.
+    /// `false`: memory holds them, or no background read could start (a full
+    /// device queue or read-ahead budget): the merge reads them now.
+    pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
+        if self.writes.busy_overlaps(first, pages) {
+            return true;
+        }
+        let in_memory = self.writes.staged_overlaps(first, pages)
+            || self.read_cache.holds(first, pages)
+            || self
+                .writes
+                .ahead_at(first, pages)
+                .is_some_and(|s| self.writes.ahead[&s].buf.is_some());
+        if in_memory {
+            return false;
+        }
+        self.prefetch_pages(first, pages);
+        self.ahead_in_flight(first, pages)
     }
 
     /// Before reading `pieces` from the device or from memory: waits for the

@@ -78,6 +78,16 @@ impl Default for ShardOptions {
     }
 }
 
+/// What an operation stopped at, to run again later (`Shard::set_defer_misses`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeferredOn {
+    /// An inode page being read: again once `Shard::icache_reads_done` moved.
+    InodePage,
+    /// Data pages being read or written: again once
+    /// `Shard::data_requests_done` moved.
+    Data,
+}
+
 /// Counters an operator or a benchmark reads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShardStats {
@@ -123,6 +133,10 @@ pub struct ShardStats {
     pub ahead_joins: u64,
     /// Device reads of reads answered when they finish (`Shard::read_start`).
     pub reads_in_background: u64,
+    /// Partial writes that stopped before their merge, to run again once the
+    /// old bytes were in memory instead of reading them blocking
+    /// (`Shard::set_defer_misses`).
+    pub merges_deferred: u64,
 }
 
 /// One shard over its zone of device `D`.
@@ -161,6 +175,8 @@ pub struct Shard<D: Device> {
     /// the last operation stopped at one.
     defer_misses: bool,
     deferred_miss: bool,
+    /// The stop was at data pages (a partial write's merge), not an inode page.
+    deferred_on_data: bool,
     /// Follow-ups logged since the last commit, and those durable and not yet
     /// taken by the worker.
     follow_pending: Vec<follow::FollowUp>,
@@ -387,6 +403,7 @@ impl<D: Device> Shard<D> {
             ino_floor_next: None,
             defer_misses: false,
             deferred_miss: false,
+            deferred_on_data: false,
             follow_pending: Vec::new(),
             follow_ready: Vec::new(),
             next_ino_seq,
@@ -496,6 +513,7 @@ impl<D: Device> Shard<D> {
         );
         // Never run again a request that changed something.
         self.deferred_miss = false;
+        self.deferred_on_data = false;
         let lsn = self.wal.next_lsn();
         if let Err(e) = self.apply(&change, lsn) {
             let msg = format!("device error while applying a change, shard must be reopened: {e}");
@@ -793,9 +811,12 @@ impl<D: Device> Shard<D> {
     /// While set, an operation that needs an inode whose metadata page is not
     /// in memory starts reading it in the background and fails with
     /// `TryAgain` instead of waiting for the device, and
-    /// [`take_deferred_miss`](Self::take_deferred_miss) says so: the worker
+    /// [`take_deferred`](Self::take_deferred) says so: the worker
     /// runs the request again once [`icache_reads_done`](Self::icache_reads_done)
-    /// moved. Only until the request first changes something: the first
+    /// moved. A partial block write whose old bytes memory does not hold
+    /// does the same with them (a read into the read-ahead runs, or the
+    /// write of them in flight), and runs again once
+    /// [`data_requests_done`](Self::data_requests_done) moved. Only until the request first changes something: the first
     /// logged change turns it off, so a request is never run again after it
     /// changed the shard (a create whose reply then reads attributes).
     pub fn set_defer_misses(&mut self, on: bool) {
@@ -838,10 +859,21 @@ impl<D: Device> Shard<D> {
         Ok(())
     }
 
-    /// Whether the last operation stopped at an inode page being read
-    /// (`set_defer_misses`); clears it.
+    /// Whether the last operation stopped at an inode page or data pages
+    /// being read or written (`set_defer_misses`); clears it.
     pub fn take_deferred_miss(&mut self) -> bool {
-        std::mem::take(&mut self.deferred_miss)
+        self.take_deferred().is_some()
+    }
+
+    /// What the last operation stopped at, if it did (`set_defer_misses`);
+    /// clears it.
+    pub fn take_deferred(&mut self) -> Option<DeferredOn> {
+        let data = std::mem::take(&mut self.deferred_on_data);
+        std::mem::take(&mut self.deferred_miss).then_some(if data {
+            DeferredOn::Data
+        } else {
+            DeferredOn::InodePage
+        })
     }
 
     /// Collects finished background reads of inode pages (and write-backs);
@@ -852,6 +884,15 @@ impl<D: Device> Shard<D> {
             self.fail(format!("writing back inodes: {e}"));
         }
         self.icache.stats().background_reads_done
+    }
+
+    /// The counts of background requests finished so far, as last collected
+    /// (no polling): inode page reads ([`icache_reads_done`](Self::icache_reads_done))
+    /// and data requests ([`data_requests_done`](Self::data_requests_done)). A
+    /// request that stops (`set_defer_misses`) runs again once the count it
+    /// waits for moved past what it was before the request ran.
+    pub fn background_progress(&self) -> (u64, u64) {
+        (self.icache.stats().background_reads_done, self.writes.done)
     }
 
     /// Whether inode pages are being read in the background.

@@ -1566,6 +1566,61 @@ fn inode_pages_are_read_in_the_background_when_asked() {
     s.set_defer_misses(false);
 }
 
+/// A partial block write whose old bytes memory does not hold stops before
+/// it changed anything, reads them into the read-ahead runs in the
+/// background (once, however often it is asked again meanwhile), and merges
+/// them from memory when run again after the read finished: with their
+/// page held in flight again, a blocking read of it would panic.
+#[test]
+fn a_partial_write_reads_its_old_bytes_in_the_background_when_asked() {
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    let first: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    s.write(f, 0, &first).unwrap();
+    let mut s = reopen(s);
+    // The first create after an open commits the inode number floor, and a
+    // commit waits for the data requests before it: taken now.
+    s.create(ROOT, b"before", CreateArgs::file(0o644)).unwrap();
+    let inode = s.inode(f).unwrap();
+    let run = s.block_run(&inode, BlockIndex(0)).expect("block 0 written");
+    let at = s.geo.data_offset(run.page);
+    handle.hold(Some(at..at + PAGE_SIZE));
+    let aheads = s.stats().read_aheads;
+    s.set_defer_misses(true);
+    assert_eq!(s.write(f, 3000, b"appended"), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+    assert_eq!(s.stats().merges_deferred, 1);
+    assert_eq!(s.stats().read_aheads, aheads + 1, "the old bytes are being read");
+    // Meanwhile: other operations, and the write asked again waits again.
+    s.create(ROOT, b"beside", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.lookup(ROOT, b"before").unwrap().kind, FileType::Regular);
+    s.set_defer_misses(true);
+    assert_eq!(s.write(f, 3000, b"appended"), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+    assert_eq!(s.stats().read_aheads, aheads + 1, "one read of the old bytes");
+    s.set_defer_misses(false);
+    assert_eq!(s.getattr(f).unwrap().size, 3000, "a stopped write changed nothing");
+    let done = s.data_requests_done();
+    handle.hold(None);
+    for _ in 0..100 {
+        if s.data_requests_done() > done {
+            break;
+        }
+    }
+    assert!(s.data_requests_done() > done, "the read of the old bytes finished");
+    handle.hold(Some(at..at + PAGE_SIZE));
+    s.set_defer_misses(true);
+    assert_eq!(s.write(f, 3000, b"appended"), Ok(8));
+    assert_eq!(s.take_deferred(), None);
+    s.set_defer_misses(false);
+    handle.hold(None);
+    let mut want = first.clone();
+    want.extend_from_slice(b"appended");
+    assert_eq!(s.read(f, 0, 8192).unwrap(), want);
+    let mut s = reopen(s);
+    assert_eq!(s.read(f, 0, 8192).unwrap(), want, "after a restart");
+}
+
 /// Changes wait for inode pages the same way, as long as nothing was changed
 /// yet: an unlink of a cold inode stops with nothing logged and the name still
 /// there, and succeeds once the page was read; once a request changed
