@@ -813,9 +813,21 @@ impl<D: Device> Worker<D> {
         if pfs_core::failpoint::fire("worker.panic") {
             panic!("failpoint worker.panic, before {op:?}");
         }
-        // A read that must go to the device is answered when it is done.
-        let req = match self.start_read(req) {
+        // A read that must go to the device is answered when it is done; one
+        // whose inode page is not in memory, or whose pages are being written,
+        // stops and runs again once they are (`Shard::set_defer_misses`).
+        let tries = self.deferred_tries;
+        self.shard.set_defer_misses(self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES);
+        let before = self.shard.background_progress();
+        let started = self.start_read(req);
+        self.shard.set_defer_misses(false);
+        let req = match started {
             Ok(started) => {
+                self.deferred_tries = 0;
+                if let Some(on) = self.shard.take_deferred() {
+                    self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
+                    return None;
+                }
                 let p = PendingRead {
                     origin,
                     conn,

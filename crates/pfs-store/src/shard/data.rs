@@ -339,6 +339,14 @@ impl<D: Device> Shard<D> {
                 .map(|&(run, first, pages, ..)| (run.page + first, pages))
                 .filter(|&(page, pages)| !(shape.background && self.ahead_in_flight(page, pages)))
                 .collect();
+            if self.defer_misses && self.op_changes == 0 && self.data_pages_busy(&settle) {
+                // Their write is in flight: run again once it finished
+                // (`set_defer_misses`), instead of waiting for it.
+                self.stats.reads_deferred += 1;
+                self.deferred_miss = true;
+                self.deferred_on_data = true;
+                return Err(FsError::TryAgain);
+            }
             self.settle_data_pages(settle)?;
         }
         let joined = self.take_ahead(&mut pieces, &mut out, shape.background);

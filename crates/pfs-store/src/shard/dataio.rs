@@ -787,6 +787,12 @@ impl<D: Device> Shard<D> {
         self.io.submit_data(req, tag);
     }
 
+    /// Whether a write (or read-ahead) in flight holds any of the page runs
+    /// `pieces` (`(first page, pages)`).
+    pub(super) fn data_pages_busy(&self, pieces: &[(u64, u64)]) -> bool {
+        pieces.iter().any(|&(first, pages)| self.writes.busy_overlaps(first, pages))
+    }
+
     /// Data requests finished so far, in all (after collecting the finished
     /// ones): a write that stopped at its merge
     /// ([`merge_waits`](Self::merge_waits)) runs again once this moved.

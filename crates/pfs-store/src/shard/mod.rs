@@ -137,6 +137,9 @@ pub struct ShardStats {
     /// old bytes were in memory instead of reading them blocking
     /// (`Shard::set_defer_misses`).
     pub merges_deferred: u64,
+    /// Data reads that stopped at pages whose write was in flight, to run
+    /// again once it finished instead of waiting for it.
+    pub reads_deferred: u64,
 }
 
 /// One shard over its zone of device `D`.

@@ -1621,6 +1621,55 @@ fn a_partial_write_reads_its_old_bytes_in_the_background_when_asked() {
     assert_eq!(s.read(f, 0, 8192).unwrap(), want, "after a restart");
 }
 
+/// A data read does not wait either: of a cold inode it stops at the inode's
+/// page, and of pages whose write is in flight it stops until the write
+/// finished, then reads them from memory (the write left the partly filled
+/// block in the read cache).
+#[test]
+fn a_read_stops_at_a_cold_inode_and_at_pages_being_written_when_asked() {
+    let (mut s, handle) = fresh();
+    // 40 pages of inodes, more than the 32 Icache blocks: after a restart
+    // some are not in memory.
+    let mut files = Vec::new();
+    for i in 0..640 {
+        let ino = s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap().ino;
+        s.write(ino, 0, b"first bytes").unwrap();
+        files.push(ino);
+    }
+    let mut s = reopen(s);
+    let f = *files.iter().find(|ino| !s.icache.resident(s.inode_slots[ino])).expect("a cold inode");
+    use super::dataio::{ReadShape, ReadStart};
+    let shape = ReadShape { prefix: 0, pad: 0, background: true };
+    s.set_defer_misses(true);
+    assert_eq!(s.read_start(f, 0, 100, ALL_BLOCKS, shape), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+    s.set_defer_misses(false);
+    assert_eq!(s.getattr(f).unwrap().size, 11);
+    // A new block written and in flight, held there.
+    let data = vec![7u8; 5000];
+    s.write(f, 0, &data).unwrap();
+    s.submit_data_writes();
+    let inode = s.inode(f).unwrap();
+    let run = s.block_run(&inode, BlockIndex(0)).expect("block 0 written");
+    let at = s.geo.data_offset(run.page);
+    handle.hold(Some(at..at + 2 * PAGE_SIZE));
+    s.set_defer_misses(true);
+    assert_eq!(s.read_start(f, 0, 5000, ALL_BLOCKS, shape), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+    assert_eq!(s.stats().reads_deferred, 1);
+    let done = s.data_requests_done();
+    handle.hold(None);
+    for _ in 0..100 {
+        if s.data_requests_done() > done {
+            break;
+        }
+    }
+    assert!(s.data_requests_done() > done, "the write finished");
+    assert_eq!(s.read_start(f, 0, 5000, ALL_BLOCKS, shape), Ok(ReadStart::Done(data)));
+    assert_eq!(s.take_deferred(), None);
+    s.set_defer_misses(false);
+}
+
 /// Changes wait for inode pages the same way, as long as nothing was changed
 /// yet: an unlink of a cold inode stops with nothing logged and the name still
 /// there, and succeeds once the page was read; once a request changed
