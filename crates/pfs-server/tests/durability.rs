@@ -561,14 +561,8 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
     let mut c = ClusterProcs::start(&dir, 1, 1);
     let fs = c.client();
     let d = fs.mkdir(InodeId::ROOT, b"many", 0o755, 0, 0).unwrap().ino;
-    let mut inos = Vec::new();
-    for i in 0..6000 {
-        let (a, fh) = fs.create(d, format!("f{i}").as_bytes(), 0o600, 0, 0, 0).unwrap();
-        fs.release(a.ino, fh).unwrap();
-        inos.push(a.ino);
-    }
+    let inos = files_in(&fs, d, 6000, |_| Vec::new());
     drop(fs);
-    let inos = std::sync::Arc::new(inos);
     restart_cold(&mut c);
     on_two_clients(&c, &inos, move |fs, i, ino| {
         let found = fs.lookup(d, format!("f{i}").as_bytes()).unwrap();
@@ -601,16 +595,29 @@ fn lookups_of_cold_inodes_read_their_pages_in_the_background() {
     }
     drop(fs);
     c.stop_servers();
-    let log = log_of(&c, 0);
-    let stats = log.rsplit("checkpointed, stopping;").next().unwrap();
-    let reads: u64 = stats
-        .split("background_reads: ")
-        .nth(1)
-        .and_then(|r| r.split(|ch: char| !ch.is_ascii_digit()).next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no background_reads in the stop log: {stats}"));
-    assert!(reads >= 100, "{reads} inode pages read in the background: {stats}");
+    let reads = stop_count(&c, "background_reads");
+    assert!(reads >= 100, "{reads} inode pages read in the background");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Files `f0`..`f{n-1}` in `d`, file `i` holding `data(i)`; their inodes.
+fn files_in(
+    fs: &pfs_client::Cluster,
+    d: InodeId,
+    n: usize,
+    data: impl Fn(usize) -> Vec<u8>,
+) -> std::sync::Arc<Vec<InodeId>> {
+    let mut inos = Vec::new();
+    for i in 0..n {
+        let (a, fh) = fs.create(d, format!("f{i}").as_bytes(), 0o600, 0, 0, 0).unwrap();
+        let bytes = data(i);
+        if !bytes.is_empty() {
+            fs.write(a.ino, fh, 0, &bytes).unwrap();
+        }
+        fs.release(a.ino, fh).unwrap();
+        inos.push(a.ino);
+    }
+    std::sync::Arc::new(inos)
 }
 
 /// The count `name` in the last stop line of server 0's log.
@@ -639,15 +646,8 @@ fn appends_to_cold_blocks_read_the_old_bytes_in_the_background() {
     let d = fs.mkdir(InodeId::ROOT, b"many", 0o755, 0, 0).unwrap().ino;
     let old = |i: usize| -> Vec<u8> { (0..3000).map(|k| (k * 31 + i) as u8).collect() };
     let new = |i: usize| -> Vec<u8> { format!("appended to f{i}").into_bytes() };
-    let mut inos = Vec::new();
-    for i in 0..2000 {
-        let (a, fh) = fs.create(d, format!("f{i}").as_bytes(), 0o600, 0, 0, 0).unwrap();
-        fs.write(a.ino, fh, 0, &old(i)).unwrap();
-        fs.release(a.ino, fh).unwrap();
-        inos.push(a.ino);
-    }
+    let inos = files_in(&fs, d, 2000, old);
     drop(fs);
-    let inos = std::sync::Arc::new(inos);
     restart_cold(&mut c);
     on_two_clients(&c, &inos, move |fs, i, ino| {
         let fh = fs.open(ino, libc::O_WRONLY as u32).unwrap();

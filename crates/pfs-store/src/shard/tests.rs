@@ -1566,6 +1566,19 @@ fn inode_pages_are_read_in_the_background_when_asked() {
     s.set_defer_misses(false);
 }
 
+/// Lets the data requests `handle` holds in flight finish, and waits until
+/// the shard counted one finished (`what` says which, when none does).
+fn release_data_requests(s: &mut Shard<MemDevice>, handle: &MemDevice, what: &str) {
+    let done = s.data_requests_done();
+    handle.hold(None);
+    for _ in 0..100 {
+        if s.data_requests_done() > done {
+            return;
+        }
+    }
+    panic!("{what}: no data request finished");
+}
+
 /// A partial block write whose old bytes memory does not hold stops before
 /// it changed anything, reads them into the read-ahead runs in the
 /// background (once, however often it is asked again meanwhile), and merges
@@ -1600,14 +1613,7 @@ fn a_partial_write_reads_its_old_bytes_in_the_background_when_asked() {
     assert_eq!(s.stats().read_aheads, aheads + 1, "one read of the old bytes");
     s.set_defer_misses(false);
     assert_eq!(s.getattr(f).unwrap().size, 3000, "a stopped write changed nothing");
-    let done = s.data_requests_done();
-    handle.hold(None);
-    for _ in 0..100 {
-        if s.data_requests_done() > done {
-            break;
-        }
-    }
-    assert!(s.data_requests_done() > done, "the read of the old bytes finished");
+    release_data_requests(&mut s, &handle, "the read of the old bytes finished");
     handle.hold(Some(at..at + PAGE_SIZE));
     s.set_defer_misses(true);
     assert_eq!(s.write(f, 3000, b"appended"), Ok(8));
@@ -1657,14 +1663,7 @@ fn a_read_stops_at_a_cold_inode_and_at_pages_being_written_when_asked() {
     assert_eq!(s.read_start(f, 0, 5000, ALL_BLOCKS, shape), Err(FsError::TryAgain));
     assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
     assert_eq!(s.stats().reads_deferred, 1);
-    let done = s.data_requests_done();
-    handle.hold(None);
-    for _ in 0..100 {
-        if s.data_requests_done() > done {
-            break;
-        }
-    }
-    assert!(s.data_requests_done() > done, "the write finished");
+    release_data_requests(&mut s, &handle, "the write finished");
     assert_eq!(s.read_start(f, 0, 5000, ALL_BLOCKS, shape), Ok(ReadStart::Done(data)));
     assert_eq!(s.take_deferred(), None);
     s.set_defer_misses(false);
