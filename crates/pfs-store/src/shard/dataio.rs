@@ -776,6 +776,10 @@ impl<D: Device> Shard<D> {
         {
             return;
         }
+        debug_assert!(
+            !self.writes.ahead_overlaps(first, pages),
+            "a read-ahead of {pages} pages at {first} would overlap another"
+        );
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
@@ -807,7 +811,8 @@ impl<D: Device> Shard<D> {
     /// in flight (its completion leaves them in memory), or when memory does
     /// not hold them and a read of them into the read-ahead runs could start.
     /// `false`: memory holds them, or no background read could start (a full
-    /// device queue or read-ahead budget): the merge reads them now.
+    /// device queue or read-ahead budget, or read-ahead runs that hold some of
+    /// them): the merge reads them now.
     pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
         if self.writes.busy_overlaps(first, pages) {
             return true;
@@ -818,7 +823,9 @@ impl<D: Device> Shard<D> {
                 .writes
                 .ahead_at(first, pages)
                 .is_some_and(|s| self.writes.ahead[&s].buf.is_some());
-        if in_memory {
+        // Read-ahead runs never overlap: when some hold part of these pages,
+        // no run of all of them can start.
+        if in_memory || self.writes.ahead_overlaps(first, pages) {
             return false;
         }
         self.prefetch_pages(first, pages);
