@@ -330,6 +330,53 @@ fn python_files_dirs_mmap_and_fork() {
     }
 }
 
+/// Python as root creates files and a directory after `setegid`/`seteuid`,
+/// then again after switching back: each gets the effective ids of its
+/// moment (the library keeps them between calls and reads them again after
+/// any `set*id`).
+const PYTHON_IDS: &str = r#"
+import os, sys
+d = sys.argv[1] + '/ids'
+os.mkdir(d)
+os.chmod(d, 0o777)
+def make(name):
+    os.close(os.open(d + '/' + name, os.O_CREAT | os.O_WRONLY, 0o644))
+    os.mkdir(d + '/' + name + '.d')
+make('root-before')
+os.setegid(1234)
+os.seteuid(4321)
+make('user')
+os.seteuid(0)
+os.setegid(0)
+make('root-after')
+os.setresgid(0, 77, 0)
+os.setresuid(0, 88, 0)
+make('resid')
+os.setresuid(0, 0, 0)
+os.setresgid(0, 0, 0)
+for n in ('root-before', 'user', 'root-after', 'resid'):
+    for m in (n, n + '.d'):
+        st = os.stat(d + '/' + m)
+        print(m, st.st_uid, st.st_gid)
+"#;
+
+#[test]
+fn new_files_get_the_effective_ids_of_their_moment() {
+    let c = Cluster::start("ids");
+    let out = c.run("python3", &["-c", PYTHON_IDS, c.pfs.to_str().unwrap()]);
+    let want = [("root-before", 0, 0), ("user", 4321, 1234), ("root-after", 0, 0), ("resid", 88, 77)];
+    let mut lines = out.lines();
+    for (name, uid, gid) in want {
+        for m in [name.to_string(), format!("{name}.d")] {
+            assert_eq!(lines.next(), Some(format!("{m} {uid} {gid}").as_str()), "{out}");
+            // The same through the kernel's mount of the cluster.
+            let meta = std::fs::metadata(c.mnt.join("ids").join(&m)).unwrap();
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{m} through the mount");
+        }
+    }
+}
+
 /// A C program on libc's own entry points (stdio, `freopen` of `stdout`,
 /// directory streams, `mmap`, `statvfs`, `*at` calls relative to a directory
 /// descriptor) under the directory in `argv[1]`.

@@ -1301,6 +1301,32 @@ pub unsafe extern "C" fn umask(mask: mode_t) -> mode_t {
 }
 
 // ---------------------------------------------------------------------------
+// Credentials: the library keeps the effective ids new files get; any change
+// makes it read them again (`ops::forget_ids`), whether or not it succeeded.
+
+/// Defines a hook of the `set*id` function `$name`.
+macro_rules! set_ids {
+    ($name:ident($($arg:ident: $ty:ty),+)) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),+) -> c_int {
+            // SAFETY: libc's function of the same name and signature.
+            let r = unsafe { real!($name: fn($($ty),+) -> c_int)($($arg),+) };
+            ops::forget_ids();
+            r
+        }
+    };
+}
+
+set_ids!(setuid(uid: libc::uid_t));
+set_ids!(seteuid(euid: libc::uid_t));
+set_ids!(setreuid(ruid: libc::uid_t, euid: libc::uid_t));
+set_ids!(setresuid(ruid: libc::uid_t, euid: libc::uid_t, suid: libc::uid_t));
+set_ids!(setgid(gid: libc::gid_t));
+set_ids!(setegid(egid: libc::gid_t));
+set_ids!(setregid(rgid: libc::gid_t, egid: libc::gid_t));
+set_ids!(setresgid(rgid: libc::gid_t, egid: libc::gid_t, sgid: libc::gid_t));
+
+// ---------------------------------------------------------------------------
 // Names.
 
 #[no_mangle]

@@ -246,14 +246,38 @@ fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
     }
 }
 
+/// The effective user and group ids, read once and again after the program
+/// changes them (the `set*id` hooks call [`forget_ids`]): `geteuid` and
+/// `getegid` are system calls, and a create asked both each time. `u32::MAX`
+/// (`(uid_t)-1`, never an id): not read yet.
+static EUID: AtomicU32 = AtomicU32::new(u32::MAX);
+static EGID: AtomicU32 = AtomicU32::new(u32::MAX);
+
+fn cached_id(cell: &AtomicU32, read: fn() -> u32) -> u32 {
+    let id = cell.load(Ordering::Relaxed);
+    if id != u32::MAX {
+        return id;
+    }
+    let id = read();
+    cell.store(id, Ordering::Relaxed);
+    id
+}
+
 fn euid() -> u32 {
     // SAFETY: no arguments, cannot fail.
-    unsafe { libc::geteuid() }
+    cached_id(&EUID, || unsafe { libc::geteuid() })
 }
 
 fn egid() -> u32 {
     // SAFETY: no arguments, cannot fail.
-    unsafe { libc::getegid() }
+    cached_id(&EGID, || unsafe { libc::getegid() })
+}
+
+/// The program called a `set*id` function: the effective ids are read again
+/// when next needed. (A change made with a raw system call is not seen.)
+pub fn forget_ids() {
+    EUID.store(u32::MAX, Ordering::Relaxed);
+    EGID.store(u32::MAX, Ordering::Relaxed);
 }
 
 /// The process's umask, read once from /proc and followed through `umask`.
