@@ -36,7 +36,7 @@ fn status_prints_servers_health_and_usage_and_refuses_a_wrong_key() {
         key_file: key.clone(),
         master: master.addr().to_string(),
         wal_size_bytes: 8 << 20,
-        icache_blocks: 64,
+        icache_blocks: Some(64),
         ..ServerConfig::default()
     };
     let server = pfs_server::start(&scfg, Duration::from_secs(10)).unwrap();

@@ -196,8 +196,9 @@ pub struct ServerConfig {
     pub memcpy_threads: u32,
     /// Read replies with at least this much data go to the memcpy threads.
     pub memcpy_threshold_bytes: u64,
-    /// Inode cache blocks per worker.
-    pub icache_blocks: u32,
+    /// Inode cache blocks per worker (16 inodes, 4 KiB each); unset sizes it
+    /// from memory ([`ServerConfig::icache_block_count`]).
+    pub icache_blocks: Option<u32>,
     /// Largest share of inode cache blocks that may be dirty before write-back.
     pub dirty_ratio: f64,
     /// Read cache of file data per worker, MiB (`pfs_store::shard::cache`);
@@ -248,7 +249,7 @@ impl Default for ServerConfig {
             idle_spin_us: 100,
             memcpy_threads: 2,
             memcpy_threshold_bytes: 4 * KIB,
-            icache_blocks: 4096,
+            icache_blocks: None,
             dirty_ratio: 0.05,
             read_cache_mib: None,
             read_ahead_factor: 10,
@@ -268,6 +269,21 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
+    /// Each worker's Icache blocks: `icache_blocks`, or when unset 1/64 of
+    /// `memory_bytes` (the machine's) shared by the workers, 16 MiB to 1 GiB
+    /// each (4,096 to 262,144 blocks of 4 KiB, 65,536 to 4 Mi inodes). Blocks
+    /// take memory only once an inode page is read into them.
+    pub fn icache_block_count(&self, memory_bytes: u64) -> u32 {
+        match self.icache_blocks {
+            Some(blocks) => blocks,
+            None => {
+                let bytes =
+                    (memory_bytes / 64 / u64::from(self.workers.max(1))).clamp(16 * MIB, GIB);
+                (bytes / ICACHE_BLOCK_BYTES) as u32
+            }
+        }
+    }
+
     /// Each worker's read cache in bytes: `read_cache_mib`, or when unset 1/64 of
     /// `memory_bytes` (the machine's) shared by the workers, 16 MiB to 1 GiB each.
     pub fn read_cache_bytes(&self, memory_bytes: u64) -> u64 {
@@ -277,6 +293,9 @@ impl ServerConfig {
         }
     }
 }
+
+/// Bytes of one Icache block (one metadata page).
+const ICACHE_BLOCK_BYTES: u64 = 4096;
 
 /// Smallest zone a worker can run with: metadata, data and its log.
 const ZONE_MIN_BYTES: u64 = 64 * MIB;
@@ -297,7 +316,9 @@ impl ConfigFile for ServerConfig {
         check_range("idle_spin_us", self.idle_spin_us, 0, 1_000_000)?;
         check_range("memcpy_threads", self.memcpy_threads, 0, 64)?;
         check_range("memcpy_threshold_bytes", self.memcpy_threshold_bytes, 0, 64 * MIB)?;
-        check_range("icache_blocks", self.icache_blocks, 1, 1 << 24)?;
+        if let Some(blocks) = self.icache_blocks {
+            check_range("icache_blocks", blocks, 1, 1 << 24)?;
+        }
         if !(self.dirty_ratio > 0.0 && self.dirty_ratio <= 1.0) {
             return Err(ConfigError::OutOfRange {
                 field: "dirty_ratio".into(),
@@ -576,6 +597,18 @@ mod tests {
         let e = ServerConfig::from_toml_str("read_cache_mib = 9999999").unwrap_err();
         assert!(e.to_string().contains("read_cache_mib"), "{e}");
         assert_eq!(ServerConfig::default().read_ahead_factor, 10);
+    }
+
+    #[test]
+    fn the_icache_is_sized_from_memory_unless_set() {
+        let auto = ServerConfig { workers: 2, ..ServerConfig::default() };
+        assert_eq!(auto.icache_block_count(24 * GIB), 49_152, "1/64 of 24 GiB over 2 workers");
+        assert_eq!(auto.icache_block_count(GIB), 4096, "at least 16 MiB");
+        assert_eq!(auto.icache_block_count(1 << 50), 262_144, "at most 1 GiB");
+        let set = ServerConfig::from_toml_str("icache_blocks = 256").unwrap();
+        assert_eq!(set.icache_block_count(24 * GIB), 256);
+        let e = ServerConfig::from_toml_str("icache_blocks = 0").unwrap_err();
+        assert!(e.to_string().contains("icache_blocks"), "{e}");
         let e = ServerConfig::from_toml_str("read_ahead_factor = 65").unwrap_err();
         assert!(e.to_string().contains("read_ahead_factor"), "{e}");
     }

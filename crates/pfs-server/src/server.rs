@@ -267,10 +267,11 @@ fn lock_data(cfg: &ServerConfig) -> Result<std::fs::File, ServerError> {
 
 /// The shard options a server config asks for.
 fn shard_options(cfg: &ServerConfig) -> ShardOptions {
+    let memory = memory_bytes();
     ShardOptions {
-        icache_blocks: cfg.icache_blocks as usize,
+        icache_blocks: cfg.icache_block_count(memory) as usize,
         dirty_ratio: cfg.dirty_ratio,
-        read_cache_pages: (cfg.read_cache_bytes(memory_bytes())
+        read_cache_pages: (cfg.read_cache_bytes(memory)
             / pfs_store::shard::geometry::PAGE_SIZE) as usize,
         read_ahead_factor: cfg.read_ahead_factor,
         ..ShardOptions::default()
@@ -600,6 +601,13 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
     };
     log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
+    let memory = memory_bytes();
+    log::info!(
+        "each worker caches up to {} inodes ({} MiB of Icache) and {} MiB of file data",
+        u64::from(cfg.icache_block_count(memory)) * 16,
+        (u64::from(cfg.icache_block_count(memory)) * 4096) >> 20,
+        cfg.read_cache_bytes(memory) >> 20
+    );
     Ok(ServerHandle {
         id,
         addr,

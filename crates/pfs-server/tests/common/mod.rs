@@ -96,7 +96,7 @@ pub fn server_config(
         key_file: key_file.to_owned(),
         master: master.to_string(),
         wal_size_bytes: 8 << 20,
-        icache_blocks: 256,
+        icache_blocks: Some(256),
         ..ServerConfig::default()
     }
 }
