@@ -364,7 +364,8 @@ for n in ('root-before', 'user', 'root-after', 'resid'):
 fn new_files_get_the_effective_ids_of_their_moment() {
     let c = Cluster::start("ids");
     let out = c.run("python3", &["-c", PYTHON_IDS, c.pfs.to_str().unwrap()]);
-    let want = [("root-before", 0, 0), ("user", 4321, 1234), ("root-after", 0, 0), ("resid", 88, 77)];
+    let want =
+        [("root-before", 0, 0), ("user", 4321, 1234), ("root-after", 0, 0), ("resid", 88, 77)];
     let mut lines = out.lines();
     for (name, uid, gid) in want {
         for m in [name.to_string(), format!("{name}.d")] {

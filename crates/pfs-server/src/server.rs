@@ -271,8 +271,8 @@ fn shard_options(cfg: &ServerConfig) -> ShardOptions {
     ShardOptions {
         icache_blocks: cfg.icache_block_count(memory) as usize,
         dirty_ratio: cfg.dirty_ratio,
-        read_cache_pages: (cfg.read_cache_bytes(memory)
-            / pfs_store::shard::geometry::PAGE_SIZE) as usize,
+        read_cache_pages: (cfg.read_cache_bytes(memory) / pfs_store::shard::geometry::PAGE_SIZE)
+            as usize,
         read_ahead_factor: cfg.read_ahead_factor,
         ..ShardOptions::default()
     }
