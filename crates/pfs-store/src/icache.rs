@@ -7,10 +7,9 @@
 //! changed it is durable (`dirty_lsn <= durable_lsn`), so a crash never leaves a
 //! slot newer than the log.
 
-use std::collections::HashMap;
-
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest, SECTOR_SIZE};
 use crate::error::StoreError;
+use crate::hash::NumMap;
 use crate::inode::INODE_SLOT_SIZE;
 use crate::io::DevIo;
 
@@ -95,7 +94,7 @@ pub enum WriteBack {
 pub struct Icache {
     blocks: Vec<CacheBlock>,
     /// Metadata page -> block.
-    index: HashMap<u64, u32>,
+    index: NumMap<u64, u32>,
     free: Vec<u32>,
     /// Least recently used at `lru_head`, most recent at `lru_tail` (non-free blocks).
     lru_head: u32,
@@ -135,7 +134,7 @@ impl Icache {
             .collect();
         Icache {
             blocks,
-            index: HashMap::with_capacity(block_count),
+            index: NumMap::with_capacity_and_hasher(block_count, Default::default()),
             free: (0..block_count as u32).rev().collect(),
             lru_head: NIL,
             lru_tail: NIL,

@@ -14,6 +14,7 @@
 pub mod bitmap;
 pub mod device;
 pub mod error;
+pub mod hash;
 pub mod icache;
 pub mod inode;
 pub mod io;

@@ -26,11 +26,9 @@ mod tests;
 
 pub use node::MAX_VALUE;
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use pfs_core::InodeId;
 
+use crate::hash::NumMap;
 use arena::Arena;
 use node::{NodeRef, Slot};
 
@@ -39,7 +37,7 @@ pub const NAME_LEN_MAX: usize = 255;
 
 /// The dentry index of one shard: for each directory, its entries by name.
 pub struct Cart {
-    roots: HashMap<u64, Root, BuildHasherDefault<InoHasher>>,
+    roots: NumMap<u64, Root>,
     arena: Arena,
     entry_count: usize,
 }
@@ -54,7 +52,7 @@ struct Root {
 impl Cart {
     /// An empty index; allocates nothing.
     pub fn new() -> Cart {
-        Cart { roots: HashMap::default(), arena: Arena::new(), entry_count: 0 }
+        Cart { roots: NumMap::default(), arena: Arena::new(), entry_count: 0 }
     }
 
     /// Sets `parent/name` to `value` (`value <= MAX_VALUE`); returns the old value.
@@ -182,25 +180,4 @@ fn check_name(name: &[u8]) {
         name.len()
     );
     assert!(!name.contains(&0), "file name contains NUL");
-}
-
-/// Hasher for inode numbers: a 128-bit folded multiply, good in low and high bits.
-#[derive(Default, Clone, Copy, Debug)]
-struct InoHasher(u64);
-
-impl Hasher for InoHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, x: u64) {
-        let m = u128::from(self.0 ^ x) * 0x9e37_79b9_7f4a_7c15_u128;
-        self.0 = (m as u64) ^ ((m >> 64) as u64);
-    }
 }

@@ -35,6 +35,7 @@ use crate::bitmap::Bitmap;
 use crate::cart::Cart;
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest};
 use crate::error::StoreError;
+use crate::hash::NumMap;
 use crate::icache::{Icache, IcacheStats};
 use crate::inode::{Inode, Run, INODE_SLOT_SIZE};
 use crate::io::DevIo;
@@ -149,7 +150,7 @@ pub struct Shard<D: Device> {
     geo: Geometry,
     opts: ShardOptions,
     dentries: Cart,
-    inode_slots: HashMap<InodeId, u64>,
+    inode_slots: NumMap<InodeId, u64>,
     slot_bitmap: Bitmap,
     icache: Icache,
     page_bitmap: Bitmap,
@@ -390,7 +391,7 @@ impl<D: Device> Shard<D> {
             wal: Wal::new(wal_offset, wal_bytes, gen, first_lsn, opts_group(&opts), geo.format_id),
             io,
             dentries: Cart::new(),
-            inode_slots: HashMap::new(),
+            inode_slots: NumMap::default(),
             slot_bitmap: Bitmap::new(geo.inode_slots),
             page_bitmap: Bitmap::new(geo.data_pages),
             blocks: BTreeMap::new(),
