@@ -209,6 +209,19 @@ impl Listener {
         })
     }
 
+    /// Sets the boot id the Accepts of connections accepted from now on carry
+    /// (a server that kept its id across a clean stop sets it before it
+    /// accepts anyone).
+    pub fn set_boot(&mut self, boot: u64) {
+        self.accept_info.boot = boot;
+        self.cfg.boot = boot;
+    }
+
+    /// The boot id the Accepts carry.
+    pub fn boot(&self) -> u64 {
+        self.accept_info.boot
+    }
+
     /// The bound TCP address.
     pub fn local_addr(&self) -> SocketAddr {
         self.local

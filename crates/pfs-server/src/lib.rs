@@ -15,6 +15,7 @@
 //! - [`signals`]: SIGTERM / SIGINT to a stop flag.
 //! - [`tokens`]: dentry-cache read/write tokens with leases, and who to tell.
 
+pub mod cleanstop;
 pub mod cross;
 pub mod exec;
 pub mod follow;

@@ -3,6 +3,7 @@
 //! heartbeat until stopped.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,8 @@ use pfs_core::wire::{Body, Frame, Reply, Request, Usage, View};
 use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
 use pfs_net::rdma::RdmaConfig;
 use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions};
+
+use crate::cleanstop;
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
 
@@ -40,7 +43,11 @@ pub struct ServerHandle {
     stop: Arc<AtomicBool>,
     fail_stop: FailStop,
     bells: Arc<Vec<Doorbell>>,
-    workers: Vec<JoinHandle<Result<(), String>>>,
+    /// Each returns its zone's format id and final checkpoint generation.
+    workers: Vec<JoinHandle<Result<(u64, u64), String>>>,
+    /// Where a clean stop leaves its mark, and the boot id it keeps.
+    clean_mark: Option<PathBuf>,
+    boot: u64,
     /// The exclusive lock on the data file, held while the server runs.
     _lock: std::fs::File,
     helpers: Vec<JoinHandle<()>>,
@@ -94,9 +101,10 @@ impl ServerHandle {
         for h in self.helpers {
             let _ = h.join();
         }
+        let mut zones = Vec::with_capacity(self.workers.len());
         for h in self.workers {
             match h.join() {
-                Ok(Ok(())) => {}
+                Ok(Ok(state)) => zones.push(state),
                 Ok(Err(e)) => {
                     log::error!("{e}");
                     first_error.get_or_insert(ServerError::Worker(e));
@@ -112,10 +120,22 @@ impl ServerHandle {
         if let Some(why) = self.fail_stop.reason() {
             return Err(ServerError::FailStop(why));
         }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(()),
+        if let Some(e) = first_error {
+            return Err(e);
         }
+        // Every worker drained, committed and checkpointed: everything this
+        // boot acknowledged is durable, so the next start may keep its id.
+        if let Some(path) = &self.clean_mark {
+            let mark = cleanstop::Mark { boot: self.boot, zones };
+            match cleanstop::put(path, &mark) {
+                Ok(()) => log::info!("stopped cleanly: boot id kept in {}", path.display()),
+                Err(e) => log::warn!(
+                    "cannot write {}: {e}; the next start gets a new boot id",
+                    path.display()
+                ),
+            }
+        }
+        Ok(())
     }
 }
 
@@ -466,7 +486,11 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         gid_index: cfg.rdma_gid_index,
         ..RdmaConfig::default()
     });
-    let listener = Listener::bind(lcfg).map_err(|e| ServerError::Net(e.to_string()))?;
+    // Taken (removed) before anyone connects: a crash from here on must not
+    // find it at the next start.
+    let clean_mark = cleanstop::mark_path(&cfg.data_path);
+    let kept = clean_mark.as_deref().and_then(cleanstop::take);
+    let mut listener = Listener::bind(lcfg).map_err(|e| ServerError::Net(e.to_string()))?;
     let addr = listener.local_addr();
     let advertise = if !cfg.advertise.is_empty() {
         cfg.advertise.clone()
@@ -508,6 +532,27 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         }
         shards.push(shard);
     }
+    if let Some(mark) = kept {
+        let opened: Vec<(u64, u64, u64)> = shards
+            .iter()
+            .map(|s| (s.checkpoint_state().0, s.stats().opened_gen, s.stats().replayed))
+            .collect();
+        if mark.matches(&opened) {
+            listener.set_boot(mark.boot);
+            log::info!(
+                "the last stop was clean: boot id {:016x} kept (clients' acknowledged changes \
+                 are durable)",
+                mark.boot
+            );
+        } else {
+            log::warn!(
+                "a clean-stop mark was left, but the zones changed since (opened {opened:?}, \
+                 marked {:?}): a new boot id",
+                mark.zones
+            );
+        }
+    }
+    let boot = listener.boot();
 
     let stop = Arc::new(AtomicBool::new(false));
     let fail_stop = FailStop::new(stop.clone());
@@ -567,7 +612,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
                 // A panic is a bug: the shard's memory may be anywhere. Stop the
                 // whole server rather than serve with a dead shard.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run())) {
-                    Ok(r) => r.map(drop),
+                    Ok(r) => r.map(|shard| shard.checkpoint_state()),
                     Err(payload) => {
                         let why = format!("worker {w} panicked: {}", panic_text(&payload));
                         fail_stop.trip(why.clone());
@@ -618,6 +663,8 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         workers: handles,
         helpers: vec![acceptor, heartbeat],
         memcpy,
+        clean_mark,
+        boot,
     })
 }
 

@@ -160,6 +160,67 @@ fn fsync_fails_after_a_restart_that_may_have_lost_acknowledged_writes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A server stopped cleanly (SIGTERM: drain, commit, checkpoint) keeps its
+/// boot id, so a client's acknowledged changes fsync fine after the restart;
+/// the mark is gone while the server runs, and a crash after that restart
+/// gets a new id again (EIO).
+#[test]
+fn fsync_after_a_clean_restart_succeeds() {
+    let dir = common::test_dir("cleanstop");
+    let mut c = ClusterProcs::start(&dir, 1, 2);
+    let fs = c.client();
+    let (a, fh) = fs.create(InodeId::ROOT, b"f", 0o644, 0, 0, 0).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.write(a.ino, fh, 0, b"acknowledged before a clean stop").unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    let data = c.server_config(0).data_path;
+    let mark = pfs_server::cleanstop::mark_path(&data).unwrap();
+    assert!(!mark.exists(), "no mark while the server runs");
+    c.stop_servers();
+    assert!(mark.exists(), "a clean stop leaves {}", mark.display());
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    fs.fsync(a.ino, fh, false).expect("fsync after a clean restart");
+    assert!(!mark.exists(), "the start took the mark");
+    assert_eq!(read_back(&fs, b"f"), b"acknowledged before a clean stop");
+    assert!(log_of(&c, 0).contains("the last stop was clean"), "{}", log_of(&c, 0));
+
+    // The kept id does not outlive a crash: changes acknowledged after the
+    // clean restart are reported lost after a SIGKILL.
+    fs.write(a.ino, fh, 0, b"acknowledged, then a crash").unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    c.kill_server(0);
+    assert!(!mark.exists());
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let err = fs.fsync(a.ino, fh, false).unwrap_err();
+    assert!(matches!(&err, FsError::Io(m) if m.contains("restarted")), "{err:?}");
+    fs.release(a.ino, fh).unwrap();
+
+    // A mark whose zones changed since (here: another checkpoint, as an
+    // offline `pfs fsck` takes) is refused: a new boot id.
+    let fh = fs.open(a.ino, 0).unwrap();
+    fs.write(a.ino, fh, 0, b"acknowledged, then fsck").unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    c.stop_servers();
+    assert!(mark.exists());
+    let kept = std::fs::read_to_string(&mark).unwrap();
+    let cfg = c.server_config(0);
+    let (shards, lock) = pfs_server::server::open_for_check(&cfg).unwrap();
+    drop(shards);
+    drop(lock);
+    assert_eq!(std::fs::read_to_string(&mark).unwrap(), kept);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    let err = fs.fsync(a.ino, fh, false).unwrap_err();
+    assert!(matches!(&err, FsError::Io(m) if m.contains("restarted")), "{err:?}");
+    assert!(log_of(&c, 0).contains("the zones changed since"), "{}", log_of(&c, 0));
+    fs.release(a.ino, fh).unwrap();
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn servers_refuse_internal_requests_from_clients() {
     let dir = common::test_dir("internal");

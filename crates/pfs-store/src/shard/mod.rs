@@ -117,6 +117,9 @@ pub struct ShardStats {
     pub forced_commits: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
+    /// The generation of the checkpoint the shard opened from (0 for a
+    /// shard formatted by this process).
+    pub opened_gen: u64,
     /// Data reads served from the read cache, and those that went to the device
     /// (one per piece of a read: a block, or an extent).
     pub read_cache_hits: u64,
@@ -336,6 +339,7 @@ impl<D: Device> Shard<D> {
         }
         let mut shard =
             Shard::empty(io, geo, opts, header.gen, header.first_lsn, header.next_ino_seq);
+        shard.stats.opened_gen = header.gen;
         shard.load_tables(tables)?;
         // The generation's half, then the next generation's records that
         // follow it in the other half: a checkpoint that was under way logged
@@ -461,6 +465,14 @@ impl<D: Device> Shard<D> {
     /// Sets the clock used for timestamps (the worker sets it once per tick).
     pub fn set_now(&mut self, now_ns: TimeNs) {
         self.clock_ns = now_ns;
+    }
+
+    /// The zone's format id and the generation of its newest checkpoint:
+    /// after a checkpoint with nothing logged since, a later
+    /// [`Shard::open`] that finds this generation and replays no record
+    /// holds exactly this shard (`ShardStats::{opened_gen, replayed}`).
+    pub fn checkpoint_state(&self) -> (u64, u64) {
+        (self.geo.format_id, self.wal.gen())
     }
 
     /// Whether `ino` lives on this shard.
