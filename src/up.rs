@@ -8,6 +8,7 @@
 //! | `up.toml` | the shape the data was made with (servers, workers, size) |
 //! | `master.state` | the master's view |
 //! | `server-N.img` | server N's device file (sparse), one zone per worker |
+//! | `server-N.img.clean-stop` | left by a clean stop, taken by the next start: server N keeps its boot id (docs/format.md) |
 //!
 //! Running it again with the same data directory remounts the same file system.
 
