@@ -14,10 +14,10 @@ use pfs_core::wire::{Body, Frame, Reply, Request, Usage, View};
 use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
 use pfs_net::rdma::RdmaConfig;
 use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions};
-
-use crate::cleanstop;
 use pfs_store::device::{UringDevice, UringOptions};
 use pfs_store::{FormatOptions, Shard, ShardOptions};
+
+use crate::cleanstop;
 
 use crate::memcpy::MemcpyPool;
 use crate::msg::Doorbell;
@@ -647,10 +647,11 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     };
     log::info!("server {id} serving on {addr} (advertised as {advertise}) with {workers} workers");
     let memory = memory_bytes();
+    let icache_blocks = u64::from(cfg.icache_block_count(memory));
     log::info!(
         "each worker caches up to {} inodes ({} MiB of Icache) and {} MiB of file data",
-        u64::from(cfg.icache_block_count(memory)) * 16,
-        (u64::from(cfg.icache_block_count(memory)) * 4096) >> 20,
+        icache_blocks * pfs_store::icache::INODES_PER_BLOCK,
+        (icache_blocks * pfs_store::shard::geometry::PAGE_SIZE) >> 20,
         cfg.read_cache_bytes(memory) >> 20
     );
     Ok(ServerHandle {

@@ -114,47 +114,51 @@ fn a_worker_panic_and_a_failed_commit_stop_the_server_and_lose_nothing_durable()
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A file `f` in the root whose create is durable and whose write of `data`
+/// was acknowledged (flushed) but not synced, with its open handle.
+fn acknowledged_unsynced(fs: &dyn FileSystem, data: &[u8]) -> (InodeId, FileHandle) {
+    let (a, fh) = fs.create(InodeId::ROOT, b"f", 0o644, 0, 0, 0).unwrap();
+    fs.fsync(a.ino, fh, false).unwrap();
+    fs.write(a.ino, fh, 0, data).unwrap();
+    fs.flush(a.ino, fh).unwrap();
+    (a.ino, fh)
+}
+
+/// The error of an `fsync` whose changes a restarted server may have lost.
+fn assert_restarted(err: &FsError) {
+    assert!(matches!(err, FsError::Io(m) if m.contains("restarted")), "{err:?}");
+}
+
 #[test]
 fn fsync_fails_after_a_restart_that_may_have_lost_acknowledged_writes() {
     let dir = common::test_dir("bootid");
     let mut c = ClusterProcs::start(&dir, 1, 2);
     let fs = c.client();
-    let (a, fh) = fs.create(InodeId::ROOT, b"f", 0o644, 0, 0, 0).unwrap();
-    fs.fsync(a.ino, fh, false).unwrap();
-    fs.write(a.ino, fh, 0, b"acknowledged, not yet durable").unwrap();
-    fs.flush(a.ino, fh).unwrap();
+    let (ino, fh) = acknowledged_unsynced(&fs, b"acknowledged, not yet durable");
     c.kill_server(0);
     c.servers[0] = Some(c.spawn_server(0, &[]));
     c.wait_registered(1);
-    let err = fs.fsync(a.ino, fh, false).unwrap_err();
-    assert!(
-        matches!(&err, FsError::Io(m) if m.contains("restarted")),
-        "fsync after the restart: {err:?}"
-    );
+    assert_restarted(&fs.fsync(ino, fh, false).unwrap_err());
     // Reported once: what is written from now on is durable again.
-    fs.write(a.ino, fh, 0, b"written again").unwrap();
-    fs.fsync(a.ino, fh, false).unwrap();
-    fs.release(a.ino, fh).unwrap();
+    fs.write(ino, fh, 0, b"written again").unwrap();
+    fs.fsync(ino, fh, false).unwrap();
+    fs.release(ino, fh).unwrap();
 
     // Close is not fsync: it succeeds after the restart (it only makes the
     // writes visible), and the loss goes to whoever syncs the file next, here
     // through another handle.
-    let fh = fs.open(a.ino, 0).unwrap();
-    fs.write(a.ino, fh, 0, b"acknowledged again").unwrap();
-    fs.flush(a.ino, fh).unwrap();
+    let fh = fs.open(ino, 0).unwrap();
+    fs.write(ino, fh, 0, b"acknowledged again").unwrap();
+    fs.flush(ino, fh).unwrap();
     c.kill_server(0);
     c.servers[0] = Some(c.spawn_server(0, &[]));
     c.wait_registered(1);
-    fs.release(a.ino, fh).unwrap();
+    fs.release(ino, fh).unwrap();
     // A read on the dropped connection goes again on the new one (no EIO).
-    let fh = fs.open(a.ino, 0).unwrap();
-    let err = fs.fsync(a.ino, fh, false).unwrap_err();
-    assert!(
-        matches!(&err, FsError::Io(m) if m.contains("restarted")),
-        "fsync after close: {err:?}"
-    );
-    fs.fsync(a.ino, fh, false).unwrap();
-    fs.release(a.ino, fh).unwrap();
+    let fh = fs.open(ino, 0).unwrap();
+    assert_restarted(&fs.fsync(ino, fh, false).unwrap_err());
+    fs.fsync(ino, fh, false).unwrap();
+    fs.release(ino, fh).unwrap();
     drop(fs);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
@@ -169,10 +173,7 @@ fn fsync_after_a_clean_restart_succeeds() {
     let dir = common::test_dir("cleanstop");
     let mut c = ClusterProcs::start(&dir, 1, 2);
     let fs = c.client();
-    let (a, fh) = fs.create(InodeId::ROOT, b"f", 0o644, 0, 0, 0).unwrap();
-    fs.fsync(a.ino, fh, false).unwrap();
-    fs.write(a.ino, fh, 0, b"acknowledged before a clean stop").unwrap();
-    fs.flush(a.ino, fh).unwrap();
+    let (ino, fh) = acknowledged_unsynced(&fs, b"acknowledged before a clean stop");
     let data = c.server_config(0).data_path;
     let mark = pfs_server::cleanstop::mark_path(&data).unwrap();
     assert!(!mark.exists(), "no mark while the server runs");
@@ -180,28 +181,27 @@ fn fsync_after_a_clean_restart_succeeds() {
     assert!(mark.exists(), "a clean stop leaves {}", mark.display());
     c.servers[0] = Some(c.spawn_server(0, &[]));
     c.wait_registered(1);
-    fs.fsync(a.ino, fh, false).expect("fsync after a clean restart");
+    fs.fsync(ino, fh, false).expect("fsync after a clean restart");
     assert!(!mark.exists(), "the start took the mark");
     assert_eq!(read_back(&fs, b"f"), b"acknowledged before a clean stop");
     assert!(log_of(&c, 0).contains("the last stop was clean"), "{}", log_of(&c, 0));
 
     // The kept id does not outlive a crash: changes acknowledged after the
     // clean restart are reported lost after a SIGKILL.
-    fs.write(a.ino, fh, 0, b"acknowledged, then a crash").unwrap();
-    fs.flush(a.ino, fh).unwrap();
+    fs.write(ino, fh, 0, b"acknowledged, then a crash").unwrap();
+    fs.flush(ino, fh).unwrap();
     c.kill_server(0);
     assert!(!mark.exists());
     c.servers[0] = Some(c.spawn_server(0, &[]));
     c.wait_registered(1);
-    let err = fs.fsync(a.ino, fh, false).unwrap_err();
-    assert!(matches!(&err, FsError::Io(m) if m.contains("restarted")), "{err:?}");
-    fs.release(a.ino, fh).unwrap();
+    assert_restarted(&fs.fsync(ino, fh, false).unwrap_err());
+    fs.release(ino, fh).unwrap();
 
     // A mark whose zones changed since (here: another checkpoint, as an
     // offline `pfs fsck` takes) is refused: a new boot id.
-    let fh = fs.open(a.ino, 0).unwrap();
-    fs.write(a.ino, fh, 0, b"acknowledged, then fsck").unwrap();
-    fs.flush(a.ino, fh).unwrap();
+    let fh = fs.open(ino, 0).unwrap();
+    fs.write(ino, fh, 0, b"acknowledged, then fsck").unwrap();
+    fs.flush(ino, fh).unwrap();
     c.stop_servers();
     assert!(mark.exists());
     let kept = std::fs::read_to_string(&mark).unwrap();
@@ -212,10 +212,9 @@ fn fsync_after_a_clean_restart_succeeds() {
     assert_eq!(std::fs::read_to_string(&mark).unwrap(), kept);
     c.servers[0] = Some(c.spawn_server(0, &[]));
     c.wait_registered(1);
-    let err = fs.fsync(a.ino, fh, false).unwrap_err();
-    assert!(matches!(&err, FsError::Io(m) if m.contains("restarted")), "{err:?}");
+    assert_restarted(&fs.fsync(ino, fh, false).unwrap_err());
     assert!(log_of(&c, 0).contains("the zones changed since"), "{}", log_of(&c, 0));
-    fs.release(a.ino, fh).unwrap();
+    fs.release(ino, fh).unwrap();
     drop(fs);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
