@@ -291,6 +291,26 @@ impl Link {
         self.one_sided
     }
 
+    /// Bytes a frame sent by [`send_gathered`](Self::send_gathered) may have
+    /// now: [`Qp::gather_room`] of a plain queue pair; 0 with slot RPC or over
+    /// RDMA.
+    pub fn gather_room(&self) -> usize {
+        match (&self.inner, &self.slots) {
+            (Inner::Qp(q), None) => q.gather_room(),
+            _ => 0,
+        }
+    }
+
+    /// Sends one encoded frame given in pieces, the header first, copied
+    /// straight into the shared-memory ring ([`Qp::send_gathered`]); it must fit
+    /// [`gather_room`](Self::gather_room).
+    pub fn send_gathered(&mut self, parts: &[&[u8]]) -> Result<(), NetError> {
+        match (&mut self.inner, &self.slots) {
+            (Inner::Qp(q), None) => q.send_gathered(parts),
+            _ => Err(NetError::Invalid("send_gathered needs a plain queue pair".into())),
+        }
+    }
+
     /// Whether the connection is still up.
     pub fn is_up(&self) -> bool {
         on_inner!(&self.inner, q => q.is_up())

@@ -360,6 +360,11 @@ impl ShmPipe {
         Ok(true)
     }
 
+    /// Bytes the tx ring has room for now (the peer only frees more).
+    pub(crate) fn tx_free(&self) -> usize {
+        self.tx.used().map_or(0, |used| (self.tx.bytes - used) as usize)
+    }
+
     /// Whether the tx ring has room for at least one byte.
     pub(crate) fn tx_room(&self) -> bool {
         self.tx.used().is_some_and(|used| used < self.tx.bytes)

@@ -533,3 +533,95 @@ fn frames_through_shared_memory_are_summed_over_their_header_only() {
     stop.store(true, std::sync::atomic::Ordering::Release);
     h.join().unwrap();
 }
+
+/// A reply sent in pieces (`Link::send_gathered`, as a server sends a read
+/// from its read-ahead buffers) reaches the client through shared memory as
+/// the one frame it is, whatever the pieces (empty ones, ones that wrap the
+/// ring); pieces that are not one frame are refused with the reason; over TCP
+/// there is no room for it at all.
+fn gathered_replies(transport: TransportKind, want: Backend) {
+    init_log();
+    use pfs_core::wire::{Frame, Opcode, Sum};
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    let d = data.clone();
+    let on = move |qp: &mut pfs_net::Link, c: Completion| {
+        let Completion::Recv { buf } = c else { return };
+        let req = Frame::decode(&buf).unwrap();
+        let Body::Request(pfs_core::Request::Read { size, .. }) = req.body else { return };
+        let len = size as usize;
+        let head = Frame::read_reply_header(len, req.request_id, req.client, Opcode::Read).unwrap();
+        let room = qp.gather_room();
+        if qp.backend() != Backend::Shm {
+            assert_eq!(room, 0, "no gathered sends over {:?}", qp.backend());
+            assert!(qp.send_gathered(&[&head, &d[..len]]).is_err());
+            let mut out = head.to_vec();
+            out.extend_from_slice(&d[..len]);
+            pfs_core::wire::Frame::seal_read_reply(
+                &mut out,
+                req.request_id,
+                req.client,
+                Opcode::Read,
+                Sum::Full,
+            )
+            .unwrap();
+            qp.post_send(WorkId(1), out).unwrap();
+            let _ = qp.post_recv(buf);
+            return;
+        }
+        assert!(room >= head.len() + len, "room {room} for {len} bytes");
+        // Not one frame: refused, nothing sent.
+        if len > 0 {
+            let e = qp.send_gathered(&[&head, &d[..len - 1]]).unwrap_err();
+            assert!(e.to_string().contains("not one encoded frame"), "{e}");
+        }
+        // Uneven pieces, an empty one among them.
+        let cut = len / 3;
+        qp.send_gathered(&[&head, &d[..cut], &[], &d[cut..len]]).unwrap();
+        let _ = qp.post_recv(buf);
+    };
+    let setup = |qp: &mut pfs_net::Link| {
+        for _ in 0..qp.credits() {
+            qp.post_recv(Vec::new()).unwrap();
+        }
+    };
+    let (addr, stop, h) = raw_server(key(1), setup, on);
+    let o = ConnectOptions { transport, ..Default::default() };
+    let mut qp = connect(addr, &key(1), &o).unwrap();
+    assert_eq!(qp.backend(), want);
+    for _ in 0..4 {
+        qp.post_recv(Vec::new()).unwrap();
+    }
+    // 4 MiB rings: 30 replies of up to 300,000 bytes wrap them several times.
+    for (i, len) in (0..30).map(|i| (i, [0usize, 1, 4096, 299_999, 300_000][i % 5])) {
+        let mut req = read_frame();
+        req.request_id = pfs_core::RequestId(i as u64 + 1);
+        if let Body::Request(pfs_core::Request::Read { size, .. }) = &mut req.body {
+            *size = len as u32;
+        }
+        qp.post_send(WorkId(i as u64), req.to_bytes().unwrap()).unwrap();
+        let buf = loop {
+            match wait_completion(&mut qp).unwrap() {
+                Completion::Recv { buf } => break buf,
+                Completion::Send { buf, .. } => qp.post_recv(buf).unwrap(),
+                other => panic!("unexpected {other:?}"),
+            }
+        };
+        let reply = Frame::decode(&buf).unwrap();
+        assert_eq!(reply.request_id.0, i as u64 + 1);
+        let Body::Reply(Reply::Read(got)) = reply.body else { panic!("{:?}", reply.body) };
+        assert!(got == data[..len], "reply {i}: {len} bytes");
+        qp.post_recv(buf).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    h.join().unwrap();
+}
+
+#[test]
+fn gathered_replies_over_shm() {
+    gathered_replies(TransportKind::Shm, Backend::Shm);
+}
+
+#[test]
+fn no_gathered_replies_over_tcp() {
+    gathered_replies(TransportKind::Tcp, Backend::Tcp);
+}

@@ -184,7 +184,7 @@ mod tests {
             body: Body::Reply(Reply::Read(vec![0xAB; 100_000])),
         };
         let want = frame.to_bytes().unwrap();
-        let conn = ConnRef { slot: 1, gen: 9 };
+        let conn = ConnRef { slot: 1, gen: 9, sum: Sum::Full };
         assert!(ports[1].offer(job(1, conn, &[0xAB; 100_000])).is_none());
         let done = loop {
             if let Some(d) = ports[1].take() {
@@ -206,7 +206,7 @@ mod tests {
         // No thread takes jobs while we fill the queue: a 1-slot queue and a
         // blocked pool thread (its return queue is full too).
         let (pool, mut ports) = MemcpyPool::start(1, 1, 0, bells).unwrap();
-        let conn = ConnRef { slot: 0, gen: 0 };
+        let conn = ConnRef { slot: 0, gen: 0, sum: Sum::Full };
         let mut refused = 0;
         for _ in 0..16 {
             if ports[0].offer(job(0, conn, &[1; 10])).is_some() {

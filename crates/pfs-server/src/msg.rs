@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use pfs_core::wire::Sum;
 use pfs_core::{ClientId, RequestId};
 use pfs_net::EventFd;
 
@@ -25,11 +26,15 @@ pub fn patience(now: Instant) -> Instant {
 
 /// A connection of this worker, as named in ring messages: its slot and the
 /// generation of the slot, so a reply for a connection that closed meanwhile is
-/// recognised and dropped.
+/// recognised and dropped, and what a read reply's checksum on it covers
+/// (`pfs_net::link_sum` of its link: the header only through shared memory),
+/// so the worker that runs a forwarded read seals its reply as the link
+/// needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnRef {
     pub(crate) slot: u32,
     pub(crate) gen: u32,
+    pub(crate) sum: Sum,
 }
 
 /// What travels between workers.

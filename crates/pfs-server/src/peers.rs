@@ -21,7 +21,7 @@ use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{Body, Frame, Reply, Request, View};
+use pfs_core::wire::{Body, Frame, Reply, Request, Sum, View};
 use pfs_core::{ClientId, FsError, RequestId, ServerId, WorkerId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 use pfs_store::device::Device;
@@ -318,7 +318,7 @@ impl<D: Device> Worker<D> {
                 "cannot encode a message to worker {worker}: {e}"
             )));
         }
-        let conn = ConnRef { slot: LOCAL_SLOT, gen: id };
+        let conn = ConnRef { slot: LOCAL_SLOT, gen: id, sum: Sum::Full };
         self.push(worker.0 as u16, Task::Request { from: self.id, conn, buf });
         Ok(request_id)
     }

@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, Sum, READ_REPLY_PREFIX};
+use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, READ_REPLY_PREFIX};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::poller::READ;
-use pfs_net::{Completion, Epoll, Link, QueuePair, WorkId};
+use pfs_net::{link_sum, Completion, Epoll, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
-use pfs_store::shard::dataio::{ReadShape, ReadStart};
+use pfs_store::shard::dataio::{Gathered, ReadShape, ReadStart};
 use pfs_store::{DeferredOn, Shard};
 
 use crate::cross::CrossOp;
@@ -589,7 +589,7 @@ impl<D: Device> Worker<D> {
         let mut done = std::mem::take(&mut self.completions);
         done.clear();
         let polled = conn.qp.poll_cq(&mut done);
-        let gen = conn.gen;
+        let me = ConnRef { slot: slot as u32, gen: conn.gen, sum: link_sum(conn.qp.backend()) };
         let mut work = 0;
         for c in done.drain(..) {
             work += 1;
@@ -600,7 +600,7 @@ impl<D: Device> Worker<D> {
                     }
                 }
                 Completion::Recv { buf } => {
-                    self.on_request(ConnRef { slot: slot as u32, gen }, buf);
+                    self.on_request(me, buf);
                 }
                 Completion::Write { .. } | Completion::Read { .. } | Completion::Imm { .. } => {}
             }
@@ -617,7 +617,8 @@ impl<D: Device> Worker<D> {
             let _ = self.epoll.delete(conn.qp.wait_fd());
             if let Some(client) = conn.client {
                 let mut reg = self.clients.lock().expect("client registry lock");
-                let me = ConnRef { slot: slot as u32, gen: conn.gen };
+                let sum = link_sum(conn.qp.backend());
+                let me = ConnRef { slot: slot as u32, gen: conn.gen, sum };
                 if reg.get(&client) == Some(&(self.id, me)) {
                     reg.remove(&client);
                 }
@@ -842,6 +843,11 @@ impl<D: Device> Worker<D> {
                         self.reads.insert(id, p);
                         return None;
                     }
+                    Ok(ReadStart::Gather(g)) if self.can_gather(origin, conn, g.len()) => {
+                        self.send_gathered(p, g);
+                        return None;
+                    }
+                    Ok(ReadStart::Gather(g)) => Ok(self.gathered_reply(g)),
                     Err(e) => Err(e),
                 };
                 return self.read_reply(p, result);
@@ -974,7 +980,7 @@ impl<D: Device> Worker<D> {
     /// after room for the reply's header, so the reply is sealed around them
     /// (`read_reply`) instead of copied into a frame.
     fn start_read(&mut self, req: Request) -> Result<FsResult<ReadStart>, Request> {
-        let shape = ReadShape { prefix: READ_REPLY_PREFIX, pad: 0, background: true };
+        let shape = ReadShape { prefix: READ_REPLY_PREFIX, pad: 0, background: true, gather: true };
         let started = match req {
             Request::Read { ino, fh: _, offset, size, blocks } => {
                 self.shard.read_start(ino, offset, size as usize, blocks, shape)
@@ -987,6 +993,74 @@ impl<D: Device> Worker<D> {
         // As `execute` does: an operation cut halfway fails the shard.
         self.shard.end_request();
         Ok(started)
+    }
+
+    /// Whether the reply to a read of `len` bytes that came on this worker's
+    /// connection `conn` (`origin`) may be sent from the read-ahead buffers
+    /// straight into the connection's shared-memory ring
+    /// ([`ReadStart::Gather`]): nothing is queued before it there and the
+    /// ring has room for it.
+    fn can_gather(&self, origin: u16, conn: ConnRef, len: usize) -> bool {
+        origin == self.id
+            && self
+                .conns
+                .get(conn.slot as usize)
+                .and_then(Option::as_ref)
+                .is_some_and(|c| c.gen == conn.gen && c.qp.gather_room() >= READ_REPLY_PREFIX + len)
+    }
+
+    /// A read that read-ahead buffers held whole, for a connection it cannot
+    /// go to straight (another worker's, a full ring, a network link): its
+    /// bytes copied once into a reply buffer, after room for the header. Not
+    /// zeroed first, as a buffer the device fills must be.
+    fn gathered_reply(&mut self, g: Gathered) -> Vec<u8> {
+        let mut out = Vec::with_capacity(READ_REPLY_PREFIX + g.len());
+        out.resize(READ_REPLY_PREFIX, 0);
+        let mut parts = Vec::with_capacity(8);
+        g.slices(&mut parts);
+        for part in parts {
+            out.extend_from_slice(part);
+        }
+        self.shard.gather_done(g);
+        out
+    }
+
+    /// Sends the reply to read `p` from the read-ahead buffers `g` lent,
+    /// straight into its connection's ring (checked by
+    /// [`can_gather`](Self::can_gather)), then gives the buffers back. The
+    /// request's buffer goes back to the connection's receive queue, as a sent
+    /// reply's does.
+    fn send_gathered(&mut self, p: PendingRead, g: Gathered) {
+        let slot = p.conn.slot as usize;
+        let header = Frame::read_reply_header(g.len(), p.request_id, p.client, p.op);
+        let mut failed = None;
+        match (header, self.conns.get_mut(slot).and_then(Option::as_mut)) {
+            (Ok(header), Some(state)) if state.gen == p.conn.gen => {
+                let mut parts = Vec::with_capacity(8);
+                parts.push(&header[..]);
+                g.slices(&mut parts);
+                match state.qp.send_gathered(&parts) {
+                    Ok(()) => {
+                        let _ = state.qp.post_recv(p.buf);
+                    }
+                    Err(e) => failed = Some(format!("cannot send a reply: {e}")),
+                }
+            }
+            // The connection closed meanwhile: nobody to answer.
+            (Ok(_), _) => {}
+            (Err(e), _) => {
+                // Not reached: the shard bounds a read's length, and `p.op` is a read.
+                let error = FsError::Io(format!("reply does not fit the protocol: {e}"));
+                let (origin, conn) = (p.origin, p.conn);
+                if let Some(reply) = self.read_reply(p, Err(error)) {
+                    self.route_reply(origin, conn, reply);
+                }
+            }
+        }
+        self.shard.gather_done(g);
+        if let Some(reason) = failed {
+            self.drop_conn(slot, &reason);
+        }
     }
 
     /// Keeps a request to run again later.
@@ -1070,7 +1144,7 @@ impl<D: Device> Worker<D> {
             }
         };
         let (request_id, client, op) = (p.request_id, p.client, p.op);
-        let sum = self.reply_sum(p.origin, p.conn);
+        let sum = p.conn.sum;
         if let Some(port) = self.memcpy.as_mut() {
             if out.len() - READ_REPLY_PREFIX >= port.threshold_bytes {
                 let (worker, origin, conn) = (self.id, p.origin, p.conn);
@@ -1084,20 +1158,6 @@ impl<D: Device> Worker<D> {
         }
         Frame::seal_read_reply(&mut out, request_id, client, op, sum).expect("size checked above");
         Some(out)
-    }
-
-    /// What the checksum of a reply to `origin`'s connection `conn` covers:
-    /// the header only when the connection is this worker's and runs through
-    /// shared memory ([`pfs_net::link_sum`]); in full when another worker
-    /// sends it (its link is not known here) or over a network.
-    fn reply_sum(&self, origin: u16, conn: ConnRef) -> Sum {
-        if origin != self.id {
-            return Sum::Full;
-        }
-        match self.conns.get(conn.slot as usize).and_then(Option::as_ref) {
-            Some(state) if state.gen == conn.gen => pfs_net::link_sum(state.qp.backend()),
-            _ => Sum::Full,
-        }
     }
 
     /// Encodes `reply` into `buf` (reused). A reply too large for the

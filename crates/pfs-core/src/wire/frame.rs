@@ -202,12 +202,47 @@ impl Frame {
         sum: Sum,
     ) -> Result<(), WireError> {
         assert!(buf.len() >= READ_REPLY_PREFIX, "a read reply has room for its header");
+        let data_len = buf.len() - READ_REPLY_PREFIX;
+        Frame::read_reply_prefix(buf, data_len, request_id, client, op, sum)?;
+        let crc = frame_checksum(buf);
+        buf[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The first `READ_REPLY_PREFIX` bytes of a read reply whose `data_len`
+    /// bytes of data are sent from elsewhere after them (in pieces, straight
+    /// from the server's buffers), its checksum over the header only
+    /// ([`Sum::Header`]: only links through shared memory carry such frames).
+    /// The frame is the same as [`seal_read_reply`](Self::seal_read_reply)
+    /// makes with `Sum::Header` around the same data.
+    pub fn read_reply_header(
+        data_len: usize,
+        request_id: RequestId,
+        client: ClientId,
+        op: Opcode,
+    ) -> Result<[u8; READ_REPLY_PREFIX], WireError> {
+        let mut buf = [0u8; READ_REPLY_PREFIX];
+        Frame::read_reply_prefix(&mut buf, data_len, request_id, client, op, Sum::Header)?;
+        let crc = crc32c::crc32c(&buf[..CHECKSUM_OFFSET]);
+        buf[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(buf)
+    }
+
+    /// Writes a read reply's header but its checksum, and the data's length,
+    /// into the first `READ_REPLY_PREFIX` bytes of `buf`.
+    fn read_reply_prefix(
+        buf: &mut [u8],
+        data_len: usize,
+        request_id: RequestId,
+        client: ClientId,
+        op: Opcode,
+        sum: Sum,
+    ) -> Result<(), WireError> {
         if !matches!(op, Opcode::Read | Opcode::ReadData) {
             return Err(WireError::BadValue { what: "read reply opcode", value: op as u64 });
         }
-        let data_len = buf.len() - READ_REPLY_PREFIX;
         super::cursor::check_len("read data", data_len, super::MAX_IO_BYTES)?;
-        let payload_len = buf.len() - HEADER_LEN;
+        let payload_len = READ_REPLY_PREFIX - HEADER_LEN + data_len;
         buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         buf[4..6].copy_from_slice(&VERSION.to_le_bytes());
         buf[6..8].copy_from_slice(&(op as u16).to_le_bytes());
@@ -217,8 +252,6 @@ impl Frame {
         buf[16..24].copy_from_slice(&request_id.0.to_le_bytes());
         buf[24..28].copy_from_slice(&(payload_len as u32).to_le_bytes());
         buf[HEADER_LEN..READ_REPLY_PREFIX].copy_from_slice(&(data_len as u32).to_le_bytes());
-        let crc = frame_checksum(buf);
-        buf[CHECKSUM_OFFSET..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
         Ok(())
     }
 

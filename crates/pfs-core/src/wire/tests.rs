@@ -849,7 +849,13 @@ fn a_read_reply_sealed_in_place_is_the_encoded_reply() {
         frame.encode_summed(&mut want, ClientId(5), RequestId(99), 0, Sum::Header).unwrap();
         assert!(local == want, "{len} bytes, {op:?}, header sum");
         assert_eq!(Frame::decode(&local).unwrap(), frame);
+        // Its header alone, for data sent from elsewhere: the same bytes.
+        let head = Frame::read_reply_header(len, RequestId(99), ClientId(5), op).unwrap();
+        assert!(head[..] == want[..READ_REPLY_PREFIX], "{len} bytes, {op:?}, header alone");
     }
+    assert!(Frame::read_reply_header(MAX_IO_BYTES + 1, RequestId(1), ClientId(1), Opcode::Read)
+        .is_err());
+    assert!(Frame::read_reply_header(4, RequestId(1), ClientId(1), Opcode::Write).is_err());
     let mut big = vec![0; READ_REPLY_PREFIX + MAX_IO_BYTES + 1];
     let sealed = |buf: &mut [u8], op| {
         Frame::seal_read_reply(buf, RequestId(1), ClientId(1), op, Sum::Full).is_ok()

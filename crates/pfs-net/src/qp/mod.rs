@@ -484,6 +484,60 @@ impl Qp {
         Ok(n)
     }
 
+    /// Bytes a frame sent by [`send_gathered`](Self::send_gathered) may
+    /// have: the room of the shared-memory ring when nothing waits in the send
+    /// queue before it; 0 over TCP, with sends queued, or once down.
+    pub fn gather_room(&self) -> usize {
+        if self.down().is_some() || !self.tx.is_empty() {
+            return 0;
+        }
+        match &self.pipe {
+            Pipe::Shm(p) => p.tx_free(),
+            Pipe::Tcp(_) => 0,
+        }
+    }
+
+    /// Sends one encoded frame given in pieces (`parts`, the header first),
+    /// copying them straight into the shared-memory ring: a read's bytes go
+    /// from the server's buffers to the ring without a reply buffer between.
+    /// The frame must fit [`gather_room`](Self::gather_room); nothing
+    /// completes for it (no buffer was lent).
+    pub fn send_gathered(&mut self, parts: &[&[u8]]) -> Result<(), NetError> {
+        self.check_post()?;
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let head = parts.first().copied().unwrap_or_default();
+        let valid = head.len() >= MSG_HEADER_LEN
+            && FrameHeader::decode(head).is_ok_and(|h| h.frame_len() == len);
+        if !valid {
+            return Err(NetError::Invalid(format!(
+                "send_gathered of {len} bytes in {} parts that are not one encoded frame",
+                parts.len()
+            )));
+        }
+        let room = self.gather_room();
+        if len > room {
+            return Err(NetError::Invalid(format!(
+                "send_gathered of a {len}-byte frame with room for {room}"
+            )));
+        }
+        let Pipe::Shm(p) = &mut self.pipe else { unreachable!("room only through shared memory") };
+        match p.write(parts) {
+            Ok(n) if n == len => Ok(()),
+            Ok(n) => {
+                let e = NetError::io(
+                    "write to",
+                    &self.peer,
+                    io::Error::other(format!("ring took {n} of {len} bytes it had room for")),
+                );
+                Err(self.fail(e))
+            }
+            Err(e) => {
+                let e = NetError::io("write to", &self.peer, e);
+                Err(self.fail(e))
+            }
+        }
+    }
+
     fn check_post(&self) -> Result<(), NetError> {
         match self.down() {
             Some(e) => Err(e),

@@ -320,7 +320,6 @@ impl<D: Device> Shard<D> {
         if len > MAX_IO_BYTES {
             return Err(FsError::Invalid(format!("read of {len} bytes: at most {MAX_IO_BYTES}")));
         }
-        let mut out = vec![0u8; shape.prefix + len.max(shape.pad)];
         let mut pieces = Vec::new();
         let mut at = shape.prefix;
         for &(offset, n) in segments {
@@ -328,6 +327,12 @@ impl<D: Device> Shard<D> {
             at += n as usize;
         }
         self.split_at_ahead(&mut pieces);
+        if shape.gather {
+            if let Some(g) = self.gather_ahead(&pieces, shape.prefix, len.max(shape.pad)) {
+                return Ok(ReadStart::Gather(g));
+            }
+        }
+        let mut out = vec![0u8; shape.prefix + len.max(shape.pad)];
         // Pieces read ahead are copied from there, or wait for their read-ahead;
         // pieces in memory (written and not yet on the device, or in the read
         // cache) are copied from it; the rest are read from the device. The
@@ -737,5 +742,6 @@ fn done(start: FsResult<ReadStart>) -> FsResult<Vec<u8>> {
     match start? {
         ReadStart::Done(data) => Ok(data),
         ReadStart::Pending(id) => unreachable!("read {id} pending without background"),
+        ReadStart::Gather(_) => unreachable!("a read gathered without ReadShape::gather"),
     }
 }

@@ -179,14 +179,94 @@ struct PendingRead {
 
 /// How a read started ([`Shard::read_start`]): answered from memory, or
 /// waiting for the device (its id comes back from
-/// [`Shard::take_finished_reads`]).
+/// [`Shard::take_finished_reads`]), or held whole by read-ahead buffers the
+/// caller sends from (`ReadShape::gather`).
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReadStart {
     /// The bytes.
     Done(Vec<u8>),
     /// Being read: the id of the read.
     Pending(u64),
+    /// In read-ahead buffers, lent until [`Shard::gather_done`].
+    Gather(Gathered),
 }
+
+/// Zeros that holes and padding of a [`Gathered`] read point at.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// A read that read-ahead runs already read hold whole (`ReadShape::gather`):
+/// its bytes as slices of their buffers and of zeros, so the worker copies
+/// them once, straight into the reply's ring, instead of into a reply buffer
+/// first (and zeroing it before that). The buffers are lent: the shard sees
+/// their runs as in flight (nothing drops or reuses them) until
+/// [`Shard::gather_done`] takes them back, which the caller must call before
+/// anything else runs on the shard.
+#[derive(Debug)]
+#[must_use = "the read-ahead buffers are lent until Shard::gather_done"]
+pub struct Gathered {
+    /// The lent buffers: `(first page of their run, buffer)`.
+    bufs: Vec<(u64, AlignedBuf)>,
+    /// The data in order.
+    parts: Vec<GatherPart>,
+    /// Bytes of data, holes and padding included.
+    len: usize,
+}
+
+/// A stretch of a [`Gathered`] read.
+#[derive(Clone, Copy, Debug)]
+enum GatherPart {
+    /// `part`'s bytes from lent buffer `buf`.
+    Ahead { buf: usize, part: Part },
+    /// Zeros (a hole, or padding after the data).
+    Zeros(usize),
+}
+
+impl Gathered {
+    /// Bytes of data (holes and padding included).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends the data, in order, as slices to `out`.
+    pub fn slices<'a>(&'a self, out: &mut Vec<&'a [u8]>) {
+        for p in &self.parts {
+            match *p {
+                GatherPart::Ahead { buf, part } => {
+                    let (start, b) = &self.bufs[buf];
+                    let from = ((part.page - start) * PAGE_SIZE) as usize + part.skip;
+                    out.push(&b[from..from + part.n]);
+                }
+                GatherPart::Zeros(mut n) => {
+                    while n > 0 {
+                        let k = n.min(ZEROS.len());
+                        out.push(&ZEROS[..k]);
+                        n -= k;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The data in one buffer (tests, and comparing reads).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut slices = Vec::new();
+        self.slices(&mut slices);
+        slices.concat()
+    }
+}
+
+impl PartialEq for Gathered {
+    fn eq(&self, other: &Gathered) -> bool {
+        self.to_vec() == other.to_vec()
+    }
+}
+
+impl Eq for Gathered {}
 
 /// The output a read fills ([`Shard::read_start`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -200,6 +280,10 @@ pub struct ReadShape {
     /// A read that must go to the device returns [`ReadStart::Pending`]
     /// instead of waiting.
     pub background: bool,
+    /// A read that read-ahead runs already read hold whole returns
+    /// [`ReadStart::Gather`] (its bytes stay in their buffers; `prefix` is
+    /// not part of it).
+    pub gather: bool,
 }
 
 /// The data runs of a shard between their operation and the device, and the
@@ -574,6 +658,12 @@ impl<D: Device> Shard<D> {
         self.opts.read_cache_pages as u64 * PAGE_SIZE / 2
     }
 
+    /// Bytes of read-ahead runs held, in flight or read (tests).
+    #[cfg(test)]
+    pub(super) fn ahead_bytes(&self) -> u64 {
+        self.writes.ahead_bytes
+    }
+
     /// Makes room for `bytes` more of read-ahead, dropping the oldest runs
     /// already read; `false` if the runs in flight leave no room.
     fn ahead_room(&mut self, bytes: u64) -> bool {
@@ -683,6 +773,96 @@ impl<D: Device> Shard<D> {
             false
         });
         joined
+    }
+
+    /// With every piece of `pieces` (split at the read-ahead runs' edges) in
+    /// a read-ahead run already read, and none of their pages being written:
+    /// the read as slices of those runs' buffers, which it lends
+    /// ([`Gathered`]). `prefix`: where the pieces' output positions start;
+    /// `len`: the data's length (zeros past the last piece). `None` (and
+    /// nothing changed) otherwise.
+    pub(super) fn gather_ahead(
+        &mut self,
+        pieces: &[Piece],
+        prefix: usize,
+        len: usize,
+    ) -> Option<Gathered> {
+        if self.writes.ahead.is_empty() {
+            return None;
+        }
+        let block = u64::from(self.geo.block_size);
+        let mut parts = Vec::with_capacity(pieces.len() + 2);
+        let mut starts: Vec<u64> = Vec::new();
+        let mut at = prefix;
+        for &(run, first, pages, piece_at, skip, n) in pieces {
+            let page = run.page + first;
+            let start = self.writes.ahead_at(page, pages)?;
+            if self.writes.ahead[&start].buf.is_none()
+                || piece_at < at
+                || self.writes.busy_overlaps(page, pages)
+            {
+                return None;
+            }
+            if piece_at > at {
+                parts.push(GatherPart::Zeros(piece_at - at));
+            }
+            let buf = match starts.iter().position(|&s| s == start) {
+                Some(i) => i,
+                None => {
+                    starts.push(start);
+                    starts.len() - 1
+                }
+            };
+            let part =
+                Part { page, pages, at: piece_at, skip, n, cache: u64::from(run.valid) < block };
+            parts.push(GatherPart::Ahead { buf, part });
+            at = piece_at + n;
+        }
+        if prefix + len < at {
+            return None;
+        }
+        if prefix + len > at {
+            parts.push(GatherPart::Zeros(prefix + len - at));
+        }
+        let bufs = starts
+            .into_iter()
+            .map(|start| {
+                let a = self.writes.ahead.get_mut(&start).expect("found above");
+                (start, a.buf.take().expect("read, checked above"))
+            })
+            .collect();
+        Some(Gathered { bufs, parts, len })
+    }
+
+    /// Takes back the buffers `g` lent: counts what it took from each run
+    /// (a run read past is dropped, as a copy from it does), and puts the
+    /// pages of partly filled blocks in the read cache.
+    pub fn gather_done(&mut self, g: Gathered) {
+        self.stats.reads_gathered += 1;
+        let mut taken = vec![0u64; g.bufs.len()];
+        for p in &g.parts {
+            if let GatherPart::Ahead { buf, part } = *p {
+                self.stats.ahead_hits += 1;
+                taken[buf] += part.n as u64;
+                if part.cache {
+                    let (start, b) = &g.bufs[buf];
+                    let from = ((part.page - start) * PAGE_SIZE) as usize;
+                    self.read_cache
+                        .put(part.page, &b[from..from + (part.pages * PAGE_SIZE) as usize]);
+                }
+            }
+        }
+        for ((start, buf), took) in g.bufs.into_iter().zip(taken) {
+            let Some(a) = self.writes.ahead.get_mut(&start) else {
+                self.io.device_mut().free_buf(buf);
+                continue;
+            };
+            a.buf = Some(buf);
+            a.taken += took;
+            if a.taken >= a.pages * PAGE_SIZE {
+                self.ahead_drop(start);
+            }
+        }
     }
 
     /// Reads that were pending and finished since the last call: their ids

@@ -135,6 +135,9 @@ pub struct ShardStats {
     pub ahead_hits: u64,
     /// See `ahead_hits`.
     pub ahead_joins: u64,
+    /// Reads that read-ahead buffers held whole, sent from them without a
+    /// copy into a reply buffer (`ReadShape::gather`).
+    pub reads_gathered: u64,
     /// Device reads of reads answered when they finish (`Shard::read_start`).
     pub reads_in_background: u64,
     /// Partial writes that stopped before their merge, to run again once the

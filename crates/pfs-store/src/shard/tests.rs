@@ -964,7 +964,7 @@ fn a_read_ahead_in_flight_never_caches_pages_freed_and_reused_meanwhile() {
 fn reads_of_the_device_finish_in_the_background() {
     use super::dataio::{ReadShape, ReadStart};
     use crate::device::{mem::Fault, IoKind};
-    let bg = |pad| ReadShape { prefix: 0, pad, background: true };
+    let bg = |pad| ReadShape { prefix: 0, pad, background: true, gather: false };
     for seed in 0..8 {
         let (mut s, handle) = fresh_sized(BIG_ZONE);
         let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
@@ -1029,7 +1029,7 @@ fn a_read_leaves_room_before_its_bytes() {
     let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
     let data: Vec<u8> = (0..150_000u32).map(|i| (i % 239) as u8 + 1).collect();
     s.write(f.ino, 0, &data).unwrap();
-    let shape = ReadShape { prefix: 36, pad: 100_000, background: true };
+    let shape = ReadShape { prefix: 36, pad: 100_000, background: true, gather: false };
     let want = |from: usize, to: usize, pad: usize| {
         let mut w = vec![0u8; 36];
         w.extend_from_slice(&data[from..to]);
@@ -1110,10 +1110,17 @@ fn a_read_of_picked_blocks_returns_them_one_after_the_other() {
             let len = 1 + next() % (3 * B);
             let blocks = next() as u32;
             let background = next() % 2 == 0;
-            let shape = ReadShape { prefix: 7, pad: 0, background };
+            let gather = background && next() % 2 == 0;
+            let shape = ReadShape { prefix: 7, pad: 0, background, gather };
             let ctx = format!("seed {seed} round {round} at {offset} +{len} blocks {blocks:#x}");
             let finish = |started: ReadStart, s: &mut Shard<MemDevice>| match started {
                 ReadStart::Done(out) => out,
+                ReadStart::Gather(g) => {
+                    let mut out = vec![0; 7];
+                    out.extend(g.to_vec());
+                    s.gather_done(g);
+                    out
+                }
                 ReadStart::Pending(id) => loop {
                     s.poll_data_writes();
                     if let Some((i, r)) = s.take_finished_reads().pop() {
@@ -1150,12 +1157,18 @@ fn read_in_background(
     reads: impl Iterator<Item = (usize, usize)>,
 ) -> Vec<(usize, FsResult<Vec<u8>>)> {
     use super::dataio::{ReadShape, ReadStart};
-    let bg = ReadShape { prefix: 0, pad: 0, background: true };
     let mut want = HashMap::new();
     let mut got = Vec::new();
-    for (at, len) in reads {
+    for (i, (at, len)) in reads.enumerate() {
+        // Every other read sent from the read-ahead buffers, as the worker
+        // sends those it can.
+        let bg = ReadShape { prefix: 0, pad: 0, background: true, gather: i % 2 == 1 };
         match s.read_start(ino, at as u64, len, ALL_BLOCKS, bg).unwrap() {
             ReadStart::Done(bytes) => got.push((at, Ok(bytes))),
+            ReadStart::Gather(g) => {
+                got.push((at, Ok(g.to_vec())));
+                s.gather_done(g);
+            }
             ReadStart::Pending(id) => {
                 want.insert(id, at);
             }
@@ -1207,13 +1220,79 @@ fn background_readers_join_the_read_ahead_in_flight() {
     }
 }
 
+/// A sequential reader whose reads may be sent from the read-ahead buffers
+/// (`ReadShape::gather`, as the worker asks over shared memory) gets them so
+/// once read-ahead runs ahead of it, with the right bytes (holes and the
+/// padding past the end as zeros), and every buffer it was lent comes back:
+/// once the file was read through, no read-ahead run is left.
+#[test]
+fn reads_gathered_from_the_read_ahead_lend_and_return_its_buffers() {
+    use super::dataio::{ReadShape, ReadStart};
+    for seed in 0..8 {
+        let (mut s, handle) = fresh_sized(BIG_ZONE);
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let mut data: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8 + 1).collect();
+        // A hole of two blocks in the middle.
+        data[384 << 10..512 << 10].fill(0);
+        s.write(f.ino, 0, &data[..384 << 10]).unwrap();
+        s.write(f.ino, 512 << 10, &data[512 << 10..]).unwrap();
+        s.commit().unwrap();
+        let opts = ShardOptions { read_cache_pages: 4096, ..small_opts() };
+        let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+        handle.reorder(Some(seed));
+        let piece = 48 << 10;
+        let pad = piece + 100;
+        let mut pending = HashMap::new();
+        let mut gathered = 0;
+        for at in (0..data.len()).step_by(piece) {
+            let len = piece.min(data.len() - at);
+            let shape = ReadShape { prefix: 5, pad, background: true, gather: true };
+            let mut want = vec![0u8; 5 + pad];
+            want[5..5 + len].copy_from_slice(&data[at..at + len]);
+            match s.read_data_start(f.ino, FileLayout::Block, at as u64, piece, ALL_BLOCKS, shape) {
+                Ok(ReadStart::Gather(g)) => {
+                    gathered += 1;
+                    assert_eq!(g.len(), pad, "seed {seed} at {at}");
+                    assert!(g.to_vec() == want[5..], "seed {seed}: gathered bytes at {at}");
+                    s.gather_done(g);
+                }
+                Ok(ReadStart::Done(out)) => assert!(out == want, "seed {seed}: bytes at {at}"),
+                Ok(ReadStart::Pending(id)) => {
+                    pending.insert(id, (at, want));
+                }
+                Err(e) => panic!("seed {seed}: read at {at}: {e}"),
+            }
+            s.poll_data_writes();
+            for (id, r) in s.take_finished_reads() {
+                let (at, want) = pending.remove(&id).expect("a read asked for");
+                assert!(r.unwrap() == want, "seed {seed}: bytes at {at}");
+            }
+        }
+        for _ in 0..10_000 {
+            if pending.is_empty() && !s.reads_under_way() && s.ahead_bytes() == 0 {
+                break;
+            }
+            s.poll_data_writes();
+            for (id, r) in s.take_finished_reads() {
+                let (at, want) = pending.remove(&id).expect("a read asked for");
+                assert!(r.unwrap() == want, "seed {seed}: bytes at {at}");
+            }
+        }
+        assert!(pending.is_empty(), "seed {seed}: reads never answered");
+        let st = s.stats();
+        assert!(gathered >= 10, "seed {seed}: {gathered} gathered, {st:?}");
+        assert_eq!(st.reads_gathered, gathered, "seed {seed}");
+        assert_eq!(s.ahead_bytes(), 0, "seed {seed}: read-ahead runs left after the file was read");
+    }
+}
+
 /// Read-ahead never reads pages still staged: a window over several staged
 /// runs (a file just written, its runs neighbours on the device) read the
 /// device's old bytes, and later reads took them from the read-ahead.
 #[test]
 fn read_ahead_never_reads_pages_still_staged() {
     use super::dataio::{ReadShape, ReadStart};
-    for background in [false, true] {
+    for (background, gather) in [(false, false), (true, false), (true, true)] {
         let (mut s, _) = fresh_sized(BIG_ZONE);
         let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
         let data: Vec<u8> = (0..(512u32 << 10)).map(|i| (i % 249) as u8 + 1).collect();
@@ -1221,11 +1300,16 @@ fn read_ahead_never_reads_pages_still_staged() {
             s.write(f.ino, (i << 16) as u64, chunk).unwrap();
         }
         let piece = 16 << 10;
-        let shape = ReadShape { prefix: 0, pad: 0, background };
+        let shape = ReadShape { prefix: 0, pad: 0, background, gather };
         for i in 0..data.len() / piece {
             let at = i * piece;
             let got = match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, shape).unwrap() {
                 ReadStart::Done(bytes) => bytes,
+                ReadStart::Gather(g) => {
+                    let bytes = g.to_vec();
+                    s.gather_done(g);
+                    bytes
+                }
                 ReadStart::Pending(id) => {
                     let mut done = None;
                     for _ in 0..10_000 {
@@ -1251,7 +1335,7 @@ fn read_ahead_never_reads_pages_still_staged() {
 #[test]
 fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
     use super::dataio::{ReadShape, ReadStart};
-    let bg = ReadShape { prefix: 0, pad: 0, background: true };
+    let bg = ReadShape { prefix: 0, pad: 0, background: true, gather: false };
     for seed in 0..16 {
         let (mut s, handle) = fresh_sized(BIG_ZONE);
         let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
@@ -1281,6 +1365,7 @@ fn a_read_that_waits_for_a_write_copies_the_read_ahead_it_finished() {
             ReadStart::Pending(id) => {
                 pending.insert(id, (at, len));
             }
+            ReadStart::Gather(_) => unreachable!("not asked for"),
         }
         for _ in 0..10_000 {
             if pending.is_empty() && !s.committing() {
@@ -1645,7 +1730,7 @@ fn a_read_stops_at_a_cold_inode_and_at_pages_being_written_when_asked() {
     let mut s = reopen(s);
     let f = *files.iter().find(|ino| !s.icache.resident(s.inode_slots[ino])).expect("a cold inode");
     use super::dataio::{ReadShape, ReadStart};
-    let shape = ReadShape { prefix: 0, pad: 0, background: true };
+    let shape = ReadShape { prefix: 0, pad: 0, background: true, gather: false };
     s.set_defer_misses(true);
     assert_eq!(s.read_start(f, 0, 100, ALL_BLOCKS, shape), Err(FsError::TryAgain));
     assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
