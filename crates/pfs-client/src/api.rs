@@ -59,6 +59,14 @@ pub type VersionObserver = Box<dyn Fn(InodeId, Option<(TimeNs, TimeNs)>) + Send 
 pub trait FileSystem: Send + Sync + 'static {
     /// Resolves `name` in directory `parent`.
     fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr>;
+    /// [`lookup`](Self::lookup), and the found file's bytes when it is a
+    /// regular file of at most `MAX_LOOKUP_DATA_BYTES` (one page) that its
+    /// server holds in memory: a small file read right after its lookup needs
+    /// no second request. `None` when not (and always from a file system that
+    /// cannot tell cheaply).
+    fn lookup_data(&self, parent: InodeId, name: &[u8]) -> FsResult<(FileAttr, Option<Vec<u8>>)> {
+        Ok((self.lookup(parent, name)?, None))
+    }
     /// Attributes of `ino`.
     fn getattr(&self, ino: InodeId) -> FsResult<FileAttr>;
     /// Changes the attributes that are `Some` (a size truncates or extends).

@@ -28,6 +28,7 @@ use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
+use crate::small::SmallFiles;
 
 /// The page size the kernel caches file data in (a larger one only makes an
 /// open check the version more often).
@@ -268,6 +269,13 @@ pub struct PfsFuse {
     /// Let an open keep the kernel's pages when their version is current
     /// (`-o page_cache=keep`, the default; off with the writeback cache).
     keep_pages: bool,
+    /// Small files' bytes that came with their lookup ([`crate::small`]), and
+    /// whether lookups ask for them (`-o small_files=lookup`).
+    small: SmallFiles,
+    small_by_lookup: bool,
+    /// Changes to files' data made through this mount (writes, truncates,
+    /// fallocate): bytes a lookup brought before the last one are not used.
+    data_changes: AtomicU64,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -326,7 +334,37 @@ impl PfsFuse {
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
             pages,
             keep_pages: true,
+            small: SmallFiles::default(),
+            small_by_lookup: true,
+            data_changes: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a lookup may bring a small file's bytes for its next read
+    /// (`true`, the default; [`crate::small`]).
+    pub fn small_by_lookup(mut self, yes: bool) -> PfsFuse {
+        self.small_by_lookup = yes;
+        self
+    }
+
+    /// Notes a change to a file's data through this mount (before and after
+    /// it: bytes a lookup brought while it ran are not used either).
+    fn data_changed(&self) {
+        self.data_changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Resolves `name` in `parent` for process `pid`, keeping the file's
+    /// bytes for the open that may follow when the lookup brought them.
+    fn lookup_keeping(&self, parent: InodeId, name: &[u8], pid: u32) -> Result<FileAttr, FsError> {
+        if !(self.small_by_lookup && self.small.wanted()) {
+            return self.fs.lookup(parent, name);
+        }
+        let changes = self.data_changes.load(Ordering::Acquire);
+        let (attr, data) = self.fs.lookup_data(parent, name)?;
+        if let Some(data) = data {
+            self.small.keep(attr.ino.0, data, pid, changes);
+        }
+        Ok(attr)
     }
 
     /// Whether an open keeps the kernel's cached pages of a file that did not
@@ -659,6 +697,7 @@ impl fuser::Filesystem for PfsFuse {
         if let Some(u) = self.uring_stats.get() {
             log::info!("FUSE over io_uring served {} requests", u.requests());
         }
+        log::info!("{} small files' first reads answered from their lookup", self.small.served());
         if self.exit_when_unmounted {
             // Returning would let fuser umount the mountpoint path once more, and
             // that unmounts whatever was mounted there since `umount` returned.
@@ -693,12 +732,12 @@ impl fuser::Filesystem for PfsFuse {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        match self.fs.lookup(InodeId(parent.0), name) {
+        match self.lookup_keeping(InodeId(parent.0), name, req.pid()) {
             // Node 0 with a lifetime: the kernel keeps a negative entry.
             Err(FsError::NotFound) if !self.ttl.negative.is_zero() => reply.entry_with_ttls(
                 &Duration::ZERO,
@@ -752,7 +791,9 @@ impl fuser::Filesystem for PfsFuse {
             mtime_ns: mtime.map(time_or_now),
         };
         self.dir_attrs.forget(ino.0);
+        self.data_changed();
         let r = self.fs.setattr(InodeId(ino.0), &set);
+        self.data_changed();
         self.file_changed();
         match r {
             Ok(a) => {
@@ -903,7 +944,7 @@ impl fuser::Filesystem for PfsFuse {
         self.entry(reply, r);
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _gate = self.gate.enter(Pass::Open);
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // Without FOPEN_KEEP_CACHE the kernel drops cached pages at open, so
@@ -912,6 +953,9 @@ impl fuser::Filesystem for PfsFuse {
             Ok(fh) => {
                 let keep = self.keep_at_open(ino.0);
                 log::trace!("open ino {} fh {} keep_cache {keep}", ino.0, fh.0);
+                if self.small_by_lookup {
+                    self.small.opened(ino.0, req.pid(), fh.0);
+                }
                 self.opened(ino);
                 let mut open_flags =
                     if keep { FopenFlags::FOPEN_KEEP_CACHE } else { FopenFlags::empty() };
@@ -936,6 +980,15 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let changes = self.data_changes.load(Ordering::Acquire);
+        if let Some(data) = self.small.take(fh.0, changes) {
+            // The bytes its lookup brought: no request to the server.
+            let from = (offset as usize).min(data.len());
+            let to = from.saturating_add(size as usize).min(data.len());
+            log::trace!("read ino {} fh {} at {offset:#x} from its lookup", ino.0, fh.0);
+            self.pages.filled(ino.0);
+            return reply.data(&data[from..to]);
+        }
         // The reply goes to the kernel straight from the buffer the server's
         // reply arrived in.
         let mut reply = Some(reply);
@@ -975,7 +1028,9 @@ impl fuser::Filesystem for PfsFuse {
             // Before the write is sent: its reply may move the version first.
             self.pages.filled(ino.0);
         }
+        self.data_changed();
         let r = self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data);
+        self.data_changed();
         self.file_changed();
         match r {
             Ok(n) => reply.written(n),
@@ -1006,6 +1061,7 @@ impl fuser::Filesystem for PfsFuse {
         reply: ReplyEmpty,
     ) {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
+        self.small.released(fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
         // Published now: a size the listing's attributes may not have.
         self.file_changed();
@@ -1295,7 +1351,9 @@ impl fuser::Filesystem for PfsFuse {
             // Punching holes, zeroing and collapsing ranges are not supported.
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
+        self.data_changed();
         let r = self.fs.fallocate(InodeId(ino.0), FileHandle(fh.0), offset, length, keep_size);
+        self.data_changed();
         self.file_changed();
         Self::empty(reply, r);
     }

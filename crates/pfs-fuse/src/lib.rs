@@ -19,6 +19,7 @@ pub mod gate;
 pub mod memfs;
 pub mod mount;
 pub mod pages;
+pub mod small;
 
 pub use adapter::{CacheTtl, PfsFuse};
 pub use memfs::MemFs;

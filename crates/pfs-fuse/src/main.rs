@@ -39,13 +39,15 @@ const READY_FD: i32 = 3;
 /// carries the children's attributes, the default, or only when the kernel
 /// guesses they will be used), page_cache=keep|drop (an open keeps the kernel's
 /// cached pages of a file no other client changed since, the default, or drops
-/// them every time; see docs/posix.md), read_ahead_kb=N (the kernel's read-ahead
+/// them every time; see docs/posix.md), small_files=lookup|read (a lookup brings
+/// a small file's bytes for the read that follows it, the default, or every
+/// read asks the server), read_ahead_kb=N (the kernel's read-ahead
 /// for the mount, default 4096; needs root, 0 keeps the kernel's 128), uring (FUSE
 /// over io_uring: Linux 6.14+, after
 /// `echo Y > /sys/module/fuse/parameters/enable_uring`; otherwise /dev/fuse with
 /// a warning), uring_threads=N (threads per CPU queue, default 2, 1 to 64),
-/// uring_nopin (do not pin them to their CPU), log=FILE (where the background
-/// daemon logs),
+/// uring_nopin (do not pin them to their CPU), log=FILE (where the daemon logs,
+/// in the foreground too),
 /// allow_other, allow_root, fsname=NAME, and the usual ro, nodev, nosuid,
 /// noexec, noatime, sync, dirsync. mount(8) options such as _netdev, nofail,
 /// defaults, auto are accepted and ignored.
@@ -103,20 +105,17 @@ fn fail(msg: &str) -> ExitCode {
 
 fn init_log(cfg: &MountConfig, daemon: bool) {
     let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    if daemon {
-        match cfg
-            .log
-            .as_ref()
-            .map(|p| std::fs::OpenOptions::new().create(true).append(true).open(p))
-        {
-            Some(Ok(f)) => {
-                b.target(env_logger::Target::Pipe(Box::new(f)));
-            }
-            Some(Err(e)) => eprintln!("pfs-fuse: log file: {e}"),
-            None => {
-                b.filter_level(log::LevelFilter::Off);
-            }
+    // `log=FILE` logs there, in the foreground too; without it a daemon logs
+    // nothing and the foreground logs to stderr.
+    match cfg.log.as_ref().map(|p| std::fs::OpenOptions::new().create(true).append(true).open(p)) {
+        Some(Ok(f)) => {
+            b.target(env_logger::Target::Pipe(Box::new(f)));
         }
+        Some(Err(e)) => eprintln!("pfs-fuse: log file: {e}"),
+        None if daemon => {
+            b.filter_level(log::LevelFilter::Off);
+        }
+        None => {}
     }
     b.init();
 }

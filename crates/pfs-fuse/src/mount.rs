@@ -78,6 +78,10 @@ pub struct MountConfig {
     /// page_cache=keep`, the default), or drops them at every open (`drop`).
     /// Off with the writeback cache.
     pub keep_pages: bool,
+    /// A lookup may bring a small file's bytes for the read that follows it
+    /// (`-o small_files=lookup`, the default; `read`: every read asks the
+    /// server; [`crate::small`]). Off with the writeback cache.
+    pub small_by_lookup: bool,
     /// FUSE over io_uring (`-o uring`, [`uring_default`]): threads per kernel
     /// queue (one queue per CPU) and whether they are pinned to it. Falls back to
     /// /dev/fuse when the kernel does not offer it.
@@ -109,6 +113,7 @@ impl Default for MountConfig {
             writeback_cache: false,
             readdirplus_always: true,
             keep_pages: true,
+            small_by_lookup: true,
             uring: None,
             read_ahead_kb: READ_AHEAD_KB,
             kernel: Vec::new(),
@@ -218,6 +223,17 @@ impl MountConfig {
                         }
                     }
                 }
+                "small_files" => {
+                    self.small_by_lookup = match need()? {
+                        "lookup" => true,
+                        "read" => false,
+                        v => {
+                            return Err(format!(
+                                "mount option small_files={v:?}: expected lookup or read"
+                            ))
+                        }
+                    }
+                }
                 "uring" => {
                     self.uring.get_or_insert_with(uring_default);
                 }
@@ -309,7 +325,8 @@ pub fn mount(
         .exit_when_unmounted(cfg.exit_when_unmounted)
         .writeback_cache(cfg.writeback_cache)
         .readdirplus_always(cfg.readdirplus_always)
-        .keep_pages(cfg.keep_pages && !cfg.writeback_cache);
+        .keep_pages(cfg.keep_pages && !cfg.writeback_cache)
+        .small_by_lookup(cfg.small_by_lookup && !cfg.writeback_cache);
     let uring_stats = adapter.uring_stats.clone();
     let dir_attrs = adapter.dir_attrs.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
@@ -548,6 +565,10 @@ mod tests {
 
     #[test]
     fn pages_are_kept_unless_asked_to_drop() {
+        assert!(MountConfig::default().small_by_lookup);
+        assert!(!with("small_files=read").unwrap().small_by_lookup);
+        let e = with("small_files=never").unwrap_err();
+        assert!(e.contains("small_files"), "{e}");
         assert!(MountConfig::default().keep_pages);
         assert!(!with("page_cache=drop").unwrap().keep_pages);
         assert!(with("page_cache=drop,page_cache=keep").unwrap().keep_pages);

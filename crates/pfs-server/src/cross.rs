@@ -420,6 +420,7 @@ impl<D: Device> Worker<D> {
     pub(crate) fn names_moving(&self, req: &Request) -> bool {
         match req {
             Request::Lookup { parent, name }
+            | Request::LookupData { parent, name }
             | Request::Unlink { parent, name }
             | Request::Rmdir { parent, name }
             | Request::RmdirBigDir { parent, name }

@@ -3,6 +3,7 @@
 
 use pfs_core::wire::{
     DirEntry, Entry, InodeLayout, Reply, Request, WriteRef, WriteTarget, XattrSetMode,
+    MAX_LOOKUP_DATA_BYTES,
 };
 use pfs_core::{DirLayout, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr};
 use pfs_store::device::Device;
@@ -160,6 +161,18 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
                 return Ok(Reply::Lookup(remote_entry(found.ino, found.kind)));
             }
             Reply::Lookup(entry(shard, found.ino)?)
+        }
+        Request::LookupData { parent, name } => {
+            let found = shard.lookup(parent, &name)?;
+            if !shard.has_inode(found.ino) {
+                return Ok(Reply::LookupData {
+                    entry: remote_entry(found.ino, found.kind),
+                    data: None,
+                });
+            }
+            let entry = entry(shard, found.ino)?;
+            let data = shard.small_data_in_memory(found.ino, MAX_LOOKUP_DATA_BYTES);
+            Reply::LookupData { entry, data }
         }
         Request::GetAttr { ino } => Reply::GetAttr(getattr(shard, ino)?),
         Request::SetAttr { ino, set } => {

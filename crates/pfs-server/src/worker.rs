@@ -864,6 +864,7 @@ impl<D: Device> Worker<D> {
         let deferrable = matches!(
             req,
             Request::Lookup { .. }
+                | Request::LookupData { .. }
                 | Request::GetAttr { .. }
                 | Request::Open { .. }
                 | Request::GetXattr { .. }

@@ -660,14 +660,23 @@ impl Cluster {
     }
 }
 
-impl FileSystem for Cluster {
-    fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
+impl Cluster {
+    /// [`FileSystem::lookup`], and with `with_data` the found file's bytes
+    /// when its shard holds all of them in memory and they are few
+    /// (`LookupData`); never when this client had writes of it to publish
+    /// (the server's copy may predate them).
+    fn lookup_with(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        with_data: bool,
+    ) -> FsResult<(FileAttr, Option<Vec<u8>>)> {
         let caching = !self.opts.dentry_ttl.is_zero();
         if caching {
             let hit =
                 self.caches.dcache.lock().expect("dcache lock").get(parent, name, Instant::now());
             if let Some(d) = hit {
-                return Ok(d.attr);
+                return Ok((d.attr, None));
             }
         }
         // Whether a read token covered the lookup from before it was sent (the
@@ -675,16 +684,37 @@ impl FileSystem for Cluster {
         let mark = self.caches.revocations();
         let covered = caching && self.caches.read_token(parent, Instant::now()).is_some();
         let key = self.dentry_key(parent, name)?;
-        let reply = self.call(key, Request::Lookup { parent, name: name.to_vec() })?;
+        let name_v = name.to_vec();
+        let (reply, data) = if with_data {
+            match self.call(key, Request::LookupData { parent, name: name_v })? {
+                Reply::LookupData { entry, data } => (Reply::Lookup(entry), data),
+                other => return Err(unexpected(other)),
+            }
+        } else {
+            (self.call(key, Request::Lookup { parent, name: name_v })?, None)
+        };
         let mut attr = self.entry_attr(reply)?;
+        let mut data =
+            data.filter(|d| attr.kind == FileType::Regular && d.len() as u64 == attr.size);
         if attr.kind == FileType::Regular && self.publish_writes(attr.ino)? {
             attr = self.getattr(attr.ino)?;
+            data = None;
         }
         if caching && attr.kind == FileType::Directory {
             self.after_lookup(parent, name);
             self.cache_dir_name(parent, name, attr, covered, mark)?;
         }
-        Ok(attr)
+        Ok((attr, data))
+    }
+}
+
+impl FileSystem for Cluster {
+    fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
+        Ok(self.lookup_with(parent, name, false)?.0)
+    }
+
+    fn lookup_data(&self, parent: InodeId, name: &[u8]) -> FsResult<(FileAttr, Option<Vec<u8>>)> {
+        self.lookup_with(parent, name, true)
     }
 
     fn getattr(&self, ino: InodeId) -> FsResult<FileAttr> {

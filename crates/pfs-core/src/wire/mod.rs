@@ -40,7 +40,7 @@ pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode
 /// First four bytes of every frame: `"PFSW"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"PFSW");
 /// The protocol version this build speaks; a frame of another version is refused.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 32;
 /// Largest read or write payload: 1 MiB, FUSE's `max_write`.
@@ -55,6 +55,9 @@ pub const MAX_SYMLINK_BYTES: usize = 4095;
 pub const MAX_XATTR_VALUE_BYTES: usize = 64 << 10;
 /// Largest xattr name list, counted as Linux does (each name and a NUL).
 pub const MAX_XATTR_LIST_BYTES: usize = 64 << 10;
+/// Most data a `LookupData` reply carries: one page, what a small file's
+/// first read through the mount asks for.
+pub const MAX_LOOKUP_DATA_BYTES: usize = 4096;
 /// Longest error detail text; longer text is cut when encoded.
 pub const MAX_ERROR_MESSAGE_BYTES: usize = 1024;
 

@@ -97,11 +97,13 @@ pub enum Opcode {
     ReserveData = 45,
     /// The directory holding an inode's (last) name.
     GetParent = 46,
+    /// `Lookup`, and a small file's data when the server holds it in memory.
+    LookupData = 47,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 46] = [
+    pub const ALL: [Opcode; 47] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -148,6 +150,7 @@ impl Opcode {
         Opcode::FollowUps,
         Opcode::ReserveData,
         Opcode::GetParent,
+        Opcode::LookupData,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -170,7 +173,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(47), None);
+        assert_eq!(Opcode::from_u16(48), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -4,8 +4,8 @@ use super::cluster::View;
 use super::cursor::{check_len, Reader, Writer};
 use super::types::{read_name, write_name, Codec, DirEntry, Entry, InodeLayout, TokenGrant};
 use super::{
-    Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES,
-    MAX_XATTR_VALUE_BYTES,
+    Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_LOOKUP_DATA_BYTES, MAX_SYMLINK_BYTES,
+    MAX_XATTR_LIST_BYTES, MAX_XATTR_VALUE_BYTES,
 };
 use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs, TimeNs};
 
@@ -15,6 +15,14 @@ use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs, TimeNs}
 pub enum Reply {
     /// The name's inode.
     Lookup(Entry),
+    /// The name's inode, and all of its data when the server had it in memory
+    /// and it is at most [`MAX_LOOKUP_DATA_BYTES`] bytes.
+    LookupData {
+        /// The name's inode.
+        entry: Entry,
+        /// The file's bytes, as many as its size in `entry`.
+        data: Option<Vec<u8>>,
+    },
     /// The attributes.
     GetAttr(FileAttr),
     /// The attributes after the change.
@@ -245,6 +253,7 @@ impl Reply {
     pub fn opcode(&self) -> Opcode {
         match self {
             Reply::Lookup(_) => Opcode::Lookup,
+            Reply::LookupData { .. } => Opcode::LookupData,
             Reply::GetAttr(_) => Opcode::GetAttr,
             Reply::SetAttr(_) => Opcode::SetAttr,
             Reply::Create { .. } => Opcode::Create,
@@ -300,6 +309,14 @@ impl Reply {
             | Reply::Mknod(e)
             | Reply::Symlink(e)
             | Reply::Link(e) => e.put(w),
+            Reply::LookupData { entry, data } => {
+                entry.put(w)?;
+                w.bool(data.is_some());
+                match data {
+                    Some(d) => w.bytes32("lookup data", d, MAX_LOOKUP_DATA_BYTES),
+                    None => Ok(()),
+                }
+            }
             Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::AddLink(a) => a.put(w),
             Reply::ExtendSize { attr, ctime_before } => {
                 attr.put(w)?;
@@ -415,6 +432,14 @@ impl Reply {
     pub(crate) fn get(op: Opcode, r: &mut Reader<'_>) -> Result<Reply, WireError> {
         Ok(match op {
             Opcode::Lookup => Reply::Lookup(Entry::get(r)?),
+            Opcode::LookupData => {
+                let entry = Entry::get(r)?;
+                let data = match r.bool("lookup data present")? {
+                    true => Some(r.bytes32("lookup data", MAX_LOOKUP_DATA_BYTES)?.to_vec()),
+                    false => None,
+                };
+                Reply::LookupData { entry, data }
+            }
             Opcode::Mkdir => Reply::Mkdir(Entry::get(r)?),
             Opcode::Mknod => Reply::Mknod(Entry::get(r)?),
             Opcode::Symlink => Reply::Symlink(Entry::get(r)?),

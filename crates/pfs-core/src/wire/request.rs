@@ -103,6 +103,15 @@ pub enum Request {
         /// The name.
         name: Vec<u8>,
     },
+    /// [`Lookup`](Self::Lookup), and the data of the file found when it is a
+    /// regular file of at most [`MAX_LOOKUP_DATA_BYTES`](super::MAX_LOOKUP_DATA_BYTES)
+    /// bytes whose data the server holds in memory (no device read).
+    LookupData {
+        /// The directory.
+        parent: InodeId,
+        /// The name.
+        name: Vec<u8>,
+    },
     /// Read attributes.
     GetAttr {
         /// The inode.
@@ -521,6 +530,7 @@ impl Request {
         !matches!(
             self,
             Request::Lookup { .. }
+                | Request::LookupData { .. }
                 | Request::GetAttr { .. }
                 | Request::ReadLink { .. }
                 | Request::ReadDir { .. }
@@ -539,6 +549,7 @@ impl Request {
     pub fn opcode(&self) -> Opcode {
         match self {
             Request::Lookup { .. } => Opcode::Lookup,
+            Request::LookupData { .. } => Opcode::LookupData,
             Request::GetAttr { .. } => Opcode::GetAttr,
             Request::SetAttr { .. } => Opcode::SetAttr,
             Request::Create { .. } => Opcode::Create,
@@ -591,6 +602,7 @@ impl Request {
     pub(crate) fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         match self {
             Request::Lookup { parent, name }
+            | Request::LookupData { parent, name }
             | Request::Unlink { parent, name }
             | Request::Rmdir { parent, name }
             | Request::RmdirBigDir { parent, name } => {
@@ -830,6 +842,9 @@ impl Request {
         };
         Ok(match op {
             Opcode::Lookup => Request::Lookup { parent: ino(r)?, name: read_name(r, "name")? },
+            Opcode::LookupData => {
+                Request::LookupData { parent: ino(r)?, name: read_name(r, "name")? }
+            }
             Opcode::Unlink => Request::Unlink { parent: ino(r)?, name: read_name(r, "name")? },
             Opcode::Rmdir => Request::Rmdir { parent: ino(r)?, name: read_name(r, "name")? },
             Opcode::GetAttr => Request::GetAttr { ino: ino(r)? },

@@ -105,6 +105,7 @@ fn xattr_mode() -> impl Strategy<Value = XattrSetMode> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         (ino(), name()).prop_map(|(parent, name)| Request::Lookup { parent, name }),
+        (ino(), name()).prop_map(|(parent, name)| Request::LookupData { parent, name }),
         ino().prop_map(|ino| Request::GetAttr { ino }),
         (ino(), set_attr()).prop_map(|(ino, set)| Request::SetAttr { ino, set }),
         (ino(), name(), perm(), any::<u32>(), any::<u32>(), any::<u32>(), file_layout()).prop_map(
@@ -330,6 +331,8 @@ fn replaced() -> impl Strategy<Value = Option<crate::wire::Replaced>> {
 fn reply() -> impl Strategy<Value = Reply> {
     prop_oneof![
         entry().prop_map(Reply::Lookup),
+        (entry(), proptest::option::of(bytes(MAX_LOOKUP_DATA_BYTES)))
+            .prop_map(|(entry, data)| Reply::LookupData { entry, data }),
         attr().prop_map(Reply::GetAttr),
         attr().prop_map(Reply::SetAttr),
         (entry(), fh()).prop_map(|(entry, fh)| Reply::Create { entry, fh }),
@@ -508,10 +511,10 @@ proptest! {
 #[test]
 fn wrong_version_is_named() {
     let mut bytes = sample_frame().to_bytes().unwrap();
-    bytes[4..6].copy_from_slice(&2u16.to_le_bytes());
+    bytes[4..6].copy_from_slice(&3u16.to_le_bytes());
     let err = Frame::decode(&bytes).unwrap_err();
-    assert_eq!(err, WireError::Version { found: 2, expected: 3 });
-    assert_eq!(err.to_string(), "protocol version 2, expected 3");
+    assert_eq!(err, WireError::Version { found: 3, expected: VERSION });
+    assert_eq!(err.to_string(), format!("protocol version 3, expected {VERSION}"));
 }
 
 #[test]

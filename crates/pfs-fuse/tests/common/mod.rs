@@ -152,7 +152,8 @@ impl Mounted {
             .arg(dir)
             .args(["-o", &o, "-f"])
             .stdin(Stdio::null())
-            .env("RUST_LOG", "warn")
+            // The adapter's counters at unmount, which some cases check.
+            .env("RUST_LOG", "warn,pfs_fuse::adapter=info")
             .spawn()
             .unwrap();
         let m = Mounted { dir: dir.to_path_buf(), child: Some(child) };

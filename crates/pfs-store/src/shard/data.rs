@@ -300,6 +300,42 @@ impl<D: Device> Shard<D> {
         Ok(data)
     }
 
+    /// All the data of regular file `ino` when it has at most `max` bytes and
+    /// memory holds every byte of it (a staged run, the read cache, a
+    /// read-ahead run): for a lookup that carries a small file's data. Its
+    /// first block lives with the inode, so a file of up to a block is all
+    /// here. No device read and no wait: `None` for an empty or larger file,
+    /// another kind, an `io`-layout file (its extents may lie elsewhere), a
+    /// truncate still freeing its data, or a piece that is only on the device
+    /// or being written.
+    pub fn small_data_in_memory(&mut self, ino: InodeId, max: usize) -> Option<Vec<u8>> {
+        let inode = self.inode(ino).ok()?;
+        let small =
+            inode.size > 0 && inode.size <= (max as u64).min(u64::from(self.geo.block_size));
+        if inode.kind != FileType::Regular
+            || !small
+            || inode.file_layout == FileLayout::Io
+            || self.trims.contains_key(&ino)
+        {
+            return None;
+        }
+        let len = inode.size as usize;
+        let pieces = self.data_pieces(&inode, 0, len);
+        let pages: Vec<(u64, u64)> =
+            pieces.iter().map(|&(run, first, pages, ..)| (run.page + first, pages)).collect();
+        if self.data_pages_busy(&pages) {
+            return None;
+        }
+        // Holes (and bytes past what a block holds) read as zeros.
+        let mut out = vec![0u8; len];
+        for (run, first, _, at, skip, n) in pieces {
+            if !self.read_data_memory(run.page + first, skip, &mut out[at..at + n]) {
+                return None;
+            }
+        }
+        Some(out)
+    }
+
     /// Reads the byte ranges `segments` (`(offset, len)`) of `inode`'s data on
     /// this shard (holes are zeros), one after the other, into an output of
     /// `shape`: `shape.prefix` bytes before them, and zeros after them up to

@@ -1821,3 +1821,32 @@ fn a_full_group_starts_a_commit_without_waiting() {
         s.lookup(ROOT, name(i).as_bytes()).unwrap();
     }
 }
+
+/// A small file's data for a lookup comes from memory only: staged or in the
+/// read cache it is there (holes as zeros), only on the device it is not (no
+/// read is made), and a file larger than asked, an empty one or a directory
+/// has none.
+#[test]
+fn a_small_files_data_comes_from_memory_only() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let f = s.create(ROOT, b"small", CreateArgs::file(0o644)).unwrap();
+    let data: Vec<u8> = (0..3901u32).map(|i| (i % 251) as u8 + 1).collect();
+    s.write(f.ino, 0, &data).unwrap();
+    assert_eq!(s.small_data_in_memory(f.ino, 4096), Some(data.clone()), "staged");
+    assert_eq!(s.small_data_in_memory(f.ino, 3900), None, "larger than asked");
+    let holey = s.create(ROOT, b"holey", CreateArgs::file(0o644)).unwrap();
+    s.write(holey.ino, 1000, b"tail").unwrap();
+    let mut want = vec![0u8; 1004];
+    want[1000..].copy_from_slice(b"tail");
+    assert_eq!(s.small_data_in_memory(holey.ino, 4096), Some(want), "a hole reads as zeros");
+    let empty = s.create(ROOT, b"empty", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.small_data_in_memory(empty.ino, 4096), None, "empty");
+    let dir = s.create(ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+    assert_eq!(s.small_data_in_memory(dir.ino, 4096), None, "a directory");
+    s.commit().unwrap();
+    let mut s = reopen(s);
+    assert_eq!(s.small_data_in_memory(f.ino, 4096), None, "only on the device");
+    assert_eq!(s.small_data_in_memory(f.ino, 4096), None, "and not read into memory by asking");
+    assert_eq!(s.read(f.ino, 0, 4096).unwrap(), data);
+    assert_eq!(s.small_data_in_memory(f.ino, 4096), Some(data), "in the read cache once read");
+}
