@@ -4,7 +4,11 @@
 # file on this disk), against fio with the same transfers, processes and bytes
 # on a file of the same disk (psync, --invalidate=1, as benches/run-report.sh),
 # alternating fio and pfs for ROUNDS rounds (this machine is shared and noisy).
-# Prints per workload and phase the mean rate of each and pfs/fio.
+# Prints per workload and phase the mean rate of each and pfs/fio. Read phases
+# also get fio reading the same files with O_DIRECT through io_uring at depth 8
+# (the device itself, as the server reads it, without the help buffered fio may
+# get from pages the invalidation left; transfers rounded up to 4 KiB): compare
+# with both.
 #
 #   benches/native-vs-fio.sh [PFS]        # as root; ROUNDS=2, PROCS=2 by default
 #   SCALE=8 benches/native-vs-fio.sh       # 8x the bytes (at most 8: ckpt's limit)
@@ -35,12 +39,20 @@ fio_bw() { # rw bs size_per_job -> MiB/s (all jobs)
         --numjobs="$PROCS" --group_reporting --ioengine=psync --end_fsync=1 --invalidate=1 \
         --output-format=json 2>/dev/null | jq -r ".jobs[0].$1.bw / 1024"
 }
+fio_direct_bw() { # bs size_per_job -> MiB/s (all jobs), reading the files fio_bw wrote
+    fio --name=raw --directory="$WORK/raw" --rw=read --bs="$1" --size="$2" \
+        --numjobs="$PROCS" --group_reporting --ioengine=io_uring --iodepth=8 --direct=1 \
+        --output-format=json 2>/dev/null | jq -r ".jobs[0].read.bw / 1024"
+}
 declare -A SUM
 for r in $(seq "$ROUNDS"); do
     for w in io-easy ckpt io-hard; do
         for rw in write read; do
             SUM[fio.$w.$rw]=$(echo "${SUM[fio.$w.$rw]:-0} + $(fio_bw "$rw" "${BS[$w]}" "${BYTES[$w]}")" | bc -l)
         done
+        # O_DIRECT needs whole sectors: io-hard's 47008 B transfers become 48 KiB.
+        dbs=$(((BS[$w] + 4095) / 4096 * 4096))
+        SUM[direct.$w]=$(echo "${SUM[direct.$w]:-0} + $(fio_direct_bw "$dbs" "${BYTES[$w]}")" | bc -l)
         rm -f "$WORK"/raw/*
     done
     d=$WORK/pfs.$r
@@ -64,13 +76,19 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, $PROCS processes, mean of $ROUNDS rounds, SCALE=$SCALE, MiB/s."
 echo
-echo "| workload | phase | fio on a file | pfs native | pfs/fio |"
-echo "|---|---|---|---|---|"
+echo "| workload | phase | fio on a file | pfs native | pfs/fio | fio direct (reads) | pfs/direct |"
+echo "|---|---|---|---|---|---|---|"
 for w in io-easy ckpt io-hard; do
     for phase in $(jq -r '.phases[].name' "$WORK/pfs.1/$w.json"); do
         rw=${PHASE_RW[$w.$phase]}
         f=$(echo "${SUM[fio.$w.$rw]} / $ROUNDS" | bc -l)
         p=$(echo "${SUM[pfs.$w.$phase]} / $ROUNDS" | bc -l)
-        printf '| %s | %s | %.0f | %.0f | %.2f |\n' "$w" "$phase" "$f" "$p" "$(echo "$p / $f" | bc -l)"
+        if [ "$rw" = read ]; then
+            d=$(echo "${SUM[direct.$w]} / $ROUNDS" | bc -l)
+            printf '| %s | %s | %.0f | %.0f | %.2f | %.0f | %.2f |\n' "$w" "$phase" "$f" "$p" \
+                "$(echo "$p / $f" | bc -l)" "$d" "$(echo "$p / $d" | bc -l)"
+        else
+            printf '| %s | %s | %.0f | %.0f | %.2f | | |\n' "$w" "$phase" "$f" "$p" "$(echo "$p / $f" | bc -l)"
+        fi
     done
 done

@@ -697,7 +697,11 @@ impl fuser::Filesystem for PfsFuse {
         if let Some(u) = self.uring_stats.get() {
             log::info!("FUSE over io_uring served {} requests", u.requests());
         }
-        log::info!("{} small files' first reads answered from their lookup", self.small.served());
+        let (asked, brought, armed, served) = self.small.counts();
+        log::info!(
+            "{served} small files' first reads answered from their lookup ({asked} lookups \
+             asked for the bytes, {brought} brought them, {armed} opens followed in time)"
+        );
         if self.exit_when_unmounted {
             // Returning would let fuser umount the mountpoint path once more, and
             // that unmounts whatever was mounted there since `umount` returned.

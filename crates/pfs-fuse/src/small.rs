@@ -70,7 +70,11 @@ struct Inner {
     /// bytes answered (halved together every `WINDOW`).
     brought: u32,
     used: u32,
-    /// Reads answered from lookups' bytes since the mount started.
+    /// Since the mount started: lookups that asked, that brought bytes,
+    /// opens those bytes were armed for, and reads they answered.
+    asked: u64,
+    brought_all: u64,
+    armed_all: u64,
     served: u64,
 }
 
@@ -90,6 +94,9 @@ impl Default for SmallFiles {
             lookups: 0,
             brought: 0,
             used: 0,
+            asked: 0,
+            brought_all: 0,
+            armed_all: 0,
             served: 0,
         };
         SmallFiles { inner: Mutex::new(inner) }
@@ -101,7 +108,9 @@ impl SmallFiles {
     pub fn wanted(&self) -> bool {
         let mut g = self.inner.lock().expect("small files lock");
         g.lookups += 1;
-        g.asking || g.lookups % PROBE_EVERY == 0
+        let ask = g.asking || g.lookups % PROBE_EVERY == 0;
+        g.asked += u64::from(ask);
+        ask
     }
 
     /// Keeps `data`, the bytes of file `ino` that a lookup by process `pid`
@@ -110,8 +119,10 @@ impl SmallFiles {
     pub fn keep(&self, ino: u64, data: Vec<u8>, pid: u32, changes: u64) {
         let mut g = self.inner.lock().expect("small files lock");
         g.brought += 1;
+        g.brought_all += 1;
         if g.asking && g.brought >= LEARN && g.used * 2 < g.brought {
             // Mostly unread: probe from now on.
+            log::debug!("small files: {} of {} lookups' bytes read: probing", g.used, g.brought);
             g.asking = false;
             (g.brought, g.used) = (0, 0);
         }
@@ -119,6 +130,7 @@ impl SmallFiles {
             g.brought /= 2;
             g.used /= 2;
         }
+        log::trace!("small files: kept {ino} for {pid} (asking {})", g.asking);
         let held = Held { data, pid, arrived: Instant::now(), changes };
         if g.files.insert(ino, held).is_none() {
             g.order.push_back(ino);
@@ -139,8 +151,14 @@ impl SmallFiles {
     pub fn opened(&self, ino: u64, pid: u32, fh: u64) {
         let mut g = self.inner.lock().expect("small files lock");
         let Some(held) = g.files.remove(&ino) else { return };
+        log::trace!(
+            "small files: open of {ino} by {pid}, bytes from {} {:?} ago",
+            held.pid,
+            held.arrived.elapsed()
+        );
         if held.pid == pid && held.arrived.elapsed() < OPEN_WITHIN && g.armed.len() < HELD_MAX {
             g.armed.insert(fh, (held.data, held.changes));
+            g.armed_all += 1;
         }
     }
 
@@ -165,6 +183,13 @@ impl SmallFiles {
     /// Reads answered from lookups' bytes since the mount started.
     pub fn served(&self) -> u64 {
         self.inner.lock().expect("small files lock").served
+    }
+
+    /// What happened since the mount started, for the log: lookups that
+    /// asked, that brought bytes, opens they were armed for, reads answered.
+    pub fn counts(&self) -> (u64, u64, u64, u64) {
+        let g = self.inner.lock().expect("small files lock");
+        (g.asked, g.brought_all, g.armed_all, g.served)
     }
 
     /// Handle `fh` closed: bytes armed for it that no read took go.

@@ -135,8 +135,9 @@ pub struct ShardStats {
     pub ahead_hits: u64,
     /// See `ahead_hits`.
     pub ahead_joins: u64,
-    /// Reads that read-ahead buffers held whole, sent from them without a
-    /// copy into a reply buffer (`ReadShape::gather`).
+    /// Reads that read-ahead buffers held whole (`ReadShape::gather`): sent
+    /// from them straight into a shared-memory ring, or copied once into a
+    /// reply buffer that was not cleared first.
     pub reads_gathered: u64,
     /// Device reads of reads answered when they finish (`Shard::read_start`).
     pub reads_in_background: u64,
