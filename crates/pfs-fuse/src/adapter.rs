@@ -27,6 +27,7 @@ use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
+use crate::newfiles::NewFiles;
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
 use crate::small::SmallFiles;
 
@@ -276,6 +277,9 @@ pub struct PfsFuse {
     /// Changes to files' data made through this mount (writes, truncates,
     /// fallocate): bytes a lookup brought before the last one are not used.
     data_changes: AtomicU64,
+    /// Files this mount just created, whose capability check before a write
+    /// needs no request ([`crate::newfiles`]).
+    new_files: NewFiles,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -337,6 +341,7 @@ impl PfsFuse {
             small: SmallFiles::default(),
             small_by_lookup: true,
             data_changes: AtomicU64::new(0),
+            new_files: NewFiles::default(),
         }
     }
 
@@ -697,6 +702,10 @@ impl fuser::Filesystem for PfsFuse {
         if let Some(u) = self.uring_stats.get() {
             log::info!("FUSE over io_uring served {} requests", u.requests());
         }
+        log::info!(
+            "{} capability checks of files this mount created answered without a request",
+            self.new_files.answered()
+        );
         let (asked, brought, armed, served) = self.small.counts();
         log::info!(
             "{served} small files' first reads answered from their lookup ({asked} lookups \
@@ -1259,6 +1268,7 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        self.new_files.xattrs_changed(ino.0);
         Self::empty(reply, self.fs.setxattr(InodeId(ino.0), name, value, mode));
     }
 
@@ -1267,6 +1277,11 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        if self.new_files.lacks(ino.0, name, self.ttl.attr) {
+            // The kernel's capability check before a write to a file this
+            // mount just created: a new inode has no extended attributes.
+            return reply.error(Errno::ENODATA);
+        }
         match self.fs.getxattr(InodeId(ino.0), name) {
             Ok(v) => xattr_reply(reply, &v, size),
             Err(e) => reply.error(errno(&e)),
@@ -1292,6 +1307,7 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        self.new_files.xattrs_changed(ino.0);
         Self::empty(reply, self.fs.removexattr(InodeId(ino.0), name));
     }
 
@@ -1321,6 +1337,7 @@ impl fuser::Filesystem for PfsFuse {
             Ok((a, fh)) => {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
                 self.dir_attrs.changed(parent.0, 0);
+                self.new_files.created(a.ino.0);
                 self.opened(INodeNo(a.ino.0));
                 // A new file (or one the kernel drops the pages of: no
                 // FOPEN_KEEP_CACHE): pages written from here on are at least

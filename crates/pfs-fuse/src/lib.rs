@@ -18,6 +18,7 @@ pub mod dirattrs;
 pub mod gate;
 pub mod memfs;
 pub mod mount;
+pub mod newfiles;
 pub mod pages;
 pub mod small;
 

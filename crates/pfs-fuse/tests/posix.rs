@@ -40,6 +40,7 @@ fn main() {
         ("listings_carry_attributes_and_own_sizes", listings_carry_attributes_and_own_sizes),
         ("overwrites_change_mtime_on_every_block", overwrites_change_mtime_on_every_block),
         ("small_files_read_with_their_lookup", small_files_read_with_their_lookup),
+        ("capabilities_of_new_files", capabilities_of_new_files),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -88,11 +89,16 @@ fn main() {
     if filter.as_deref().is_none_or(|f| "small_files_read_with_their_lookup".contains(f)) {
         // Most reads of that case went without a request of their own: all
         // but those before the mount's next probe (at most 31).
-        let served = logged
-            .lines()
-            .find_map(|l| l.split(" small files' first reads answered").next()?.rsplit(' ').next())
-            .and_then(|n| n.parse::<u64>().ok());
+        let count_before = |phrase: &str| {
+            let line = logged.lines().find(|l| l.contains(phrase))?;
+            line.split(phrase).next()?.rsplit(' ').next()?.parse::<u64>().ok()
+        };
+        let served = count_before(" small files' first reads answered");
         assert!(served.is_some_and(|n| n >= 60), "served {served:?}; log:\n{logged}");
+        // Its 100 files were created and written here: no capability check
+        // before those writes went to the server.
+        let checks = count_before(" capability checks of files");
+        assert!(checks.is_some_and(|n| n >= 100), "checks {checks:?}; log:\n{logged}");
     }
     println!("test result: ok. {ran} passed");
 }
@@ -758,6 +764,27 @@ fn small_files_read_with_their_lookup(root: &Path) {
     let mut got = vec![0u8; 10];
     assert_eq!(reader.read_at(&mut got, 0).unwrap(), 10);
     assert_eq!(&got[..3], b"NEW", "the write since the lookup is seen");
+}
+
+/// A file this mount just created has no file capability, so the kernel's
+/// check before each write is answered without a request
+/// (crates/pfs-fuse/src/newfiles.rs); one set on it through this mount is
+/// seen by the next write's check, which drops it as on any file system.
+fn capabilities_of_new_files(root: &Path) {
+    let f = root.join("capped");
+    let mut file = fs::OpenOptions::new().create(true).write(true).truncate(true).open(&f).unwrap();
+    std::io::Write::write_all(&mut file, b"first").unwrap();
+    let getcap = |p: &Path| {
+        let out = Command::new("getcap").arg(p).output().expect("getcap (libcap2-bin)");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let st = Command::new("setcap").arg("cap_net_raw+ep").arg(&f).status().expect("setcap");
+    assert!(st.success(), "setcap on a file just created");
+    assert!(getcap(&f).contains("cap_net_raw"), "set: {:?}", getcap(&f));
+    std::io::Write::write_all(&mut file, b"second").unwrap();
+    drop(file);
+    assert_eq!(getcap(&f), "", "the write dropped the capability");
+    assert_eq!(fs::read(&f).unwrap(), b"firstsecond");
 }
 
 /// `a` and `b` are one directory on two mounts. A file's bytes that a `stat` on

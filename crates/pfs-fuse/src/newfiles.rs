@@ -1,0 +1,115 @@
+//! Files this mount just created, for the kernel's file-capability check.
+//!
+//! Before the first write to a file (and at every write until it learned the
+//! file has no file capability), the kernel asks for the file's
+//! `security.capability` extended attribute (`GETXATTR`), so that a write by an
+//! unprivileged process drops it. For a file just created that is one more
+//! request to the server per file written (`tar xf`, md-hard's create phase:
+//! create, check, write, close).
+//!
+//! A successful `CREATE` always made a new inode (the server refuses a name
+//! that exists), and a new inode has no extended attributes. So the check of a
+//! file this mount created is answered here (`ENODATA`) while the file is new:
+//! within the attribute lifetime of its creation, and only until this mount
+//! sets or removes any extended attribute of it. Another client that sets a
+//! file capability on it within that time (it would have to find the new name
+//! and hold `CAP_SETFCAP` within a second of the create) is not seen by this
+//! check, as the kernel's cached attributes of the file would not show it
+//! either; after it, the check asks the server again.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Files remembered at once; the oldest go first.
+pub const NEW_FILES_MAX: usize = 4096;
+
+/// The extended attribute the kernel checks before a write.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+#[derive(Debug, Default)]
+struct Inner {
+    created: HashMap<u64, Instant>,
+    /// Inode numbers, oldest first (may name files forgotten since).
+    order: VecDeque<u64>,
+    /// Checks answered here since the mount started.
+    answered: u64,
+}
+
+/// Files this mount created lately (module docs).
+#[derive(Debug, Default)]
+pub struct NewFiles {
+    inner: Mutex<Inner>,
+}
+
+impl NewFiles {
+    /// This mount created `ino` (a new inode) just now.
+    pub fn created(&self, ino: u64) {
+        let mut g = self.inner.lock().expect("new files lock");
+        if g.created.insert(ino, Instant::now()).is_none() {
+            g.order.push_back(ino);
+        }
+        while g.created.len() > NEW_FILES_MAX {
+            let Some(old) = g.order.pop_front() else { break };
+            g.created.remove(&old);
+        }
+        if g.order.len() > 2 * NEW_FILES_MAX {
+            let Inner { created, order, .. } = &mut *g;
+            order.retain(|i| created.contains_key(i));
+        }
+    }
+
+    /// This mount changes `ino`'s extended attributes: it is not known to
+    /// have none any more.
+    pub fn xattrs_changed(&self, ino: u64) {
+        self.inner.lock().expect("new files lock").created.remove(&ino);
+    }
+
+    /// Whether `ino` is known to have no extended attribute `name`: a
+    /// capability check of a file this mount created less than `lifetime` ago.
+    pub fn lacks(&self, ino: u64, name: &[u8], lifetime: Duration) -> bool {
+        if name != CAPABILITY_XATTR {
+            return false;
+        }
+        let mut g = self.inner.lock().expect("new files lock");
+        let new = g.created.get(&ino).is_some_and(|t| t.elapsed() < lifetime);
+        g.answered += u64::from(new);
+        new
+    }
+
+    /// Capability checks answered here since the mount started.
+    pub fn answered(&self) -> u64 {
+        self.inner.lock().expect("new files lock").answered
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIFE: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn only_the_capability_of_a_file_just_created_and_unchanged() {
+        let n = NewFiles::default();
+        n.created(5);
+        assert!(n.lacks(5, CAPABILITY_XATTR, LIFE));
+        assert!(!n.lacks(5, b"user.x", LIFE), "other names go to the server");
+        assert!(!n.lacks(6, CAPABILITY_XATTR, LIFE), "not created here");
+        assert!(!n.lacks(5, CAPABILITY_XATTR, Duration::ZERO), "past the lifetime");
+        n.xattrs_changed(5);
+        assert!(!n.lacks(5, CAPABILITY_XATTR, LIFE), "its xattrs changed here");
+        assert_eq!(n.answered(), 1);
+    }
+
+    #[test]
+    fn the_oldest_go_first_past_the_limit() {
+        let n = NewFiles::default();
+        for ino in 0..NEW_FILES_MAX as u64 + 5 {
+            n.created(ino);
+        }
+        assert!(!n.lacks(4, CAPABILITY_XATTR, LIFE));
+        assert!(n.lacks(5, CAPABILITY_XATTR, LIFE));
+        assert!(n.inner.lock().unwrap().created.len() <= NEW_FILES_MAX);
+    }
+}
