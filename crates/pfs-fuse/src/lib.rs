@@ -19,6 +19,7 @@ pub mod gate;
 pub mod memfs;
 pub mod mount;
 pub mod newfiles;
+pub mod oldest;
 pub mod pages;
 pub mod small;
 

@@ -17,9 +17,10 @@
 //! check, as the kernel's cached attributes of the file would not show it
 //! either; after it, the check asks the server again.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::oldest::OldestFirst;
 
 /// Files remembered at once; the oldest go first.
 pub const NEW_FILES_MAX: usize = 4096;
@@ -27,42 +28,37 @@ pub const NEW_FILES_MAX: usize = 4096;
 /// The extended attribute the kernel checks before a write.
 pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    created: HashMap<u64, Instant>,
-    /// Inode numbers, oldest first (may name files forgotten since).
-    order: VecDeque<u64>,
+    /// When each was created.
+    created: OldestFirst<Instant>,
     /// Checks answered here since the mount started.
     answered: u64,
 }
 
 /// Files this mount created lately (module docs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NewFiles {
     inner: Mutex<Inner>,
+}
+
+impl Default for NewFiles {
+    fn default() -> NewFiles {
+        let inner = Inner { created: OldestFirst::new(NEW_FILES_MAX), answered: 0 };
+        NewFiles { inner: Mutex::new(inner) }
+    }
 }
 
 impl NewFiles {
     /// This mount created `ino` (a new inode) just now.
     pub fn created(&self, ino: u64) {
-        let mut g = self.inner.lock().expect("new files lock");
-        if g.created.insert(ino, Instant::now()).is_none() {
-            g.order.push_back(ino);
-        }
-        while g.created.len() > NEW_FILES_MAX {
-            let Some(old) = g.order.pop_front() else { break };
-            g.created.remove(&old);
-        }
-        if g.order.len() > 2 * NEW_FILES_MAX {
-            let Inner { created, order, .. } = &mut *g;
-            order.retain(|i| created.contains_key(i));
-        }
+        self.inner.lock().expect("new files lock").created.insert(ino, Instant::now());
     }
 
     /// This mount changes `ino`'s extended attributes: it is not known to
     /// have none any more.
     pub fn xattrs_changed(&self, ino: u64) {
-        self.inner.lock().expect("new files lock").created.remove(&ino);
+        self.inner.lock().expect("new files lock").created.remove(ino);
     }
 
     /// Whether `ino` is known to have no extended attribute `name`: a
@@ -72,7 +68,7 @@ impl NewFiles {
             return false;
         }
         let mut g = self.inner.lock().expect("new files lock");
-        let new = g.created.get(&ino).is_some_and(|t| t.elapsed() < lifetime);
+        let new = g.created.get(ino).is_some_and(|t| t.elapsed() < lifetime);
         g.answered += u64::from(new);
         new
     }

@@ -24,9 +24,11 @@
 //! [`LEARN`] of them), then asks with one lookup in [`PROBE_EVERY`] only, and
 //! asks with every lookup again as soon as such a probe's bytes are read.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use crate::oldest::OldestFirst;
 
 /// Files whose bytes are kept at once; the oldest go first.
 pub const HELD_MAX: usize = 1024;
@@ -57,9 +59,7 @@ struct Held {
 
 #[derive(Debug)]
 struct Inner {
-    files: HashMap<u64, Held>,
-    /// Inode numbers, oldest first (may name files taken since).
-    order: VecDeque<u64>,
+    files: OldestFirst<Held>,
     /// Bytes armed for the first read of an open handle: `(bytes, changes)`.
     armed: HashMap<u64, (Vec<u8>, u64)>,
     /// Every lookup asks (else only the probes).
@@ -87,8 +87,7 @@ pub struct SmallFiles {
 impl Default for SmallFiles {
     fn default() -> SmallFiles {
         let inner = Inner {
-            files: HashMap::new(),
-            order: VecDeque::new(),
+            files: OldestFirst::new(HELD_MAX),
             armed: HashMap::new(),
             asking: true,
             lookups: 0,
@@ -131,18 +130,7 @@ impl SmallFiles {
             g.used /= 2;
         }
         log::trace!("small files: kept {ino} for {pid} (asking {})", g.asking);
-        let held = Held { data, pid, arrived: Instant::now(), changes };
-        if g.files.insert(ino, held).is_none() {
-            g.order.push_back(ino);
-        }
-        while g.files.len() > HELD_MAX {
-            let Some(old) = g.order.pop_front() else { break };
-            g.files.remove(&old);
-        }
-        if g.order.len() > 2 * HELD_MAX {
-            let Inner { files, order, .. } = &mut *g;
-            order.retain(|i| files.contains_key(i));
-        }
+        g.files.insert(ino, Held { data, pid, arrived: Instant::now(), changes });
     }
 
     /// Process `pid` opened `ino` as handle `fh`: the bytes its lookup just
@@ -150,7 +138,7 @@ impl SmallFiles {
     /// `ino` kept otherwise are dropped.
     pub fn opened(&self, ino: u64, pid: u32, fh: u64) {
         let mut g = self.inner.lock().expect("small files lock");
-        let Some(held) = g.files.remove(&ino) else { return };
+        let Some(held) = g.files.remove(ino) else { return };
         log::trace!(
             "small files: open of {ino} by {pid}, bytes from {} {:?} ago",
             held.pid,
