@@ -25,11 +25,12 @@ use pfs_client::FileSystem;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
 
+use crate::ahead::{self, StatAhead};
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
 use crate::newfiles::NewFiles;
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
-use crate::small::SmallFiles;
+use crate::small::{SmallFiles, Wanted};
 
 /// The page size the kernel caches file data in (a larger one only makes an
 /// open check the version more often).
@@ -264,6 +265,9 @@ pub struct PfsFuse {
     /// Directory attributes for the kernel's permission checks (see
     /// [`DirAttrs`]); shared with the invalidation callback.
     pub(crate) dir_attrs: Arc<DirAttrs>,
+    /// Directories' attributes fetched by the batch for the lookups that
+    /// follow ([`StatAhead`]); shared with the invalidation callback.
+    pub(crate) ahead: Arc<StatAhead>,
     /// Which files' kernel pages are current, by version ([`PageVersions`]);
     /// shared with the client's version observer.
     pages: Arc<PageVersions>,
@@ -336,6 +340,7 @@ impl PfsFuse {
             readdirplus_always: true,
             uring_stats: Arc::new(OnceLock::new()),
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
+            ahead: Arc::new(StatAhead::new(ttl.attr.min(ttl.entry), true)),
             pages,
             keep_pages: true,
             small: SmallFiles::default(),
@@ -352,18 +357,32 @@ impl PfsFuse {
         self
     }
 
+    /// Whether lookups that follow each other in a directory are answered
+    /// from batches of its attributes (`true`, the default; [`crate::ahead`]).
+    pub fn statahead(mut self, yes: bool) -> PfsFuse {
+        self.ahead = Arc::new(StatAhead::new(self.ttl.attr.min(self.ttl.entry), yes));
+        self
+    }
+
     /// Notes a change to a file's data through this mount (before and after
     /// it: bytes a lookup brought while it ran are not used either).
     fn data_changed(&self) {
         self.data_changes.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Resolves `name` in `parent` for process `pid`, keeping the file's
-    /// bytes for the open that may follow when the lookup brought them.
-    fn lookup_keeping(&self, parent: InodeId, name: &[u8], pid: u32) -> Result<FileAttr, FsError> {
-        if !(self.small_by_lookup && self.small.wanted()) {
+    /// Resolves `name` in `parent` for process `pid`; with `ask`, keeps the
+    /// file's bytes for the open that may follow when the lookup brought them.
+    fn lookup_keeping(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        pid: u32,
+        ask: bool,
+    ) -> Result<FileAttr, FsError> {
+        if !ask {
             return self.fs.lookup(parent, name);
         }
+        self.small.asked();
         let changes = self.data_changes.load(Ordering::Acquire);
         let (attr, data) = self.fs.lookup_data(parent, name)?;
         if let Some(data) = data {
@@ -406,6 +425,34 @@ impl PfsFuse {
         self
     }
 
+    /// A file in `dir` was found by a request to the server; fetches the
+    /// directory's next statahead batch if one is due ([`StatAhead`]). Called
+    /// after the reply: the process goes on while this thread fetches.
+    fn statahead_missed(&self, dir: u64) {
+        let changes = self.file_changes.load(Ordering::Acquire);
+        if let Some(fetch) = self.ahead.missed(dir, changes) {
+            let listing = self.fs.readdir_plus(InodeId(dir), fetch.after.as_deref(), ahead::BATCH);
+            if let Err(e) = &listing {
+                log::debug!("statahead of directory {dir}: {e}");
+            }
+            self.ahead.fill(fetch, listing.ok(), self.file_changes.load(Ordering::Acquire));
+        }
+    }
+
+    /// Answers a lookup that went to the server.
+    fn lookup_reply(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
+        match r {
+            // Node 0 with a lifetime: the kernel keeps a negative entry.
+            Err(FsError::NotFound) if !self.ttl.negative.is_zero() => reply.entry_with_ttls(
+                &Duration::ZERO,
+                &self.ttl.negative,
+                &negative_attr(),
+                Generation(0),
+            ),
+            r => self.entry(reply, r),
+        }
+    }
+
     fn entry(&self, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
         if let Ok(a) = &r {
             self.dir_attrs.put(a);
@@ -422,10 +469,11 @@ impl PfsFuse {
         }
     }
 
-    /// After a change to `parent`'s entries: its kept attributes follow it
-    /// (`links`: a subdirectory made or removed); a failed change may have
-    /// done part of it, so they are dropped.
-    fn dir_changed<T>(&self, parent: INodeNo, r: &Result<T, FsError>, links: i32) {
+    /// After a change to `name` in `parent`: the directory's kept attributes
+    /// follow it (`links`: a subdirectory made or removed); a failed change may
+    /// have done part of it, so they are dropped. The name's statahead entry goes.
+    fn dir_changed<T>(&self, parent: INodeNo, name: &[u8], r: &Result<T, FsError>, links: i32) {
+        self.ahead.forget_name(parent.0, name);
         match r {
             Ok(_) => self.dir_attrs.changed(parent.0, links),
             Err(_) => self.dir_attrs.forget(parent.0),
@@ -650,7 +698,7 @@ impl PfsFuse {
 const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
 
 /// Whether `name` is such a hidden name: listings leave them out.
-fn is_hidden_name(name: &[u8]) -> bool {
+pub(crate) fn is_hidden_name(name: &[u8]) -> bool {
     name.starts_with(HIDDEN_PREFIX)
 }
 
@@ -706,6 +754,11 @@ impl fuser::Filesystem for PfsFuse {
             "{} capability checks of files this mount created answered without a request",
             self.new_files.answered()
         );
+        let (fetches, kept, answered) = self.ahead.counts();
+        log::info!(
+            "{answered} lookups answered by statahead ({fetches} batches fetched, {kept} \
+             entries kept)"
+        );
         let (asked, brought, armed, served) = self.small.counts();
         log::info!(
             "{served} small files' first reads answered from their lookup ({asked} lookups \
@@ -750,15 +803,27 @@ impl fuser::Filesystem for PfsFuse {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        match self.lookup_keeping(InodeId(parent.0), name, req.pid()) {
-            // Node 0 with a lifetime: the kernel keeps a negative entry.
-            Err(FsError::NotFound) if !self.ttl.negative.is_zero() => reply.entry_with_ttls(
-                &Duration::ZERO,
-                &self.ttl.negative,
-                &negative_attr(),
-                Generation(0),
-            ),
-            r => self.entry(reply, r),
+        let wanted = if self.small_by_lookup { self.small.wanted() } else { Wanted::default() };
+        // Statahead, unless the server's reply would carry bytes that the read
+        // after it takes (a read phase of small files: one request either way,
+        // and this one saves the batches).
+        let changes = self.file_changes.load(Ordering::Acquire);
+        let ahead = if wanted.first { None } else { self.ahead.get(parent.0, name, changes) };
+        if let Some((a, left)) = ahead {
+            // Not a file this mount has open: its size may count writes the
+            // server does not have yet.
+            if !self.is_open(a.ino.0) {
+                self.saw(&a);
+                let a = kernel_attr(&self.visible(a));
+                return reply.entry_with_ttls(&left, &left, &a, Generation(0));
+            }
+        }
+        let r = self.lookup_keeping(InodeId(parent.0), name, req.pid(), wanted.ask);
+        let found = r.is_ok();
+        self.lookup_reply(reply, r);
+        // A lookup sent for a small file's bytes is not one statahead missed.
+        if found && !wanted.first {
+            self.statahead_missed(parent.0);
         }
     }
 
@@ -766,11 +831,26 @@ impl fuser::Filesystem for PfsFuse {
         if let Some((a, left)) = self.dir_attrs.get(ino.0) {
             return reply.attr(&left, &kernel_attr(&a));
         }
+        // A file whose name the kernel holds but whose attributes ran out (or
+        // a write of this mount dropped them): statahead may have them.
+        let changes = self.file_changes.load(Ordering::Acquire);
+        if let Some((a, left)) = self.ahead.get_ino(ino.0, changes) {
+            if !self.is_open(ino.0) {
+                self.saw(&a);
+                return reply.attr(&left, &kernel_attr(&self.visible(a)));
+            }
+        }
         match self.fs.getattr(InodeId(ino.0)) {
             Ok(a) => {
                 self.dir_attrs.put(&a);
                 self.saw(&a);
-                reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
+                reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)));
+                // Files this mount created: their directory is known.
+                if a.kind == FileType::Regular {
+                    if let Some(parent) = self.new_files.parent(ino.0) {
+                        self.statahead_missed(parent);
+                    }
+                }
             }
             Err(e) => reply.error(stale(&e)),
         }
@@ -846,7 +926,7 @@ impl fuser::Filesystem for PfsFuse {
         }
         let perm = (mode & 0o7777) as u16;
         let r = self.fs.mknod(InodeId(parent.0), name, k, perm, req.uid(), req.gid(), rdev);
-        self.dir_changed(parent, &r, 0);
+        self.dir_changed(parent, name, &r, 0);
         self.entry(reply, r);
     }
 
@@ -865,7 +945,7 @@ impl fuser::Filesystem for PfsFuse {
         };
         let perm = (mode & 0o7777) as u16;
         let r = self.fs.mkdir(InodeId(parent.0), name, perm, req.uid(), req.gid());
-        self.dir_changed(parent, &r, 1);
+        self.dir_changed(parent, name, &r, 1);
         self.entry(reply, r);
     }
 
@@ -875,7 +955,7 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let r = self.unlink_or_hide(InodeId(parent.0), name);
-        self.dir_changed(parent, &r, 0);
+        self.dir_changed(parent, name, &r, 0);
         Self::empty(reply, r);
     }
 
@@ -885,7 +965,7 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let r = self.rmdir_unhiding(InodeId(parent.0), name);
-        self.dir_changed(parent, &r, -1);
+        self.dir_changed(parent, name, &r, -1);
         Self::empty(reply, r);
     }
 
@@ -903,7 +983,7 @@ impl fuser::Filesystem for PfsFuse {
         };
         let target = target.as_os_str().as_bytes();
         let r = self.fs.symlink(InodeId(parent.0), name, target, req.uid(), req.gid());
-        self.dir_changed(parent, &r, 0);
+        self.dir_changed(parent, name, &r, 0);
         self.entry(reply, r);
     }
 
@@ -933,6 +1013,8 @@ impl fuser::Filesystem for PfsFuse {
             newname,
             flags,
         );
+        self.ahead.forget_name(parent.0, name);
+        self.ahead.forget_name(newparent.0, newname);
         // Link counts move when a directory moves: fetch both anew.
         self.dir_attrs.forget(parent.0);
         self.dir_attrs.forget(newparent.0);
@@ -953,7 +1035,7 @@ impl fuser::Filesystem for PfsFuse {
         };
         let r = self.fs.link(InodeId(ino.0), InodeId(newparent.0), name);
         self.file_changed();
-        self.dir_changed(newparent, &r, 0);
+        self.dir_changed(newparent, name, &r, 0);
         self.entry(reply, r);
     }
 
@@ -1068,7 +1150,7 @@ impl fuser::Filesystem for PfsFuse {
         _req: &Request,
         ino: INodeNo,
         fh: KHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
@@ -1076,8 +1158,12 @@ impl fuser::Filesystem for PfsFuse {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
         self.small.released(fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
-        // Published now: a size the listing's attributes may not have.
-        self.file_changed();
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            // Published now: a size the listing's attributes may not have.
+            // (A handle open for reading wrote nothing; while a handle that
+            // wrote is open, its file is looked up, not taken from a listing.)
+            self.file_changed();
+        }
         self.closed(ino);
         Self::empty(reply, r);
     }
@@ -1269,7 +1355,10 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         self.new_files.xattrs_changed(ino.0);
-        Self::empty(reply, self.fs.setxattr(InodeId(ino.0), name, value, mode));
+        let r = self.fs.setxattr(InodeId(ino.0), name, value, mode);
+        // The inode's ctime moved.
+        self.file_changed();
+        Self::empty(reply, r);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1308,7 +1397,9 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         self.new_files.xattrs_changed(ino.0);
-        Self::empty(reply, self.fs.removexattr(InodeId(ino.0), name));
+        let r = self.fs.removexattr(InodeId(ino.0), name);
+        self.file_changed();
+        Self::empty(reply, r);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -1333,11 +1424,13 @@ impl fuser::Filesystem for PfsFuse {
         };
         let perm = (mode & 0o7777) as u16;
         let _gate = self.gate.enter(Pass::Open);
-        match self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32) {
+        let r = self.fs.create(InodeId(parent.0), name, perm, req.uid(), req.gid(), flags as u32);
+        self.ahead.forget_name(parent.0, name);
+        match r {
             Ok((a, fh)) => {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
                 self.dir_attrs.changed(parent.0, 0);
-                self.new_files.created(a.ino.0);
+                self.new_files.created(a.ino.0, parent.0);
                 self.opened(INodeNo(a.ino.0));
                 // A new file (or one the kernel drops the pages of: no
                 // FOPEN_KEEP_CACHE): pages written from here on are at least

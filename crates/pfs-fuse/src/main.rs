@@ -41,7 +41,9 @@ const READY_FD: i32 = 3;
 /// cached pages of a file no other client changed since, the default, or drops
 /// them every time; see docs/posix.md), small_files=lookup|read (a lookup brings
 /// a small file's bytes for the read that follows it, the default, or every
-/// read asks the server), read_ahead_kb=N (the kernel's read-ahead
+/// read asks the server), statahead=on|off (lookups that follow each other in a
+/// directory are answered from batches of its attributes, the default; off for
+/// `memory`), read_ahead_kb=N (the kernel's read-ahead
 /// for the mount, default 4096; needs root, 0 keeps the kernel's 128), uring (FUSE
 /// over io_uring: Linux 6.14+, after
 /// `echo Y > /sys/module/fuse/parameters/enable_uring`; otherwise /dev/fuse with
@@ -130,6 +132,9 @@ fn serve(cli: &Cli, cfg: &MountConfig, ready: &mut Option<std::fs::File>) -> Res
         Arc::new(cluster)
     };
     let stop = pfs_fuse::mount::signals::install();
+    // The in-memory file system answers lookups in memory: statahead would
+    // only add to its cost.
+    let cfg = &MountConfig { statahead: cfg.statahead && cli.master != "memory", ..cfg.clone() };
     let mount = pfs_fuse::mount(fs, &cli.mountpoint, cfg)?;
     log::info!("mounted {} on {}", cli.master, cli.mountpoint.display());
     if let Some(mut r) = ready.take() {

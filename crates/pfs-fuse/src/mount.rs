@@ -82,6 +82,10 @@ pub struct MountConfig {
     /// (`-o small_files=lookup`, the default; `read`: every read asks the
     /// server; [`crate::small`]). Off with the writeback cache.
     pub small_by_lookup: bool,
+    /// Lookups that follow each other in a directory are answered from
+    /// batches of its names' attributes (`-o statahead=on`, the default;
+    /// `off`: each goes to the server; [`crate::ahead`]).
+    pub statahead: bool,
     /// FUSE over io_uring (`-o uring`, [`uring_default`]): threads per kernel
     /// queue (one queue per CPU) and whether they are pinned to it. Falls back to
     /// /dev/fuse when the kernel does not offer it.
@@ -114,6 +118,7 @@ impl Default for MountConfig {
             readdirplus_always: true,
             keep_pages: true,
             small_by_lookup: true,
+            statahead: true,
             uring: None,
             read_ahead_kb: READ_AHEAD_KB,
             kernel: Vec::new(),
@@ -234,6 +239,15 @@ impl MountConfig {
                         }
                     }
                 }
+                "statahead" => {
+                    self.statahead = match need()? {
+                        "on" => true,
+                        "off" => false,
+                        v => {
+                            return Err(format!("mount option statahead={v:?}: expected on or off"))
+                        }
+                    }
+                }
                 "uring" => {
                     self.uring.get_or_insert_with(uring_default);
                 }
@@ -326,9 +340,11 @@ pub fn mount(
         .writeback_cache(cfg.writeback_cache)
         .readdirplus_always(cfg.readdirplus_always)
         .keep_pages(cfg.keep_pages && !cfg.writeback_cache)
-        .small_by_lookup(cfg.small_by_lookup && !cfg.writeback_cache);
+        .small_by_lookup(cfg.small_by_lookup && !cfg.writeback_cache)
+        .statahead(cfg.statahead);
     let uring_stats = adapter.uring_stats.clone();
     let dir_attrs = adapter.dir_attrs.clone();
+    let ahead = adapter.ahead.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     match (cfg.uring, session.uring_stats()) {
@@ -363,10 +379,12 @@ pub fn mount(
         let r = match inv {
             Invalidation::Entry { parent, name } => {
                 dir_attrs.forget(parent.0);
+                ahead.forget_name(parent.0, &name);
                 notifier.inval_entry(INodeNo(parent.0), OsStr::from_bytes(&name))
             }
             Invalidation::Inode { ino } => {
                 dir_attrs.forget(ino.0);
+                ahead.forget_dir(ino.0);
                 notifier.inval_inode(INodeNo(ino.0), 0, 0)
             }
         };
@@ -565,6 +583,13 @@ mod tests {
 
     #[test]
     fn pages_are_kept_unless_asked_to_drop() {
+        assert!(MountConfig::default().statahead);
+        assert!(!with("statahead=off").unwrap().statahead);
+        assert!(with("statahead=off,statahead=on").unwrap().statahead);
+        for bad in ["statahead=yes", "statahead"] {
+            let e = with(bad).unwrap_err();
+            assert!(e.contains("statahead"), "{bad}: {e}");
+        }
         assert!(MountConfig::default().small_by_lookup);
         assert!(!with("small_files=read").unwrap().small_by_lookup);
         let e = with("small_files=never").unwrap_err();

@@ -30,8 +30,8 @@ pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 #[derive(Debug)]
 struct Inner {
-    /// When each was created.
-    created: OldestFirst<Instant>,
+    /// When each was created, and in which directory.
+    created: OldestFirst<(Instant, u64)>,
     /// Checks answered here since the mount started.
     answered: u64,
 }
@@ -50,9 +50,15 @@ impl Default for NewFiles {
 }
 
 impl NewFiles {
-    /// This mount created `ino` (a new inode) just now.
-    pub fn created(&self, ino: u64) {
-        self.inner.lock().expect("new files lock").created.insert(ino, Instant::now());
+    /// This mount created `ino` (a new inode) in directory `parent` just now.
+    pub fn created(&self, ino: u64, parent: u64) {
+        self.inner.lock().expect("new files lock").created.insert(ino, (Instant::now(), parent));
+    }
+
+    /// The directory this mount created `ino` in, if it is among the files
+    /// remembered (a hint: a rename since is not seen).
+    pub fn parent(&self, ino: u64) -> Option<u64> {
+        self.inner.lock().expect("new files lock").created.get(ino).map(|&(_, p)| p)
     }
 
     /// This mount changes `ino`'s extended attributes: it is not known to
@@ -68,7 +74,7 @@ impl NewFiles {
             return false;
         }
         let mut g = self.inner.lock().expect("new files lock");
-        let new = g.created.get(ino).is_some_and(|t| t.elapsed() < lifetime);
+        let new = g.created.get(ino).is_some_and(|(t, _)| t.elapsed() < lifetime);
         g.answered += u64::from(new);
         new
     }
@@ -88,7 +94,8 @@ mod tests {
     #[test]
     fn only_the_capability_of_a_file_just_created_and_unchanged() {
         let n = NewFiles::default();
-        n.created(5);
+        n.created(5, 1);
+        assert_eq!((n.parent(5), n.parent(6)), (Some(1), None));
         assert!(n.lacks(5, CAPABILITY_XATTR, LIFE));
         assert!(!n.lacks(5, b"user.x", LIFE), "other names go to the server");
         assert!(!n.lacks(6, CAPABILITY_XATTR, LIFE), "not created here");
@@ -102,7 +109,7 @@ mod tests {
     fn the_oldest_go_first_past_the_limit() {
         let n = NewFiles::default();
         for ino in 0..NEW_FILES_MAX as u64 + 5 {
-            n.created(ino);
+            n.created(ino, 1);
         }
         assert!(!n.lacks(4, CAPABILITY_XATTR, LIFE));
         assert!(n.lacks(5, CAPABILITY_XATTR, LIFE));

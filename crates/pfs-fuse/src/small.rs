@@ -102,14 +102,30 @@ impl Default for SmallFiles {
     }
 }
 
+/// What a lookup should do about the file's bytes ([`SmallFiles::wanted`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    /// Ask the server for them with the lookup.
+    pub ask: bool,
+    /// Go to the server for them even when the mount could answer the lookup
+    /// itself (statahead, [`crate::ahead`]): a probe, or the bytes lookups
+    /// brought lately were read. The read that follows is then answered
+    /// without a request of its own.
+    pub first: bool,
+}
+
 impl SmallFiles {
-    /// Whether the lookup about to be sent should ask for the file's bytes.
-    pub fn wanted(&self) -> bool {
+    /// What the lookup about to be answered should do about the file's bytes.
+    pub fn wanted(&self) -> Wanted {
         let mut g = self.inner.lock().expect("small files lock");
         g.lookups += 1;
-        let ask = g.asking || g.lookups % PROBE_EVERY == 0;
-        g.asked += u64::from(ask);
-        ask
+        let probe = g.lookups % PROBE_EVERY == 0;
+        Wanted { ask: g.asking || probe, first: probe || (g.asking && g.used > 0) }
+    }
+
+    /// A lookup went to the server asking for the bytes.
+    pub fn asked(&self) {
+        self.inner.lock().expect("small files lock").asked += 1;
     }
 
     /// Keeps `data`, the bytes of file `ino` that a lookup by process `pid`
@@ -163,7 +179,7 @@ impl SmallFiles {
         if !g.asking {
             // A probe's bytes were read: reads follow lookups again.
             g.asking = true;
-            (g.brought, g.used) = (0, 0);
+            (g.brought, g.used) = (1, 1);
         }
         Some(data)
     }
@@ -243,22 +259,28 @@ mod tests {
         // A stat phase: lookups bring bytes nobody reads.
         let mut asked = 0;
         for ino in 0..1000 {
-            if s.wanted() {
+            let w = s.wanted();
+            if w.ask {
                 asked += 1;
                 s.keep(ino, vec![1], 1, 0);
             }
+            // Before the server: only probes, none of whose bytes is read.
+            assert_eq!(w.first, ino % PROBE_EVERY == PROBE_EVERY - 1, "lookup {ino}");
         }
         assert!(asked <= u64::from(LEARN) + 1000 / PROBE_EVERY, "asked {asked} of 1000");
         // A read phase: every lookup's bytes are read; the probes bring it back.
-        let mut asked = 0;
+        let (mut asked, mut first) = (0, 0);
         for ino in 1000..3000 {
-            if s.wanted() {
+            let w = s.wanted();
+            if w.ask {
                 asked += 1;
+                first += u64::from(w.first);
                 s.keep(ino, vec![1], 1, 0);
                 s.opened(ino, 1, ino);
                 assert!(s.take(ino, 0).is_some());
             }
         }
         assert!(asked > 2000 - PROBE_EVERY, "asked {asked} of 2000 once reads came back");
+        assert_eq!(first, asked, "and before statahead, since their bytes are read");
     }
 }

@@ -83,6 +83,36 @@ fn main() {
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
         ran += 1;
     }
+    if filter.as_deref().is_none_or(|f| "statahead_follows_changes".contains(f)) {
+        // On a mount of its own, whose log counts what statahead answered.
+        println!("test statahead_follows_changes ...");
+        let t = Instant::now();
+        let s_log = cluster.dir.path("statahead.log");
+        let s_dir = cluster.dir.path("mnt-statahead");
+        let s = Mounted::new(
+            &cluster.master_addr(),
+            &cluster.key,
+            &s_dir,
+            &format!("log={}", s_log.display()),
+        );
+        let root = m.path("statahead");
+        fs::create_dir(&root).unwrap();
+        statahead_follows_changes(&s.path("statahead"), &root);
+        assert_eq!(s.unmount(), Some(0));
+        let logged = fs::read_to_string(&s_log).unwrap_or_default();
+        let answered = logged.lines().find_map(|l| {
+            l.split(" lookups answered by statahead")
+                .next()?
+                .rsplit(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        });
+        // The first pass's lookups, after the batch its first misses fetched.
+        assert!(answered.is_some_and(|n| n >= 200), "answered {answered:?}; log:\n{logged}");
+        println!("test statahead_follows_changes ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+        ran += 1;
+    }
     assert_eq!(m.unmount(), Some(0));
     let logged = fs::read_to_string(&log).unwrap_or_default();
     assert!(!logged.contains("Not Implemented"), "fuser warnings in the mount log:\n{logged}");
@@ -602,6 +632,66 @@ fn listings_carry_attributes_and_own_sizes(root: &Path) {
     let name = rewritten.expect("the listing had entries");
     assert!(listed.contains(&name), "{name} listed after its rewrite");
     assert_eq!(fs::metadata(root.join(&name)).unwrap().len(), 12345, "{name} after the listing");
+}
+
+/// Statahead (crates/pfs-fuse/src/ahead.rs): `a` is a directory on a mount
+/// whose kernel is made to forget its names (`drop_caches`), so every `stat`
+/// is a lookup, answered from batches of the directory's attributes. They are
+/// right; this mount's removals and renames show at once; a change of any
+/// file's data or attributes through it stops the batches fetched before from
+/// being used; another client's (`b`) changes show within the attribute
+/// lifetime.
+fn statahead_follows_changes(a: &Path, b: &Path) {
+    const N: u64 = 300;
+    let name = |i: u64| format!("f{i}");
+    for i in 0..N {
+        fs::write(a.join(name(i)), vec![7u8; i as usize]).unwrap();
+    }
+    let forget = || fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (root)");
+    let missing =
+        |p: &Path| fs::metadata(p).map_err(|e| e.raw_os_error()).err() == Some(Some(libc::ENOENT));
+    // Past the creates' lifetime, then a pass over every name.
+    std::thread::sleep(Duration::from_millis(1200));
+    forget();
+    for i in 0..N {
+        assert_eq!(fs::metadata(a.join(name(i))).unwrap().len(), i, "{}", name(i));
+    }
+    // Names this mount removes or renames leave the batches.
+    fs::remove_file(a.join("f10")).unwrap();
+    fs::rename(a.join("f11"), a.join("g11")).unwrap();
+    fs::rename(a.join("f12"), a.join("f13")).unwrap();
+    forget();
+    assert!(missing(&a.join("f10")), "removed here");
+    assert!(missing(&a.join("f11")) && missing(&a.join("f12")), "renamed here");
+    assert_eq!(fs::metadata(a.join("g11")).unwrap().len(), 11);
+    assert_eq!(fs::metadata(a.join("f13")).unwrap().len(), 12, "replaced by f12");
+    assert_eq!(fs::metadata(a.join("f14")).unwrap().len(), 14);
+    // A write and a chmod through this mount show, whatever was fetched.
+    let default_mode = fs::metadata(a.join("f99")).unwrap().mode() & 0o777;
+    let mut f15 = fs::OpenOptions::new().append(true).open(a.join("f15")).unwrap();
+    std::io::Write::write_all(&mut f15, b"xyz").unwrap();
+    drop(f15);
+    fs::set_permissions(a.join("f16"), fs::Permissions::from_mode(0o600)).unwrap();
+    forget();
+    for i in 15..60 {
+        let m = fs::metadata(a.join(name(i))).unwrap();
+        let (len, mode) = (m.len(), m.mode() & 0o777);
+        assert_eq!(len, if i == 15 { 18 } else { i }, "{}", name(i));
+        assert_eq!(mode, if i == 16 { 0o600 } else { default_mode }, "{}", name(i));
+    }
+    // Another client's changes: within the attribute lifetime.
+    fs::remove_file(b.join("f20")).unwrap();
+    fs::write(b.join("f21"), b"new").unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    forget();
+    for i in 17..N {
+        let p = a.join(name(i));
+        match i {
+            20 => assert!(missing(&p), "removed by another client"),
+            21 => assert_eq!(fs::metadata(&p).unwrap().len(), 3, "rewritten by another client"),
+            _ => assert_eq!(fs::metadata(&p).unwrap().len(), i, "{}", name(i)),
+        }
+    }
 }
 
 /// `a` is a directory on the default mount (no negative entries, 1 s entry and

@@ -1,0 +1,620 @@
+//! Statahead: a directory's attributes fetched by the batch for the lookups
+//! that follow, as Lustre's statahead does for `ls -l` and mdtest.
+//!
+//! A `stat` of a file whose name the kernel forgot (its entry lifetime, 1 s,
+//! ran out) is a `LOOKUP`, and each went to the server: one round trip per
+//! file in mdtest's stat phase, in `rm` of a list of names, in a job that
+//! checks its inputs. When a directory sees [`TRIGGER`] lookups that found a
+//! name this table did not hold (since its last batch), the thread that
+//! answered the last one asks for the directory's next batch of names with
+//! their attributes (one
+//! `readdir_plus` request of [`BATCH`] names, continuing where the previous
+//! batch ended and starting over at the end), and the lookups that follow are
+//! answered from it.
+//!
+//! What an answer from here promises is what the kernel's own cache promises:
+//! attributes at most the attribute lifetime old, with this mount's changes in
+//! them.
+//!
+//! - An entry is used only while younger than the lifetime, and the kernel is
+//!   given what is left of it (`left`), so it holds it no longer in total than
+//!   a lookup's own reply.
+//! - A change to any file's data or attributes through this mount (the
+//!   adapter's change counter: writes, setattr, fallocate, links, extended
+//!   attributes, the close of a handle open for writing) makes every entry
+//!   fetched before it unused, as it does for a listing's attributes.
+//! - A name this mount creates, removes or renames, or that another client's
+//!   change invalidates (its dentry token), leaves the table; a name changed
+//!   while its batch was being fetched is not taken from that batch, and a
+//!   directory's token revocation drops all its entries and its batch in
+//!   flight.
+//! - Only files with a single name (`nlink` 1) and not directories are kept:
+//!   an unlink of another name, or a subdirectory made inside, changes their
+//!   attributes without this table seeing which entry.
+//! - Files this mount has open are not answered from here (the adapter looks
+//!   them up: the size counts writes not yet published).
+//!
+//! A batch costs the server about what a few dozen lookups cost, so fetching
+//! goes on only while it pays: after [`LEARN`] entries fetched for a
+//! directory, fewer than one hit per [`USEFUL`] entries puts the directory at
+//! rest for [`REST`] missed lookups (a huge directory stat'ed in an order that
+//! its listing does not follow), after which it learns again.
+//!
+//! Bounded: at most [`HELD_MAX`] entries (the oldest batch goes first) and
+//! [`DIRS_MAX`] directories followed.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pfs_client::api::DirListing;
+use pfs_core::{FileAttr, FileType};
+
+/// Names asked for in one batch.
+pub const BATCH: usize = pfs_client::api::READDIR_BATCH;
+/// Lookups that found a name not held here, since the last batch, before the
+/// next is asked for.
+pub const TRIGGER: u32 = 8;
+/// Entries held at most, all directories together.
+pub const HELD_MAX: usize = 65_536;
+/// Directories followed at most.
+pub const DIRS_MAX: usize = 1024;
+/// Entries fetched for a directory before judging whether its batches pay:
+/// a directory listed in an order its lookups do not follow (mdtest's
+/// `f0, f1, f2...` against the listing's `f0, f1, f10, f100...`) pays only
+/// once most of it is held.
+pub const LEARN: u32 = 16 * BATCH as u32;
+/// Going on needs at least one hit per this many entries fetched.
+pub const USEFUL: u32 = 8;
+/// Missed lookups a directory whose batches did not pay waits before learning again.
+pub const REST: u32 = 16_384;
+/// Names changed during a batch's fetch that are remembered (past it the
+/// batch is dropped).
+const TOUCHED_MAX: usize = 64;
+/// Entries fetched for a directory past which its counts are halved (the
+/// judgement follows the recent batches).
+const WINDOW: u32 = 64 * BATCH as u32;
+
+/// One file's attributes from a batch.
+#[derive(Debug)]
+struct Kept {
+    attr: FileAttr,
+    /// Where it was listed.
+    dir: u64,
+    name: Box<[u8]>,
+    /// When the batch was asked for.
+    at: Instant,
+    /// The mount's change counter then.
+    changes: u64,
+    /// The batch.
+    seq: u64,
+}
+
+/// A directory followed.
+#[derive(Debug, Default)]
+struct Dir {
+    /// Names held, to their inodes in [`Inner::files`].
+    names: HashMap<Box<[u8]>, u64>,
+    /// Lookups that found a name not held here since the last batch, all at
+    /// the mount's change count `quiet_at`.
+    misses: u32,
+    quiet_at: u64,
+    /// The next batch starts after this name (`None`: at the beginning).
+    resume: Option<Vec<u8>>,
+    /// A batch is being fetched; the names changed meanwhile, and whether
+    /// more changed than are remembered.
+    fetching: bool,
+    touched: Vec<Box<[u8]>>,
+    spoiled: bool,
+    /// Entries fetched and lookups answered (halved together past [`WINDOW`]).
+    fetched: u32,
+    hits: u32,
+    /// Missed lookups still to let pass before learning again.
+    resting: u32,
+}
+
+/// A batch, for dropping the oldest: its inodes.
+#[derive(Debug)]
+struct Batch {
+    seq: u64,
+    at: Instant,
+    inos: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    dirs: HashMap<u64, Dir>,
+    /// What is held, by inode (each has one name: `nlink` 1).
+    files: HashMap<u64, Kept>,
+    batches: VecDeque<Batch>,
+    next_seq: u64,
+    /// Since the mount started: batches fetched, entries kept, lookups and
+    /// attribute requests answered.
+    fetches: u64,
+    kept: u64,
+    answered: u64,
+}
+
+impl Inner {
+    /// Drops `ino` if held (and its name, if it still names it).
+    fn drop_file(&mut self, ino: u64) {
+        if let Some(k) = self.files.remove(&ino) {
+            if let Some(d) = self.dirs.get_mut(&k.dir) {
+                if d.names.get(&k.name) == Some(&ino) {
+                    d.names.remove(&k.name);
+                }
+            }
+        }
+    }
+
+    /// The attributes held for `ino` and what is left of their lifetime, if
+    /// still usable at change count `changes`; drops them otherwise.
+    fn usable(&mut self, ino: u64, ttl: Duration, changes: u64) -> Option<(FileAttr, Duration)> {
+        let k = self.files.get(&ino)?;
+        let left = ttl.checked_sub(k.at.elapsed()).filter(|l| !l.is_zero());
+        match left {
+            Some(left) if k.changes == changes => {
+                let (attr, dir) = (k.attr, k.dir);
+                if let Some(d) = self.dirs.get_mut(&dir) {
+                    d.hits = d.hits.saturating_add(1);
+                }
+                self.answered += 1;
+                Some((attr, left))
+            }
+            _ => {
+                log::trace!(
+                    "statahead: {ino} unused ({left:?} left, changes {}/{changes})",
+                    k.changes
+                );
+                self.drop_file(ino);
+                None
+            }
+        }
+    }
+}
+
+/// A batch to fetch: the thread that got it calls `readdir_plus(dir, after,
+/// BATCH)` and hands the result to [`StatAhead::fill`].
+#[derive(Debug)]
+pub struct Fetch {
+    /// The directory.
+    pub dir: u64,
+    /// Where the batch starts.
+    pub after: Option<Vec<u8>>,
+    at: Instant,
+    /// The mount's change counter before the request is sent.
+    pub changes: u64,
+}
+
+/// The statahead table of one mount (module docs).
+#[derive(Debug)]
+pub struct StatAhead {
+    ttl: Duration,
+    on: bool,
+    inner: Mutex<Inner>,
+}
+
+impl StatAhead {
+    /// A table whose entries live `ttl` (the attribute lifetime); `on: false`
+    /// or a zero lifetime keeps nothing and never fetches.
+    pub fn new(ttl: Duration, on: bool) -> StatAhead {
+        StatAhead { ttl, on: on && !ttl.is_zero(), inner: Mutex::new(Inner::default()) }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The attributes of `name` in `dir` and how much longer the kernel may
+    /// keep them, if a batch brought them less than the lifetime ago and the
+    /// mount's change counter is still `changes`.
+    pub fn get(&self, dir: u64, name: &[u8], changes: u64) -> Option<(FileAttr, Duration)> {
+        if !self.on {
+            return None;
+        }
+        let mut g = self.inner();
+        let d = g.dirs.get_mut(&dir)?;
+        let ino = *d.names.get(name)?;
+        if !g.files.get(&ino).is_some_and(|k| k.dir == dir && *k.name == *name) {
+            g.dirs.get_mut(&dir).expect("followed").names.remove(name);
+            return None;
+        }
+        g.usable(ino, self.ttl, changes)
+    }
+
+    /// The attributes of inode `ino`, as [`StatAhead::get`] (an attribute
+    /// request for a file whose name the kernel still holds).
+    pub fn get_ino(&self, ino: u64, changes: u64) -> Option<(FileAttr, Duration)> {
+        if !self.on {
+            return None;
+        }
+        self.inner().usable(ino, self.ttl, changes)
+    }
+
+    /// A lookup in `dir` (or an attribute request for a file in it) went to
+    /// the server and found the file. Returns the batch to fetch now, if one
+    /// is due.
+    pub fn missed(&self, dir: u64, changes: u64) -> Option<Fetch> {
+        if !self.on {
+            return None;
+        }
+        let mut g = self.inner();
+        if !g.dirs.contains_key(&dir) && g.dirs.len() >= DIRS_MAX {
+            // Directories holding nothing and fetching nothing are only counts.
+            g.dirs.retain(|_, d| !d.names.is_empty() || d.fetching);
+            if g.dirs.len() >= DIRS_MAX {
+                return None;
+            }
+        }
+        let d = g.dirs.entry(dir).or_default();
+        if d.quiet_at != changes {
+            // Files are changing through this mount (a create phase): a
+            // batch would be stale before its first use.
+            (d.quiet_at, d.misses) = (changes, 0);
+        }
+        d.misses = d.misses.saturating_add(1);
+        if d.fetching || d.misses < TRIGGER {
+            return None;
+        }
+        if d.resting > 0 {
+            d.resting -= 1;
+            return None;
+        }
+        if d.fetched >= LEARN && d.hits.saturating_mul(USEFUL) < d.fetched {
+            log::debug!(
+                "statahead: directory {dir}: {} hits of {} entries fetched, resting",
+                d.hits,
+                d.fetched
+            );
+            (d.resting, d.fetched, d.hits) = (REST, 0, 0);
+            return None;
+        }
+        log::trace!(
+            "statahead: directory {dir}: a batch after {:?}",
+            d.resume.as_deref().map(String::from_utf8_lossy)
+        );
+        d.misses = 0;
+        d.fetching = true;
+        d.touched.clear();
+        d.spoiled = false;
+        Some(Fetch { dir, after: d.resume.clone(), at: Instant::now(), changes })
+    }
+
+    /// The result of `fetch`, with the mount's change count now: keeps its
+    /// names' attributes, except those of names changed meanwhile (all, after
+    /// the directory's invalidation or any change through the mount, which
+    /// would make them unusable).
+    pub fn fill(&self, fetch: Fetch, listing: Option<Vec<DirListing>>, changes: u64) {
+        let mut g = self.inner();
+        let g = &mut *g;
+        let Some(d) = g.dirs.get_mut(&fetch.dir) else { return };
+        d.fetching = false;
+        let Some(listing) = listing else { return };
+        d.resume = match listing.last() {
+            Some(last) if listing.len() >= BATCH => Some(last.name.clone()),
+            // The end of the listing: the next batch starts over.
+            _ => None,
+        };
+        if d.spoiled || changes != fetch.changes {
+            log::trace!("statahead: directory {}: batch dropped", fetch.dir);
+            return;
+        }
+        let keep: Vec<(Box<[u8]>, FileAttr)> = listing
+            .into_iter()
+            .filter_map(|e| {
+                let attr = e.attr?;
+                let keep = attr.kind != FileType::Directory
+                    && attr.nlink == 1
+                    && !crate::adapter::is_hidden_name(&e.name)
+                    && !d.touched.iter().any(|t| **t == *e.name);
+                keep.then(|| (e.name.into(), attr))
+            })
+            .collect();
+        d.fetched = d.fetched.saturating_add(keep.len() as u32);
+        if d.fetched > WINDOW {
+            d.fetched /= 2;
+            d.hits /= 2;
+        }
+        let seq = g.next_seq;
+        g.next_seq += 1;
+        g.fetches += 1;
+        g.kept += keep.len() as u64;
+        let mut inos = Vec::with_capacity(keep.len());
+        for (name, attr) in keep {
+            let ino = attr.ino.0;
+            // What the name or the inode stood for before goes.
+            let before = g.dirs.get(&fetch.dir).and_then(|d| d.names.get(&name).copied());
+            if let Some(old) = before {
+                g.drop_file(old);
+            }
+            g.drop_file(ino);
+            g.dirs.get_mut(&fetch.dir).expect("followed").names.insert(name.clone(), ino);
+            let (dir, at, changes) = (fetch.dir, fetch.at, fetch.changes);
+            g.files.insert(ino, Kept { attr, dir, name, at, changes, seq });
+            inos.push(ino);
+        }
+        g.batches.push_back(Batch { seq, at: fetch.at, inos });
+        // Bounded: batches past their lifetime, then the oldest past the limit.
+        while let Some(b) = g.batches.front() {
+            if b.at.elapsed() < self.ttl && g.files.len() <= HELD_MAX {
+                break;
+            }
+            let b = g.batches.pop_front().expect("front exists");
+            for ino in b.inos {
+                if g.files.get(&ino).is_some_and(|k| k.seq == b.seq) {
+                    g.drop_file(ino);
+                }
+            }
+        }
+    }
+
+    /// `name` in `dir` changed (created, removed, renamed, or invalidated).
+    pub fn forget_name(&self, dir: u64, name: &[u8]) {
+        if !self.on {
+            return;
+        }
+        let mut g = self.inner();
+        let Some(d) = g.dirs.get_mut(&dir) else { return };
+        if d.fetching {
+            if d.touched.len() < TOUCHED_MAX {
+                d.touched.push(name.into());
+            } else {
+                d.spoiled = true;
+            }
+        }
+        if let Some(ino) = d.names.get(name).copied() {
+            g.drop_file(ino);
+        }
+    }
+
+    /// Directory `dir` changed in a way this table cannot place (another
+    /// client's change revoked its token): drops its entries and the batch
+    /// being fetched.
+    pub fn forget_dir(&self, dir: u64) {
+        if !self.on {
+            return;
+        }
+        let mut g = self.inner();
+        let Some(d) = g.dirs.get_mut(&dir) else { return };
+        d.spoiled |= d.fetching;
+        let inos: Vec<u64> = d.names.drain().map(|(_, ino)| ino).collect();
+        for ino in inos {
+            if g.files.get(&ino).is_some_and(|k| k.dir == dir) {
+                g.files.remove(&ino);
+            }
+        }
+    }
+
+    /// Since the mount started: batches fetched, entries they kept, lookups
+    /// and attribute requests answered from them.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let g = self.inner();
+        (g.fetches, g.kept, g.answered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::InodeId;
+
+    fn file(ino: u64) -> FileAttr {
+        FileAttr {
+            ino: InodeId(ino),
+            kind: FileType::Regular,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            size: ino,
+            blocks: 0,
+            nlink: 1,
+            rdev: 0,
+            atime_ns: 1,
+            mtime_ns: 1,
+            ctime_ns: 1,
+        }
+    }
+
+    fn entry(name: &str, attr: Option<FileAttr>) -> DirListing {
+        let kind = attr.map_or(FileType::Regular, |a| a.kind);
+        let ino = attr.map_or(InodeId(0), |a| a.ino);
+        DirListing { name: name.as_bytes().to_vec(), ino, kind, attr }
+    }
+
+    /// `n` files named f{first}.. with inode numbers from `first`.
+    fn batch(first: u64, n: u64) -> Vec<DirListing> {
+        (first..first + n).map(|i| entry(&format!("f{i}"), Some(file(i)))).collect()
+    }
+
+    /// Misses `dir` until a fetch is due (at most `TRIGGER` times).
+    fn due(s: &StatAhead, dir: u64, changes: u64) -> Fetch {
+        for _ in 0..TRIGGER {
+            if let Some(f) = s.missed(dir, changes) {
+                return f;
+            }
+        }
+        panic!("no fetch after {TRIGGER} misses");
+    }
+
+    #[test]
+    fn a_batch_comes_after_misses_in_a_row_and_answers_what_follows() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        for _ in 1..TRIGGER {
+            assert!(s.missed(7, 0).is_none());
+        }
+        let f = s.missed(7, 0).expect("the eighth miss fetches");
+        assert_eq!((f.dir, f.after.as_deref()), (7, None));
+        assert!(s.missed(7, 0).is_none(), "one fetch per directory at a time");
+        s.fill(f, Some(batch(1, 10)), 0);
+        let (a, left) = s.get(7, b"f3", 0).expect("fetched");
+        assert_eq!((a.ino, a.size), (InodeId(3), 3));
+        assert!(!left.is_zero() && left <= Duration::from_secs(5));
+        assert!(s.get(7, b"f99", 0).is_none(), "not listed");
+        assert!(s.get(8, b"f3", 0).is_none(), "another directory");
+        assert!(s.get(7, b"f3", 1).is_none(), "a change through the mount since");
+        assert!(s.get(7, b"f3", 0).is_none(), "and the entry is gone");
+        assert_eq!(s.counts(), (1, 10, 1));
+    }
+
+    #[test]
+    fn no_batch_while_files_change_through_the_mount() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        // A create phase: every lookup sees another change count.
+        assert!((0..100).all(|c| s.missed(1, c).is_none()));
+        // A change during the fetch: the batch would be stale, it is dropped
+        // (and not counted against the directory).
+        let f = due(&s, 1, 100);
+        s.fill(f, Some(batch(1, 4)), 101);
+        assert!(s.get(1, b"f1", 101).is_none() && s.get(1, b"f1", 100).is_none());
+        assert_eq!(s.inner().dirs[&1].fetched, 0);
+        let f = due(&s, 1, 101);
+        s.fill(f, Some(batch(1, 4)), 101);
+        assert!(s.get(1, b"f1", 101).is_some());
+    }
+
+    #[test]
+    fn attribute_requests_are_answered_by_inode() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        s.fill(due(&s, 1, 0), Some(batch(1, 4)), 0);
+        let (a, _) = s.get_ino(2, 0).expect("held by inode");
+        assert_eq!(a.size, 2);
+        assert!(s.get_ino(9, 0).is_none());
+        assert!(s.get_ino(3, 1).is_none(), "a change through the mount since");
+        assert!(s.get(1, b"f3", 0).is_none(), "gone by name too");
+        // Another client renamed f4 to g4: a later batch lists the inode under
+        // its new name, and the old name goes.
+        let f = due(&s, 1, 0);
+        s.fill(f, Some(vec![entry("g4", Some(file(4)))]), 0);
+        assert!(s.get(1, b"f4", 0).is_none());
+        assert_eq!(s.get(1, b"g4", 0).unwrap().0.ino, InodeId(4));
+        assert_eq!(s.counts().2, 2);
+    }
+
+    #[test]
+    fn entries_last_what_is_left_of_the_lifetime() {
+        let s = StatAhead::new(Duration::from_millis(100), true);
+        let f = due(&s, 1, 0);
+        s.fill(f, Some(batch(1, 3)), 0);
+        std::thread::sleep(Duration::from_millis(40));
+        let (_, left) = s.get(1, b"f1", 0).unwrap();
+        assert!(left <= Duration::from_millis(60), "{left:?}");
+        std::thread::sleep(Duration::from_millis(70));
+        assert!(s.get(1, b"f2", 0).is_none(), "expired");
+        let off = StatAhead::new(Duration::from_secs(1), false);
+        assert!((0..100).all(|_| off.missed(1, 0).is_none()), "off never fetches");
+        let zero = StatAhead::new(Duration::ZERO, true);
+        assert!((0..100).all(|_| zero.missed(1, 0).is_none()), "a zero lifetime never fetches");
+    }
+
+    #[test]
+    fn directories_linked_files_unlisted_attributes_and_hidden_names_are_not_kept() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        let mut dir = file(2);
+        dir.kind = FileType::Directory;
+        dir.nlink = 2;
+        let mut linked = file(3);
+        linked.nlink = 2;
+        let listing = vec![
+            entry("d", Some(dir)),
+            entry("l", Some(linked)),
+            entry("elsewhere", None),
+            entry(".pfs-hidden-5", Some(file(5))),
+            entry("f", Some(file(6))),
+        ];
+        s.fill(due(&s, 1, 0), Some(listing), 0);
+        for name in ["d", "l", "elsewhere", ".pfs-hidden-5"] {
+            assert!(s.get(1, name.as_bytes(), 0).is_none(), "{name} kept");
+        }
+        assert!(s.get(1, b"f", 0).is_some());
+    }
+
+    #[test]
+    fn names_changed_during_a_fetch_are_not_taken_from_it() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        let f = due(&s, 1, 0);
+        s.forget_name(1, b"f2");
+        s.fill(f, Some(batch(1, 4)), 0);
+        assert!(s.get(1, b"f2", 0).is_none(), "removed while fetching");
+        assert!(s.get(1, b"f3", 0).is_some());
+        s.forget_name(1, b"f3");
+        assert!(s.get(1, b"f3", 0).is_none(), "removed after");
+        // More changes than are remembered: the whole batch goes.
+        let f = due(&s, 2, 0);
+        for i in 0..=TOUCHED_MAX {
+            s.forget_name(2, format!("x{i}").as_bytes());
+        }
+        s.fill(f, Some(batch(1, 4)), 0);
+        assert!(s.get(2, b"f1", 0).is_none());
+        // A directory's invalidation drops what it holds and what is in flight.
+        let f = due(&s, 3, 0);
+        s.forget_dir(1);
+        s.forget_dir(3);
+        s.fill(f, Some(batch(1, 4)), 0);
+        assert!(s.get(3, b"f1", 0).is_none() && s.get(1, b"f1", 0).is_none());
+        assert!(s.inner().files.is_empty());
+    }
+
+    #[test]
+    fn batches_continue_where_the_last_ended_and_start_over_at_the_end() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        let f = due(&s, 1, 0);
+        s.fill(f, Some(batch(0, BATCH as u64)), 0);
+        let f = due(&s, 1, 0);
+        assert_eq!(f.after.as_deref(), Some(format!("f{}", BATCH - 1).as_bytes()));
+        s.fill(f, Some(batch(BATCH as u64, 3)), 0);
+        let f = due(&s, 1, 0);
+        assert_eq!(f.after, None, "a short batch was the end");
+        // A failed fetch lets the next one go.
+        s.fill(f, None, 0);
+        assert!(due(&s, 1, 0).after.is_none());
+    }
+
+    #[test]
+    fn batches_that_do_not_pay_put_the_directory_at_rest() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        let mut first = 0;
+        while s.inner().dirs.get(&1).is_none_or(|d| d.fetched < LEARN) {
+            let f = due(&s, 1, 0);
+            s.fill(f, Some(batch(first, BATCH as u64)), 0);
+            first += BATCH as u64;
+        }
+        // No hits: the next due fetch is refused and the directory rests.
+        for _ in 0..TRIGGER + REST {
+            assert!(s.missed(1, 0).is_none());
+        }
+        assert!(due(&s, 1, 0).after.is_some(), "learning again after the rest");
+        // A directory a quarter of whose entries are used goes on.
+        for round in 0..(3 * LEARN as u64 / BATCH as u64) {
+            let f = due(&s, 2, 0);
+            let first = round * BATCH as u64;
+            s.fill(f, Some(batch(first, BATCH as u64)), 0);
+            for i in (first..first + BATCH as u64).step_by(4) {
+                assert!(s.get(2, format!("f{i}").as_bytes(), 0).is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn entries_and_directories_are_bounded() {
+        let s = StatAhead::new(Duration::from_secs(60), true);
+        let mut first = 0;
+        for _ in 0..(HELD_MAX / BATCH + 3) {
+            let f = due(&s, 1, 0);
+            s.fill(f, Some(batch(first, BATCH as u64)), 0);
+            first += BATCH as u64;
+            // Used, so the directory goes on fetching.
+            s.get(1, format!("f{}", first - 1).as_bytes(), 0).unwrap();
+            s.get(1, format!("f{}", first - 2).as_bytes(), 0).unwrap();
+            let mut g = s.inner();
+            let hits = &mut g.dirs.get_mut(&1).unwrap().hits;
+            *hits = hits.saturating_add(BATCH as u32);
+        }
+        assert!(s.inner().files.len() <= HELD_MAX, "held {}", s.inner().files.len());
+        assert!(s.get(1, b"f0", 0).is_none(), "the oldest batch went first");
+        assert!(s.get(1, format!("f{}", first - 3).as_bytes(), 0).is_some());
+        for dir in 10..(10 + 2 * DIRS_MAX as u64) {
+            s.missed(dir, 0);
+        }
+        assert!(s.inner().dirs.len() <= DIRS_MAX);
+    }
+}
