@@ -330,6 +330,72 @@ fn python_files_dirs_mmap_and_fork() {
     }
 }
 
+/// A stat phase through the library: `stat` answers come from statahead
+/// batches, right, with this process's own removals, renames, writes and
+/// chmods in them at once (a write while the file is open for writing too),
+/// and another client's changes (the FUSE mount) within the attribute lifetime.
+const PYTHON_STATAHEAD: &str = r#"
+import os, sys, time
+d, other = sys.argv[1] + '/sa', sys.argv[2] + '/sa'
+os.mkdir(d)
+N = 300
+for i in range(N):
+    with open(f'{d}/f{i}', 'wb') as f:
+        f.write(b'x' * i)
+for i in range(N):
+    assert os.stat(f'{d}/f{i}').st_size == i, i
+def missing(p):
+    try:
+        os.stat(p)
+        return False
+    except FileNotFoundError:
+        return True
+os.unlink(f'{d}/f10')
+os.rename(f'{d}/f11', f'{d}/g11')
+os.rename(f'{d}/f12', f'{d}/f13')
+assert missing(f'{d}/f10'), 'removed here'
+assert missing(f'{d}/f11') and missing(f'{d}/f12'), 'renamed here'
+assert os.stat(f'{d}/g11').st_size == 11 and os.stat(f'{d}/f13').st_size == 12
+assert os.stat(f'{d}/f14').st_size == 14
+with open(f'{d}/f15', 'ab', buffering=0) as f:
+    f.write(b'xyz')
+    assert os.stat(f'{d}/f15').st_size == 18, 'own write, file still open'
+assert os.stat(f'{d}/f15').st_size == 18, 'own write'
+mode = os.stat(f'{d}/f99').st_mode & 0o777
+os.chmod(f'{d}/f16', 0o600)
+for i in range(16, 60):
+    assert os.stat(f'{d}/f{i}').st_mode & 0o777 == (0o600 if i == 16 else mode), i
+os.unlink(f'{other}/f20')
+with open(f'{other}/f21', 'wb') as f:
+    f.write(b'new')
+time.sleep(1.1)
+for i in range(17, N):
+    p = f'{d}/f{i}'
+    if i == 20:
+        assert missing(p), 'removed by another client'
+    else:
+        assert os.stat(p).st_size == (3 if i == 21 else i), i
+print('statahead ok')
+"#;
+
+#[test]
+fn stat_through_statahead_follows_changes() {
+    let c = Cluster::start("statahead");
+    let out = c
+        .command(&c.pfs, "python3")
+        .env("PFS_PRELOAD_STATS", "1")
+        .args(["-c", PYTHON_STATAHEAD, c.pfs.to_str().unwrap(), c.mnt.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "statahead ok", "{stdout}\n{stderr}");
+    // Most of the first pass's stats came from the batches.
+    let answered =
+        stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
+    assert!(answered.is_some_and(|n| n >= 200), "answered {answered:?}: {stderr}");
+}
+
 /// Python as root creates files and a directory after `setegid`/`seteuid`,
 /// then again after switching back: each gets the effective ids of its
 /// moment (the library keeps them between calls and reads them again after

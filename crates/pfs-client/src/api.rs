@@ -12,6 +12,10 @@ use pfs_core::{
 /// Entries a client asks one shard for in one readdir request.
 pub const READDIR_BATCH: usize = 1024;
 
+/// Names the mount and libpfs_preload give a file unlinked while still open
+/// (`.pfs-hidden-<ino>`) until its last close; never listed to users.
+pub const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
+
 /// One entry of a directory listing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirListing {

@@ -14,6 +14,7 @@
 //! - [`unsynced`]: the changes this client had acknowledged and not yet committed,
 //!   for `fsync` and `fsyncdir`.
 
+pub mod ahead;
 pub mod api;
 pub mod cluster;
 pub mod conn;

@@ -20,12 +20,12 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use pfs_client::api::{DirListing, READDIR_BATCH};
+use pfs_client::ahead::{self, StatAhead};
+use pfs_client::api::{DirListing, HIDDEN_PREFIX, READDIR_BATCH};
 use pfs_client::FileSystem;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
 
-use crate::ahead::{self, StatAhead};
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
 use crate::newfiles::NewFiles;
@@ -358,7 +358,7 @@ impl PfsFuse {
     }
 
     /// Whether lookups that follow each other in a directory are answered
-    /// from batches of its attributes (`true`, the default; [`crate::ahead`]).
+    /// from batches of its attributes (`true`, the default; [`pfs_client::ahead`]).
     pub fn statahead(mut self, yes: bool) -> PfsFuse {
         self.ahead = Arc::new(StatAhead::new(self.ttl.attr.min(self.ttl.entry), yes));
         self
@@ -694,11 +694,8 @@ impl PfsFuse {
     }
 }
 
-/// Prefix of the names unlinked-but-open files live under until their last close.
-const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
-
 /// Whether `name` is such a hidden name: listings leave them out.
-pub(crate) fn is_hidden_name(name: &[u8]) -> bool {
+fn is_hidden_name(name: &[u8]) -> bool {
     name.starts_with(HIDDEN_PREFIX)
 }
 

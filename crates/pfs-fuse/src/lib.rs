@@ -2,8 +2,6 @@
 //!
 //! - [`adapter`]: [`PfsFuse`], the `fuser` file system that turns kernel requests
 //!   into [`pfs_client::FileSystem`] calls, with cache TTLs and invalidation.
-//! - [`ahead`]: statahead, a directory's attributes fetched by the batch for the
-//!   lookups that follow.
 //! - [`dirattrs`]: directory attributes kept for the kernel's permission checks.
 //! - [`gate`]: opens and removals kept apart, each running alongside its own kind.
 //! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
@@ -16,7 +14,6 @@
 //! `mount -t fuse.pfs-fuse HOST:PORT /mnt/pfs -o key=...`.
 
 pub mod adapter;
-pub mod ahead;
 pub mod dirattrs;
 pub mod gate;
 pub mod memfs;

@@ -84,7 +84,7 @@ pub struct MountConfig {
     pub small_by_lookup: bool,
     /// Lookups that follow each other in a directory are answered from
     /// batches of its names' attributes (`-o statahead=on`, the default;
-    /// `off`: each goes to the server; [`crate::ahead`]).
+    /// `off`: each goes to the server; [`pfs_client::ahead`]).
     pub statahead: bool,
     /// FUSE over io_uring (`-o uring`, [`uring_default`]): threads per kernel
     /// queue (one queue per CPU) and whether they are pinned to it. Falls back to

@@ -108,7 +108,7 @@ pub struct Wanted {
     /// Ask the server for them with the lookup.
     pub ask: bool,
     /// Go to the server for them even when the mount could answer the lookup
-    /// itself (statahead, [`crate::ahead`]): a probe, or the bytes lookups
+    /// itself (statahead, [`pfs_client::ahead`]): a probe, or the bytes lookups
     /// brought lately were read. The read that follows is then answered
     /// without a request of its own.
     pub first: bool,

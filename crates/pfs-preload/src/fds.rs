@@ -13,7 +13,7 @@
 //! one atomic load before they go to libc.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pfs_client::{DirListing, FileSystem};
@@ -28,6 +28,16 @@ pub const FD_MAX: usize = 1 << 16;
 
 static BITS: [AtomicU64; FD_MAX / 64] = [const { AtomicU64::new(0) }; FD_MAX / 64];
 static TABLE: Mutex<BTreeMap<i32, Arc<OpenFile>>> = Mutex::new(BTreeMap::new());
+
+/// Open descriptions of regular files that may write.
+static WRITERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Open descriptions of regular files that may write, in this process: while
+/// there are any, `stat` does not use statahead (their writes may not be in the
+/// server's attributes yet).
+pub fn writers() -> usize {
+    WRITERS.load(Ordering::Acquire)
+}
 
 /// A handle of the client that opened a file, and which client that was.
 #[derive(Clone, Copy, Debug)]
@@ -97,7 +107,7 @@ pub struct OpenFile {
 impl OpenFile {
     /// A description for `ino` opened with `flags` (no handle yet).
     pub fn new(path: AbsPath, ino: InodeId, kind: FileType, flags: i32) -> OpenFile {
-        OpenFile {
+        let f = OpenFile {
             path,
             ino,
             kind,
@@ -106,7 +116,16 @@ impl OpenFile {
             hidden: Mutex::new(None),
             closed: AtomicBool::new(false),
             eof_hint: Mutex::new(None),
+        };
+        if f.may_write() {
+            WRITERS.fetch_add(1, Ordering::AcqRel);
         }
+        f
+    }
+
+    /// A regular file opened for writing (the access mode never changes).
+    fn may_write(&self) -> bool {
+        self.kind == FileType::Regular && self.writable()
     }
 
     /// The flags now.
@@ -150,6 +169,9 @@ impl Drop for OpenFile {
     /// The last descriptor of this description is gone: release its handle and
     /// remove its hidden name.
     fn drop(&mut self) {
+        if self.may_write() {
+            WRITERS.fetch_sub(1, Ordering::AcqRel);
+        }
         let handle = self.state.get_mut().map(|s| s.handle).unwrap_or(None);
         let hidden = self.hidden.get_mut().map(|h| h.take()).unwrap_or(None);
         if handle.is_none() && hidden.is_none() {

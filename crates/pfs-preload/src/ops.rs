@@ -9,9 +9,11 @@
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use pfs_client::ahead::{self, StatAhead};
+use pfs_client::api::HIDDEN_PREFIX;
 use pfs_client::{Cluster, FileSystem};
 use pfs_core::wire::RenameFlags;
 use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, StatFs, TimeNs};
@@ -27,9 +29,6 @@ pub const SYMLINKS_MAX: usize = 40;
 const NAME_MAX: usize = 255;
 /// Largest piece one read or write request carries.
 const IO_MAX: usize = pfs_core::wire::MAX_IO_BYTES;
-/// Prefix of the name an open file unlinked here keeps until its last close
-/// (the mount's, so listings of both leave them out).
-const HIDDEN_PREFIX: &[u8] = b".pfs-hidden-";
 
 /// The connected client and the generation its handles belong to.
 pub struct Fs {
@@ -179,16 +178,72 @@ fn mount_rel(abs: &[u8]) -> Res<&[u8]> {
 /// Resolves `abs`, following symbolic links on the way and, if `follow`, in
 /// the last component.
 pub fn resolve(fs: &Fs, abs: &[u8], follow: bool) -> Res<Found> {
-    walk(fs, abs, follow, true)
+    walk(fs, abs, follow, Last::Lookup)
 }
 
 /// Resolves the directory `abs`'s last name is in (links followed), without
 /// looking the last name up.
 pub fn resolve_parent(fs: &Fs, abs: &[u8]) -> Res<Found> {
-    walk(fs, abs, false, false)
+    walk(fs, abs, false, Last::Skip)
 }
 
-fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
+/// What a path walk does with the last name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Last {
+    /// Leaves it (the parent is wanted).
+    Skip,
+    /// Looks it up at the server.
+    Lookup,
+    /// Looks it up for a `stat`: statahead may answer ([`lookup_for_stat`]).
+    Stat,
+}
+
+/// Statahead's lifetime: the mount's default attribute lifetime, so a `stat`
+/// here is at most as old as one through the mount.
+const STATAHEAD_TTL: Duration = Duration::from_secs(1);
+
+/// The process's statahead table ([`pfs_client::ahead`]); `PFS_STATAHEAD=off`
+/// turns it off.
+fn statahead() -> &'static StatAhead {
+    static AHEAD: OnceLock<StatAhead> = OnceLock::new();
+    AHEAD.get_or_init(|| {
+        let on = std::env::var_os("PFS_STATAHEAD").is_none_or(|v| v != "off");
+        StatAhead::new(STATAHEAD_TTL, on)
+    })
+}
+
+/// Looks `name` up in `dir` for a `stat` (and `lstat`, `statx`, `fstatat`):
+/// from a batch of the directory's attributes when statahead holds it, as
+/// the mount answers its kernel's lookups; otherwise at the server, after
+/// which a batch is fetched if the directory's misses call for one. Not while
+/// this process has a file open for writing (its size may count writes the
+/// server does not have yet). Opens, unlinks and the rest always ask the
+/// server.
+fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsError> {
+    let ahead = statahead();
+    let quiet = fds::writers() == 0;
+    let changes = CHANGES.load(Ordering::Acquire);
+    if quiet {
+        if let Some((a, _)) = ahead.get(dir.0, name, changes) {
+            return Ok(a);
+        }
+    }
+    let a = fs.fs.lookup(dir, name)?;
+    if quiet {
+        if let Some(fetch) = ahead.missed(dir.0, changes) {
+            let listing = fs.fs.readdir_plus(dir, fetch.after.as_deref(), ahead::BATCH).ok();
+            ahead.fill(fetch, listing, CHANGES.load(Ordering::Acquire));
+        }
+    }
+    Ok(a)
+}
+
+/// `name` in `dir` changed here (created, removed, renamed): statahead drops it.
+fn name_changed(dir: InodeId, name: &[u8]) {
+    statahead().forget_name(dir.0, name);
+}
+
+fn walk(fs: &Fs, abs: &[u8], follow: bool, look: Last) -> Res<Found> {
     let cfg = client::config().ok_or(libc::EIO)?;
     let mut path = abs.to_vec();
     if path.len() > 1 && path.ends_with(b"/") {
@@ -199,8 +254,11 @@ fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
         let rel = mount_rel(&path)?.to_vec();
         let comps: Vec<&[u8]> = paths::components(&rel).collect();
         if comps.is_empty() {
-            let attr =
-                if look_last { Some(fs.fs.getattr(InodeId::ROOT).map_err(errno)?) } else { None };
+            let attr = if look == Last::Skip {
+                None
+            } else {
+                Some(fs.fs.getattr(InodeId::ROOT).map_err(errno)?)
+            };
             return Ok(Found { parent: InodeId::ROOT, name: Vec::new(), path, attr });
         }
         let mut dir = InodeId::ROOT;
@@ -209,10 +267,15 @@ fn walk(fs: &Fs, abs: &[u8], follow: bool, look_last: bool) -> Res<Found> {
                 return Err(libc::ENAMETOOLONG);
             }
             let last = i + 1 == comps.len();
-            if last && !look_last {
+            if last && look == Last::Skip {
                 return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None });
             }
-            let attr = match fs.fs.lookup(dir, c) {
+            let looked = if last && look == Last::Stat {
+                lookup_for_stat(fs, dir, c)
+            } else {
+                fs.fs.lookup(dir, c)
+            };
+            let attr = match looked {
                 Ok(a) => a,
                 Err(FsError::NotFound) if last => {
                     return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None })
@@ -463,7 +526,9 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
             return Err(if flags & libc::O_EXCL != 0 { libc::EEXIST } else { libc::EISDIR });
         }
         let perm = (mode & 0o7777 & !umask()) as u16;
-        match fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32) {
+        let created = fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32);
+        name_changed(p.parent, &p.name);
+        match created {
             Ok((attr, fh)) => {
                 let file = OpenFile::new(p.path, attr.ino, attr.kind, keep);
                 file.state().handle = Some(fds::Handle { generation: fs.generation, fh });
@@ -585,8 +650,9 @@ fn io_handle(f: &OpenFile, allowed: bool) -> Res<(Fs, FileHandle)> {
 /// which its kernel answers them from its cached size.
 const EOF_HINT_TTL: Duration = Duration::from_secs(1);
 
-/// Changes to file data or sizes this process made (any file): an end-of-file
-/// hint learned before one of them is not used.
+/// Changes to files' data, sizes or attributes this process made (any file):
+/// an end-of-file hint, or a statahead entry, learned before one of them is not
+/// used.
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 
 fn changed() {
@@ -754,7 +820,7 @@ pub fn fstat(fd: i32) -> Res<FileAttr> {
 /// `stat(2)` (`follow`) or `lstat(2)`.
 pub fn stat(abs: &[u8], follow: bool) -> Res<FileAttr> {
     let fs = Fs::get()?;
-    let found = resolve(&fs, abs, follow)?;
+    let found = walk(&fs, abs, follow, Last::Stat)?;
     let a = found.attr.ok_or(libc::ENOENT)?;
     if wants_dir(abs) && a.kind != FileType::Directory {
         return Err(libc::ENOTDIR);
@@ -833,7 +899,9 @@ pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
         return Err(libc::EEXIST);
     }
     let perm = (mode & 0o7777 & !umask()) as u16;
-    fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid()).map(|_| ()).map_err(errno)
+    let r = fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid());
+    name_changed(p.parent, &p.name);
+    r.map(|_| ()).map_err(errno)
 }
 
 /// `rmdir(2)`.
@@ -843,7 +911,11 @@ pub fn rmdir(abs: &[u8]) -> Res<()> {
     match p.name.as_slice() {
         b"" => Err(libc::EBUSY),
         _ if abs.ends_with(b"/.") => Err(libc::EINVAL),
-        name => fs.fs.rmdir(p.parent, name).map_err(errno),
+        name => {
+            let r = fs.fs.rmdir(p.parent, name);
+            name_changed(p.parent, name);
+            r.map_err(errno)
+        }
     }
 }
 
@@ -858,6 +930,13 @@ pub fn unlink(abs: &[u8]) -> Res<()> {
     if p.name.is_empty() {
         return Err(libc::EISDIR);
     }
+    let r = unlink_or_hide(&fs, &p);
+    name_changed(p.parent, &p.name);
+    r
+}
+
+/// Unlinks `p`; a regular file open here is renamed to its hidden name instead.
+fn unlink_or_hide(fs: &Fs, p: &Found) -> Res<()> {
     let open = fds::all();
     if !open.iter().any(|f| f.kind == FileType::Regular) {
         return fs.fs.unlink(p.parent, &p.name).map_err(errno);
@@ -900,7 +979,10 @@ pub fn rename(from: &[u8], to: &[u8], flags: u32) -> Res<()> {
     if a.name.is_empty() || b.name.is_empty() {
         return Err(libc::EBUSY);
     }
-    fs.fs.rename(a.parent, &a.name, b.parent, &b.name, flags).map_err(errno)
+    let r = fs.fs.rename(a.parent, &a.name, b.parent, &b.name, flags);
+    name_changed(a.parent, &a.name);
+    name_changed(b.parent, &b.name);
+    r.map_err(errno)
 }
 
 /// `link(2)`.
@@ -914,7 +996,11 @@ pub fn link(from: &[u8], to: &[u8], follow: bool) -> Res<()> {
     if b.name.is_empty() {
         return Err(libc::EEXIST);
     }
-    fs.fs.link(a.ino, b.parent, &b.name).map(|_| ()).map_err(errno)
+    let r = fs.fs.link(a.ino, b.parent, &b.name);
+    // The file's link count moved (its other names' attributes).
+    changed();
+    name_changed(b.parent, &b.name);
+    r.map(|_| ()).map_err(errno)
 }
 
 /// `symlink(2)`: `abs` becomes a link to `target`.
@@ -927,7 +1013,9 @@ pub fn symlink(target: &[u8], abs: &[u8]) -> Res<()> {
     if p.name.is_empty() {
         return Err(libc::EEXIST);
     }
-    fs.fs.symlink(p.parent, &p.name, target, euid(), egid()).map(|_| ()).map_err(errno)
+    let r = fs.fs.symlink(p.parent, &p.name, target, euid(), egid());
+    name_changed(p.parent, &p.name);
+    r.map(|_| ()).map_err(errno)
 }
 
 /// `readlink(2)`: the target.
@@ -964,7 +1052,9 @@ fn setattr_checked(fs: &Fs, a: &FileAttr, set: &SetAttr) -> Res<()> {
             return Err(libc::EPERM);
         }
     }
-    fs.fs.setattr(a.ino, set).map(|_| ()).map_err(errno)
+    let r = fs.fs.setattr(a.ino, set);
+    changed();
+    r.map(|_| ()).map_err(errno)
 }
 
 /// `chmod`/`chown`/`utimensat` by path.
@@ -1166,8 +1256,9 @@ pub fn flush_all_at_exit() {
     if std::env::var_os("PFS_PRELOAD_STATS").is_some() {
         let sent: u64 = fs.requests_sent().iter().sum();
         let (hits, misses) = fs.dentry_cache_stats();
+        let (fetches, _, answered) = statahead().counts();
         eprintln!(
-            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses",
+            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses, statahead {answered} answered ({fetches} batches)",
             std::process::id()
         );
     }
@@ -1225,14 +1316,19 @@ pub fn setxattr(what: Named<'_>, name: &[u8], value: &[u8], flags: i32) -> Res<(
     };
     let fs = Fs::get()?;
     let ino = ino_of(&fs, what)?;
-    fs.fs.setxattr(ino, name, value, mode).map_err(errno)
+    let r = fs.fs.setxattr(ino, name, value, mode);
+    // The inode's ctime moved.
+    changed();
+    r.map_err(errno)
 }
 
 /// `removexattr(2)`.
 pub fn removexattr(what: Named<'_>, name: &[u8]) -> Res<()> {
     let fs = Fs::get()?;
     let ino = ino_of(&fs, what)?;
-    fs.fs.removexattr(ino, name).map_err(errno)
+    let r = fs.fs.removexattr(ino, name);
+    changed();
+    r.map_err(errno)
 }
 
 /// The size of `f`'s file now (this client's writes included).

@@ -1,5 +1,7 @@
 //! Statahead: a directory's attributes fetched by the batch for the lookups
-//! that follow, as Lustre's statahead does for `ls -l` and mdtest.
+//! that follow, as Lustre's statahead does for `ls -l` and mdtest. Used by the
+//! FUSE mount (pfs-fuse's adapter, for `LOOKUP` and `GETATTR`) and by
+//! libpfs_preload (for `stat` calls).
 //!
 //! A `stat` of a file whose name the kernel forgot (its entry lifetime, 1 s,
 //! ran out) is a `LOOKUP`, and each went to the server: one round trip per
@@ -19,11 +21,11 @@
 //! - An entry is used only while younger than the lifetime, and the kernel is
 //!   given what is left of it (`left`), so it holds it no longer in total than
 //!   a lookup's own reply.
-//! - A change to any file's data or attributes through this mount (the
-//!   adapter's change counter: writes, setattr, fallocate, links, extended
+//! - A change to any file's data or attributes through this client (the
+//!   caller's change counter: writes, setattr, fallocate, links, extended
 //!   attributes, the close of a handle open for writing) makes every entry
 //!   fetched before it unused, as it does for a listing's attributes.
-//! - A name this mount creates, removes or renames, or that another client's
+//! - A name this client creates, removes or renames, or that another client's
 //!   change invalidates (its dentry token), leaves the table; a name changed
 //!   while its batch was being fetched is not taken from that batch, and a
 //!   directory's token revocation drops all its entries and its batch in
@@ -31,7 +33,7 @@
 //! - Only files with a single name (`nlink` 1) and not directories are kept:
 //!   an unlink of another name, or a subdirectory made inside, changes their
 //!   attributes without this table seeing which entry.
-//! - Files this mount has open are not answered from here (the adapter looks
+//! - Files this client has open are not answered from here (the caller looks
 //!   them up: the size counts writes not yet published).
 //!
 //! A batch costs the server about what a few dozen lookups cost, so fetching
@@ -47,11 +49,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use pfs_client::api::DirListing;
 use pfs_core::{FileAttr, FileType};
 
+use crate::api::{DirListing, HIDDEN_PREFIX};
+
 /// Names asked for in one batch.
-pub const BATCH: usize = pfs_client::api::READDIR_BATCH;
+pub const BATCH: usize = crate::api::READDIR_BATCH;
 /// Lookups that found a name not held here, since the last batch, before the
 /// next is asked for.
 pub const TRIGGER: u32 = 8;
@@ -305,7 +308,7 @@ impl StatAhead {
                 let attr = e.attr?;
                 let keep = attr.kind != FileType::Directory
                     && attr.nlink == 1
-                    && !crate::adapter::is_hidden_name(&e.name)
+                    && !e.name.starts_with(HIDDEN_PREFIX)
                     && !d.touched.iter().any(|t| **t == *e.name);
                 keep.then(|| (e.name.into(), attr))
             })
