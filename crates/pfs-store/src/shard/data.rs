@@ -564,9 +564,14 @@ impl<D: Device> Shard<D> {
                     self.deferred_on_data = true;
                     return Err(FsError::TryAgain);
                 }
-                self.settle_data_pages([(run.page, pages)])?;
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
-                if self.read_data_memory(run.page, 0, &mut buf) {
+                // Memory first: a partly filled block still being written is
+                // in the read cache already; otherwise wait for the device.
+                let in_memory = self.read_data_memory(run.page, 0, &mut buf) || {
+                    self.settle_data_pages([(run.page, pages)])?;
+                    self.read_data_memory(run.page, 0, &mut buf)
+                };
+                if in_memory {
                     from_cache = Some(buf);
                 } else {
                     merge_reads.push((
@@ -634,10 +639,13 @@ impl<D: Device> Shard<D> {
         for buf in old_data.into_iter().flatten() {
             self.io.device_mut().free_buf(buf);
         }
-        // A partly filled block is what the next append reads back.
-        let full_block = self.geo.block_size;
-        for (buf, run) in bufs.into_iter().zip(&new_runs) {
-            self.stage_data(run.page, buf, run.valid < full_block);
+        // A block this write did not cover whole is what the next write of
+        // the rest reads back: an append, or another writer of the same block
+        // (IOR-hard's interleaved segments, which often fill a block's end
+        // before its start, so its valid length is whole before its bytes are).
+        for ((buf, run), &(_, _, from, to, _)) in bufs.into_iter().zip(&new_runs).zip(&plans) {
+            let whole = from == 0 && to == bs;
+            self.stage_data(run.page, buf, !whole);
         }
         // Map the new runs; the old ones are freed once this is durable.
         for (&(block, old, ..), run) in plans.iter().zip(new_runs) {

@@ -80,8 +80,9 @@ struct Staged {
 /// What a device request in flight is for.
 #[derive(Debug)]
 enum Purpose {
-    /// Neighbouring runs written: `(first page, pages, cache)`.
-    Write(Vec<(u64, u64, bool)>),
+    /// Neighbouring runs written (their partly filled blocks went to the read
+    /// cache at submit).
+    Write,
     /// Pages read ahead into the read cache.
     ReadAhead,
     /// Neighbouring pieces of pending read `id`.
@@ -509,9 +510,20 @@ impl<D: Device> Shard<D> {
                 }
                 buf
             };
+            // A partly filled block is what the next append (or a writer of
+            // its other part) reads back: cached now, so a merge need not
+            // wait for this write to reach the device.
+            let mut at = 0;
+            for &(page, pages, cache) in &runs {
+                let len = (pages * PAGE_SIZE) as usize;
+                if cache {
+                    self.read_cache.put(page, &buf[at..at + len]);
+                }
+                at += len;
+            }
             let offset = self.geo.data_offset(first);
             let req = IoRequest { tag: 0, kind: IoKind::Write, offset, buf };
-            let tag = self.writes.start(first, pages, Purpose::Write(runs));
+            let tag = self.writes.start(first, pages, Purpose::Write);
             self.stats.data_writes += 1;
             self.io.submit_data(req, tag);
         }
@@ -566,17 +578,8 @@ impl<D: Device> Shard<D> {
             return self.ahead_done(w.first, c.buf, c.result.map_err(FsError::from));
         }
         match (w.purpose, c.result) {
-            (Purpose::Write(runs), Ok(())) => {
-                let mut at = 0;
-                for (first, pages, cache) in runs {
-                    let len = (pages * PAGE_SIZE) as usize;
-                    if cache {
-                        self.read_cache.put(first, &c.buf[at..at + len]);
-                    }
-                    at += len;
-                }
-            }
-            (Purpose::Write(_), Err(e)) => self.fail(format!(
+            (Purpose::Write, Ok(())) => {}
+            (Purpose::Write, Err(e)) => self.fail(format!(
                 "a data write of {} pages at page {} failed after its operation was \
                  acknowledged: {e}",
                 w.pages, w.first
@@ -994,15 +997,17 @@ impl<D: Device> Shard<D> {
     /// device queue or read-ahead budget, or read-ahead runs that hold some of
     /// them): the merge reads them now.
     pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
-        if self.writes.busy_overlaps(first, pages) {
-            return true;
-        }
         let in_memory = self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
             || self
                 .writes
                 .ahead_at(first, pages)
                 .is_some_and(|s| self.writes.ahead[&s].buf.is_some());
+        // A block being written is in the read cache when it was partly
+        // filled (cached at submit): no need to wait for the device then.
+        if !in_memory && self.writes.busy_overlaps(first, pages) {
+            return true;
+        }
         // Read-ahead runs never overlap: when some hold part of these pages,
         // no run of all of them can start.
         if in_memory || self.writes.ahead_overlaps(first, pages) {

@@ -1664,6 +1664,43 @@ fn release_data_requests(s: &mut Shard<MemDevice>, handle: &MemDevice, what: &st
     panic!("{what}: no data request finished");
 }
 
+/// Two writers filling one block out of order, as IOR-hard's interleaved
+/// segments do: its end first (after which its valid length is the whole
+/// block), then its start. The block's first write went to the read cache when
+/// it was submitted, so the second merges from memory while that write is
+/// still in flight, held there: no stop, no wait for the device, and the block
+/// holds both halves. Before, the whole-length block was not cached and every
+/// such merge waited for a device read.
+#[test]
+fn a_block_filled_end_first_merges_from_memory_while_its_write_is_in_flight() {
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    let half = s.geo.block_size as u64 / 2;
+    let end: Vec<u8> = (0..half).map(|i| (i * 3 + 1) as u8).collect();
+    let start: Vec<u8> = (0..half).map(|i| (i * 5 + 2) as u8).collect();
+    s.write(f, half, &end).unwrap();
+    s.submit_data_writes();
+    let inode = s.inode(f).unwrap();
+    let run = s.block_run(&inode, BlockIndex(0)).expect("block 0 written");
+    assert_eq!(run.valid as u64, 2 * half, "valid to the block's end");
+    let at = s.geo.data_offset(run.page);
+    handle.hold(Some(at..at + run.pages as u64 * PAGE_SIZE));
+    let (hits, aheads) = (s.stats().read_cache_hits, s.stats().read_aheads);
+    s.set_defer_misses(true);
+    s.write(f, 0, &start).unwrap();
+    assert_eq!(s.take_deferred(), None);
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().merges_deferred, 0);
+    assert_eq!(s.stats().read_aheads, aheads, "no device read of the old bytes");
+    assert!(s.stats().read_cache_hits > hits, "merged from the read cache");
+    release_data_requests(&mut s, &handle, "the first write finished");
+    let back = s.read(f, 0, 2 * half as usize).unwrap();
+    assert!(back[..half as usize] == start[..] && back[half as usize..] == end[..]);
+    let mut s = reopen(s);
+    let back = s.read(f, 0, 2 * half as usize).unwrap();
+    assert!(back[..half as usize] == start[..] && back[half as usize..] == end[..], "reopened");
+}
+
 /// A partial block write whose old bytes memory does not hold stops before
 /// it changed anything, reads them into the read-ahead runs in the
 /// background (once, however often it is asked again meanwhile), and merges
