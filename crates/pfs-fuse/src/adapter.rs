@@ -28,7 +28,7 @@ use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
-use crate::newfiles::NewFiles;
+use crate::newfiles::{NewFiles, CAPABILITY_XATTR};
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
 use crate::small::{SmallFiles, Wanted};
 
@@ -748,7 +748,8 @@ impl fuser::Filesystem for PfsFuse {
             log::info!("FUSE over io_uring served {} requests", u.requests());
         }
         log::info!(
-            "{} capability checks of files this mount created answered without a request",
+            "{} capability checks of files answered without a request (created here, or \
+             found without a capability less than the attribute lifetime ago)",
             self.new_files.answered()
         );
         let (fetches, kept, answered) = self.ahead.counts();
@@ -1370,7 +1371,14 @@ impl fuser::Filesystem for PfsFuse {
         }
         match self.fs.getxattr(InodeId(ino.0), name) {
             Ok(v) => xattr_reply(reply, &v, size),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                let e = errno(&e);
+                if e == Errno::ENODATA && name == CAPABILITY_XATTR {
+                    // The kernel asks again before each write: keep the answer.
+                    self.new_files.lacking(ino.0);
+                }
+                reply.error(e)
+            }
         }
     }
 

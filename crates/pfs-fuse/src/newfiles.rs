@@ -1,4 +1,5 @@
-//! Files this mount just created, for the kernel's file-capability check.
+//! Files this mount just created, or found without a file capability lately,
+//! for the kernel's file-capability check.
 //!
 //! Before the first write to a file (and at every write until it learned the
 //! file has no file capability), the kernel asks for the file's
@@ -16,6 +17,13 @@
 //! and hold `CAP_SETFCAP` within a second of the create) is not seen by this
 //! check, as the kernel's cached attributes of the file would not show it
 //! either; after it, the check asks the server again.
+//!
+//! The kernel asks again before every write, not only the first (FUSE does not
+//! let it remember the answer): a 1 MiB sequential writer sent a `GETXATTR` to
+//! the server beside each `WRITE`, inside the inode lock that other writers of
+//! the file wait on. So an answer of "none" from the server is kept too, for the
+//! same lifetime: the next checks of that file within it are answered here, as
+//! the kernel's cached attributes of the file would be.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -30,8 +38,9 @@ pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 #[derive(Debug)]
 struct Inner {
-    /// When each was created, and in which directory.
-    created: OldestFirst<(Instant, u64)>,
+    /// When each was created or last found without a capability, and the
+    /// directory it was created in.
+    created: OldestFirst<(Instant, Option<u64>)>,
     /// Checks answered here since the mount started.
     answered: u64,
 }
@@ -52,13 +61,25 @@ impl Default for NewFiles {
 impl NewFiles {
     /// This mount created `ino` (a new inode) in directory `parent` just now.
     pub fn created(&self, ino: u64, parent: u64) {
-        self.inner.lock().expect("new files lock").created.insert(ino, (Instant::now(), parent));
+        self.inner
+            .lock()
+            .expect("new files lock")
+            .created
+            .insert(ino, (Instant::now(), Some(parent)));
+    }
+
+    /// The server just answered that `ino` has no file capability: checks
+    /// within the lifetime from now are answered here.
+    pub fn lacking(&self, ino: u64) {
+        let mut g = self.inner.lock().expect("new files lock");
+        let parent = g.created.get(ino).and_then(|&(_, p)| p);
+        g.created.insert(ino, (Instant::now(), parent));
     }
 
     /// The directory this mount created `ino` in, if it is among the files
     /// remembered (a hint: a rename since is not seen).
     pub fn parent(&self, ino: u64) -> Option<u64> {
-        self.inner.lock().expect("new files lock").created.get(ino).map(|&(_, p)| p)
+        self.inner.lock().expect("new files lock").created.get(ino).and_then(|&(_, p)| p)
     }
 
     /// This mount changes `ino`'s extended attributes: it is not known to
@@ -68,7 +89,8 @@ impl NewFiles {
     }
 
     /// Whether `ino` is known to have no extended attribute `name`: a
-    /// capability check of a file this mount created less than `lifetime` ago.
+    /// capability check of a file this mount created, or the server found
+    /// without one, less than `lifetime` ago.
     pub fn lacks(&self, ino: u64, name: &[u8], lifetime: Duration) -> bool {
         if name != CAPABILITY_XATTR {
             return false;
@@ -103,6 +125,12 @@ mod tests {
         n.xattrs_changed(5);
         assert!(!n.lacks(5, CAPABILITY_XATTR, LIFE), "its xattrs changed here");
         assert_eq!(n.answered(), 1);
+        // The server's answer of none is kept the same way.
+        n.lacking(7);
+        assert!(n.lacks(7, CAPABILITY_XATTR, LIFE) && n.parent(7).is_none());
+        assert!(!n.lacks(7, CAPABILITY_XATTR, Duration::ZERO), "past the lifetime");
+        n.xattrs_changed(7);
+        assert!(!n.lacks(7, CAPABILITY_XATTR, LIFE));
     }
 
     #[test]
