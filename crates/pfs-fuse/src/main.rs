@@ -33,7 +33,7 @@ const READY_FD: i32 = 3;
 /// negative_timeout=SECS (how long the kernel remembers that a name does not
 /// exist; default 0, ask again each time),
 /// dentry_timeout=SECS (client directory cache), threads=N (FUSE threads,
-/// default two per core, 4 to 64), noclone_fd, writeback_cache (the kernel
+/// default one per core, 2 to 64), noclone_fd, writeback_cache (the kernel
 /// gathers writes in its page cache and sends them at writeback, fsync or
 /// close; see docs/posix.md), readdirplus=always|auto (every directory read
 /// carries the children's attributes, the default, or only when the kernel

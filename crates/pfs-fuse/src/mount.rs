@@ -18,13 +18,18 @@ use crate::adapter::{CacheTtl, PfsFuse};
 /// Most FUSE threads a mount may ask for.
 pub const THREADS_MAX: usize = 256;
 
-/// FUSE threads without `threads=`: two per core, 4 to 64. Each thread sends
+/// FUSE threads without `threads=`: one per core, 2 to 64. Each thread sends
 /// its request and waits for the reply itself, so this is also the number of
 /// requests in flight; more than the applications keep busy only adds
-/// wake-ups (docs/benchmarks.md).
+/// wake-ups: the kernel hands each request to the thread that has waited
+/// longest, so idle threads take turns and each wakes cold. On two cores, two
+/// threads instead of four cut the CPU per md-easy create and remove by a
+/// quarter to a third; one sequential reader of a large file, whose kernel
+/// read-ahead keeps a request per thread in flight, read a third slower
+/// (docs/benchmarks.md, nineteenth session). `threads=N` sets it.
 pub fn default_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (cores * 2).clamp(4, 64)
+    cores.clamp(2, 64)
 }
 
 /// The kernel's read-ahead of a mount without `read_ahead_kb=`, in KiB.
