@@ -151,9 +151,15 @@ impl Inner {
     }
 
     /// The attributes held for `ino` and what is left of their lifetime, if
-    /// still usable at change count `changes`; drops them otherwise.
-    fn usable(&mut self, ino: u64, ttl: Duration, changes: u64) -> Option<(FileAttr, Duration)> {
-        let k = self.files.get(&ino)?;
+    /// still usable at change count `changes`; drops them otherwise, and then
+    /// says which directory listed them (`Err(Some(dir))`).
+    fn usable(
+        &mut self,
+        ino: u64,
+        ttl: Duration,
+        changes: u64,
+    ) -> Result<(FileAttr, Duration), Option<u64>> {
+        let Some(k) = self.files.get(&ino) else { return Err(None) };
         let left = ttl.checked_sub(k.at.elapsed()).filter(|l| !l.is_zero());
         match left {
             Some(left) if k.changes == changes => {
@@ -162,15 +168,16 @@ impl Inner {
                     d.hits = d.hits.saturating_add(1);
                 }
                 self.answered += 1;
-                Some((attr, left))
+                Ok((attr, left))
             }
             _ => {
                 log::trace!(
                     "statahead: {ino} unused ({left:?} left, changes {}/{changes})",
                     k.changes
                 );
+                let dir = k.dir;
                 self.drop_file(ino);
-                None
+                Err(Some(dir))
             }
         }
     }
@@ -222,14 +229,17 @@ impl StatAhead {
             g.dirs.get_mut(&dir).expect("followed").names.remove(name);
             return None;
         }
-        g.usable(ino, self.ttl, changes)
+        g.usable(ino, self.ttl, changes).ok()
     }
 
     /// The attributes of inode `ino`, as [`StatAhead::get`] (an attribute
-    /// request for a file whose name the kernel still holds).
-    pub fn get_ino(&self, ino: u64, changes: u64) -> Option<(FileAttr, Duration)> {
+    /// request for a file whose name the kernel still holds). When a batch
+    /// held them but they can no longer be used (past their lifetime, or a
+    /// change since), `Err(Some(dir))` names the directory that listed the
+    /// file, for [`StatAhead::missed`].
+    pub fn get_ino(&self, ino: u64, changes: u64) -> Result<(FileAttr, Duration), Option<u64>> {
         if !self.on {
-            return None;
+            return Err(None);
         }
         self.inner().usable(ino, self.ttl, changes)
     }
@@ -481,8 +491,9 @@ mod tests {
         s.fill(due(&s, 1, 0), Some(batch(1, 4)), 0);
         let (a, _) = s.get_ino(2, 0).expect("held by inode");
         assert_eq!(a.size, 2);
-        assert!(s.get_ino(9, 0).is_none());
-        assert!(s.get_ino(3, 1).is_none(), "a change through the mount since");
+        assert_eq!(s.get_ino(9, 0), Err(None), "never listed");
+        assert_eq!(s.get_ino(3, 1), Err(Some(1)), "a change since: its directory is named");
+        assert_eq!(s.get_ino(3, 1), Err(None), "and it is gone");
         assert!(s.get(1, b"f3", 0).is_none(), "gone by name too");
         // Another client renamed f4 to g4: a later batch lists the inode under
         // its new name, and the old name goes.

@@ -832,20 +832,23 @@ impl fuser::Filesystem for PfsFuse {
         // A file whose name the kernel holds but whose attributes ran out (or
         // a write of this mount dropped them): statahead may have them.
         let changes = self.file_changes.load(Ordering::Acquire);
-        if let Some((a, left)) = self.ahead.get_ino(ino.0, changes) {
-            if !self.is_open(ino.0) {
+        let listed_in = match self.ahead.get_ino(ino.0, changes) {
+            Ok((a, left)) if !self.is_open(ino.0) => {
                 self.saw(&a);
                 return reply.attr(&left, &kernel_attr(&self.visible(a)));
             }
-        }
+            Ok(_) => None,
+            Err(dir) => dir,
+        };
         match self.fs.getattr(InodeId(ino.0)) {
             Ok(a) => {
                 self.dir_attrs.put(&a);
                 self.saw(&a);
                 reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)));
-                // Files this mount created: their directory is known.
+                // The file's directory, when known: a batch listed it (and
+                // ran out), or this mount created it.
                 if a.kind == FileType::Regular {
-                    if let Some(parent) = self.new_files.parent(ino.0) {
+                    if let Some(parent) = listed_in.or_else(|| self.new_files.parent(ino.0)) {
                         self.statahead_missed(parent);
                     }
                 }
