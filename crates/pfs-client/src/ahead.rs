@@ -9,10 +9,10 @@
 //! checks its inputs. When a directory sees [`TRIGGER`] lookups that found a
 //! name this table did not hold (since its last batch), the thread that
 //! answered the last one asks for the directory's next batch of names with
-//! their attributes (one
-//! `readdir_plus` request of [`BATCH`] names, continuing where the previous
-//! batch ended and starting over at the end), and the lookups that follow are
-//! answered from it.
+//! their attributes (one `readdir_plus` request of [`BATCH`] names: those that
+//! follow the missed name in the listing, or for an attribute request those
+//! after the previous batch, starting over at the end), and the lookups that
+//! follow are answered from it.
 //!
 //! What an answer from here promises is what the kernel's own cache promises:
 //! attributes at most the attribute lifetime old, with this mount's changes in
@@ -244,10 +244,13 @@ impl StatAhead {
         self.inner().usable(ino, self.ttl, changes)
     }
 
-    /// A lookup in `dir` (or an attribute request for a file in it) went to
-    /// the server and found the file. Returns the batch to fetch now, if one
-    /// is due.
-    pub fn missed(&self, dir: u64, changes: u64) -> Option<Fetch> {
+    /// A lookup of `name` in `dir` (or, `None`, an attribute request for a
+    /// file in it) went to the server and found the file. Returns the batch to
+    /// fetch now, if one is due: the names that follow `name` in the listing
+    /// (the lookups after a miss are most often of names near it: two mdtest
+    /// processes that stat each other's files in one directory each want the
+    /// other's half of the listing), or the names after the last batch.
+    pub fn missed(&self, dir: u64, name: Option<&[u8]>, changes: u64) -> Option<Fetch> {
         if !self.on {
             return None;
         }
@@ -290,7 +293,8 @@ impl StatAhead {
         d.fetching = true;
         d.touched.clear();
         d.spoiled = false;
-        Some(Fetch { dir, after: d.resume.clone(), at: Instant::now(), changes })
+        let after = name.map(<[u8]>::to_vec).or_else(|| d.resume.clone());
+        Some(Fetch { dir, after, at: Instant::now(), changes })
     }
 
     /// The result of `fetch`, with the mount's change count now: keeps its
@@ -442,7 +446,7 @@ mod tests {
     /// Misses `dir` until a fetch is due (at most `TRIGGER` times).
     fn due(s: &StatAhead, dir: u64, changes: u64) -> Fetch {
         for _ in 0..TRIGGER {
-            if let Some(f) = s.missed(dir, changes) {
+            if let Some(f) = s.missed(dir, None, changes) {
                 return f;
             }
         }
@@ -453,11 +457,11 @@ mod tests {
     fn a_batch_comes_after_misses_in_a_row_and_answers_what_follows() {
         let s = StatAhead::new(Duration::from_secs(5), true);
         for _ in 1..TRIGGER {
-            assert!(s.missed(7, 0).is_none());
+            assert!(s.missed(7, None, 0).is_none());
         }
-        let f = s.missed(7, 0).expect("the eighth miss fetches");
+        let f = s.missed(7, None, 0).expect("the eighth miss fetches");
         assert_eq!((f.dir, f.after.as_deref()), (7, None));
-        assert!(s.missed(7, 0).is_none(), "one fetch per directory at a time");
+        assert!(s.missed(7, None, 0).is_none(), "one fetch per directory at a time");
         s.fill(f, Some(batch(1, 10)), 0);
         let (a, left) = s.get(7, b"f3", 0).expect("fetched");
         assert_eq!((a.ino, a.size), (InodeId(3), 3));
@@ -473,7 +477,7 @@ mod tests {
     fn no_batch_while_files_change_through_the_mount() {
         let s = StatAhead::new(Duration::from_secs(5), true);
         // A create phase: every lookup sees another change count.
-        assert!((0..100).all(|c| s.missed(1, c).is_none()));
+        assert!((0..100).all(|c| s.missed(1, None, c).is_none()));
         // A change during the fetch: the batch would be stale, it is dropped
         // (and not counted against the directory).
         let f = due(&s, 1, 100);
@@ -515,9 +519,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(70));
         assert!(s.get(1, b"f2", 0).is_none(), "expired");
         let off = StatAhead::new(Duration::from_secs(1), false);
-        assert!((0..100).all(|_| off.missed(1, 0).is_none()), "off never fetches");
+        assert!((0..100).all(|_| off.missed(1, None, 0).is_none()), "off never fetches");
         let zero = StatAhead::new(Duration::ZERO, true);
-        assert!((0..100).all(|_| zero.missed(1, 0).is_none()), "a zero lifetime never fetches");
+        assert!(
+            (0..100).all(|_| zero.missed(1, None, 0).is_none()),
+            "a zero lifetime never fetches"
+        );
     }
 
     #[test]
@@ -569,6 +576,20 @@ mod tests {
     }
 
     #[test]
+    fn a_named_miss_fetches_the_names_after_it() {
+        let s = StatAhead::new(Duration::from_secs(5), true);
+        for _ in 1..TRIGGER {
+            assert!(s.missed(1, Some(b"f1.5"), 0).is_none());
+        }
+        let f = s.missed(1, Some(b"f1.7"), 0).expect("due");
+        assert_eq!(f.after.as_deref(), Some(&b"f1.7"[..]));
+        s.fill(f, Some(batch(10, 3)), 0);
+        // An attribute request's miss continues after the last batch.
+        let f = due(&s, 1, 0);
+        assert_eq!(f.after, None, "the last batch was short: the end of the listing");
+    }
+
+    #[test]
     fn batches_continue_where_the_last_ended_and_start_over_at_the_end() {
         let s = StatAhead::new(Duration::from_secs(5), true);
         let f = due(&s, 1, 0);
@@ -594,7 +615,7 @@ mod tests {
         }
         // No hits: the next due fetch is refused and the directory rests.
         for _ in 0..TRIGGER + REST {
-            assert!(s.missed(1, 0).is_none());
+            assert!(s.missed(1, None, 0).is_none());
         }
         assert!(due(&s, 1, 0).after.is_some(), "learning again after the rest");
         // A directory a quarter of whose entries are used goes on.
@@ -627,7 +648,7 @@ mod tests {
         assert!(s.get(1, b"f0", 0).is_none(), "the oldest batch went first");
         assert!(s.get(1, format!("f{}", first - 3).as_bytes(), 0).is_some());
         for dir in 10..(10 + 2 * DIRS_MAX as u64) {
-            s.missed(dir, 0);
+            s.missed(dir, None, 0);
         }
         assert!(s.inner().dirs.len() <= DIRS_MAX);
     }

@@ -425,12 +425,13 @@ impl PfsFuse {
         self
     }
 
-    /// A file in `dir` was found by a request to the server; fetches the
-    /// directory's next statahead batch if one is due ([`StatAhead`]). Called
-    /// after the reply: the process goes on while this thread fetches.
-    fn statahead_missed(&self, dir: u64) {
+    /// A file in `dir` (named `name`, for a lookup) was found by a request to
+    /// the server; fetches the directory's next statahead batch if one is due
+    /// ([`StatAhead`]). Called after the reply: the process goes on while this
+    /// thread fetches.
+    fn statahead_missed(&self, dir: u64, name: Option<&[u8]>) {
         let changes = self.file_changes.load(Ordering::Acquire);
-        if let Some(fetch) = self.ahead.missed(dir, changes) {
+        if let Some(fetch) = self.ahead.missed(dir, name, changes) {
             let listing = self.fs.readdir_plus(InodeId(dir), fetch.after.as_deref(), ahead::BATCH);
             if let Err(e) = &listing {
                 log::debug!("statahead of directory {dir}: {e}");
@@ -821,7 +822,7 @@ impl fuser::Filesystem for PfsFuse {
         self.lookup_reply(reply, r);
         // A lookup sent for a small file's bytes is not one statahead missed.
         if found && !wanted.first {
-            self.statahead_missed(parent.0);
+            self.statahead_missed(parent.0, Some(name));
         }
     }
 
@@ -849,7 +850,7 @@ impl fuser::Filesystem for PfsFuse {
                 // ran out), or this mount created it.
                 if a.kind == FileType::Regular {
                     if let Some(parent) = listed_in.or_else(|| self.new_files.parent(ino.0)) {
-                        self.statahead_missed(parent);
+                        self.statahead_missed(parent, None);
                     }
                 }
             }

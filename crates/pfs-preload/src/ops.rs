@@ -230,7 +230,7 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
     }
     let a = fs.fs.lookup(dir, name)?;
     if quiet {
-        if let Some(fetch) = ahead.missed(dir.0, changes) {
+        if let Some(fetch) = ahead.missed(dir.0, Some(name), changes) {
             let listing = fs.fs.readdir_plus(dir, fetch.after.as_deref(), ahead::BATCH).ok();
             ahead.fill(fetch, listing, CHANGES.load(Ordering::Acquire));
         }
