@@ -134,6 +134,16 @@ impl Default for MountConfig {
     }
 }
 
+/// The value of a two-way option `name`: `true` for `yes`, `false` for `no`,
+/// and an error naming both for anything else.
+fn one_of(name: &str, value: &str, yes: &str, no: &str) -> Result<bool, String> {
+    match value {
+        v if v == yes => Ok(true),
+        v if v == no => Ok(false),
+        v => Err(format!("mount option {name}={v:?}: expected {yes} or {no}")),
+    }
+}
+
 /// Options `mount(8)` and fstab use that mean nothing to the file system itself.
 const IGNORED: &[&str] =
     &["defaults", "auto", "noauto", "user", "nouser", "users", "_netdev", "nofail", "rw"];
@@ -211,48 +221,10 @@ impl MountConfig {
                 }
                 "writeback_cache" => self.writeback_cache = true,
                 "nowriteback_cache" => self.writeback_cache = false,
-                "readdirplus" => {
-                    self.readdirplus_always = match need()? {
-                        "always" => true,
-                        "auto" => false,
-                        v => {
-                            return Err(format!(
-                                "mount option readdirplus={v:?}: expected always or auto"
-                            ))
-                        }
-                    }
-                }
-                "page_cache" => {
-                    self.keep_pages = match need()? {
-                        "keep" => true,
-                        "drop" => false,
-                        v => {
-                            return Err(format!(
-                                "mount option page_cache={v:?}: expected keep or drop"
-                            ))
-                        }
-                    }
-                }
-                "small_files" => {
-                    self.small_by_lookup = match need()? {
-                        "lookup" => true,
-                        "read" => false,
-                        v => {
-                            return Err(format!(
-                                "mount option small_files={v:?}: expected lookup or read"
-                            ))
-                        }
-                    }
-                }
-                "statahead" => {
-                    self.statahead = match need()? {
-                        "on" => true,
-                        "off" => false,
-                        v => {
-                            return Err(format!("mount option statahead={v:?}: expected on or off"))
-                        }
-                    }
-                }
+                "readdirplus" => self.readdirplus_always = one_of(name, need()?, "always", "auto")?,
+                "page_cache" => self.keep_pages = one_of(name, need()?, "keep", "drop")?,
+                "small_files" => self.small_by_lookup = one_of(name, need()?, "lookup", "read")?,
+                "statahead" => self.statahead = one_of(name, need()?, "on", "off")?,
                 "uring" => {
                     self.uring.get_or_insert_with(uring_default);
                 }
