@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use pfs_core::{FileAttr, FileType};
 
-use crate::api::{DirListing, HIDDEN_PREFIX};
+use crate::api::{DirListing, FileSystem, HIDDEN_PREFIX};
 
 /// Names asked for in one batch.
 pub const BATCH: usize = crate::api::READDIR_BATCH;
@@ -183,17 +183,16 @@ impl Inner {
     }
 }
 
-/// A batch to fetch: the thread that got it calls `readdir_plus(dir, after,
-/// BATCH)` and hands the result to [`StatAhead::fill`].
+/// A batch to fetch: `readdir_plus(dir, after, BATCH)`, whose result goes to
+/// [`StatAhead::fill`].
 #[derive(Debug)]
-pub struct Fetch {
-    /// The directory.
-    pub dir: u64,
+struct Fetch {
+    dir: u64,
     /// Where the batch starts.
-    pub after: Option<Vec<u8>>,
+    after: Option<Vec<u8>>,
     at: Instant,
-    /// The mount's change counter before the request is sent.
-    pub changes: u64,
+    /// The caller's change counter before the request is sent.
+    changes: u64,
 }
 
 /// The statahead table of one mount (module docs).
@@ -245,12 +244,32 @@ impl StatAhead {
     }
 
     /// A lookup of `name` in `dir` (or, `None`, an attribute request for a
+    /// file in it) went to the server and found the file: fetches the
+    /// directory's next batch from `fs` if one is due ([`StatAhead::missed`],
+    /// [`StatAhead::fill`]). `changes` reads the caller's change counter (at
+    /// the miss, and again when the batch arrived).
+    pub fn after_miss(
+        &self,
+        fs: &dyn FileSystem,
+        dir: u64,
+        name: Option<&[u8]>,
+        changes: &dyn Fn() -> u64,
+    ) {
+        let Some(fetch) = self.missed(dir, name, changes()) else { return };
+        let listing = fs.readdir_plus(pfs_core::InodeId(dir), fetch.after.as_deref(), BATCH);
+        if let Err(e) = &listing {
+            log::debug!("statahead of directory {dir}: {e}");
+        }
+        self.fill(fetch, listing.ok(), changes());
+    }
+
+    /// A lookup of `name` in `dir` (or, `None`, an attribute request for a
     /// file in it) went to the server and found the file. Returns the batch to
     /// fetch now, if one is due: the names that follow `name` in the listing
     /// (the lookups after a miss are most often of names near it: two mdtest
     /// processes that stat each other's files in one directory each want the
     /// other's half of the listing), or the names after the last batch.
-    pub fn missed(&self, dir: u64, name: Option<&[u8]>, changes: u64) -> Option<Fetch> {
+    fn missed(&self, dir: u64, name: Option<&[u8]>, changes: u64) -> Option<Fetch> {
         if !self.on {
             return None;
         }
@@ -301,7 +320,7 @@ impl StatAhead {
     /// names' attributes, except those of names changed meanwhile (all, after
     /// the directory's invalidation or any change through the mount, which
     /// would make them unusable).
-    pub fn fill(&self, fetch: Fetch, listing: Option<Vec<DirListing>>, changes: u64) {
+    fn fill(&self, fetch: Fetch, listing: Option<Vec<DirListing>>, changes: u64) {
         let mut g = self.inner();
         let g = &mut *g;
         let Some(d) = g.dirs.get_mut(&fetch.dir) else { return };

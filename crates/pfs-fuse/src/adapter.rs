@@ -20,7 +20,7 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use pfs_client::ahead::{self, StatAhead};
+use pfs_client::ahead::StatAhead;
 use pfs_client::api::{DirListing, HIDDEN_PREFIX, READDIR_BATCH};
 use pfs_client::FileSystem;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
@@ -430,14 +430,8 @@ impl PfsFuse {
     /// ([`StatAhead`]). Called after the reply: the process goes on while this
     /// thread fetches.
     fn statahead_missed(&self, dir: u64, name: Option<&[u8]>) {
-        let changes = self.file_changes.load(Ordering::Acquire);
-        if let Some(fetch) = self.ahead.missed(dir, name, changes) {
-            let listing = self.fs.readdir_plus(InodeId(dir), fetch.after.as_deref(), ahead::BATCH);
-            if let Err(e) = &listing {
-                log::debug!("statahead of directory {dir}: {e}");
-            }
-            self.ahead.fill(fetch, listing.ok(), self.file_changes.load(Ordering::Acquire));
-        }
+        let changes = || self.file_changes.load(Ordering::Acquire);
+        self.ahead.after_miss(&*self.fs, dir, name, &changes);
     }
 
     /// Answers a lookup that went to the server.

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use pfs_client::ahead::{self, StatAhead};
+use pfs_client::ahead::StatAhead;
 use pfs_client::api::HIDDEN_PREFIX;
 use pfs_client::{Cluster, FileSystem};
 use pfs_core::wire::RenameFlags;
@@ -230,10 +230,7 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
     }
     let a = fs.fs.lookup(dir, name)?;
     if quiet {
-        if let Some(fetch) = ahead.missed(dir.0, Some(name), changes) {
-            let listing = fs.fs.readdir_plus(dir, fetch.after.as_deref(), ahead::BATCH).ok();
-            ahead.fill(fetch, listing, CHANGES.load(Ordering::Acquire));
-        }
+        ahead.after_miss(&*fs.fs, dir.0, Some(name), &|| CHANGES.load(Ordering::Acquire));
     }
     Ok(a)
 }
