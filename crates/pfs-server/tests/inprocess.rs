@@ -823,3 +823,63 @@ fn read_with_hands_over_what_read_returns() {
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two handles of one file in one client (two processes on one mount, as
+/// fsx's shared file): one wrote past the end on another shard than the home
+/// and has not published it; a read through the other handle of the home's
+/// first block is clamped there to the home's smaller size. It must read the
+/// block whole (a hole, zeros), not end early: the kernel takes a short read
+/// for the end of the file and shrinks its size, so the writer's next read
+/// of its own bytes found nothing (CI, fsx seed 707956). By `read_with` (the
+/// mount), `read_into` (the library) and `read`.
+#[test]
+fn a_read_at_the_home_counts_another_handles_unpublished_writes() {
+    let dir = test_dir("unpublished-read");
+    let cluster = Local::start(&dir, 1, 2);
+    let fs = cluster.client();
+    let other = cluster.client();
+    let block = 64u64 << 10;
+    for way in ["read_with", "read_into", "read"] {
+        // A block away from the home: the home's size (seen by another
+        // client) stays 100 after the writer wrote it.
+        let mut found = None;
+        for b in 1..64u64 {
+            let name = format!("{way}{b}");
+            let (a, reader) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+            fs.write(a.ino, reader, 0, &[1; 100]).unwrap();
+            let writer = fs.open(a.ino, 0).unwrap();
+            fs.write(a.ino, writer, b * block + 10, b"far").unwrap();
+            // Pipelined: give a write at the home time to land.
+            std::thread::sleep(Duration::from_millis(50));
+            if other.getattr(a.ino).unwrap().size == 100 {
+                found = Some((a, reader, writer, b));
+                break;
+            }
+            fs.release(a.ino, writer).unwrap();
+            fs.release(a.ino, reader).unwrap();
+        }
+        let (a, reader, writer, b) = found.expect("a block away from the home within 64 tries");
+        let got = match way {
+            "read_with" => {
+                let mut got = Vec::new();
+                fs.read_with(a.ino, reader, 0, block as u32, &mut |d| got = d.to_vec()).unwrap();
+                got
+            }
+            "read_into" => {
+                let mut buf = vec![0xee; block as usize];
+                let n = fs.read_into(a.ino, reader, 0, &mut buf).unwrap();
+                buf.truncate(n);
+                buf
+            }
+            _ => fs.read(a.ino, reader, 0, block as u32).unwrap(),
+        };
+        assert_eq!(got.len() as u64, block, "{way}: the first block read whole");
+        assert!(got[..100] == [1; 100] && got[100..].iter().all(|&b| b == 0), "{way}");
+        fs.release(a.ino, writer).unwrap();
+        fs.release(a.ino, reader).unwrap();
+        assert_eq!(other.getattr(a.ino).unwrap().size, b * block + 13, "{way}");
+    }
+    drop(other);
+    drop(fs);
+    cluster.stop();
+}

@@ -12,7 +12,7 @@ use pfs_core::wire::{
     Body, Frame, FrameHeader, Opcode, Reply, Request, WriteRef, WriteTarget, ALL_BLOCKS,
     FLAG_ERROR, FLAG_REPLY, HEADER_LEN, MAX_IO_BYTES, READ_REPLY_PREFIX,
 };
-use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId, ServerId, TimeNs, WorkerId};
+use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId, TimeNs};
 
 use super::files::{OpenFile, OpenState, Pending};
 use super::placement::{by_shard, Piece, ShardRead};
@@ -100,7 +100,7 @@ impl Cluster {
             let (attr, before) = published.inspect_err(|_| self.changed_version(ino, None))?;
             self.changed_version(ino, Some((before, attr.ctime_ns)));
             st.size = Some(attr.size);
-            st.extend_to = 0;
+            self.files.published(st);
         }
         Ok(())
     }
@@ -163,11 +163,8 @@ impl Cluster {
             let file = self.files.get(fh)?;
             let pieces = self.placement.pieces(ino, file.layout, offset, u64::from(size));
             if let [p] = pieces.as_slice() {
-                if p.home {
-                    let req = home_read(ino, fh, p);
-                    if self.read_in_reply(p.route.server, p.route.proc_worker, req, f)? {
-                        return Ok(());
-                    }
+                if p.home && self.read_in_reply(ino, p, home_read(ino, fh, p), f)? {
+                    return Ok(());
                 }
             } else if within_known_size(&file, offset + u64::from(size)) {
                 // Out of the thread-local while `f` runs, so nothing borrows it.
@@ -213,11 +210,8 @@ impl Cluster {
             buf[..n].copy_from_slice(&d[..n]);
         };
         if let [p] = pieces.as_slice() {
-            if p.home {
-                let req = home_read(ino, fh, p);
-                if self.read_in_reply(p.route.server, p.route.proc_worker, req, &mut copy)? {
-                    return Ok(n);
-                }
+            if p.home && self.read_in_reply(ino, p, home_read(ino, fh, p), &mut copy)? {
+                return Ok(n);
             }
         } else if within_known_size(&file, offset + size as u64) {
             let into = &mut buf[..size];
@@ -284,25 +278,31 @@ impl Cluster {
         Ok(sent)
     }
 
-    /// Sends `req` (a `Read`) and hands the bytes of its reply to `f` in the
-    /// reply's buffer: `Ok(true)`. `Ok(false)` when the read must take the
-    /// longer path instead: the server said to wait (`TryAgain`, retried there
-    /// with back-off) or the connection dropped (a restarted server: sent
-    /// again there, once).
+    /// Sends `req` (the `Read` of `ino`'s piece `p`, at its home) and hands
+    /// the bytes of its reply to `f` in the reply's buffer: `Ok(true)`.
+    /// `Ok(false)` when the read must take the longer path instead: the
+    /// server said to wait (`TryAgain`, retried there with back-off), the
+    /// connection dropped (a restarted server: sent again there, once), or
+    /// the reply ended short of a write of this client the home does not
+    /// count yet (published there first).
     fn read_in_reply(
         &self,
-        server: ServerId,
-        worker: WorkerId,
+        ino: InodeId,
+        p: &Piece,
         req: Request,
         f: &mut dyn FnMut(&[u8]),
     ) -> FsResult<bool> {
-        let (s, sent) = self.send_to(server, worker, req)?;
+        let (s, sent) = self.send_to(p.route.server, p.route.proc_worker, req)?;
         let raw = match self.conns[s].wait_raw(sent) {
             Ok(raw) => raw,
             Err(Waited::Dropped(_)) => return Ok(false),
             Err(Waited::Answer(r)) => return r.map(|_| false),
         };
         if let Some(data) = read_reply_data(raw.bytes()) {
+            let end = p.offset + data.len() as u64;
+            if (data.len() as u64) < p.len && self.files.unpublished_past(ino, end) {
+                return Ok(false);
+            }
             f(data);
             return Ok(true);
         }
@@ -330,6 +330,11 @@ impl Cluster {
         let pieces = self.placement.pieces(ino, layout, offset, u64::from(size));
         if let [p] = pieces.as_slice() {
             if p.home {
+                // The home clamps the read to its size: this client's writes
+                // elsewhere past the piece's start count there first.
+                if self.files.unpublished_past(ino, p.offset) {
+                    self.publish_writes(ino)?;
+                }
                 let req = home_read(ino, fh, p);
                 let reply = self.call_to(p.route.server, p.route.proc_worker, req)?;
                 return expect_reply!(reply, Reply::Read(d) => d);
@@ -389,7 +394,7 @@ impl Cluster {
                 if o + n > st.reserved {
                     st.reserved = self.reserve_data(ino, o + n)?;
                 }
-                st.extend_to = st.extend_to.max(o + n);
+                self.files.wrote_elsewhere(&mut st, o + n);
                 WriteTarget::Elsewhere(layout)
             };
             let write = WriteRef { ino, target, offset: o, data: bytes };
@@ -437,7 +442,11 @@ impl Cluster {
     /// makes the writes and the size visible to every client; they stay noted as
     /// unsynced, so a later fsync of the file (through any handle) commits them.
     pub(crate) fn release_handle(&self, fh: FileHandle) -> FsResult<()> {
-        self.drain(&*self.files.close(fh)?)
+        let file = self.files.close(fh)?;
+        let drained = self.drain(&file);
+        // A failed write left its end unpublished: it goes with the handle.
+        self.files.published(&mut file.state.lock().expect("open file lock"));
+        drained
     }
 
     /// `FileSystem::fallocate`: mode 0 grows the size; `KEEP_SIZE` allocates

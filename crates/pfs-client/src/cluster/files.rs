@@ -4,7 +4,7 @@
 //! the home reserved). What waits on connections is in `data.rs`.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId};
@@ -30,7 +30,8 @@ pub(crate) struct OpenState {
     /// The first error of a write, for the next write, flush, fsync or close.
     pub first_error: Option<FsError>,
     /// End of the furthest write that went to a data-only shard, not yet
-    /// published to the home (`ExtendSize`); 0 when none.
+    /// published to the home (`ExtendSize`); 0 when none. Changed only
+    /// through [`OpenFiles::wrote_elsewhere`] and [`OpenFiles::published`].
     pub extend_to: u64,
     /// The size last learned from the home (reads of other shards clamp to it).
     pub size: Option<u64>,
@@ -56,12 +57,20 @@ pub(crate) struct OpenFiles {
     files: Mutex<HashMap<u64, Arc<OpenFile>>>,
     next: AtomicU64,
     max: usize,
+    /// Handles whose `extend_to` is not 0: while none, no read needs to look
+    /// for writes the home does not count yet.
+    unpublished: AtomicUsize,
 }
 
 impl OpenFiles {
     /// A table of at most `max` handles.
     pub fn new(max: usize) -> OpenFiles {
-        OpenFiles { files: Mutex::new(HashMap::new()), next: AtomicU64::new(1), max }
+        OpenFiles {
+            files: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            max,
+            unpublished: AtomicUsize::new(0),
+        }
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
@@ -101,6 +110,37 @@ impl OpenFiles {
         self.table().values().filter(|f| f.ino == ino).cloned().collect()
     }
 
+    /// Notes that the handle whose state is `st` wrote up to `end` (> 0) on
+    /// a shard other than the file's home.
+    pub fn wrote_elsewhere(&self, st: &mut OpenState, end: u64) {
+        if st.extend_to == 0 {
+            self.unpublished.fetch_add(1, Ordering::AcqRel);
+        }
+        st.extend_to = st.extend_to.max(end);
+    }
+
+    /// Notes that the end `st` wrote on other shards is published to the
+    /// home, or given up with its handle.
+    pub fn published(&self, st: &mut OpenState) {
+        if st.extend_to > 0 {
+            self.unpublished.fetch_sub(1, Ordering::AcqRel);
+            st.extend_to = 0;
+        }
+    }
+
+    /// Whether a handle of `ino` wrote past byte `at` on other shards without
+    /// publishing it: the home's size does not count that write yet, so a read
+    /// there that ends short of what was asked may end too early. Looks at
+    /// the handles only while some handle has something unpublished. The
+    /// caller holds no handle's lock.
+    pub fn unpublished_past(&self, ino: InodeId, at: u64) -> bool {
+        self.unpublished.load(Ordering::Acquire) > 0
+            && self
+                .of_ino(ino)
+                .iter()
+                .any(|f| f.state.lock().expect("open file lock").extend_to > at)
+    }
+
     /// Every open handle but `not`.
     pub fn others(&self, not: &Arc<OpenFile>) -> Vec<Arc<OpenFile>> {
         self.table().values().filter(|f| !Arc::ptr_eq(f, not)).cloned().collect()
@@ -135,5 +175,26 @@ mod tests {
         let fc = t.open(a, FileLayout::Block, None).unwrap();
         assert!(fc.0 > fb.0);
         assert!(t.of_ino(a).iter().all(|f| f.state.lock().unwrap().size.is_none()));
+    }
+
+    #[test]
+    fn unpublished_ends_are_counted_until_published() {
+        let t = OpenFiles::new(4);
+        let (a, b) = (InodeId(10), InodeId(11));
+        let fa = t.get(t.open(a, FileLayout::Block, None).unwrap()).unwrap();
+        let fb = t.get(t.open(a, FileLayout::Block, None).unwrap()).unwrap();
+        assert!(!t.unpublished_past(a, 0));
+        t.wrote_elsewhere(&mut fa.state.lock().unwrap(), 300);
+        t.wrote_elsewhere(&mut fa.state.lock().unwrap(), 200);
+        assert_eq!(fa.state.lock().unwrap().extend_to, 300, "the furthest end");
+        assert!(t.unpublished_past(a, 299) && !t.unpublished_past(a, 300));
+        assert!(!t.unpublished_past(b, 0), "another file");
+        t.wrote_elsewhere(&mut fb.state.lock().unwrap(), 500);
+        t.published(&mut fa.state.lock().unwrap());
+        assert!(t.unpublished_past(a, 400), "the other handle's end");
+        t.published(&mut fb.state.lock().unwrap());
+        t.published(&mut fb.state.lock().unwrap());
+        assert_eq!(t.unpublished.load(Ordering::Acquire), 0, "published twice counts once");
+        assert!(!t.unpublished_past(a, 0));
     }
 }
