@@ -49,6 +49,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use pfs_core::hash::NumMap;
 use pfs_core::{FileAttr, FileType};
 
 use crate::api::{DirListing, FileSystem, HIDDEN_PREFIX};
@@ -126,9 +127,9 @@ struct Batch {
 
 #[derive(Debug, Default)]
 struct Inner {
-    dirs: HashMap<u64, Dir>,
+    dirs: NumMap<u64, Dir>,
     /// What is held, by inode (each has one name: `nlink` 1).
-    files: HashMap<u64, Kept>,
+    files: NumMap<u64, Kept>,
     batches: VecDeque<Batch>,
     next_seq: u64,
     /// Since the mount started: batches fetched, entries kept, lookups and

@@ -13,6 +13,7 @@ pub mod attr;
 pub mod config;
 pub mod error;
 pub mod failpoint;
+pub mod hash;
 pub mod ids;
 pub mod layout;
 pub mod routing;

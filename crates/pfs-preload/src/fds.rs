@@ -238,6 +238,12 @@ pub fn entries() -> Vec<(i32, Arc<OpenFile>)> {
     table().iter().map(|(&fd, f)| (fd, f.clone())).collect()
 }
 
+/// Whether a regular file is open (an unlink then looks the name up, to keep
+/// an open file under a hidden name).
+pub fn any_regular() -> bool {
+    table().values().any(|f| f.kind == FileType::Regular)
+}
+
 /// Every open description (for the flush at exit and for unlink).
 pub fn all() -> Vec<Arc<OpenFile>> {
     table().values().cloned().collect()

@@ -934,10 +934,10 @@ pub fn unlink(abs: &[u8]) -> Res<()> {
 
 /// Unlinks `p`; a regular file open here is renamed to its hidden name instead.
 fn unlink_or_hide(fs: &Fs, p: &Found) -> Res<()> {
-    let open = fds::all();
-    if !open.iter().any(|f| f.kind == FileType::Regular) {
+    if !fds::any_regular() {
         return fs.fs.unlink(p.parent, &p.name).map_err(errno);
     }
+    let open = fds::all();
     let a = fs.fs.lookup(p.parent, &p.name).map_err(errno)?;
     let holder = open.iter().find(|f| f.ino == a.ino);
     match holder {

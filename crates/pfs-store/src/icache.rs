@@ -9,9 +9,9 @@
 
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest, SECTOR_SIZE};
 use crate::error::StoreError;
-use crate::hash::NumMap;
 use crate::inode::INODE_SLOT_SIZE;
 use crate::io::DevIo;
+use pfs_core::hash::NumMap;
 
 /// Inode slots per cache block (one 4 KiB metadata page).
 pub const INODES_PER_BLOCK: u64 = (SECTOR_SIZE / INODE_SLOT_SIZE) as u64;

@@ -14,7 +14,6 @@
 pub mod bitmap;
 pub mod device;
 pub mod error;
-pub mod hash;
 pub mod icache;
 pub mod inode;
 pub mod io;

@@ -28,9 +28,9 @@ pub use node::MAX_VALUE;
 
 use pfs_core::InodeId;
 
-use crate::hash::NumMap;
 use arena::Arena;
 use node::{NodeRef, Slot};
+use pfs_core::hash::NumMap;
 
 /// Longest file name, in bytes.
 pub const NAME_LEN_MAX: usize = 255;

@@ -35,12 +35,12 @@ use crate::bitmap::Bitmap;
 use crate::cart::Cart;
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest};
 use crate::error::StoreError;
-use crate::hash::NumMap;
 use crate::icache::{Icache, IcacheStats};
 use crate::inode::{Inode, Run, INODE_SLOT_SIZE};
 use crate::io::DevIo;
 use crate::wal::record::Extent;
 use crate::wal::{Change, Wal};
+use pfs_core::hash::NumMap;
 
 pub use geometry::{FormatOptions, Geometry, PAGE_SIZE};
 pub use meta::{CreateArgs, DirEntry, RenameFlags, XattrFlags};

@@ -1,7 +1,8 @@
-//! A hasher for the shard's tables keyed by numbers the server chose (inode
-//! numbers, metadata page numbers): std's SipHash guards against keys an
-//! attacker picks, which these are not, and cost 2-3% of a worker's time in
-//! md-easy stats over 200,000 inodes (docs/benchmarks.md).
+//! A hasher for tables keyed by numbers the server chose (inode numbers,
+//! metadata page numbers): the shard's tables, and the client's statahead
+//! table. std's SipHash guards against keys an attacker picks, which these are
+//! not, and cost 2-3% of a worker's time in md-easy stats over 200,000 inodes
+//! (docs/benchmarks.md).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -44,7 +45,7 @@ mod tests {
         let mut low = std::collections::HashSet::new();
         let mut top = std::collections::HashSet::new();
         for n in 0..4096u64 {
-            let h = b.hash_one(pfs_core::InodeId((1 << 40) + n));
+            let h = b.hash_one(crate::InodeId((1 << 40) + n));
             low.insert(h & 4095);
             top.insert(h >> 57);
         }
