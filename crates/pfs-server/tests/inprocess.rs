@@ -609,6 +609,40 @@ fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     cluster.stop();
 }
 
+/// A file `prefix{b}` for the first `b` in `blocks` whose write through a
+/// second handle (`far(b)`: offset and bytes, in block `b`) lands away from
+/// the file's home: after the first handle wrote `head` at 0, `other` (another
+/// client, which this one's unpublished writes do not reach) still sees the
+/// size `head.len()`. Returns the file, the first handle, the second and `b`.
+fn unpublished_far_write(
+    fs: &pfs_client::Cluster,
+    other: &pfs_client::Cluster,
+    prefix: &str,
+    blocks: std::ops::Range<u64>,
+    head: &[u8],
+    far: impl Fn(u64) -> (u64, Vec<u8>),
+) -> (InodeId, pfs_core::FileHandle, pfs_core::FileHandle, u64) {
+    for b in blocks {
+        let name = format!("{prefix}{b}");
+        let (a, near) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+        if !head.is_empty() {
+            fs.write(a.ino, near, 0, head).unwrap();
+        }
+        let second = fs.open(a.ino, 0).unwrap();
+        let (at, bytes) = far(b);
+        fs.write(a.ino, second, at, &bytes).unwrap();
+        // Pipelined: give a write at the home time to land (if it has not, the
+        // block is taken for remote and the test only gets weaker).
+        std::thread::sleep(Duration::from_millis(50));
+        if other.getattr(a.ino).unwrap().size == head.len() as u64 {
+            return (a.ino, near, second, b);
+        }
+        fs.release(a.ino, near).unwrap();
+        fs.release(a.ino, second).unwrap();
+    }
+    panic!("no block away from the home for {prefix}");
+}
+
 /// Two handles of one file (two writers of an N-1 file, or a close after a
 /// reopen): one writes far out on another shard than the file's home and has
 /// not published its size when the other closes with a smaller end. Publishing
@@ -623,24 +657,9 @@ fn a_smaller_published_size_keeps_another_writers_data_elsewhere() {
     let far_data: Vec<u8> = (0..block).map(|i| (i % 251) as u8).collect();
     // A far block away from the home: the home's size (seen by another
     // client, which this one's writes do not reach) stays 0 after writing it.
-    let mut found = None;
-    for b in 32..96u64 {
-        let name = format!("shared{b}");
-        let (a, near) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
-        let far = fs.open(a.ino, 0).unwrap();
-        fs.write(a.ino, far, b * block as u64, &far_data).unwrap();
-        // Pipelined: give a write at the home time to land (if it has not, the
-        // block is taken for remote and the test only gets weaker).
-        std::thread::sleep(Duration::from_millis(50));
-        let unpublished = other.getattr(a.ino).unwrap().size == 0;
-        if unpublished {
-            found = Some((a.ino, near, far, b));
-            break;
-        }
-        fs.release(a.ino, near).unwrap();
-        fs.release(a.ino, far).unwrap();
-    }
-    let (ino, near, far, b) = found.expect("a block away from the home within 64 tries");
+    let (ino, near, far, b) = unpublished_far_write(&fs, &other, "shared", 32..96, &[], |b| {
+        (b * block as u64, far_data.clone())
+    });
     // The near handle publishes a smaller end first, then the far one.
     fs.write(ino, near, 0, &[9; 100_000]).unwrap();
     fs.release(ino, near).unwrap();
@@ -842,42 +861,29 @@ fn a_read_at_the_home_counts_another_handles_unpublished_writes() {
     for way in ["read_with", "read_into", "read"] {
         // A block away from the home: the home's size (seen by another
         // client) stays 100 after the writer wrote it.
-        let mut found = None;
-        for b in 1..64u64 {
-            let name = format!("{way}{b}");
-            let (a, reader) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
-            fs.write(a.ino, reader, 0, &[1; 100]).unwrap();
-            let writer = fs.open(a.ino, 0).unwrap();
-            fs.write(a.ino, writer, b * block + 10, b"far").unwrap();
-            // Pipelined: give a write at the home time to land.
-            std::thread::sleep(Duration::from_millis(50));
-            if other.getattr(a.ino).unwrap().size == 100 {
-                found = Some((a, reader, writer, b));
-                break;
-            }
-            fs.release(a.ino, writer).unwrap();
-            fs.release(a.ino, reader).unwrap();
-        }
-        let (a, reader, writer, b) = found.expect("a block away from the home within 64 tries");
+        let (ino, reader, writer, b) =
+            unpublished_far_write(&fs, &other, way, 1..64, &[1; 100], |b| {
+                (b * block + 10, b"far".to_vec())
+            });
         let got = match way {
             "read_with" => {
                 let mut got = Vec::new();
-                fs.read_with(a.ino, reader, 0, block as u32, &mut |d| got = d.to_vec()).unwrap();
+                fs.read_with(ino, reader, 0, block as u32, &mut |d| got = d.to_vec()).unwrap();
                 got
             }
             "read_into" => {
                 let mut buf = vec![0xee; block as usize];
-                let n = fs.read_into(a.ino, reader, 0, &mut buf).unwrap();
+                let n = fs.read_into(ino, reader, 0, &mut buf).unwrap();
                 buf.truncate(n);
                 buf
             }
-            _ => fs.read(a.ino, reader, 0, block as u32).unwrap(),
+            _ => fs.read(ino, reader, 0, block as u32).unwrap(),
         };
         assert_eq!(got.len() as u64, block, "{way}: the first block read whole");
         assert!(got[..100] == [1; 100] && got[100..].iter().all(|&b| b == 0), "{way}");
-        fs.release(a.ino, writer).unwrap();
-        fs.release(a.ino, reader).unwrap();
-        assert_eq!(other.getattr(a.ino).unwrap().size, b * block + 13, "{way}");
+        fs.release(ino, writer).unwrap();
+        fs.release(ino, reader).unwrap();
+        assert_eq!(other.getattr(ino).unwrap().size, b * block + 13, "{way}");
     }
     drop(other);
     drop(fs);
