@@ -42,6 +42,14 @@ enum Command {
         /// not at all, while spinning does not pay; 0 never spins) [default: 100]
         #[arg(long, value_name = "US")]
         idle_spin_us: Option<u64>,
+        /// Let the mount's threads run a parked worker's rounds themselves
+        /// instead of waking it (the server's `inline_rounds`): a metadata
+        /// request then costs no wake-up of the worker and none of the thread
+        /// that waits. Saves CPU when several processes work at once (mdtest);
+        /// slows a single stream of requests (tar, rm -r) on a 2-core VM:
+        /// docs/benchmarks.md "Inline rounds" [default: off]
+        #[arg(long)]
+        inline_rounds: bool,
         /// Size of each server's device file, in GiB (sparse: each shard's metadata
         /// and WAL are allocated at start, file data as it is written). Fixed on the
         /// first run.
@@ -135,6 +143,7 @@ fn run(cmd: Command) -> Result<(), String> {
             servers,
             workers,
             idle_spin_us,
+            inline_rounds,
             size_gib,
             master_listen,
             options,
@@ -147,6 +156,7 @@ fn run(cmd: Command) -> Result<(), String> {
                 servers,
                 workers,
                 idle_spin_us,
+                inline_rounds,
                 size_bytes: size_gib << 30,
                 master_listen,
             };

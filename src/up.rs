@@ -33,6 +33,9 @@ pub struct UpOptions {
     pub workers: Option<u32>,
     /// The workers' longest adaptive spin; `None`: the server default.
     pub idle_spin_us: Option<u64>,
+    /// Whether the mount's threads run a parked worker's rounds themselves
+    /// (the server's `inline_rounds`, `--inline-rounds`).
+    pub inline_rounds: bool,
     /// Size of each server's device file.
     pub size_bytes: u64,
     /// Where the master listens, `host:port`.
@@ -148,6 +151,7 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
     for i in 0..shape.servers {
         let mut scfg = server_config(data, &shape, i, &cluster.key_file, &cluster.master_addr());
         scfg.idle_spin_us = opts.idle_spin_us.unwrap_or(scfg.idle_spin_us);
+        scfg.inline_rounds = opts.inline_rounds;
         if scfg.idle_spin_us > 1_000_000 {
             return Err(format!("--idle-spin-us {}: allowed 0 to 1000000", scfg.idle_spin_us));
         }
@@ -289,6 +293,12 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     println!("pfs up: unmounted {}, stopping the servers", mountpoint.display());
     if let Some(u) = uring {
         println!("pfs up: FUSE over io_uring served {} requests", u.requests());
+    }
+    if opts.inline_rounds {
+        println!(
+            "pfs up: the mount's threads ran the workers' rounds {} times (--inline-rounds)",
+            pfs_net::inline::runs()
+        );
     }
     let stopped = cluster.stop();
     served?;

@@ -57,6 +57,9 @@ fn main() {
         timed("pjdfstest_writeback_cache", || pjdfstest(&base, &mnt, Some(WRITEBACK_DIRS)));
         drop(pfs);
     }
+    if want("inline_rounds") {
+        timed("inline_rounds", || inline_rounds(&base));
+    }
     if want("uring") {
         timed("uring", || uring(&base));
         timed("uring_fallback_to_dev_fuse", || uring_fallback(&base));
@@ -259,6 +262,34 @@ fn uring(base: &Path) {
     println!("io_uring served {served} requests");
     // Each of the 3000 creates alone is a lookup, a create and a release.
     assert!(served > 9000, "io_uring served only {served} requests");
+}
+
+/// The pjdfstest directories run with `pfs up --inline-rounds`.
+const INLINE_DIRS: &[&str] = &["open", "mkdir", "unlink", "rename", "link", "truncate"];
+
+/// `pfs up --inline-rounds` (the mount's threads run the parked workers'
+/// rounds): the exerciser with 2 processes on the three layouts, and pjdfstest
+/// directories, and the mount's threads did run rounds.
+fn inline_rounds(base: &Path) {
+    let (data, mnt) = (base.join("data-inline"), base.join("mnt-inline"));
+    let (child, _, log) =
+        up_logged(&data, &mnt, &["--workers", "2", "--inline-rounds", "-o", "allow_other"]);
+    let pfs = Up(Some(child), mnt.clone());
+    let (first, _, ops) = seeds();
+    println!("fsx with --inline-rounds: seeds {first}..{}", first + 3);
+    fsx_seeds(&mnt, first, 3, ops, |seed| ["block", "io", "file"][(seed % 3) as usize]);
+    pjdfstest(base, &mnt, Some(INLINE_DIRS));
+    drop(pfs);
+    let lines = log.lock().unwrap();
+    let runs: u64 = lines
+        .iter()
+        .find_map(|l| {
+            let rest = l.strip_prefix("pfs up: the mount's threads ran the workers' rounds ")?;
+            rest.split(' ').next()?.parse().ok()
+        })
+        .expect("pfs up reported how often the mount's threads ran rounds");
+    println!("the mount's threads ran the workers' rounds {runs} times");
+    assert!(runs > 1000, "the mount's threads ran rounds only {runs} times");
 }
 
 /// `-o uring` on a kernel that does not allow it: a warning, and /dev/fuse.

@@ -3,7 +3,7 @@
 //! without holding the lock while it sleeps.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,9 @@ use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
 
 /// Longest sleep between two looks at the connection while waiting for a reply.
 const WAIT_SLICE: Duration = Duration::from_millis(2);
+/// Most rounds of a parked worker a client thread runs for one request
+/// ([`Conn::exchange`]) before it waits the usual way.
+const INLINE_ROUNDS: usize = 8;
 
 /// A server connection.
 #[derive(Debug)]
@@ -26,6 +29,8 @@ pub struct Conn {
     pipelined: AtomicUsize,
     /// How long a caller polls for its reply before it parks.
     reply_spin: Duration,
+    /// Requests answered by worker rounds run on the caller's thread.
+    inline_answers: AtomicU64,
 }
 
 /// What carries a server connection.
@@ -70,6 +75,7 @@ impl Conn {
             rpc: Mutex::new(rpc),
             pipelined: AtomicUsize::new(0),
             reply_spin: Duration::ZERO,
+            inline_answers: AtomicU64::new(0),
         })
     }
 
@@ -127,6 +133,68 @@ impl Conn {
         let frame =
             Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
         self.send_by(timeout, |rpc, deadline| rpc.send_to(&frame, worker, deadline))
+    }
+
+    /// Sends `req` and waits for its answer ([`send`](Self::send), then
+    /// [`wait_answer`](Self::wait_answer)). On a shared-memory connection to a
+    /// server in this process whose worker is parked, this thread runs the
+    /// worker's rounds itself until the answer is there, instead of waking the
+    /// worker and then sleeping until it wakes this thread ([`pfs_net::inline`]).
+    pub fn exchange(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Waited> {
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        // Not while this client's pipelined writes may be in the worker's
+        // hands: the rounds would do their work here, in line, where the
+        // worker's own thread overlaps it with this thread's.
+        let inline = if self.pipelined() == 0 { self.inline() } else { None };
+        if let Some(inline) = inline {
+            let mut outcome: Option<Result<Waited, Sent>> = None;
+            inline.run_parked(&mut |round| {
+                let deadline = Instant::now() + timeout;
+                let sent = {
+                    let mut rpc = self.rpc.lock().expect("connection lock");
+                    // No credit or no connection: the usual way below waits for them.
+                    let Ok(id) = rpc.send_to(&frame, worker, deadline) else { return };
+                    Sent { id, deadline }
+                };
+                for _ in 0..INLINE_ROUNDS {
+                    let work = round();
+                    if let Some(answer) = self.try_answer(sent) {
+                        outcome = Some(Ok(answer));
+                        return;
+                    }
+                    if work == 0 {
+                        break;
+                    }
+                }
+                // Forwarded to another worker, or behind other work: the
+                // worker's thread is woken for what is left.
+                outcome = Some(Err(sent));
+            });
+            match outcome {
+                Some(Ok(answer)) => {
+                    self.inline_answers.fetch_add(1, Ordering::Relaxed);
+                    return Ok(answer);
+                }
+                Some(Err(sent)) => return Ok(self.wait_answer(sent)),
+                None => {}
+            }
+        }
+        let sent = self.send_by(timeout, |rpc, deadline| rpc.send_to(&frame, worker, deadline))?;
+        Ok(self.wait_answer(sent))
+    }
+
+    /// Requests answered by worker rounds this connection's callers ran
+    /// ([`exchange`](Self::exchange)).
+    pub fn inline_answers(&self) -> u64 {
+        self.inline_answers.load(Ordering::Relaxed)
+    }
+
+    /// The worker serving this connection, when a client thread may run its
+    /// rounds (a server in this process that offered it).
+    fn inline(&self) -> Option<std::sync::Arc<dyn pfs_net::inline::Inline>> {
+        let key = self.rpc.lock().expect("connection lock").qp()?.inline_key()?;
+        pfs_net::inline::find(key)
     }
 
     /// [`send`](Self::send) of a write whose data the caller holds: the data is

@@ -192,6 +192,12 @@ pub struct ServerConfig {
     /// the worker doubles its spin after a sleep that a spin this long would
     /// have avoided and halves it after a longer one; 0 never spins.
     pub idle_spin_us: u64,
+    /// Whether a client thread in the server's own process (`pfs up`: the
+    /// mount beside the server) runs a parked worker's rounds itself instead
+    /// of waking it: a request over shared memory then costs no wake-up of
+    /// the worker and none of the client thread (docs/cluster.md "Polling").
+    /// No effect on clients in other processes or hosts.
+    pub inline_rounds: bool,
     /// Threads sealing large read replies off the workers; 0 seals on the worker.
     pub memcpy_threads: u32,
     /// Read replies with at least this much data go to the memcpy threads.
@@ -247,6 +253,7 @@ impl Default for ServerConfig {
             workers: 4,
             poll_mode: PollMode::Adaptive,
             idle_spin_us: 100,
+            inline_rounds: false,
             memcpy_threads: 2,
             memcpy_threshold_bytes: 4 * KIB,
             icache_blocks: None,

@@ -27,6 +27,7 @@ pub mod auth;
 pub mod connect;
 mod error;
 pub mod fdguard;
+pub mod inline;
 pub mod link;
 pub mod listener;
 pub mod msg;

@@ -311,6 +311,37 @@ impl Link {
         }
     }
 
+    /// Stops a shared-memory peer from ringing this side for what it sends,
+    /// until the next `prepare_wait`: the caller polls the link itself
+    /// meanwhile ([`crate::inline`]). Other links: nothing to do.
+    pub fn cancel_wait(&mut self) {
+        match &mut self.inner {
+            Inner::Qp(q) => q.cancel_wait(),
+            #[cfg(feature = "rdma")]
+            Inner::Rdma(_) => {}
+        }
+    }
+
+    /// On a server's shared-memory link: lets a client in this process run
+    /// the serving worker's rounds, registered under `key` ([`crate::inline`]).
+    pub fn set_inline_key(&self, key: u64) {
+        match &self.inner {
+            Inner::Qp(q) => q.set_inline_key(key),
+            #[cfg(feature = "rdma")]
+            Inner::Rdma(_) => {}
+        }
+    }
+
+    /// On a client's link: the key of the worker serving it inline, when the
+    /// server runs in this process and offered one.
+    pub fn inline_key(&self) -> Option<u64> {
+        match &self.inner {
+            Inner::Qp(q) => q.inline_key(),
+            #[cfg(feature = "rdma")]
+            Inner::Rdma(_) => None,
+        }
+    }
+
     /// Whether the connection is still up.
     pub fn is_up(&self) -> bool {
         on_inner!(&self.inner, q => q.is_up())

@@ -26,6 +26,10 @@ pub const SHM_MAGIC_OFFSET: usize = 1024;
 /// Default bytes in each ring: a 1 MiB read's reply fits four times (docs/benchmarks.md,
 /// "Shared-memory rings that hold a reply").
 pub const DEFAULT_RING_BYTES: u32 = 4 << 20;
+/// Offset of the inline key in the control page (`u64`, 0: none), written by a
+/// server whose worker serves inline ([`crate::inline`]); the server's process
+/// id (`u32`) follows it.
+pub const SHM_INLINE_OFFSET: usize = SHM_MAGIC_OFFSET + 16;
 /// Smallest ring.
 pub const MIN_RING_BYTES: u32 = 4 << 10;
 /// Largest ring.
@@ -382,6 +386,35 @@ impl ShmPipe {
             self.check_alive();
         }
         !(self.peer_gone || self.rx.used() != Some(0))
+    }
+
+    /// Stops the peer from ringing this side for bytes it sends (the caller
+    /// polls instead), until the next [`prepare_wait`](Self::prepare_wait).
+    pub(crate) fn cancel_wait(&mut self) {
+        self.rx.u32_at(CONSUMER_PARKED).store(0, Ordering::SeqCst);
+    }
+
+    fn inline_cells(&self) -> (&AtomicU64, &AtomicU32) {
+        // SAFETY: both lie in the control page of the live mapping, aligned.
+        unsafe {
+            let base = self._map.ptr.add(SHM_INLINE_OFFSET);
+            (&*(base as *const AtomicU64), &*(base.add(8) as *const AtomicU32))
+        }
+    }
+
+    /// On the server: tells a client in this process which worker it may run
+    /// inline ([`crate::inline`]).
+    pub(crate) fn set_inline_key(&self, key: u64) {
+        let (k, pid) = self.inline_cells();
+        pid.store(std::process::id(), Ordering::Relaxed);
+        k.store(key, Ordering::Release);
+    }
+
+    /// On the client: the inline key the server wrote, if it runs in this process.
+    pub(crate) fn inline_key(&self) -> Option<u64> {
+        let (k, pid) = self.inline_cells();
+        let key = k.load(Ordering::Acquire);
+        (key != 0 && pid.load(Ordering::Relaxed) == std::process::id()).then_some(key)
     }
 
     /// Notices a dead peer: its end of the unix socket closed.

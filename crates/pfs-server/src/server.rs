@@ -568,6 +568,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         idle_spin: Duration::from_micros(cfg.idle_spin_us),
         commit_interval: Duration::from_millis(50),
         token_lease: Duration::from_millis(TOKEN_LEASE_MS),
+        inline_rounds: cfg.inline_rounds,
     };
     let (memcpy, mut ports) = if cfg.memcpy_threads > 0 {
         let (pool, ports) = MemcpyPool::start(
@@ -670,7 +671,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
 }
 
 /// The message a panic carried.
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
@@ -62,6 +62,9 @@ pub struct WorkerOptions {
     pub commit_interval: Duration,
     /// Lease of a dentry-cache token.
     pub token_lease: Duration,
+    /// Whether client threads of this process may run the worker's rounds
+    /// while it is parked ([`pfs_net::inline`]; `pfs up`).
+    pub inline_rounds: bool,
 }
 
 /// Which worker and connection serve each client, for messages the server sends
@@ -187,6 +190,77 @@ pub struct Worker<D: Device> {
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
+    /// The key client threads of this process find this worker under, when it
+    /// serves inline (`WorkerOptions::inline_rounds`).
+    inline_key: Option<u64>,
+}
+
+/// A worker behind the lock that lets a client thread of the same process run
+/// its rounds while the worker's own thread sleeps ([`pfs_net::inline`]).
+struct Shared<D: Device> {
+    worker: Mutex<Worker<D>>,
+    /// The worker's thread sleeps in its epoll set, without the lock.
+    idle: AtomicBool,
+    /// The worker stopped serving: no one runs its rounds any more.
+    closed: AtomicBool,
+    /// A round run by a client thread panicked: the worker stops without
+    /// touching its shard again.
+    panicked: AtomicBool,
+    /// Times client threads ran the worker's rounds.
+    runs: AtomicU64,
+}
+
+impl<D: Device> Shared<D> {
+    fn lock(&self) -> MutexGuard<'_, Worker<D>> {
+        // Rounds run by client threads catch their panics (`run_parked`), so
+        // the lock is poisoned only by a bug outside them; the worker's state
+        // then is what it was, and its thread carries on or fail-stops.
+        self.worker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<D: Device + Send> pfs_net::inline::Inline for Shared<D> {
+    fn run_parked(&self, f: &mut dyn FnMut(&mut dyn FnMut() -> usize)) -> bool {
+        if !self.idle.load(Ordering::SeqCst) {
+            return false;
+        }
+        let Ok(mut w) = self.worker.try_lock() else { return false };
+        if !self.idle.load(Ordering::SeqCst) || self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        w.disarm();
+        let dirty_before = w.dirty_since.is_some();
+        let mut panicked = None;
+        f(&mut || {
+            if panicked.is_some() || w.shard.failure().is_some() {
+                return 0;
+            }
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.inline_round())) {
+                Ok(n) => n,
+                Err(payload) => {
+                    panicked = Some(crate::server::panic_text(&payload));
+                    0
+                }
+            }
+        });
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        pfs_net::inline::count_run();
+        match panicked {
+            Some(why) => {
+                // The shard's memory may be anywhere: stop the whole server
+                // without checkpointing it, as a panic on the worker's own
+                // thread does (`Worker::run`).
+                self.panicked.store(true, Ordering::SeqCst);
+                w.fail_stop.trip(format!(
+                    "worker {} panicked in a round run by a client thread: {why}",
+                    w.id
+                ));
+                w.bells[w.id as usize].ring_always();
+            }
+            None => w.rearm(dirty_before),
+        }
+        true
+    }
 }
 
 /// Where the reply of a read waiting for the device goes.
@@ -287,6 +361,10 @@ impl Deferred {
 /// blocking (a page can be evicted again before its request runs).
 const DEFER_TRIES: u8 = 4;
 
+/// Rounds a client thread runs after its own request to leave the worker idle
+/// (`Worker::rearm`); past them, the worker's thread is woken for the rest.
+const REARM_ROUNDS: usize = 4;
+
 /// Longest park, so the stop flag and the commit timer are seen.
 const PARK_MAX: Duration = Duration::from_millis(100);
 
@@ -349,6 +427,7 @@ impl<D: Device> Worker<D> {
             tokens: Tokens::new(opts.token_lease),
             clients,
             fail_stop,
+            inline_key: None,
         };
         w.publish_usage();
         w.recover_cross();
@@ -356,62 +435,137 @@ impl<D: Device> Worker<D> {
     }
 
     /// Serves until the stop flag is set, then commits and checkpoints the shard.
-    pub fn run(mut self) -> Result<Shard<D>, String> {
+    pub fn run(self) -> Result<Shard<D>, String>
+    where
+        D: Send + 'static,
+    {
+        let inline = self.opts.inline_rounds;
+        let shared = Arc::new(Shared {
+            worker: Mutex::new(self),
+            idle: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
+        });
+        let key = inline.then(|| {
+            let as_inline: Arc<dyn pfs_net::inline::Inline> = shared.clone();
+            pfs_net::inline::register(&as_inline)
+        });
+        let mut w = shared.lock();
+        w.inline_key = key;
+        w = Self::serve(&shared, w);
+        shared.closed.store(true, Ordering::SeqCst);
+        if let Some(k) = key {
+            pfs_net::inline::unregister(k);
+        }
+        let result = if shared.panicked.load(Ordering::SeqCst) {
+            Err(w.fail_stop.reason().unwrap_or_else(|| "a round panicked".into()))
+        } else {
+            let runs = shared.runs.load(Ordering::Relaxed);
+            if runs > 0 {
+                log::info!(
+                    "worker {}: client threads of this process ran its rounds {runs} times",
+                    w.id
+                );
+            }
+            w.finish()
+        };
+        drop(w);
+        // A client thread may still hold the worker for the one attempt it
+        // began before `closed` was set; it lets go at once.
+        let mut shared = shared;
+        let shared = loop {
+            match Arc::try_unwrap(shared) {
+                Ok(s) => break s,
+                Err(s) => {
+                    shared = s;
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let worker = shared.worker.into_inner().unwrap_or_else(|p| p.into_inner());
+        result.map(|()| worker.shard)
+    }
+
+    /// The loop: rounds while there is work, an adaptive spin, then a park
+    /// that lets go of the worker's lock while it sleeps in the epoll set (a
+    /// client thread of this process may run rounds meanwhile, `Shared`).
+    fn serve<'a>(
+        shared: &'a Shared<D>,
+        mut w: MutexGuard<'a, Worker<D>>,
+    ) -> MutexGuard<'a, Worker<D>> {
         // The idle period under way: when it began, and whether the worker
         // parked in it (then it parks again at once after a wake-up that
         // brought no work, instead of spinning again).
         let mut idle_from: Option<Instant> = None;
         let mut parked = false;
-        let mut spin = crate::spin::Spin::new(self.opts.idle_spin);
-        while !self.stop.load(Ordering::Acquire) {
-            self.now = Instant::now();
-            self.shard.set_now(wall_clock_ns());
-            let work = self.round();
-            if let Some(why) = self.shard.failure() {
-                self.fail_stop.trip(format!("worker {}: {why}", self.id));
+        let mut spin = crate::spin::Spin::new(w.opts.idle_spin);
+        while !w.stop.load(Ordering::Acquire) {
+            w.now = Instant::now();
+            w.shard.set_now(wall_clock_ns());
+            let work = w.round();
+            if let Some(why) = w.shard.failure() {
+                w.fail_stop.trip(format!("worker {}: {why}", w.id));
                 break;
             }
-            if self.shard.checkpoints() != self.checkpoints_seen {
-                self.log_checkpoint();
+            if w.shard.checkpoints() != w.checkpoints_seen {
+                w.log_checkpoint();
             }
-            if self.shard.checkpointing() != self.checkpoint_seen_running {
-                self.checkpoint_seen_running = self.shard.checkpointing();
-                if self.checkpoint_seen_running {
+            if w.shard.checkpointing() != w.checkpoint_seen_running {
+                w.checkpoint_seen_running = w.shard.checkpointing();
+                if w.checkpoint_seen_running {
                     log::info!(
                         "worker {}: checkpoint started beside the requests (a quarter of the \
                          log's half is left)",
-                        self.id
+                        w.id
                     );
                 }
             }
             if work > 0 {
                 if let Some(since) = idle_from.take().filter(|_| parked) {
-                    spin.woke_after(self.now.duration_since(since));
+                    spin.woke_after(w.now.duration_since(since));
                 }
                 parked = false;
                 continue;
             }
-            if self.opts.poll_mode == PollMode::Busy {
+            if w.opts.poll_mode == PollMode::Busy {
                 std::hint::spin_loop();
                 continue;
             }
-            let since = *idle_from.get_or_insert(self.now);
+            let since = *idle_from.get_or_insert(w.now);
             // Replies from peer servers arrive on connections the epoll set does
             // not watch: while a transaction waits for one, stay awake (yielding
             // the core) instead of parking up to PARK_MAX per step.
-            if self.awaiting_peers() {
+            if w.awaiting_peers() {
                 std::thread::yield_now();
                 continue;
             }
             // With only a commit step or reads to wait for, wait on the device
             // at once (`park`): spinning would only poll for the same completion.
-            if !parked && self.now.duration_since(since) < spin.window() && !self.awaits_device() {
+            if !parked && w.now.duration_since(since) < spin.window() && !w.awaits_device() {
                 std::hint::spin_loop();
                 continue;
             }
-            self.park();
+            if let Some(timeout) = w.park_begin() {
+                let fd = w.epoll.raw();
+                shared.idle.store(true, Ordering::SeqCst);
+                drop(w);
+                let _ = pfs_net::wait_readable(fd, Some(timeout));
+                w = shared.lock();
+                shared.idle.store(false, Ordering::SeqCst);
+                if shared.panicked.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            w.park_end();
             parked = true;
         }
+        w
+    }
+
+    /// After the loop: answers what already arrived, makes everything
+    /// durable and checkpoints the shard (or reports why it cannot).
+    fn finish(&mut self) -> Result<(), String> {
         if let Some(why) = self.shard.failure() {
             // Nothing more is acknowledged: held replies fail, and the shard is
             // left as the log has it for recovery.
@@ -440,7 +594,57 @@ impl<D: Device> Worker<D> {
         }
         self.shard.checkpoint().map_err(|e| format!("worker {}: checkpoint: {e}", self.id))?;
         log::info!("worker {}: checkpointed, stopping; {:?}", self.id, self.shard.stats());
-        Ok(self.shard)
+        Ok(())
+    }
+
+    /// One round run by a client thread while the worker's own thread sleeps
+    /// (`Shared::run_parked`).
+    fn inline_round(&mut self) -> usize {
+        self.now = Instant::now();
+        self.shard.set_now(wall_clock_ns());
+        self.round()
+    }
+
+    /// Before inline rounds: connections stop ringing the sleeping thread.
+    fn disarm(&mut self) {
+        for c in self.conns.iter_mut().flatten() {
+            c.qp.cancel_wait();
+        }
+    }
+
+    /// After inline rounds: arms every connection again and wakes the
+    /// worker's thread if anything is left for it: requests or replies that
+    /// came meanwhile, work in flight, or a first change since the last commit
+    /// (its commit timer runs from the thread's next park). `dirty_before`:
+    /// whether a change already waited for a commit when the rounds began.
+    fn rearm(&mut self, dirty_before: bool) {
+        // What the last round left to collect (the sends of its replies give
+        // their buffers back) would keep the connections from arming.
+        for _ in 0..REARM_ROUNDS {
+            if self.shard.failure().is_some() || self.inline_round() == 0 {
+                break;
+            }
+        }
+        let mut busy = false;
+        for c in self.conns.iter_mut().flatten() {
+            busy |= !c.qp.prepare_wait();
+        }
+        busy |= self.ring_in.iter().flatten().any(|r| !r.is_empty())
+            || self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0)
+            || !self.backlog.is_empty()
+            || !self.after_commit.is_empty()
+            || self.awaits_device()
+            || self.awaiting_peers()
+            || !self.cross.is_empty()
+            || !self.rmdirs.is_empty()
+            || !self.outbox.is_idle()
+            || self.shard.has_ready_follow_ups()
+            || self.shard.has_trims()
+            || self.shard.failure().is_some()
+            || (!dirty_before && self.dirty_since.is_some());
+        if busy {
+            self.bells[self.id as usize].ring_always();
+        }
     }
 
     /// One pass over new connections, connections, rings and the commit; returns
@@ -573,6 +777,9 @@ impl<D: Device> Worker<D> {
             if let Err(e) = self.epoll.add(qp.wait_fd(), READ, slot as u64 + 1) {
                 log::warn!("worker {}: cannot watch {}: {e}", self.id, qp.peer());
                 continue;
+            }
+            if let Some(key) = self.inline_key {
+                qp.set_inline_key(key);
             }
             log::info!("worker {}: serving {} over {:?}", self.id, qp.peer(), qp.backend());
             let gen = self.next_gen;
@@ -1345,8 +1552,12 @@ impl<D: Device> Worker<D> {
             || self.sweep_awaits()
     }
 
-    /// Sleeps on the eventfd and the connections until work arrives.
-    fn park(&mut self) {
+    /// Prepares to sleep until work arrives: arms the doorbell and the
+    /// connections and looks once more. Returns how long to sleep in the epoll
+    /// set (the caller lets go of the worker's lock meanwhile), or `None` when
+    /// work is waiting or the worker waited for the device itself here.
+    /// [`park_end`](Self::park_end) follows either way.
+    fn park_begin(&mut self) -> Option<Duration> {
         self.tokens.expire(self.now);
         let bell = &self.bells[self.id as usize];
         bell.parked.store(true, Ordering::SeqCst);
@@ -1385,16 +1596,22 @@ impl<D: Device> Worker<D> {
                 // Nothing to serve but the commit's step or reads: wait for
                 // the device itself, as a blocking commit or read did. A
                 // request that arrives meanwhile waits for one device request.
-            } else {
-                let timeout = match self.dirty_since {
-                    Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
-                    None => PARK_MAX,
-                };
-                let _ = pfs_net::wait_readable(self.epoll.raw(), Some(timeout.min(PARK_MAX)));
+                return None;
             }
+            let timeout = match self.dirty_since {
+                Some(t) => (t + self.opts.commit_interval).saturating_duration_since(self.now),
+                None => PARK_MAX,
+            };
+            return Some(timeout.min(PARK_MAX));
         } else if device_polled {
             std::thread::yield_now();
         }
+        None
+    }
+
+    /// Ends a park begun by [`park_begin`](Self::park_begin).
+    fn park_end(&mut self) {
+        let bell = &self.bells[self.id as usize];
         bell.parked.store(false, Ordering::SeqCst);
         bell.wake.drain();
     }

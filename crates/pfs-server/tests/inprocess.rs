@@ -889,3 +889,118 @@ fn a_read_at_the_home_counts_another_handles_unpublished_writes() {
     drop(fs);
     cluster.stop();
 }
+
+/// A client in the server's own process runs a parked worker's rounds on its
+/// own thread (`inline_rounds`, as `pfs up` does, `pfs_net::inline`): threads
+/// that create, write, read, sync, rename and remove files at once get the
+/// answers the worker's thread gives; paced requests (the worker parked
+/// between them) are answered that way; what they made survives a restart;
+/// and a server without the setting answers none that way.
+#[test]
+fn client_threads_run_a_parked_workers_rounds_and_get_the_same_answers() {
+    let dir = test_dir("inline-rounds");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let start = |inline: bool| {
+        let mut cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+        cfg.inline_rounds = inline;
+        pfs_server::start(&cfg, Duration::from_secs(10)).unwrap()
+    };
+    // Paced lookups of `names` in `d`: the worker parks between them.
+    let paced = |fs: &pfs_client::Cluster, d: InodeId, names: &[String]| -> u64 {
+        let before = fs.inline_answers();
+        for name in names {
+            std::thread::sleep(Duration::from_millis(2));
+            fs.lookup(d, name.as_bytes()).unwrap();
+        }
+        fs.inline_answers() - before
+    };
+    let server = start(true);
+    let fs = client(master.addr(), &key);
+    let root = fs.mkdir(InodeId::ROOT, b"inline", 0o755, 0, 0).unwrap().ino;
+    // What each thread's directory holds at the end: name -> content seed.
+    let kept: Vec<(InodeId, Vec<(String, u64)>)> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let fs = &fs;
+                s.spawn(move || {
+                    let d = fs.mkdir(root, format!("t{t}").as_bytes(), 0o755, 0, 0).unwrap().ino;
+                    let mut kept = Vec::new();
+                    for i in 0..60u64 {
+                        let seed = (t * 60 + i) % 45;
+                        let name = format!("f{i}");
+                        let ino = write_file(fs, d, &name, &content(seed));
+                        assert_eq!(read_file(fs, ino), content(seed), "t{t}/{name}");
+                        if i % 7 == 0 {
+                            let fh = fs.open(ino, 0).unwrap();
+                            fs.fsync(ino, fh, false).unwrap();
+                            fs.release(ino, fh).unwrap();
+                        }
+                        match i % 3 {
+                            0 => {
+                                let to = format!("g{i}");
+                                fs.rename(
+                                    d,
+                                    name.as_bytes(),
+                                    d,
+                                    to.as_bytes(),
+                                    RenameFlags::empty(),
+                                )
+                                .unwrap();
+                                assert_eq!(fs.lookup(d, to.as_bytes()).unwrap().ino, ino);
+                                assert!(matches!(
+                                    fs.lookup(d, name.as_bytes()),
+                                    Err(FsError::NotFound)
+                                ));
+                                kept.push((to, seed));
+                            }
+                            1 => {
+                                fs.unlink(d, name.as_bytes()).unwrap();
+                                assert!(matches!(
+                                    fs.lookup(d, name.as_bytes()),
+                                    Err(FsError::NotFound)
+                                ));
+                            }
+                            _ => kept.push((name, seed)),
+                        }
+                    }
+                    (d, kept)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let (d0, names0) = &kept[0];
+    let names: Vec<String> = names0.iter().map(|(n, _)| n.clone()).collect();
+    let inline = paced(&fs, *d0, &names);
+    assert!(
+        inline * 2 >= names.len() as u64,
+        "{inline} of {} paced lookups answered by this thread's rounds",
+        names.len()
+    );
+    drop(fs);
+    server.stop().unwrap();
+
+    let server = start(false);
+    let fs = client(master.addr(), &key);
+    for (d, names) in &kept {
+        let mut listed: Vec<String> = fs
+            .readdir(*d, None, 1000)
+            .unwrap()
+            .into_iter()
+            .map(|e| String::from_utf8(e.name).unwrap())
+            .collect();
+        listed.sort();
+        let mut want: Vec<String> = names.iter().map(|(n, _)| n.clone()).collect();
+        want.sort();
+        assert_eq!(listed, want, "directory {d:?} after the restart");
+        for (name, seed) in names {
+            let ino = fs.lookup(*d, name.as_bytes()).unwrap().ino;
+            assert_eq!(read_file(&fs, ino), content(*seed), "{name} after the restart");
+        }
+    }
+    assert_eq!(paced(&fs, *d0, &names), 0, "a server without inline_rounds is woken instead");
+    drop(fs);
+    server.stop().unwrap();
+    master.stop();
+}

@@ -333,6 +333,13 @@ impl Cluster {
         self.sent.iter().map(|n| n.load(Ordering::Relaxed)).collect()
     }
 
+    /// Requests answered by rounds of a parked worker that this client's own
+    /// threads ran (a server in this process with `inline_rounds`,
+    /// [`pfs_net::inline`]), over all connections.
+    pub fn inline_answers(&self) -> u64 {
+        self.conns.iter().map(|c| c.inline_answers()).sum()
+    }
+
     /// Dentry cache (hits, misses) so far.
     pub fn dentry_cache_stats(&self) -> (u64, u64) {
         self.caches.dcache.lock().expect("dcache lock").counters()
@@ -391,8 +398,12 @@ impl Cluster {
         let mutation = req.is_mutation();
         let mut resent = false;
         loop {
-            let (s, sent) = self.send_to(server, worker, req.clone())?;
-            let answer = match self.conns[s].wait_answer(sent) {
+            let s = server.0 as usize;
+            let waited =
+                self.conns[s].exchange(req.clone(), worker.0 as u16, self.opts.request_timeout)?;
+            let shard = s * self.placement.workers() as usize + worker.0 as usize;
+            self.sent[shard].fetch_add(1, Ordering::Relaxed);
+            let answer = match waited {
                 crate::conn::Waited::Answer(a) => a,
                 // A read changes nothing: after a dropped connection (a
                 // restarted server) it goes once more, on the new connection,

@@ -129,6 +129,29 @@ pub struct Qp {
 }
 
 impl Qp {
+    /// Over shared memory: the peer stops ringing for bytes it sends until the
+    /// next `prepare_wait` ([`crate::inline`]).
+    pub(crate) fn cancel_wait(&mut self) {
+        if let Pipe::Shm(p) = &mut self.pipe {
+            p.cancel_wait();
+        }
+    }
+
+    /// Over shared memory, on the server: the inline key for a client in this process.
+    pub(crate) fn set_inline_key(&self, key: u64) {
+        if let Pipe::Shm(p) = &self.pipe {
+            p.set_inline_key(key);
+        }
+    }
+
+    /// Over shared memory, on the client: the key of the worker it may run inline.
+    pub(crate) fn inline_key(&self) -> Option<u64> {
+        match &self.pipe {
+            Pipe::Shm(p) => p.inline_key(),
+            Pipe::Tcp(_) => None,
+        }
+    }
+
     /// A queue pair over an established, authenticated pipe.
     pub(crate) fn new(
         peer: String,

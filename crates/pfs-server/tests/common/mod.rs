@@ -76,7 +76,9 @@ pub fn master_config(dir: &Path, key_file: &Path, servers: u32) -> MasterConfig 
 }
 
 /// A server config: `workers` workers, data in `dir/server-<n>.img`, listening on
-/// 127.0.0.<n+1> (port 0 unless `port` is given).
+/// 127.0.0.<n+1> (port 0 unless `port` is given). Server 0 lets client threads of
+/// this process run its workers' rounds (`inline_rounds`, as `pfs up` does) and
+/// the others do not, so every test with two servers goes both ways.
 pub fn server_config(
     dir: &Path,
     key_file: &Path,
@@ -92,6 +94,7 @@ pub fn server_config(
         workers,
         poll_mode: PollMode::Adaptive,
         idle_spin_us: 50,
+        inline_rounds: n == 0,
         memcpy_threads: 0,
         key_file: key_file.to_owned(),
         master: master.to_string(),
