@@ -62,6 +62,16 @@ pub struct Sent {
     pub deadline: Instant,
 }
 
+/// What a poll for the raw reply to `id` found: `None` while it has not come.
+fn raw_answer(rpc: &mut RpcClient, id: RequestId) -> Option<Result<Vec<u8>, Waited>> {
+    match rpc.poll_raw(id) {
+        Ok(Some((buf, _boot))) => Some(Ok(buf)),
+        Ok(None) => None,
+        Err(e @ NetError::Disconnected { .. }) => Some(Err(Waited::Dropped(net_error(e)))),
+        Err(e) => Some(Err(Waited::Answer(Err(net_error(e))))),
+    }
+}
+
 fn net_error(e: NetError) -> FsError {
     FsError::Io(e.to_string())
 }
@@ -141,6 +151,32 @@ impl Conn {
     /// worker's rounds itself until the answer is there, instead of waking the
     /// worker and then sleeping until it wakes this thread ([`pfs_net::inline`]).
     pub fn exchange(&self, req: Request, worker: u16, timeout: Duration) -> FsResult<Waited> {
+        self.exchange_by(req, worker, timeout, &mut |conn, rpc, id| {
+            conn.answered(rpc.poll_boot(id))
+        })
+    }
+
+    /// [`exchange`](Self::exchange) that hands over the reply frame as
+    /// received ([`wait_raw`](Self::wait_raw)): a data read.
+    pub fn exchange_raw(
+        &self,
+        req: Request,
+        worker: u16,
+        timeout: Duration,
+    ) -> FsResult<Result<RawReply<'_>, Waited>> {
+        let got = self.exchange_by(req, worker, timeout, &mut |_, rpc, id| raw_answer(rpc, id))?;
+        Ok(got.map(|buf| RawReply { conn: self, buf: Some(buf) }))
+    }
+
+    /// Sends `req` and polls for its answer with `poll`, running a parked
+    /// worker's rounds on this thread when it may ([`exchange`](Self::exchange)).
+    fn exchange_by<T>(
+        &self,
+        req: Request,
+        worker: u16,
+        timeout: Duration,
+        poll: &mut dyn FnMut(&Conn, &mut RpcClient, RequestId) -> Option<T>,
+    ) -> FsResult<T> {
         let frame =
             Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
         // Not while this client's pipelined writes may be in the worker's
@@ -148,7 +184,7 @@ impl Conn {
         // worker's own thread overlaps it with this thread's.
         let inline = if self.pipelined() == 0 { self.inline() } else { None };
         if let Some(inline) = inline {
-            let mut outcome: Option<Result<Waited, Sent>> = None;
+            let mut outcome: Option<Result<T, Sent>> = None;
             inline.run_parked(&mut |round| {
                 let deadline = Instant::now() + timeout;
                 let sent = {
@@ -159,7 +195,8 @@ impl Conn {
                 };
                 for _ in 0..INLINE_ROUNDS {
                     let work = round();
-                    if let Some(answer) = self.try_answer(sent) {
+                    let mut rpc = self.rpc.lock().expect("connection lock");
+                    if let Some(answer) = poll(self, &mut rpc, sent.id) {
                         outcome = Some(Ok(answer));
                         return;
                     }
@@ -176,12 +213,12 @@ impl Conn {
                     self.inline_answers.fetch_add(1, Ordering::Relaxed);
                     return Ok(answer);
                 }
-                Some(Err(sent)) => return Ok(self.wait_answer(sent)),
+                Some(Err(sent)) => return Ok(self.wait_for(sent, |rpc| poll(self, rpc, sent.id))),
                 None => {}
             }
         }
         let sent = self.send_by(timeout, |rpc, deadline| rpc.send_to(&frame, worker, deadline))?;
-        Ok(self.wait_answer(sent))
+        Ok(self.wait_for(sent, |rpc| poll(self, rpc, sent.id)))
     }
 
     /// Requests answered by worker rounds this connection's callers ran
@@ -280,12 +317,7 @@ impl Conn {
     /// when the [`RawReply`] is dropped. `Err(Waited::Dropped)` when the
     /// connection went down first, as [`wait_answer`](Self::wait_answer) says.
     pub fn wait_raw(&self, sent: Sent) -> Result<RawReply<'_>, Waited> {
-        let buf = self.wait_for(sent, |rpc| match rpc.poll_raw(sent.id) {
-            Ok(Some((buf, _boot))) => Some(Ok(buf)),
-            Ok(None) => None,
-            Err(e @ NetError::Disconnected { .. }) => Some(Err(Waited::Dropped(net_error(e)))),
-            Err(e) => Some(Err(Waited::Answer(Err(net_error(e))))),
-        })?;
+        let buf = self.wait_for(sent, |rpc| raw_answer(rpc, sent.id))?;
         Ok(RawReply { conn: self, buf: Some(buf) })
     }
 

@@ -292,8 +292,14 @@ impl Cluster {
         req: Request,
         f: &mut dyn FnMut(&[u8]),
     ) -> FsResult<bool> {
-        let (s, sent) = self.send_to(p.route.server, p.route.proc_worker, req)?;
-        let raw = match self.conns[s].wait_raw(sent) {
+        let s = p.route.server.0 as usize;
+        let exchanged = self.conns[s].exchange_raw(
+            req,
+            p.route.proc_worker.0 as u16,
+            self.opts.request_timeout,
+        )?;
+        self.count_sent(p.route.server, p.route.proc_worker);
+        let raw = match exchanged {
             Ok(raw) => raw,
             Err(Waited::Dropped(_)) => return Ok(false),
             Err(Waited::Answer(r)) => return r.map(|_| false),

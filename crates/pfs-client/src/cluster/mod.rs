@@ -357,9 +357,14 @@ impl Cluster {
     fn send_to(&self, server: ServerId, worker: WorkerId, req: Request) -> FsResult<(usize, Sent)> {
         let s = server.0 as usize;
         let sent = self.conns[s].send(req, worker.0 as u16, self.opts.request_timeout)?;
-        let shard = s * self.placement.workers() as usize + worker.0 as usize;
-        self.sent[shard].fetch_add(1, Ordering::Relaxed);
+        self.count_sent(server, worker);
         Ok((s, sent))
+    }
+
+    /// Counts a request sent to a shard ([`requests_sent`](Self::requests_sent)).
+    pub(crate) fn count_sent(&self, server: ServerId, worker: WorkerId) {
+        let shard = server.0 as usize * self.placement.workers() as usize + worker.0 as usize;
+        self.sent[shard].fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`send_to`](Self::send_to) of a write of the caller's bytes, copied
@@ -401,8 +406,7 @@ impl Cluster {
             let s = server.0 as usize;
             let waited =
                 self.conns[s].exchange(req.clone(), worker.0 as u16, self.opts.request_timeout)?;
-            let shard = s * self.placement.workers() as usize + worker.0 as usize;
-            self.sent[shard].fetch_add(1, Ordering::Relaxed);
+            self.count_sent(server, worker);
             let answer = match waited {
                 crate::conn::Waited::Answer(a) => a,
                 // A read changes nothing: after a dropped connection (a
