@@ -45,9 +45,9 @@ enum Command {
         /// Let the mount's threads run a parked worker's rounds themselves
         /// instead of waking it (the server's `inline_rounds`): a metadata
         /// request then costs no wake-up of the worker and none of the thread
-        /// that waits. Saves CPU when several processes work at once (mdtest);
-        /// slows a single stream of requests (tar, rm -r) on a 2-core VM:
-        /// docs/benchmarks.md "Inline rounds" [default: off]
+        /// that waits. Only while requests of several threads interleave; saves
+        /// CPU when several processes work at once (mdtest): docs/cluster.md
+        /// "Inline rounds" [default: off]
         #[arg(long)]
         inline_rounds: bool,
         /// Size of each server's device file, in GiB (sparse: each shard's metadata

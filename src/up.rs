@@ -152,6 +152,9 @@ pub fn start(opts: &UpOptions) -> Result<LocalCluster, String> {
         let mut scfg = server_config(data, &shape, i, &cluster.key_file, &cluster.master_addr());
         scfg.idle_spin_us = opts.idle_spin_us.unwrap_or(scfg.idle_spin_us);
         scfg.inline_rounds = opts.inline_rounds;
+        // The mount notes each request's thread: rounds run in line only
+        // while several threads' requests interleave.
+        pfs_net::inline::only_when_interleaved(true);
         if scfg.idle_spin_us > 1_000_000 {
             return Err(format!("--idle-spin-us {}: allowed 0 to 1000000", scfg.idle_spin_us));
         }

@@ -268,8 +268,9 @@ fn uring(base: &Path) {
 const INLINE_DIRS: &[&str] = &["open", "mkdir", "unlink", "rename", "link", "truncate"];
 
 /// `pfs up --inline-rounds` (the mount's threads run the parked workers'
-/// rounds): the exerciser with 2 processes on the three layouts, and pjdfstest
-/// directories, and the mount's threads did run rounds.
+/// rounds while requests of several threads interleave): the exerciser with 2
+/// processes on the three layouts (they interleave, so the rounds run there),
+/// pjdfstest directories, and the mount's threads did run rounds.
 fn inline_rounds(base: &Path) {
     let (data, mnt) = (base.join("data-inline"), base.join("mnt-inline"));
     let (child, _, log) =
@@ -289,7 +290,7 @@ fn inline_rounds(base: &Path) {
         })
         .expect("pfs up reported how often the mount's threads ran rounds");
     println!("the mount's threads ran the workers' rounds {runs} times");
-    assert!(runs > 1000, "the mount's threads ran rounds only {runs} times");
+    assert!(runs > 100, "the mount's threads ran rounds only {runs} times");
 }
 
 /// `-o uring` on a kernel that does not allow it: a warning, and /dev/fuse.

@@ -16,6 +16,8 @@ const WAIT_SLICE: Duration = Duration::from_millis(2);
 /// Most rounds of a parked worker a client thread runs for one request
 /// ([`Conn::exchange`]) before it waits the usual way.
 const INLINE_ROUNDS: usize = 8;
+/// Largest write whose work a client thread does itself ([`Conn::send_write`]).
+const INLINE_WRITE_MAX: usize = 16 << 10;
 
 /// A server connection.
 #[derive(Debug)]
@@ -182,7 +184,8 @@ impl Conn {
         // Not while this client's pipelined writes may be in the worker's
         // hands: the rounds would do their work here, in line, where the
         // worker's own thread overlaps it with this thread's.
-        let inline = if self.pipelined() == 0 { self.inline() } else { None };
+        let may = self.pipelined() == 0 && pfs_net::inline::wanted();
+        let inline = if may { self.inline() } else { None };
         if let Some(inline) = inline {
             let mut outcome: Option<Result<T, Sent>> = None;
             inline.run_parked(&mut |round| {
@@ -242,6 +245,29 @@ impl Conn {
         worker: u16,
         timeout: Duration,
     ) -> FsResult<Sent> {
+        // A small write to a parked worker of this process while callers
+        // interleave: its work is done here, as an inline call's is (a
+        // larger one overlaps the worker's thread with this one's instead).
+        let small = write.data.len() <= INLINE_WRITE_MAX;
+        let inline = if small && pfs_net::inline::wanted() { self.inline() } else { None };
+        if let Some(inline) = inline {
+            let mut sent = None;
+            inline.run_parked(&mut |round| {
+                let deadline = Instant::now() + timeout;
+                let mut rpc = self.rpc.lock().expect("connection lock");
+                let Ok(id) = rpc.send_write(write, worker, deadline) else { return };
+                drop(rpc);
+                sent = Some(Sent { id, deadline });
+                for _ in 0..INLINE_ROUNDS {
+                    if round() == 0 {
+                        break;
+                    }
+                }
+            });
+            if let Some(sent) = sent {
+                return Ok(sent);
+            }
+        }
         self.send_by(timeout, |rpc, deadline| rpc.send_write(write, worker, deadline))
     }
 

@@ -792,6 +792,7 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -820,7 +821,8 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
+        pfs_net::inline::note_caller(req.pid());
         if let Some((a, left)) = self.dir_attrs.get(ino.0) {
             return reply.attr(&left, &kernel_attr(&a));
         }
@@ -854,7 +856,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -870,6 +872,7 @@ impl fuser::Filesystem for PfsFuse {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         log::trace!("setattr ino {} size {size:?} fh {:?}", ino.0, _fh.map(|f| f.0));
         let set = SetAttr {
             perm: mode.map(|m| (m & 0o7777) as u16),
@@ -894,7 +897,8 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        pfs_net::inline::note_caller(req.pid());
         match self.fs.readlink(InodeId(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(stale(&e)),
@@ -911,6 +915,7 @@ impl fuser::Filesystem for PfsFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -935,6 +940,7 @@ impl fuser::Filesystem for PfsFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -945,7 +951,8 @@ impl fuser::Filesystem for PfsFuse {
         self.entry(reply, r);
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -955,7 +962,8 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -973,6 +981,7 @@ impl fuser::Filesystem for PfsFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(link_name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -985,7 +994,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -993,6 +1002,7 @@ impl fuser::Filesystem for PfsFuse {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let (name, newname) = match (name_of(name), name_of(newname)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
@@ -1019,12 +1029,13 @@ impl fuser::Filesystem for PfsFuse {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1036,6 +1047,7 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        pfs_net::inline::note_caller(req.pid());
         let _gate = self.gate.enter(Pass::Open);
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // Without FOPEN_KEEP_CACHE the kernel drops cached pages at open, so
@@ -1062,7 +1074,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1071,6 +1083,7 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let changes = self.data_changes.load(Ordering::Acquire);
         if let Some(data) = self.small.take(fh.0, changes) {
             // The bytes its lookup brought: no request to the server.
@@ -1098,7 +1111,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1108,6 +1121,7 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         log::trace!(
             "write ino {} fh {} at {offset:#x} +{:#x} first {:?}",
             ino.0,
@@ -1131,19 +1145,20 @@ impl fuser::Filesystem for PfsFuse {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         log::trace!("flush ino {} fh {}", ino.0, fh.0);
         Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
     }
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         flags: OpenFlags,
@@ -1151,6 +1166,7 @@ impl fuser::Filesystem for PfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         log::trace!("release ino {} fh {}", ino.0, fh.0);
         self.small.released(fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
@@ -1164,11 +1180,13 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
+    fn fsync(&self, req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
+        pfs_net::inline::note_caller(req.pid());
         Self::empty(reply, self.fs.fsync(InodeId(ino.0), FileHandle(fh.0), datasync));
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        pfs_net::inline::note_caller(req.pid());
         match self.fs.getattr(InodeId(ino.0)) {
             Ok(a) if a.kind != FileType::Directory => return reply.error(Errno::ENOTDIR),
             Ok(_) => {}
@@ -1186,12 +1204,13 @@ impl fuser::Filesystem for PfsFuse {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let dir = InodeId(ino.0);
         let mut k = offset;
         // Bounded by the reply buffer: `add` says when it is full.
@@ -1215,12 +1234,13 @@ impl fuser::Filesystem for PfsFuse {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let dir = InodeId(ino.0);
         let mut k = offset;
         loop {
@@ -1274,12 +1294,13 @@ impl fuser::Filesystem for PfsFuse {
 
     fn releasedir(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: KHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         self.dirs.lock().expect("dirs lock").remove(&fh.0);
         reply.ok();
     }
@@ -1302,16 +1323,18 @@ impl fuser::Filesystem for PfsFuse {
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         Self::empty(reply, self.fs.fsyncdir(InodeId(ino.0), FileHandle(fh.0), datasync));
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        pfs_net::inline::note_caller(req.pid());
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -1329,7 +1352,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1337,6 +1360,7 @@ impl fuser::Filesystem for PfsFuse {
         position: u32,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         if position != 0 {
             return reply.error(Errno::EINVAL);
         }
@@ -1357,7 +1381,8 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1380,7 +1405,8 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        pfs_net::inline::note_caller(req.pid());
         match self.fs.listxattr(InodeId(ino.0)) {
             Ok(names) => {
                 let mut list = Vec::new();
@@ -1394,7 +1420,8 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1405,7 +1432,8 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        pfs_net::inline::note_caller(req.pid());
         // Permission bits are checked by the kernel (`default_permissions`); this
         // only answers whether the inode exists.
         Self::empty(reply, self.fs.getattr(InodeId(ino.0)).map(|_| ()));
@@ -1421,6 +1449,7 @@ impl fuser::Filesystem for PfsFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1454,7 +1483,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1462,6 +1491,7 @@ impl fuser::Filesystem for PfsFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        pfs_net::inline::note_caller(req.pid());
         let keep_size = match mode {
             0 => false,
             libc::FALLOC_FL_KEEP_SIZE => true,

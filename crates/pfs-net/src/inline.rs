@@ -17,8 +17,9 @@
 //! nothing. Its size is bounded by the workers alive in the process (entries of
 //! stopped workers are reused).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 /// A worker whose rounds another thread of its process may run while it is parked.
 pub trait Inline: Send + Sync {
@@ -65,6 +66,60 @@ pub fn unregister(key: u64) {
 
 static RUNS: AtomicU64 = AtomicU64::new(0);
 
+/// Whether client threads run rounds only while callers interleave
+/// ([`only_when_interleaved`]).
+static INTERLEAVED_ONLY: AtomicBool = AtomicBool::new(false);
+/// The last caller noted, and when (ns since [`start`]) a caller other than
+/// the one before it was last noted.
+static LAST_CALLER: AtomicU32 = AtomicU32::new(0);
+static LAST_SWITCH_NS: AtomicU64 = AtomicU64::new(0);
+/// How long after two callers interleaved they still count as interleaving.
+pub const INTERLEAVED_FOR: Duration = Duration::from_millis(2);
+
+fn since_start_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Makes client threads run a parked worker's rounds only while requests of
+/// two or more callers (application threads, [`note_caller`]) interleave, and
+/// workers skip their idle spin meanwhile, so that the rounds find them parked.
+/// A single stream of requests (`tar`, `rm -r`) then wakes the worker as
+/// before, whose spin keeps that stream's hand-offs on one CPU
+/// (docs/benchmarks.md, "Inline rounds"). Off: whenever the worker is parked.
+pub fn only_when_interleaved(yes: bool) {
+    INTERLEAVED_ONLY.store(yes, Ordering::Relaxed);
+}
+
+/// Notes that application thread `caller` made a request (the FUSE request's
+/// thread id; 0, a request of the kernel's own, is not counted).
+pub fn note_caller(caller: u32) {
+    if caller == 0 {
+        return;
+    }
+    let before = LAST_CALLER.swap(caller, Ordering::Relaxed);
+    if before != caller && before != 0 {
+        LAST_SWITCH_NS.store(since_start_ns().max(1), Ordering::Relaxed);
+    }
+}
+
+/// Whether requests of two callers interleaved within [`INTERLEAVED_FOR`].
+fn interleaved() -> bool {
+    let at = LAST_SWITCH_NS.load(Ordering::Relaxed);
+    at != 0 && since_start_ns().saturating_sub(at) < INTERLEAVED_FOR.as_nanos() as u64
+}
+
+/// Whether a client thread should try to run a parked worker's rounds now.
+pub fn wanted() -> bool {
+    !INTERLEAVED_ONLY.load(Ordering::Relaxed) || interleaved()
+}
+
+/// Whether an idle worker that serves inline should park at once instead of
+/// spinning: callers interleave, and their threads run its rounds.
+pub fn skip_spin() -> bool {
+    INTERLEAVED_ONLY.load(Ordering::Relaxed) && interleaved()
+}
+
 /// Counts one [`Inline::run_parked`] that ran its function (for [`runs`]).
 pub fn count_run() {
     RUNS.fetch_add(1, Ordering::Relaxed);
@@ -93,6 +148,22 @@ mod tests {
             f(&mut || self.0.fetch_add(1, Ordering::SeqCst) + 1);
             true
         }
+    }
+
+    #[test]
+    fn only_interleaving_callers_want_rounds_when_asked_to() {
+        only_when_interleaved(true);
+        note_caller(7);
+        note_caller(7);
+        note_caller(0);
+        assert!(!wanted() && !skip_spin(), "one caller alone, and the kernel's 0, do not count");
+        note_caller(8);
+        assert!(wanted() && skip_spin(), "two callers interleaved just now");
+        std::thread::sleep(INTERLEAVED_FOR + Duration::from_millis(1));
+        note_caller(8);
+        assert!(!wanted() && !skip_spin(), "no interleaving for longer than the window");
+        only_when_interleaved(false);
+        assert!(wanted() && !skip_spin(), "without the policy a parked worker is always run");
     }
 
     #[test]

@@ -542,7 +542,11 @@ impl<D: Device> Worker<D> {
             }
             // With only a commit step or reads to wait for, wait on the device
             // at once (`park`): spinning would only poll for the same completion.
-            if !parked && w.now.duration_since(since) < spin.window() && !w.awaits_device() {
+            // While client threads run the rounds (inline rounds, callers
+            // interleaving), spinning would only keep them from finding it parked.
+            let spins = !(w.opts.inline_rounds && pfs_net::inline::skip_spin());
+            if spins && !parked && w.now.duration_since(since) < spin.window() && !w.awaits_device()
+            {
                 std::hint::spin_loop();
                 continue;
             }
