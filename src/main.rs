@@ -42,14 +42,13 @@ enum Command {
         /// not at all, while spinning does not pay; 0 never spins) [default: 100]
         #[arg(long, value_name = "US")]
         idle_spin_us: Option<u64>,
-        /// Let the mount's threads run a parked worker's rounds themselves
-        /// instead of waking it (the server's `inline_rounds`): a metadata
-        /// request then costs no wake-up of the worker and none of the thread
-        /// that waits. Only while requests of several threads interleave; saves
-        /// CPU when several processes work at once (mdtest): docs/cluster.md
-        /// "Inline rounds" [default: off]
+        /// Wake the worker for every request instead of letting the mount's
+        /// threads run a parked worker's rounds themselves while requests of
+        /// several threads interleave (the server's `inline_rounds`, on by
+        /// default in pfs up: a request then costs no wake-up of the worker
+        /// and none of the thread that waits; docs/cluster.md "Inline rounds")
         #[arg(long)]
-        inline_rounds: bool,
+        no_inline_rounds: bool,
         /// Size of each server's device file, in GiB (sparse: each shard's metadata
         /// and WAL are allocated at start, file data as it is written). Fixed on the
         /// first run.
@@ -143,7 +142,7 @@ fn run(cmd: Command) -> Result<(), String> {
             servers,
             workers,
             idle_spin_us,
-            inline_rounds,
+            no_inline_rounds,
             size_gib,
             master_listen,
             options,
@@ -156,7 +155,7 @@ fn run(cmd: Command) -> Result<(), String> {
                 servers,
                 workers,
                 idle_spin_us,
-                inline_rounds,
+                inline_rounds: !no_inline_rounds,
                 size_bytes: size_gib << 30,
                 master_listen,
             };

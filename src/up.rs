@@ -34,7 +34,7 @@ pub struct UpOptions {
     /// The workers' longest adaptive spin; `None`: the server default.
     pub idle_spin_us: Option<u64>,
     /// Whether the mount's threads run a parked worker's rounds themselves
-    /// (the server's `inline_rounds`, `--inline-rounds`).
+    /// (the server's `inline_rounds`; on unless `--no-inline-rounds`).
     pub inline_rounds: bool,
     /// Size of each server's device file.
     pub size_bytes: u64,
@@ -299,7 +299,7 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     }
     if opts.inline_rounds {
         println!(
-            "pfs up: the mount's threads ran the workers' rounds {} times (--inline-rounds)",
+            "pfs up: the mount's threads ran the workers' rounds {} times",
             pfs_net::inline::runs()
         );
     }
