@@ -184,34 +184,10 @@ impl Conn {
         // Not while this client's pipelined writes may be in the worker's
         // hands: the rounds would do their work here, in line, where the
         // worker's own thread overlaps it with this thread's.
-        let may = self.pipelined() == 0 && pfs_net::inline::wanted();
-        let inline = if may { self.inline() } else { None };
-        if let Some(inline) = inline {
-            let mut outcome: Option<Result<T, Sent>> = None;
-            inline.run_parked(&mut |round| {
-                let deadline = Instant::now() + timeout;
-                let sent = {
-                    let mut rpc = self.rpc.lock().expect("connection lock");
-                    // No credit or no connection: the usual way below waits for them.
-                    let Ok(id) = rpc.send_to(&frame, worker, deadline) else { return };
-                    Sent { id, deadline }
-                };
-                for _ in 0..INLINE_ROUNDS {
-                    let work = round();
-                    let mut rpc = self.rpc.lock().expect("connection lock");
-                    if let Some(answer) = poll(self, &mut rpc, sent.id) {
-                        outcome = Some(Ok(answer));
-                        return;
-                    }
-                    if work == 0 {
-                        break;
-                    }
-                }
-                // Forwarded to another worker, or behind other work: the
-                // worker's thread is woken for what is left.
-                outcome = Some(Err(sent));
-            });
-            match outcome {
+        if self.pipelined() == 0 {
+            let send = &mut |rpc: &mut RpcClient, deadline| rpc.send_to(&frame, worker, deadline);
+            let answer = &mut |rpc: &mut RpcClient, id| poll(self, rpc, id);
+            match self.send_inline(timeout, send, answer) {
                 Some(Ok(answer)) => {
                     self.inline_answers.fetch_add(1, Ordering::Relaxed);
                     return Ok(answer);
@@ -237,6 +213,45 @@ impl Conn {
         pfs_net::inline::find(key)
     }
 
+    /// When this connection's worker is parked in this process and may be run
+    /// here ([`pfs_net::inline`]): sends with `send` (which rings no one), then
+    /// runs the worker's rounds until `answer` finds the reply (`Ok`), nothing
+    /// moves or [`INLINE_ROUNDS`] ran (`Err`: sent, the answer still to come).
+    /// `None` when nothing was sent this way (the caller sends as usual).
+    fn send_inline<T>(
+        &self,
+        timeout: Duration,
+        send: &mut dyn FnMut(&mut RpcClient, Instant) -> Result<RequestId, NetError>,
+        answer: &mut dyn FnMut(&mut RpcClient, RequestId) -> Option<T>,
+    ) -> Option<Result<T, Sent>> {
+        if !pfs_net::inline::wanted() {
+            return None;
+        }
+        let mut outcome = None;
+        self.inline()?.run_parked(&mut |round| {
+            let deadline = Instant::now() + timeout;
+            // No credit or no connection: the usual way waits for them.
+            let Ok(id) = send(&mut self.rpc.lock().expect("connection lock"), deadline) else {
+                return;
+            };
+            let sent = Sent { id, deadline };
+            for _ in 0..INLINE_ROUNDS {
+                let work = round();
+                if let Some(a) = answer(&mut self.rpc.lock().expect("connection lock"), id) {
+                    outcome = Some(Ok(a));
+                    return;
+                }
+                if work == 0 {
+                    break;
+                }
+            }
+            // Forwarded to another worker, or behind other work: the
+            // worker's thread is woken for what is left.
+            outcome = Some(Err(sent));
+        });
+        outcome
+    }
+
     /// [`send`](Self::send) of a write whose data the caller holds: the data is
     /// copied once, into the frame.
     pub fn send_write(
@@ -245,26 +260,12 @@ impl Conn {
         worker: u16,
         timeout: Duration,
     ) -> FsResult<Sent> {
-        // A small write to a parked worker of this process while callers
-        // interleave: its work is done here, as an inline call's is (a
+        // A small write: its work is done here, as an inline call's is (a
         // larger one overlaps the worker's thread with this one's instead).
-        let small = write.data.len() <= INLINE_WRITE_MAX;
-        let inline = if small && pfs_net::inline::wanted() { self.inline() } else { None };
-        if let Some(inline) = inline {
-            let mut sent = None;
-            inline.run_parked(&mut |round| {
-                let deadline = Instant::now() + timeout;
-                let mut rpc = self.rpc.lock().expect("connection lock");
-                let Ok(id) = rpc.send_write(write, worker, deadline) else { return };
-                drop(rpc);
-                sent = Some(Sent { id, deadline });
-                for _ in 0..INLINE_ROUNDS {
-                    if round() == 0 {
-                        break;
-                    }
-                }
-            });
-            if let Some(sent) = sent {
+        if write.data.len() <= INLINE_WRITE_MAX {
+            let send = &mut |rpc: &mut RpcClient, deadline| rpc.send_write(write, worker, deadline);
+            let no_answer = &mut |_: &mut RpcClient, _| None::<()>;
+            if let Some(Err(sent)) = self.send_inline(timeout, send, no_answer) {
                 return Ok(sent);
             }
         }

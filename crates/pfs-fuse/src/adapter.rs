@@ -791,8 +791,13 @@ impl fuser::Filesystem for PfsFuse {
         Ok(())
     }
 
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn before_request(&self, req: &Request) {
+        // Inline rounds run while several threads' requests interleave
+        // (`pfs_net::inline::only_when_interleaved`, set by `pfs up`).
         pfs_net::inline::note_caller(req.pid());
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -821,8 +826,7 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
-        pfs_net::inline::note_caller(req.pid());
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<KHandle>, reply: ReplyAttr) {
         if let Some((a, left)) = self.dir_attrs.get(ino.0) {
             return reply.attr(&left, &kernel_attr(&a));
         }
@@ -856,7 +860,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn setattr(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -872,7 +876,6 @@ impl fuser::Filesystem for PfsFuse {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         log::trace!("setattr ino {} size {size:?} fh {:?}", ino.0, _fh.map(|f| f.0));
         let set = SetAttr {
             perm: mode.map(|m| (m & 0o7777) as u16),
@@ -897,8 +900,7 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        pfs_net::inline::note_caller(req.pid());
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(InodeId(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(stale(&e)),
@@ -915,7 +917,6 @@ impl fuser::Filesystem for PfsFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -940,7 +941,6 @@ impl fuser::Filesystem for PfsFuse {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -951,8 +951,7 @@ impl fuser::Filesystem for PfsFuse {
         self.entry(reply, r);
     }
 
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        pfs_net::inline::note_caller(req.pid());
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -962,8 +961,7 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        pfs_net::inline::note_caller(req.pid());
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -981,7 +979,6 @@ impl fuser::Filesystem for PfsFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(link_name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -994,7 +991,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn rename(
         &self,
-        req: &Request,
+        _req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -1002,7 +999,6 @@ impl fuser::Filesystem for PfsFuse {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let (name, newname) = match (name_of(name), name_of(newname)) {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
@@ -1029,13 +1025,12 @@ impl fuser::Filesystem for PfsFuse {
 
     fn link(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1047,7 +1042,6 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        pfs_net::inline::note_caller(req.pid());
         let _gate = self.gate.enter(Pass::Open);
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // Without FOPEN_KEEP_CACHE the kernel drops cached pages at open, so
@@ -1074,7 +1068,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn read(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1083,7 +1077,6 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let changes = self.data_changes.load(Ordering::Acquire);
         if let Some(data) = self.small.take(fh.0, changes) {
             // The bytes its lookup brought: no request to the server.
@@ -1111,7 +1104,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn write(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1121,7 +1114,6 @@ impl fuser::Filesystem for PfsFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         log::trace!(
             "write ino {} fh {} at {offset:#x} +{:#x} first {:?}",
             ino.0,
@@ -1145,20 +1137,19 @@ impl fuser::Filesystem for PfsFuse {
 
     fn flush(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         log::trace!("flush ino {} fh {}", ino.0, fh.0);
         Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
     }
 
     fn release(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         flags: OpenFlags,
@@ -1166,7 +1157,6 @@ impl fuser::Filesystem for PfsFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         log::trace!("release ino {} fh {}", ino.0, fh.0);
         self.small.released(fh.0);
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
@@ -1180,13 +1170,11 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn fsync(&self, req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
-        pfs_net::inline::note_caller(req.pid());
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: KHandle, datasync: bool, reply: ReplyEmpty) {
         Self::empty(reply, self.fs.fsync(InodeId(ino.0), FileHandle(fh.0), datasync));
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        pfs_net::inline::note_caller(req.pid());
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.getattr(InodeId(ino.0)) {
             Ok(a) if a.kind != FileType::Directory => return reply.error(Errno::ENOTDIR),
             Ok(_) => {}
@@ -1204,13 +1192,12 @@ impl fuser::Filesystem for PfsFuse {
 
     fn readdir(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let dir = InodeId(ino.0);
         let mut k = offset;
         // Bounded by the reply buffer: `add` says when it is full.
@@ -1234,13 +1221,12 @@ impl fuser::Filesystem for PfsFuse {
 
     fn readdirplus(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let dir = InodeId(ino.0);
         let mut k = offset;
         loop {
@@ -1294,13 +1280,12 @@ impl fuser::Filesystem for PfsFuse {
 
     fn releasedir(
         &self,
-        req: &Request,
+        _req: &Request,
         _ino: INodeNo,
         fh: KHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         self.dirs.lock().expect("dirs lock").remove(&fh.0);
         reply.ok();
     }
@@ -1323,18 +1308,16 @@ impl fuser::Filesystem for PfsFuse {
 
     fn fsyncdir(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         Self::empty(reply, self.fs.fsyncdir(InodeId(ino.0), FileHandle(fh.0), datasync));
     }
 
-    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        pfs_net::inline::note_caller(req.pid());
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -1352,7 +1335,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn setxattr(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1360,7 +1343,6 @@ impl fuser::Filesystem for PfsFuse {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         if position != 0 {
             return reply.error(Errno::EINVAL);
         }
@@ -1381,8 +1363,7 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        pfs_net::inline::note_caller(req.pid());
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1405,8 +1386,7 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        pfs_net::inline::note_caller(req.pid());
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self.fs.listxattr(InodeId(ino.0)) {
             Ok(names) => {
                 let mut list = Vec::new();
@@ -1420,8 +1400,7 @@ impl fuser::Filesystem for PfsFuse {
         }
     }
 
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        pfs_net::inline::note_caller(req.pid());
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1432,8 +1411,7 @@ impl fuser::Filesystem for PfsFuse {
         Self::empty(reply, r);
     }
 
-    fn access(&self, req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        pfs_net::inline::note_caller(req.pid());
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Permission bits are checked by the kernel (`default_permissions`); this
         // only answers whether the inode exists.
         Self::empty(reply, self.fs.getattr(InodeId(ino.0)).map(|_| ()));
@@ -1449,7 +1427,6 @@ impl fuser::Filesystem for PfsFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let name = match name_of(name) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -1483,7 +1460,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn fallocate(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         fh: KHandle,
         offset: u64,
@@ -1491,7 +1468,6 @@ impl fuser::Filesystem for PfsFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        pfs_net::inline::note_caller(req.pid());
         let keep_size = match mode {
             0 => false,
             libc::FALLOC_FL_KEEP_SIZE => true,

@@ -127,6 +127,8 @@ impl<'a> RequestWithSender<'a> {
             error!("bug: filesystem must be initialized in dispatch_req");
             return Err(Errno::EIO);
         };
+        // pfs fork: every request, on /dev/fuse and io_uring alike.
+        filesystem.before_request(self.request_header());
 
         match op {
             // Filesystem initialization - should not happen after handshake completed
