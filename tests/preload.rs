@@ -361,6 +361,18 @@ with open(f'{d}/f15', 'ab', buffering=0) as f:
     f.write(b'xyz')
     assert os.stat(f'{d}/f15').st_size == 18, 'own write, file still open'
 assert os.stat(f'{d}/f15').st_size == 18, 'own write'
+os.truncate(f'{d}/f17', 5)
+assert os.stat(f'{d}/f17').st_size == 5, 'own truncate by path'
+os.utime(f'{d}/f18', (1, 7))
+assert os.stat(f'{d}/f18').st_mtime == 7, 'own utime'
+os.link(f'{d}/f19', f'{d}/h19')
+assert os.stat(f'{d}/f19').st_nlink == 2, 'own link'
+with open(f'{d}/new', 'wb') as f:
+    pass
+assert os.stat(f'{d}/new').st_size == 0, 'own create'
+with open(f'{d}/new', 'ab') as f:
+    f.write(b'four')
+assert os.stat(f'{d}/new').st_size == 4, 'own write after an own create'
 mode = os.stat(f'{d}/f99').st_mode & 0o777
 os.chmod(f'{d}/f16', 0o600)
 for i in range(16, 60):
@@ -369,7 +381,7 @@ os.unlink(f'{other}/f20')
 with open(f'{other}/f21', 'wb') as f:
     f.write(b'new')
 time.sleep(1.1)
-for i in range(17, N):
+for i in range(20, N):
     p = f'{d}/f{i}'
     if i == 20:
         assert missing(p), 'removed by another client'
@@ -377,6 +389,56 @@ for i in range(17, N):
         assert os.stat(p).st_size == (3 if i == 21 else i), i
 print('statahead ok')
 "#;
+
+/// Per inode: a write to one file leaves the other files' statahead entries
+/// in use, and a `stat` of a file this process just created is answered from
+/// its create (as the kernel answers from a CREATE reply).
+const PYTHON_STATAHEAD_PER_INODE: &str = r#"
+import os, sys
+d = sys.argv[1] + '/pi'
+os.mkdir(d)
+N = 400
+for i in range(N):
+    with open(f'{d}/f{i}', 'wb') as f:
+        f.write(b'x' * i)
+for i in range(N):
+    assert os.stat(f'{d}/f{i}').st_size == i, i
+# Each stat after a write to another file: answered from the batches.
+for i in range(1, N):
+    with open(f'{d}/f0', 'ab') as f:
+        f.write(b'y')
+    assert os.stat(f'{d}/f{i}').st_size == i, i
+assert os.stat(f'{d}/f0').st_size == N - 1
+# Own creates, stat'ed at once: answered from the creates.
+for i in range(200):
+    with open(f'{d}/n{i}', 'wb') as f:
+        pass
+    assert os.stat(f'{d}/n{i}').st_size == 0
+print('per inode ok')
+"#;
+
+/// How many `stat`s statahead answered, from `PFS_PRELOAD_STATS`'s line.
+fn statahead_answered(stderr: &str) -> Option<u64> {
+    stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
+}
+
+#[test]
+fn statahead_keeps_other_files_entries_and_answers_own_creates() {
+    let c = Cluster::start("statahead-ino");
+    let out = c
+        .command(&c.pfs, "python3")
+        .env("PFS_PRELOAD_STATS", "1")
+        .args(["-c", PYTHON_STATAHEAD_PER_INODE, c.pfs.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "per inode ok", "{stdout}\n{stderr}");
+    // The second pass (399 stats, each after a write to f0) and the 200
+    // creates: with entries dropped at every change, none of them would be.
+    let answered = statahead_answered(&stderr);
+    assert!(answered.is_some_and(|n| n >= 500), "answered {answered:?}: {stderr}");
+}
 
 #[test]
 fn stat_through_statahead_follows_changes() {
@@ -391,8 +453,7 @@ fn stat_through_statahead_follows_changes() {
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "statahead ok", "{stdout}\n{stderr}");
     // Most of the first pass's stats came from the batches.
-    let answered =
-        stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
+    let answered = statahead_answered(&stderr);
     assert!(answered.is_some_and(|n| n >= 200), "answered {answered:?}: {stderr}");
 }
 

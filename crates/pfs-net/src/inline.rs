@@ -15,9 +15,11 @@
 //!
 //! The registry holds weak references: a stopped worker's entry upgrades to
 //! nothing. Its size is bounded by the workers alive in the process (entries of
-//! stopped workers are reused).
+//! stopped workers are reused). A process with no worker registered (every
+//! client but `pfs up`'s own mount) never looks further ([`wanted`] is false):
+//! no lock, no system call per request. A child of `fork` has none.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,6 +35,32 @@ pub trait Inline: Send + Sync {
 type Slot = Option<Weak<dyn Inline>>;
 
 static SLOTS: Mutex<Vec<Slot>> = Mutex::new(Vec::new());
+/// Workers registered now (in this process: a forked child has none).
+static REGISTERED: AtomicUsize = AtomicUsize::new(0);
+/// This process's id once asked for (0: not yet, or a child since forked).
+static PID: AtomicU32 = AtomicU32::new(0);
+
+extern "C" fn forked_child() {
+    // The child has none of the parent's worker threads.
+    REGISTERED.store(0, Ordering::SeqCst);
+    PID.store(0, Ordering::SeqCst);
+}
+
+/// This process's id, without a system call after the first time.
+pub fn this_process() -> u32 {
+    let pid = PID.load(Ordering::Relaxed);
+    if pid != 0 {
+        return pid;
+    }
+    static AT_FORK: std::sync::Once = std::sync::Once::new();
+    AT_FORK.call_once(|| {
+        // SAFETY: registers a handler that only stores to atomics.
+        unsafe { libc::pthread_atfork(None, None, Some(forked_child)) };
+    });
+    let pid = std::process::id();
+    PID.store(pid, Ordering::Relaxed);
+    pid
+}
 
 fn slots() -> std::sync::MutexGuard<'static, Vec<Slot>> {
     SLOTS.lock().unwrap_or_else(|p| p.into_inner())
@@ -40,7 +68,9 @@ fn slots() -> std::sync::MutexGuard<'static, Vec<Slot>> {
 
 /// Registers `worker`; the key (never 0) goes into its connections' control pages.
 pub fn register(worker: &Arc<dyn Inline>) -> u64 {
+    this_process();
     let mut s = slots();
+    REGISTERED.fetch_add(1, Ordering::SeqCst);
     let weak = Some(Arc::downgrade(worker));
     let free = s.iter().position(|e| e.as_ref().is_none_or(|w| w.strong_count() == 0));
     let i = match free {
@@ -60,7 +90,10 @@ pub fn register(worker: &Arc<dyn Inline>) -> u64 {
 pub fn unregister(key: u64) {
     let mut s = slots();
     if let Some(e) = key.checked_sub(1).and_then(|i| s.get_mut(i as usize)) {
-        *e = None;
+        if e.take().is_some() {
+            let _ =
+                REGISTERED.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        }
     }
 }
 
@@ -111,7 +144,8 @@ fn interleaved() -> bool {
 
 /// Whether a client thread should try to run a parked worker's rounds now.
 pub fn wanted() -> bool {
-    !INTERLEAVED_ONLY.load(Ordering::Relaxed) || interleaved()
+    REGISTERED.load(Ordering::Relaxed) > 0
+        && (!INTERLEAVED_ONLY.load(Ordering::Relaxed) || interleaved())
 }
 
 /// Whether an idle worker that serves inline should park at once instead of
@@ -152,6 +186,8 @@ mod tests {
 
     #[test]
     fn only_interleaving_callers_want_rounds_when_asked_to() {
+        let w: Arc<dyn Inline> = Arc::new(Counter(AtomicUsize::new(0)));
+        let key = register(&w);
         only_when_interleaved(true);
         note_caller(7);
         note_caller(7);
@@ -164,6 +200,25 @@ mod tests {
         assert!(!wanted() && !skip_spin(), "no interleaving for longer than the window");
         only_when_interleaved(false);
         assert!(wanted() && !skip_spin(), "without the policy a parked worker is always run");
+        unregister(key);
+    }
+
+    #[test]
+    fn a_process_without_workers_never_wants_rounds() {
+        // (Run in a child: other tests here register workers meanwhile.)
+        this_process();
+        // SAFETY: the child only calls async-signal-safe code and _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // The parent's registrations do not reach the child.
+            let ok = !wanted() && this_process() == std::process::id();
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "status {status}");
     }
 
     #[test]

@@ -406,7 +406,7 @@ impl ShmPipe {
     /// inline ([`crate::inline`]).
     pub(crate) fn set_inline_key(&self, key: u64) {
         let (k, pid) = self.inline_cells();
-        pid.store(std::process::id(), Ordering::Relaxed);
+        pid.store(crate::inline::this_process(), Ordering::Relaxed);
         k.store(key, Ordering::Release);
     }
 
@@ -414,7 +414,7 @@ impl ShmPipe {
     pub(crate) fn inline_key(&self) -> Option<u64> {
         let (k, pid) = self.inline_cells();
         let key = k.load(Ordering::Acquire);
-        (key != 0 && pid.load(Ordering::Relaxed) == std::process::id()).then_some(key)
+        (key != 0 && pid.load(Ordering::Relaxed) == crate::inline::this_process()).then_some(key)
     }
 
     /// Notices a dead peer: its end of the unix socket closed.

@@ -208,7 +208,7 @@ fn statahead() -> &'static StatAhead {
     static AHEAD: OnceLock<StatAhead> = OnceLock::new();
     AHEAD.get_or_init(|| {
         let on = std::env::var_os("PFS_STATAHEAD").is_none_or(|v| v != "off");
-        StatAhead::new(STATAHEAD_TTL, on)
+        StatAhead::new(STATAHEAD_TTL, on).per_inode()
     })
 }
 
@@ -527,6 +527,10 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
         name_changed(p.parent, &p.name);
         match created {
             Ok((attr, fh)) => {
+                // A `stat` of it before it changes is answered from these, as
+                // the kernel answers one from a CREATE reply's.
+                let changes = CHANGES.load(Ordering::Acquire);
+                statahead().remember(p.parent.0, &p.name, attr, changes);
                 let file = OpenFile::new(p.path, attr.ino, attr.kind, keep);
                 file.state().handle = Some(fds::Handle { generation: fs.generation, fh });
                 return install(file, cloexec);
@@ -557,7 +561,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
     let file = OpenFile::new(found.path, attr.ino, attr.kind, keep);
     if attr.kind == FileType::Regular && flags & libc::O_PATH == 0 {
         if flags & libc::O_TRUNC != 0 && file.writable() {
-            changed();
+            changed(attr.ino);
             let set = SetAttr { size: Some(0), ..SetAttr::default() };
             fs.fs.setattr(attr.ino, &set).map_err(errno)?;
         }
@@ -591,6 +595,11 @@ fn finish(file: Arc<OpenFile>) -> Res<()> {
             if h.generation == generation {
                 r = fs.flush(file.ino, h.fh).map_err(errno);
             }
+        }
+        if file.writable() {
+            // Its writes are published now: attributes fetched before (a
+            // batch another thread asked for meanwhile) are not used.
+            changed(file.ino);
         }
     }
     file.closed.store(true, Ordering::Relaxed);
@@ -652,8 +661,11 @@ const EOF_HINT_TTL: Duration = Duration::from_secs(1);
 /// used.
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 
-fn changed() {
+/// File `ino` changed here: counted, and its statahead entry goes (the table
+/// is per inode: other files' entries stay usable).
+fn changed(ino: InodeId) {
     CHANGES.fetch_add(1, Ordering::AcqRel);
+    statahead().forget_ino(ino.0);
 }
 
 fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Res<usize> {
@@ -704,7 +716,7 @@ fn write_with(
     offset: Option<u64>,
     data: &[u8],
 ) -> Res<(usize, u64)> {
-    changed();
+    changed(f.ino);
     let mut at = match offset {
         Some(o) if f.flags() & libc::O_APPEND == 0 => o,
         _ => fs.fs.getattr(f.ino).map_err(errno)?.size,
@@ -840,9 +852,12 @@ fn set_size(fs: &Fs, ino: InodeId, size: i64) -> Res<()> {
     if size < 0 {
         return Err(libc::EINVAL);
     }
-    changed();
+    changed(ino);
     let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
-    fs.fs.setattr(ino, &set).map(|_| ()).map_err(errno)
+    let r = fs.fs.setattr(ino, &set);
+    // Again once done: a batch fetched while it ran is not used.
+    changed(ino);
+    r.map(|_| ()).map_err(errno)
 }
 
 /// `ftruncate(2)`.
@@ -883,7 +898,7 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
     }
     let fs = Fs::get()?;
     let fh = fs.handle(&f)?;
-    changed();
+    changed(f.ino);
     let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
     fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
 }
@@ -995,7 +1010,7 @@ pub fn link(from: &[u8], to: &[u8], follow: bool) -> Res<()> {
     }
     let r = fs.fs.link(a.ino, b.parent, &b.name);
     // The file's link count moved (its other names' attributes).
-    changed();
+    changed(a.ino);
     name_changed(b.parent, &b.name);
     r.map(|_| ()).map_err(errno)
 }
@@ -1050,7 +1065,7 @@ fn setattr_checked(fs: &Fs, a: &FileAttr, set: &SetAttr) -> Res<()> {
         }
     }
     let r = fs.fs.setattr(a.ino, set);
-    changed();
+    changed(a.ino);
     r.map(|_| ()).map_err(errno)
 }
 
@@ -1315,7 +1330,7 @@ pub fn setxattr(what: Named<'_>, name: &[u8], value: &[u8], flags: i32) -> Res<(
     let ino = ino_of(&fs, what)?;
     let r = fs.fs.setxattr(ino, name, value, mode);
     // The inode's ctime moved.
-    changed();
+    changed(ino);
     r.map_err(errno)
 }
 
@@ -1324,7 +1339,7 @@ pub fn removexattr(what: Named<'_>, name: &[u8]) -> Res<()> {
     let fs = Fs::get()?;
     let ino = ino_of(&fs, what)?;
     let r = fs.fs.removexattr(ino, name);
-    changed();
+    changed(ino);
     r.map_err(errno)
 }
 
