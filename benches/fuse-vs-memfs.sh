@@ -16,7 +16,7 @@
 # Usage: benches/fuse-vs-memfs.sh > report.md   (as root)
 # Environment: EASY (files per process, 5000), HARD (files per process, 2000),
 #   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (pfs up's default: half the
-#   cores), WORK (target/bench-fuse),
+#   cores), WORK (target/bench-fuse), FIO_RUNS (alternating fio runs per side, 3),
 #   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1,
 #   IO_WORKLOADS ("io-hard io-easy"; empty: none), SEGMENTS (transfers per
 #   process of each, 2048), MD_WORKLOADS ("md-easy md-hard"; empty: none),
@@ -144,14 +144,24 @@ fio_bw() { # dir rw -> MiB/s
     fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="${SIZE_MIB}M" --ioengine=psync \
         --end_fsync=1 --invalidate=1 --output-format=json 2>/dev/null | jq -r ".jobs[0].$2.bw / 1024"
 }
+# The disk's own rate drifts by 2x from minute to minute on this VM: each
+# side runs FIO_RUNS times, alternating, and the medians are compared.
+FIO_RUNS=${FIO_RUNS:-3}
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo
-echo "### fio 1 MiB sequential, ${SIZE_MIB} MiB file, one job (psync, end_fsync)"
+echo "### fio 1 MiB sequential, ${SIZE_MIB} MiB file, one job (psync, end_fsync), median of $FIO_RUNS alternating runs"
 echo
-echo "| rw | raw file MiB/s | pfs mount MiB/s | pfs/raw |"
-echo "|---|---|---|---|"
+echo "| rw | raw file MiB/s | pfs mount MiB/s | pfs/raw | raw runs | pfs runs |"
+echo "|---|---|---|---|---|---|"
 for rw in write read; do
     echo "fio $rw..." >&2
-    raw=$(fio_bw "$WORK/raw" "$rw")
-    pfs=$(fio_bw "$WORK/pfs-mnt" "$rw")
-    echo "| $rw | $(num "$raw") | $(num "$pfs") | $(ratio "$pfs" "$raw") |"
+    raws=() pfss=()
+    for _ in $(seq "$FIO_RUNS"); do
+        raws+=("$(fio_bw "$WORK/raw" "$rw")")
+        pfss+=("$(fio_bw "$WORK/pfs-mnt" "$rw")")
+    done
+    raw=$(printf '%s\n' "${raws[@]}" | median)
+    pfs=$(printf '%s\n' "${pfss[@]}" | median)
+    each() { for v in "$@"; do printf '%s ' "$(num "$v")"; done; }
+    echo "| $rw | $(num "$raw") | $(num "$pfs") | $(ratio "$pfs" "$raw") | $(each "${raws[@]}")| $(each "${pfss[@]}")|"
 done

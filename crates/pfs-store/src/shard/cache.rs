@@ -19,6 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use pfs_core::hash::NumMap;
 use pfs_core::InodeId;
 
 use super::PAGE_SIZE;
@@ -38,7 +39,10 @@ const READERS_MAX: usize = 4096;
 #[derive(Debug)]
 pub struct PageCache {
     cap: usize,
-    pages: HashMap<u64, (u64, Box<[u8]>)>,
+    /// Page number -> (use stamp, bytes); page numbers are the shard's own,
+    /// hashed without SipHash (`pfs_core::hash`: a third of a cache hit's
+    /// time went to hashing them, docs/benchmarks.md).
+    pages: NumMap<u64, (u64, Box<[u8]>)>,
     /// Use stamp -> page, oldest first.
     lru: BTreeMap<u64, u64>,
     next_stamp: u64,
@@ -51,7 +55,7 @@ impl PageCache {
     pub fn new(cap: usize) -> PageCache {
         PageCache {
             cap,
-            pages: HashMap::new(),
+            pages: NumMap::default(),
             lru: BTreeMap::new(),
             next_stamp: 0,
             hits: 0,
@@ -69,16 +73,6 @@ impl PageCache {
         self.pages.is_empty()
     }
 
-    fn touch(&mut self, page: u64) {
-        let stamp = self.next_stamp;
-        self.next_stamp += 1;
-        if let Some((old, _)) = self.pages.get_mut(&page) {
-            self.lru.remove(old);
-            *old = stamp;
-            self.lru.insert(stamp, page);
-        }
-    }
-
     /// Copies `out.len()` bytes starting `skip` bytes into page `first` if every
     /// page they span is cached; `false` (and nothing copied) otherwise.
     pub fn read(&mut self, first: u64, skip: usize, out: &mut [u8]) -> bool {
@@ -92,9 +86,15 @@ impl PageCache {
         for p in first..first + pages {
             let from = if p == first { skip } else { 0 };
             let n = (PAGE_SIZE as usize - from).min(out.len() - at);
-            out[at..at + n].copy_from_slice(&self.pages[&p].1[from..from + n]);
+            // One lookup copies and touches it.
+            let stamp = self.next_stamp;
+            self.next_stamp += 1;
+            let (old, bytes) = self.pages.get_mut(&p).expect("checked above");
+            out[at..at + n].copy_from_slice(&bytes[from..from + n]);
+            self.lru.remove(old);
+            *old = stamp;
+            self.lru.insert(stamp, p);
             at += n;
-            self.touch(p);
         }
         true
     }
@@ -103,6 +103,26 @@ impl PageCache {
     /// a miss).
     pub fn holds(&self, first: u64, n: u64) -> bool {
         self.cap > 0 && (first..first + n).all(|p| self.pages.contains_key(&p))
+    }
+
+    /// Takes page `page` out to be read in place ([`give_back`](Self::give_back)
+    /// puts it back), if held.
+    pub fn lend(&mut self, page: u64) -> Option<Box<[u8]>> {
+        let (stamp, bytes) = self.pages.remove(&page)?;
+        self.lru.remove(&stamp);
+        Some(bytes)
+    }
+
+    /// Puts back a page [`lend`](Self::lend) took, as just used; a page
+    /// cached again meanwhile keeps its newer bytes.
+    pub fn give_back(&mut self, page: u64, bytes: Box<[u8]>) {
+        if self.pages.contains_key(&page) {
+            return;
+        }
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.pages.insert(page, (stamp, bytes));
+        self.lru.insert(stamp, page);
     }
 
     /// Remembers whole pages starting at page `first` (`data` holds a multiple

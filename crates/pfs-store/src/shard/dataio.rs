@@ -207,6 +207,8 @@ static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
 pub struct Gathered {
     /// The lent buffers: `(first page of their run, buffer)`.
     bufs: Vec<(u64, AlignedBuf)>,
+    /// Read-cache pages lent: `(page, bytes)`.
+    pages: Vec<(u64, Box<[u8]>)>,
     /// The data in order.
     parts: Vec<GatherPart>,
     /// Bytes of data, holes and padding included.
@@ -218,6 +220,8 @@ pub struct Gathered {
 enum GatherPart {
     /// `part`'s bytes from lent buffer `buf`.
     Ahead { buf: usize, part: Part },
+    /// `n` bytes from byte `from` of lent read-cache page `page`.
+    Cached { page: usize, from: usize, n: usize },
     /// Zeros (a hole, or padding after the data).
     Zeros(usize),
 }
@@ -241,6 +245,9 @@ impl Gathered {
                     let (start, b) = &self.bufs[buf];
                     let from = ((part.page - start) * PAGE_SIZE) as usize + part.skip;
                     out.push(&b[from..from + part.n]);
+                }
+                GatherPart::Cached { page, from, n } => {
+                    out.push(&self.pages[page].1[from..from + n])
                 }
                 GatherPart::Zeros(mut n) => {
                     while n > 0 {
@@ -779,27 +786,61 @@ impl<D: Device> Shard<D> {
     }
 
     /// With every piece of `pieces` (split at the read-ahead runs' edges) in
-    /// a read-ahead run already read, and none of their pages being written:
-    /// the read as slices of those runs' buffers, which it lends
-    /// ([`Gathered`]). `prefix`: where the pieces' output positions start;
-    /// `len`: the data's length (zeros past the last piece). `None` (and
-    /// nothing changed) otherwise.
+    /// a read-ahead run already read or in the read cache, and none of their
+    /// pages staged or being written: the read as slices of those runs'
+    /// buffers and those cached pages, which it lends ([`Gathered`]).
+    /// `prefix`: where the pieces' output positions start; `len`: the data's
+    /// length (zeros past the last piece). `None` (and nothing changed)
+    /// otherwise.
     pub(super) fn gather_ahead(
         &mut self,
         pieces: &[Piece],
         prefix: usize,
         len: usize,
     ) -> Option<Gathered> {
-        if self.writes.ahead.is_empty() {
+        if self.writes.ahead.is_empty() && self.read_cache.is_empty() {
             return None;
         }
         let block = u64::from(self.geo.block_size);
         let mut parts = Vec::with_capacity(pieces.len() + 2);
         let mut starts: Vec<u64> = Vec::new();
+        // Read-cache pages to lend, each once, and their parts.
+        let mut cached: Vec<u64> = Vec::new();
         let mut at = prefix;
         for &(run, first, pages, piece_at, skip, n) in pieces {
             let page = run.page + first;
-            let start = self.writes.ahead_at(page, pages)?;
+            let Some(start) = self.writes.ahead_at(page, pages) else {
+                // Not read ahead: from the read cache, as `read_data_memory`
+                // would copy it (staged pages come first there).
+                if piece_at < at
+                    || !self.read_cache.holds(page, pages)
+                    || self.writes.staged_overlaps(page, pages)
+                    || self.writes.busy_overlaps(page, pages)
+                {
+                    return None;
+                }
+                if piece_at > at {
+                    parts.push(GatherPart::Zeros(piece_at - at));
+                }
+                let (mut from, mut left) = (skip, n);
+                for p in page..page + pages {
+                    if left == 0 {
+                        break;
+                    }
+                    let k = (PAGE_SIZE as usize - from).min(left);
+                    let i = match cached.iter().position(|&c| c == p) {
+                        Some(i) => i,
+                        None => {
+                            cached.push(p);
+                            cached.len() - 1
+                        }
+                    };
+                    parts.push(GatherPart::Cached { page: i, from, n: k });
+                    (from, left) = (0, left - k);
+                }
+                at = piece_at + n;
+                continue;
+            };
             if self.writes.ahead[&start].buf.is_none()
                 || piece_at < at
                 || self.writes.busy_overlaps(page, pages)
@@ -834,7 +875,11 @@ impl<D: Device> Shard<D> {
                 (start, a.buf.take().expect("read, checked above"))
             })
             .collect();
-        Some(Gathered { bufs, parts, len })
+        let pages = cached
+            .into_iter()
+            .map(|p| (p, self.read_cache.lend(p).expect("held, checked above")))
+            .collect();
+        Some(Gathered { bufs, pages, parts, len })
     }
 
     /// Takes back the buffers `g` lent: counts what it took from each run
@@ -842,6 +887,12 @@ impl<D: Device> Shard<D> {
     /// pages of partly filled blocks in the read cache.
     pub fn gather_done(&mut self, g: Gathered) {
         self.stats.reads_gathered += 1;
+        if !g.pages.is_empty() {
+            self.read_cache.hits += 1;
+        }
+        for (page, bytes) in g.pages {
+            self.read_cache.give_back(page, bytes);
+        }
         let mut taken = vec![0u64; g.bufs.len()];
         for p in &g.parts {
             if let GatherPart::Ahead { buf, part } = *p {

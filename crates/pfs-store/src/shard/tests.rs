@@ -1286,6 +1286,57 @@ fn reads_gathered_from_the_read_ahead_lend_and_return_its_buffers() {
     }
 }
 
+/// A read whose pages the read cache holds (a block a write left partly
+/// filled) is gathered from the cache's pages, lent and given back, with the
+/// right bytes; a page staged or being written is not gathered.
+#[test]
+fn reads_gathered_from_the_read_cache_lend_and_return_its_pages() {
+    use super::dataio::{ReadShape, ReadStart};
+    let (mut s, _handle) = fresh_sized(BIG_ZONE);
+    let opts = ShardOptions { read_cache_pages: 4096, ..small_opts() };
+    s.commit().unwrap();
+    let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    // 40,000 bytes: the block is left partly filled, so its pages are cached
+    // once its write reached the device.
+    let data: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8 + 1).collect();
+    s.write(f.ino, 0, &data).unwrap();
+    s.commit().unwrap();
+    for _ in 0..10_000 {
+        if !s.reads_under_way() && !s.data_busy() {
+            break;
+        }
+        s.poll_data_writes();
+    }
+    let cached = s.read_cache.len();
+    assert!(cached >= 9, "{cached} pages cached after the write");
+    let mut gathered = 0;
+    for (at, len) in [(0usize, 40_000usize), (1000, 9000), (4095, 2), (39_000, 5000)] {
+        let shape = ReadShape { prefix: 7, pad: 0, background: true, gather: true };
+        let end = (at + len).min(data.len());
+        match s.read_start(f.ino, at as u64, len, ALL_BLOCKS, shape) {
+            Ok(ReadStart::Gather(g)) => {
+                gathered += 1;
+                assert!(g.to_vec() == data[at..end], "gathered bytes at {at}+{len}");
+                assert!(s.read_cache.len() < cached, "its pages are lent meanwhile");
+                s.gather_done(g);
+                assert_eq!(s.read_cache.len(), cached, "and given back");
+            }
+            other => panic!("read at {at}+{len} not gathered: {other:?}"),
+        }
+    }
+    assert_eq!(s.stats().reads_gathered, gathered);
+    // The same pages while a write of them is staged: copied, not gathered.
+    s.write(f.ino, 0, b"new").unwrap();
+    let shape = ReadShape { prefix: 0, pad: 0, background: true, gather: true };
+    match s.read_start(f.ino, 0, 8, ALL_BLOCKS, shape) {
+        Ok(ReadStart::Gather(g)) => panic!("gathered over a staged write: {:?}", g.to_vec()),
+        Ok(ReadStart::Done(out)) => assert_eq!(&out[..8], b"new\x04\x05\x06\x07\x08"),
+        Ok(ReadStart::Pending(_)) => {}
+        Err(e) => panic!("read after the write: {e}"),
+    }
+}
+
 /// Read-ahead never reads pages still staged: a window over several staged
 /// runs (a file just written, its runs neighbours on the device) read the
 /// device's old bytes, and later reads took them from the read-ahead.
