@@ -6,6 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+use pfs_core::hash::NumMap;
 use pfs_core::{DirLayout, FileAttr, InodeId};
 
 /// What the cache knows of a directory name.
@@ -25,11 +26,18 @@ struct Slot {
     stamp: u64,
 }
 
-/// A bounded, expiring map `(parent, name) -> directory`.
+/// A name in its parent directory.
+type Key = (InodeId, Box<[u8]>);
+
+/// A bounded, expiring map `(parent, name) -> directory`: a table of names
+/// per parent, so a lookup hashes the borrowed name (no copy of it).
 #[derive(Debug)]
 pub struct DentryCache {
-    map: HashMap<(InodeId, Vec<u8>), Slot>,
-    order: VecDeque<((InodeId, Vec<u8>), u64)>,
+    map: NumMap<InodeId, HashMap<Box<[u8]>, Slot>>,
+    /// Names held, all parents together.
+    len: usize,
+    /// Insertions in order, for evicting the oldest: `(key, stamp)`.
+    order: VecDeque<(Key, u64)>,
     capacity: usize,
     next_stamp: u64,
     hits: u64,
@@ -40,7 +48,8 @@ impl DentryCache {
     /// A cache of at most `capacity` names.
     pub fn new(capacity: usize) -> DentryCache {
         DentryCache {
-            map: HashMap::with_capacity(capacity.min(1 << 16)),
+            map: NumMap::default(),
+            len: 0,
             order: VecDeque::with_capacity(capacity.min(1 << 16)),
             capacity,
             next_stamp: 0,
@@ -49,16 +58,31 @@ impl DentryCache {
         }
     }
 
+    /// The slot of `name` in `parent`, if held.
+    fn slot(&self, parent: InodeId, name: &[u8]) -> Option<&Slot> {
+        self.map.get(&parent)?.get(name)
+    }
+
+    /// Removes `name` in `parent`; whether it was held.
+    fn remove(&mut self, parent: InodeId, name: &[u8]) -> bool {
+        let Some(names) = self.map.get_mut(&parent) else { return false };
+        let removed = names.remove(name).is_some();
+        if names.is_empty() {
+            self.map.remove(&parent);
+        }
+        self.len -= usize::from(removed);
+        removed
+    }
+
     /// The cached directory `name` in `parent`, if present and not expired at `now`.
     pub fn get(&mut self, parent: InodeId, name: &[u8], now: Instant) -> Option<CachedDir> {
-        let key = (parent, name.to_vec());
-        match self.map.get(&key) {
-            Some(slot) if slot.expires > now => {
+        match self.slot(parent, name).map(|s| (s.dir, s.expires > now)) {
+            Some((dir, true)) => {
                 self.hits += 1;
-                Some(slot.dir)
+                Some(dir)
             }
-            Some(_) => {
-                self.map.remove(&key);
+            Some((_, false)) => {
+                self.remove(parent, name);
                 self.misses += 1;
                 None
             }
@@ -74,58 +98,68 @@ impl DentryCache {
         if self.capacity == 0 {
             return;
         }
-        while self.map.len() >= self.capacity {
-            let Some((old, stamp)) = self.order.pop_front() else { break };
-            if self.map.get(&old).is_some_and(|s| s.stamp == stamp) {
-                self.map.remove(&old);
+        while self.len >= self.capacity {
+            let Some(((p, n), stamp)) = self.order.pop_front() else { break };
+            if self.slot(p, &n).is_some_and(|s| s.stamp == stamp) {
+                self.remove(p, &n);
             }
         }
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        let key = (parent, name.to_vec());
-        self.order.push_back((key.clone(), stamp));
-        self.map.insert(key, Slot { dir, expires, stamp });
+        let key: Box<[u8]> = name.into();
+        self.order.push_back(((parent, key.clone()), stamp));
+        let replaced =
+            self.map.entry(parent).or_default().insert(key, Slot { dir, expires, stamp });
+        self.len += usize::from(replaced.is_none());
         // Stale keys in `order` are bounded too: compact when they dominate.
         if self.order.len() > 2 * self.capacity.max(16) {
             let map = &self.map;
-            self.order.retain(|(k, s)| map.get(k).is_some_and(|slot| slot.stamp == *s));
+            self.order.retain(|((p, n), s)| {
+                map.get(p).and_then(|names| names.get(n)).is_some_and(|slot| slot.stamp == *s)
+            });
         }
     }
 
     /// Drops one name (its parent's write token was taken).
     pub fn invalidate(&mut self, parent: InodeId, name: &[u8]) {
-        self.map.remove(&(parent, name.to_vec()));
+        self.remove(parent, name);
     }
 
     /// Drops every name in `parent` (its read token was revoked or expired).
     pub fn invalidate_dir(&mut self, parent: InodeId) {
-        self.map.retain(|(p, _), _| *p != parent);
+        if let Some(names) = self.map.remove(&parent) {
+            self.len -= names.len();
+        }
     }
 
     /// Drops every name of directory `ino` (its attributes changed: the cached
     /// ones would be handed out stale). Scans the cache: for setattr, not lookups.
     pub fn invalidate_ino(&mut self, ino: InodeId) {
-        self.map.retain(|_, s| s.dir.attr.ino != ino);
+        let mut dropped = 0;
+        self.map.retain(|_, names| {
+            let before = names.len();
+            names.retain(|_, s| s.dir.attr.ino != ino);
+            dropped += before - names.len();
+            !names.is_empty()
+        });
+        self.len -= dropped;
     }
 
     /// Drops every name in `parent` and returns them (to tell the kernel).
     pub fn take_dir(&mut self, parent: InodeId) -> Vec<Vec<u8>> {
-        let names: Vec<Vec<u8>> =
-            self.map.keys().filter(|(p, _)| *p == parent).map(|(_, n)| n.clone()).collect();
-        for n in &names {
-            self.map.remove(&(parent, n.clone()));
-        }
-        names
+        let Some(names) = self.map.remove(&parent) else { return Vec::new() };
+        self.len -= names.len();
+        names.into_keys().map(Vec::from).collect()
     }
 
     /// Entries cached now.
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
     /// True if nothing is cached.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 
     /// (hits, misses) so far.
@@ -212,5 +246,37 @@ mod tests {
         c.invalidate_dir(InodeId(1));
         assert_eq!(c.get(InodeId(1), b"b", now), None);
         assert!(c.get(InodeId(2), b"a", now).is_some());
+    }
+
+    #[test]
+    fn the_count_follows_inserts_replacements_and_every_removal() {
+        let mut c = DentryCache::new(100);
+        let later = Instant::now() + Duration::from_secs(60);
+        let now = Instant::now();
+        for p in 1..=3u64 {
+            for n in 0..4u64 {
+                c.insert(InodeId(p), format!("n{n}").as_bytes(), dir(100 + p * 10 + n), later);
+            }
+        }
+        assert_eq!(c.len(), 12);
+        c.insert(InodeId(1), b"n0", dir(7), later);
+        assert_eq!(c.len(), 12, "a replacement is not a new name");
+        assert_eq!(c.get(InodeId(1), b"n0", now).unwrap().attr.ino, InodeId(7));
+        c.invalidate(InodeId(1), b"n1");
+        c.invalidate(InodeId(1), b"missing");
+        assert_eq!(c.len(), 11);
+        let mut taken = c.take_dir(InodeId(2));
+        taken.sort();
+        assert_eq!(taken, vec![b"n0".to_vec(), b"n1".to_vec(), b"n2".to_vec(), b"n3".to_vec()]);
+        assert_eq!(c.len(), 7);
+        c.invalidate_ino(InodeId(132));
+        assert_eq!(c.len(), 6);
+        c.invalidate_dir(InodeId(1));
+        assert_eq!(c.len(), 3);
+        c.insert(InodeId(9), b"short", dir(9), now);
+        assert_eq!(c.get(InodeId(9), b"short", now + Duration::from_millis(1)), None, "expired");
+        assert_eq!(c.len(), 3, "an expired name found is dropped");
+        assert!(c.get(InodeId(3), b"n3", now).is_some());
+        assert!(!c.is_empty());
     }
 }

@@ -10,8 +10,7 @@
 //! most one per shard, and the table holds at most `max_inodes` inodes; when it
 //! is full the client commits everything it holds first ([`Unsynced::take_all`]).
 
-use std::collections::HashMap;
-
+use pfs_core::hash::NumMap;
 use pfs_core::InodeId;
 
 /// One shard holding unsynced changes to an inode.
@@ -30,7 +29,7 @@ pub struct Mark {
 /// The table; see the module docs.
 #[derive(Debug)]
 pub struct Unsynced {
-    by_ino: HashMap<InodeId, Vec<Mark>>,
+    by_ino: NumMap<InodeId, Vec<Mark>>,
     max_inodes: usize,
 }
 
@@ -40,7 +39,7 @@ pub type Taken = Vec<(InodeId, Mark)>;
 impl Unsynced {
     /// An empty table of at most `max_inodes` inodes (at least 1).
     pub fn new(max_inodes: usize) -> Unsynced {
-        Unsynced { by_ino: HashMap::new(), max_inodes: max_inodes.max(1) }
+        Unsynced { by_ino: NumMap::default(), max_inodes: max_inodes.max(1) }
     }
 
     /// Notes a change to `ino` acknowledged by shard (`server`, `worker`) whose

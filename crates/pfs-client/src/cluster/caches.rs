@@ -3,11 +3,11 @@
 //! read token on their parent, and the thread that applies the invalidations
 //! servers send when another client takes a write token.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pfs_core::hash::NumMap;
 use pfs_core::wire::{InodeLayout, Reply, Request, TokenMode};
 use pfs_core::{FsResult, InodeId};
 
@@ -28,9 +28,9 @@ const NOTIFY_POLL: Duration = Duration::from_millis(50);
 pub(crate) struct Caches {
     pub dcache: Mutex<DentryCache>,
     /// Read tokens held: directory -> lease expiry.
-    read_tokens: Mutex<HashMap<InodeId, Instant>>,
+    read_tokens: Mutex<NumMap<InodeId, Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
-    layouts: Mutex<HashMap<InodeId, InodeLayout>>,
+    layouts: Mutex<NumMap<InodeId, InodeLayout>>,
     /// Revocations applied so far, of any directory.
     revocations: AtomicU64,
     /// Held while invalidations are taken off the connections and applied, so
@@ -48,9 +48,9 @@ impl Caches {
     pub fn new(dentries: usize) -> Caches {
         Caches {
             dcache: Mutex::new(DentryCache::new(dentries)),
-            read_tokens: Mutex::new(HashMap::new()),
+            read_tokens: Mutex::new(NumMap::default()),
             invalidator: Mutex::new(None),
-            layouts: Mutex::new(HashMap::new()),
+            layouts: Mutex::new(NumMap::default()),
             revocations: AtomicU64::new(0),
             applying: Mutex::new(()),
             lookup_hook: Mutex::new(None),

@@ -3,10 +3,11 @@
 //! shards and not yet published, the size learned from the home, the data end
 //! the home reserved). What waits on connections is in `data.rs`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use pfs_core::hash::NumMap;
 use pfs_core::{FileHandle, FileLayout, FsError, FsResult, InodeId};
 
 use crate::conn::Sent;
@@ -54,7 +55,7 @@ pub(crate) struct OpenFile {
 /// The handles of one client, at most `max`.
 #[derive(Debug)]
 pub(crate) struct OpenFiles {
-    files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    files: Mutex<NumMap<u64, Arc<OpenFile>>>,
     next: AtomicU64,
     max: usize,
     /// Handles whose `extend_to` is not 0: while none, no read needs to look
@@ -66,14 +67,14 @@ impl OpenFiles {
     /// A table of at most `max` handles.
     pub fn new(max: usize) -> OpenFiles {
         OpenFiles {
-            files: Mutex::new(HashMap::new()),
+            files: Mutex::new(NumMap::default()),
             next: AtomicU64::new(1),
             max,
             unpublished: AtomicUsize::new(0),
         }
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
+    fn table(&self) -> std::sync::MutexGuard<'_, NumMap<u64, Arc<OpenFile>>> {
         self.files.lock().expect("open files lock")
     }
 
