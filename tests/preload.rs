@@ -417,44 +417,43 @@ for i in range(200):
 print('per inode ok')
 "#;
 
-/// How many `stat`s statahead answered, from `PFS_PRELOAD_STATS`'s line.
-fn statahead_answered(stderr: &str) -> Option<u64> {
-    stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok())
+/// Runs Python `script` through the library with `PFS_PRELOAD_STATS`, checks
+/// that it printed `done`, and returns how many `stat`s statahead answered
+/// (from the library's stats line) with that line for messages.
+fn statahead_answered(c: &Cluster, script: &str, args: &[&str], done: &str) -> (u64, String) {
+    let out = c
+        .command(&c.pfs, "python3")
+        .env("PFS_PRELOAD_STATS", "1")
+        .args(["-c", script])
+        .args(args)
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == done, "{stdout}\n{stderr}");
+    let answered =
+        stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
+    (answered.unwrap_or_else(|| panic!("no statahead count: {stderr}")), stderr.into_owned())
 }
 
 #[test]
 fn statahead_keeps_other_files_entries_and_answers_own_creates() {
     let c = Cluster::start("statahead-ino");
-    let out = c
-        .command(&c.pfs, "python3")
-        .env("PFS_PRELOAD_STATS", "1")
-        .args(["-c", PYTHON_STATAHEAD_PER_INODE, c.pfs.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let (stdout, stderr) =
-        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "per inode ok", "{stdout}\n{stderr}");
+    let args = [c.pfs.to_str().unwrap()];
+    let (answered, stderr) =
+        statahead_answered(&c, PYTHON_STATAHEAD_PER_INODE, &args, "per inode ok");
     // The second pass (399 stats, each after a write to f0) and the 200
     // creates: with entries dropped at every change, none of them would be.
-    let answered = statahead_answered(&stderr);
-    assert!(answered.is_some_and(|n| n >= 500), "answered {answered:?}: {stderr}");
+    assert!(answered >= 500, "answered {answered}: {stderr}");
 }
 
 #[test]
 fn stat_through_statahead_follows_changes() {
     let c = Cluster::start("statahead");
-    let out = c
-        .command(&c.pfs, "python3")
-        .env("PFS_PRELOAD_STATS", "1")
-        .args(["-c", PYTHON_STATAHEAD, c.pfs.to_str().unwrap(), c.mnt.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let (stdout, stderr) =
-        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "statahead ok", "{stdout}\n{stderr}");
+    let args = [c.pfs.to_str().unwrap(), c.mnt.to_str().unwrap()];
+    let (answered, stderr) = statahead_answered(&c, PYTHON_STATAHEAD, &args, "statahead ok");
     // Most of the first pass's stats came from the batches.
-    let answered = statahead_answered(&stderr);
-    assert!(answered.is_some_and(|n| n >= 200), "answered {answered:?}: {stderr}");
+    assert!(answered >= 200, "answered {answered}: {stderr}");
 }
 
 /// Python as root creates files and a directory after `setegid`/`seteuid`,

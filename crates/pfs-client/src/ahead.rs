@@ -139,6 +139,18 @@ struct Dir {
 }
 
 impl Dir {
+    /// `name` changed: a batch being fetched must not keep it (past
+    /// [`TOUCHED_MAX`] names, the whole batch is dropped).
+    fn touch(&mut self, name: &[u8]) {
+        if self.fetching {
+            if self.touched.len() < TOUCHED_MAX {
+                self.touched.push(name.into());
+            } else {
+                self.spoiled = true;
+            }
+        }
+    }
+
     /// Entry `k` of this directory left the table: counted for the judgement
     /// if a batch brought it.
     fn count_left(&mut self, k: &Kept) {
@@ -178,6 +190,19 @@ struct Inner {
 }
 
 impl Inner {
+    /// Directory `dir`, followed from now on if it was not; `None` when
+    /// [`DIRS_MAX`] are followed (after dropping those that hold and fetch
+    /// nothing, which are only counts).
+    fn follow(&mut self, dir: u64) -> Option<&mut Dir> {
+        if !self.dirs.contains_key(&dir) && self.dirs.len() >= DIRS_MAX {
+            self.dirs.retain(|_, d| !d.names.is_empty() || d.fetching);
+            if self.dirs.len() >= DIRS_MAX {
+                return None;
+            }
+        }
+        Some(self.dirs.entry(dir).or_default())
+    }
+
     /// Drops `ino` if held (and its name, if it still names it); counted
     /// against its directory's batches as used or not.
     fn drop_file(&mut self, ino: u64) {
@@ -337,14 +362,7 @@ impl StatAhead {
             return None;
         }
         let mut g = self.inner();
-        if !g.dirs.contains_key(&dir) && g.dirs.len() >= DIRS_MAX {
-            // Directories holding nothing and fetching nothing are only counts.
-            g.dirs.retain(|_, d| !d.names.is_empty() || d.fetching);
-            if g.dirs.len() >= DIRS_MAX {
-                return None;
-            }
-        }
-        let d = g.dirs.entry(dir).or_default();
+        let d = g.follow(dir)?;
         if d.quiet_at != changes {
             // Files are changing through this mount (a create phase): a
             // batch would be stale before its first use.
@@ -465,21 +483,9 @@ impl StatAhead {
         }
         let mut g = self.inner();
         let g = &mut *g;
-        if !g.dirs.contains_key(&dir) && g.dirs.len() >= DIRS_MAX {
-            g.dirs.retain(|_, d| !d.names.is_empty() || d.fetching);
-            if g.dirs.len() >= DIRS_MAX {
-                return;
-            }
-        }
-        let d = g.dirs.entry(dir).or_default();
-        if d.fetching {
-            // A batch under way may list the name as it was before.
-            if d.touched.len() < TOUCHED_MAX {
-                d.touched.push(name.into());
-            } else {
-                d.spoiled = true;
-            }
-        }
+        let Some(d) = g.follow(dir) else { return };
+        // A batch under way may list the name as it was before.
+        d.touch(name);
         let ino = attr.ino.0;
         if let Some(old) = d.names.get(name).copied() {
             g.remove_file(old, false);
@@ -527,13 +533,7 @@ impl StatAhead {
         }
         let mut g = self.inner();
         let Some(d) = g.dirs.get_mut(&dir) else { return };
-        if d.fetching {
-            if d.touched.len() < TOUCHED_MAX {
-                d.touched.push(name.into());
-            } else {
-                d.spoiled = true;
-            }
-        }
+        d.touch(name);
         // One hash of the name (this runs for every create, unlink and rename).
         let Some(ino) = d.names.remove(name) else { return };
         if g.files.get(&ino).is_some_and(|k| k.dir == dir && *k.name == *name) {
