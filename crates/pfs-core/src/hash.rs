@@ -32,6 +32,15 @@ impl Hasher for NumHasher {
 /// A map keyed by server-chosen numbers, hashed with [`NumHasher`].
 pub type NumMap<K, V> = HashMap<K, V, BuildHasherDefault<NumHasher>>;
 
+/// A 64-bit key for a file name under a table's own `seed` (xxh3), for
+/// tables that key names by number ([`NumMap`]) and keep the name beside the
+/// value to check it: names are chosen by users, so a table picks a seed no
+/// one can know in advance, and equal keys of different names (2^-64 for any
+/// pair) only cost the table an entry.
+pub fn name_key(seed: u64, name: &[u8]) -> u64 {
+    twox_hash::XxHash3_64::oneshot_with_seed(seed, name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -102,6 +102,10 @@ pub struct OpenFile {
     pub closed: AtomicBool,
     /// The end of the file a short read found.
     pub eof_hint: Mutex<Option<EofHint>>,
+    /// A write or `fallocate` went through it: its last close publishes a
+    /// change (a description that changed nothing leaves the attributes a
+    /// create returned usable).
+    pub wrote: AtomicBool,
 }
 
 impl OpenFile {
@@ -116,6 +120,7 @@ impl OpenFile {
             hidden: Mutex::new(None),
             closed: AtomicBool::new(false),
             eof_hint: Mutex::new(None),
+            wrote: AtomicBool::new(false),
         };
         if f.may_write() {
             WRITERS.fetch_add(1, Ordering::AcqRel);

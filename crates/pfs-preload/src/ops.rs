@@ -561,9 +561,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
     let file = OpenFile::new(found.path, attr.ino, attr.kind, keep);
     if attr.kind == FileType::Regular && flags & libc::O_PATH == 0 {
         if flags & libc::O_TRUNC != 0 && file.writable() {
-            changed(attr.ino);
-            let set = SetAttr { size: Some(0), ..SetAttr::default() };
-            fs.fs.setattr(attr.ino, &set).map_err(errno)?;
+            set_size(&fs, attr.ino, 0)?;
         }
         fs.handle(&file)?;
     }
@@ -596,9 +594,11 @@ fn finish(file: Arc<OpenFile>) -> Res<()> {
                 r = fs.flush(file.ino, h.fh).map_err(errno);
             }
         }
-        if file.writable() {
+        if file.wrote.load(Ordering::Acquire) {
             // Its writes are published now: attributes fetched before (a
-            // batch another thread asked for meanwhile) are not used.
+            // batch another thread asked for meanwhile) are not used. A
+            // description that wrote nothing changed nothing: the entry a
+            // create kept stays, as the kernel keeps a CREATE reply's.
             changed(file.ino);
         }
     }
@@ -716,6 +716,7 @@ fn write_with(
     offset: Option<u64>,
     data: &[u8],
 ) -> Res<(usize, u64)> {
+    f.wrote.store(true, Ordering::Release);
     changed(f.ino);
     let mut at = match offset {
         Some(o) if f.flags() & libc::O_APPEND == 0 => o,
@@ -898,6 +899,7 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
     }
     let fs = Fs::get()?;
     let fh = fs.handle(&f)?;
+    f.wrote.store(true, Ordering::Release);
     changed(f.ino);
     let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
     fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
