@@ -251,7 +251,13 @@ impl Inner {
         ttl: Duration,
         changes: Option<u64>,
     ) -> Result<(FileAttr, Duration), Option<u64>> {
-        let Some(k) = self.files.get_mut(&ino) else { return Err(None) };
+        let Some(k) = self.files.get(&ino) else { return Err(None) };
+        if self.dirs.get(&k.dir).is_none_or(|d| d.names.get(&k.key) != Some(&ino)) {
+            // Its name changed here since ([`StatAhead::forget_name`]).
+            self.drop_file(ino);
+            return Err(None);
+        }
+        let k = self.files.get_mut(&ino).expect("just found");
         let left = ttl.checked_sub(k.at.elapsed()).filter(|l| !l.is_zero());
         match left {
             Some(left) if changes.is_none_or(|c| k.changes == c) => {
@@ -625,19 +631,11 @@ impl StatAhead {
         let key = g.key(name);
         let Some(d) = g.dirs.get_mut(&dir) else { return };
         d.touch(name);
-        let Some(&ino) = d.names.get(&key) else { return };
-        match g.files.get(&ino) {
-            // Another name with the same key: it stays.
-            Some(k) if k.dir == dir && k.key == key && *k.name != *name => {}
-            Some(k) if k.dir == dir && k.key == key => {
-                d.names.remove(&key);
-                let k = g.files.remove(&ino).expect("just found");
-                d.count_left(&k);
-            }
-            _ => {
-                d.names.remove(&key);
-            }
-        }
+        // Only the name goes (two cache misses on a big table, where the
+        // entry too would be four): the entry, no longer reachable by name,
+        // leaves with its batch or when next asked for by inode, and is
+        // judged then. (Had another name the same key, it is forgotten too.)
+        d.names.remove(&key);
     }
 
     /// Directory `dir` changed in a way this table cannot place (another
@@ -703,6 +701,15 @@ mod tests {
     fn got(entries: Vec<DirListing>) -> Option<Fetched> {
         let ended = entries.len() < BATCH;
         Some(Fetched { entries, ended })
+    }
+
+    /// Makes every batch `by` older, then drops those past the lifetime.
+    fn age(s: &StatAhead, by: Duration) {
+        let mut g = s.inner();
+        for b in g.batches.iter_mut() {
+            b.at = b.at.checked_sub(by).expect("a clock this far from its start");
+        }
+        s.trim(&mut g);
     }
 
     /// Misses `dir` until a fetch is due (at most `TRIGGER` times).
@@ -834,6 +841,8 @@ mod tests {
         s.forget_dir(3);
         s.fill(f, got(batch(1, 4)), 0);
         assert!(s.get(3, b"f1", 0).is_none() && s.get(1, b"f1", 0).is_none());
+        // Nor by inode (f3's entry, whose name went, is dropped when met).
+        assert!((1..=4).all(|ino| s.get_ino(ino, 0).is_err()));
         assert!(s.inner().files.is_empty());
     }
 
@@ -906,11 +915,13 @@ mod tests {
             let f = due(&s, 1, 0);
             s.fill(f, got(batch(round * BATCH as u64, BATCH as u64)), 0);
         }
-        // Everything is used only now, then leaves (removed).
+        // Everything is used only now, then leaves (removed; judged when the
+        // entries go with their batches).
         for i in 0..n {
             assert!(s.get(1, format!("f{i}").as_bytes(), 0).is_some());
             s.forget_name(1, format!("f{i}").as_bytes());
         }
+        age(&s, Duration::from_secs(61));
         let (left, used) = {
             let g = s.inner();
             (g.dirs[&1].left, g.dirs[&1].left_used)
@@ -1047,7 +1058,7 @@ mod tests {
         }
         assert!(s.get(1, b"f9", 0).is_none(), "f2's attributes answered for f9");
         s.forget_name(1, b"f9");
-        assert!(s.inner().files.contains_key(&2), "f9's removal dropped f2");
+        assert!(s.get(1, b"f9", 0).is_none() && s.get_ino(2, 0).is_err());
         assert_eq!(s.get(1, b"f3", 0).map(|(a, _)| a.ino), Some(InodeId(3)));
         // A key left behind by a replaced entry is dropped when met.
         s.inner().dirs.get_mut(&1).unwrap().names.insert(77, 3);
