@@ -14,6 +14,7 @@
 #   cargo build --release -p pfs -p pfs-preload
 #   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
 #   WORKERS=1 benches/preload.sh       # pfs up's workers (2 by default here)
+#   UP_ARGS="--idle-spin-us 1000" benches/preload.sh   # more pfs up options
 #   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +45,9 @@ ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for r in $(seq "$ROUNDS"); do
     d=$WORK/$r
     mkdir -p "$d/mnt"
+    # shellcheck disable=SC2086
     "$BIN" up --mount "$d/mnt" --data "$d/data" --workers "${WORKERS:-2}" \
-        --master-listen 127.0.0.1:0 --size-gib 8 > "$d/up.log" 2>&1 &
+        --master-listen 127.0.0.1:0 --size-gib 8 ${UP_ARGS:-} > "$d/up.log" 2>&1 &
     up=$!
     for _ in $(seq 300); do grep -q "mounted on" "$d/up.log" && break; sleep 0.1; done
     master=$(sed -n 's/^pfs up: master on \([^,]*\),.*/\1/p' "$d/up.log")
