@@ -15,6 +15,7 @@
 #   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
 #   WORKERS=1 benches/preload.sh       # pfs up's workers (2 by default here)
 #   UP_ARGS="--idle-spin-us 1000" benches/preload.sh   # more pfs up options
+#   TARGETS="preload native mount" benches/preload.sh   # another order within a round
 #   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +31,7 @@ for w in "${!OPTS[@]}"; do
     v=OPTS_${w//-/_}
     if [ -n "${!v:-}" ]; then OPTS[$w]=${!v}; fi
 done
-TARGETS="native preload mount"
+TARGETS=${TARGETS:-"native preload mount"}
 for f in "$BIN" "$LIB"; do
     [ -e "$f" ] || { echo "error: $f not found (cargo build --release -p pfs -p pfs-preload)" >&2; exit 1; }
 done
