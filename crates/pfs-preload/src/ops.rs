@@ -258,8 +258,9 @@ fn walk(fs: &Fs, abs: &[u8], follow: bool, look: Last) -> Res<Found> {
             };
             return Ok(Found { parent: InodeId::ROOT, name: Vec::new(), path, attr });
         }
-        let mut dir = InodeId::ROOT;
-        for (i, c) in comps.iter().enumerate() {
+        // The directories on the way that the dentry cache holds, at once.
+        let (mut dir, cached) = fs.fs.cached_dirs(InodeId::ROOT, &comps[..comps.len() - 1]);
+        for (i, c) in comps.iter().enumerate().skip(cached) {
             if c.len() > NAME_MAX {
                 return Err(libc::ENAMETOOLONG);
             }

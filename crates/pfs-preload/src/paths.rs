@@ -88,6 +88,15 @@ pub fn classify_absolute(mount: &Mount, path: &[u8]) -> Absolute {
 /// and empty components dropped, `..` removes the component before it (`/..`
 /// is `/`). Symbolic links are not looked at here; pfs resolves those.
 pub fn normalize(cwd: &[u8], path: &[u8]) -> AbsPath {
+    if is_normal(path) {
+        // Most paths programs pass: copied as they are.
+        return path.to_vec();
+    }
+    normalize_parts(cwd, path)
+}
+
+/// [`normalize`] component by component.
+fn normalize_parts(cwd: &[u8], path: &[u8]) -> AbsPath {
     let mut parts: Vec<&[u8]> = Vec::new();
     let start: &[u8] = if path.starts_with(b"/") { b"" } else { cwd };
     for c in start.split(|&b| b == b'/').chain(path.split(|&b| b == b'/')) {
@@ -108,6 +117,17 @@ pub fn normalize(cwd: &[u8], path: &[u8]) -> AbsPath {
         out.push(b'/');
     }
     out
+}
+
+/// Whether `path` is absolute and already what [`normalize`] makes of it: no
+/// empty, `.` or `..` component and no trailing `/` (but `/` itself).
+fn is_normal(path: &[u8]) -> bool {
+    if path == b"/" {
+        return true;
+    }
+    path.first() == Some(&b'/')
+        && !path.ends_with(b"/")
+        && path[1..].split(|&b| b == b'/').all(|c| !c.is_empty() && c != b"." && c != b"..")
 }
 
 /// Whether `path` ends in `/` (or `/.`) after a name: then it must name a
@@ -138,6 +158,41 @@ mod tests {
         assert_eq!(normalize(b"/a", b"/p//q/."), b"/p/q");
         assert_eq!(normalize(b"/", b".."), b"/");
         assert_eq!(normalize(b"/a", b""), b"/a");
+    }
+
+    /// Every path of up to four components from a small alphabet, absolute
+    /// or not, with or without a trailing `/`: the copy of a path already
+    /// normal gives what the component walk gives.
+    #[test]
+    fn normal_paths_are_copied_as_the_walk_would_build_them() {
+        let alphabet: [&[u8]; 5] = [b"a", b"bc", b".", b"..", b""];
+        let mut checked = 0;
+        for n in 0..=4u32 {
+            for code in 0..5usize.pow(n) {
+                let mut comps = Vec::new();
+                let mut c = code;
+                for _ in 0..n {
+                    comps.push(alphabet[c % 5]);
+                    c /= 5;
+                }
+                let joined = comps.join(&b'/');
+                for (lead, trail) in [("", ""), ("/", ""), ("", "/"), ("/", "/")] {
+                    let p = [lead.as_bytes(), &joined, trail.as_bytes()].concat();
+                    for cwd in [&b"/"[..], b"/x/y"] {
+                        assert_eq!(
+                            normalize(cwd, &p),
+                            normalize_parts(cwd, &p),
+                            "{:?} against {:?}",
+                            lossy(&p),
+                            lossy(cwd)
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(is_normal(b"/a/bc") && is_normal(b"/") && !is_normal(b"/a/") && !is_normal(b"a"));
+        assert_eq!(checked, 6248);
     }
 
     #[test]

@@ -340,6 +340,25 @@ impl Cluster {
         self.conns.iter().map(|c| c.inline_answers()).sum()
     }
 
+    /// How far `names` lead from directory `parent` through this client's
+    /// dentry cache alone: the last directory reached and how many names led
+    /// there (`(parent, 0)` when the first is not cached). Each step is what
+    /// a [`FileSystem::lookup`] would answer from the cache without a
+    /// request; all are read under one lock and one clock reading
+    /// (libpfs_preload's path walk).
+    pub fn cached_dirs(&self, mut parent: InodeId, names: &[&[u8]]) -> (InodeId, usize) {
+        if self.opts.dentry_ttl.is_zero() || names.is_empty() {
+            return (parent, 0);
+        }
+        let now = Instant::now();
+        let mut dcache = self.caches.dcache.lock().expect("dcache lock");
+        for (i, name) in names.iter().enumerate() {
+            let Some(d) = dcache.get(parent, name, now) else { return (parent, i) };
+            parent = d.attr.ino;
+        }
+        (parent, names.len())
+    }
+
     /// Dentry cache (hits, misses) so far.
     pub fn dentry_cache_stats(&self) -> (u64, u64) {
         self.caches.dcache.lock().expect("dcache lock").counters()
