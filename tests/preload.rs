@@ -486,6 +486,45 @@ fn files_closed_without_writes_are_answered_from_their_create() {
     assert!(answered >= 300, "answered {answered}: {stderr}");
 }
 
+/// A file unlinked while this process has it open stays readable and
+/// writable through the open descriptor, out of listings, until its last
+/// close; a file unlinked while another file is open goes at once.
+const PYTHON_UNLINK_OPEN: &str = r#"
+import os, sys
+d = sys.argv[1] + '/uo'
+os.mkdir(d)
+keep = os.open(f'{d}/keep', os.O_CREAT | os.O_RDWR, 0o644)
+os.write(keep, b'kept')
+with open(f'{d}/plain', 'wb') as f:
+    f.write(b'x')
+os.unlink(f'{d}/plain')
+assert not os.path.exists(f'{d}/plain')
+fd = os.open(f'{d}/gone', os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, b'hello')
+os.unlink(f'{d}/gone')
+assert sorted(os.listdir(d)) == ['keep'], os.listdir(d)
+assert os.pread(fd, 5, 0) == b'hello'
+os.pwrite(fd, b'J', 0)
+assert os.pread(fd, 5, 0) == b'Jello' and os.fstat(fd).st_size == 5
+os.close(fd)
+assert sorted(os.listdir(d)) == ['keep'], os.listdir(d)
+os.close(keep)
+print('unlink open ok')
+"#;
+
+#[test]
+fn a_file_unlinked_while_open_stays_readable_until_its_close() {
+    let c = Cluster::start("unlink-open");
+    let out = c.run("python3", &["-c", PYTHON_UNLINK_OPEN, c.pfs.to_str().unwrap()]);
+    assert_eq!(out.trim(), "unlink open ok");
+    // Through the mount: no hidden name left behind.
+    let names: Vec<_> = std::fs::read_dir(c.mnt.join("uo"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["keep".to_string()]);
+}
+
 /// Python as root creates files and a directory after `setegid`/`seteuid`,
 /// then again after switching back: each gets the effective ids of its
 /// moment (the library keeps them between calls and reads them again after

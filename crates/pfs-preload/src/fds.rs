@@ -31,6 +31,9 @@ static TABLE: Mutex<BTreeMap<i32, Arc<OpenFile>>> = Mutex::new(BTreeMap::new());
 
 /// Open descriptions of regular files that may write.
 static WRITERS: AtomicUsize = AtomicUsize::new(0);
+/// Open descriptions of regular files (live, in the table or on their way in
+/// or out of it).
+static REGULARS: AtomicUsize = AtomicUsize::new(0);
 
 /// Open descriptions of regular files that may write, in this process: while
 /// there are any, `stat` does not use statahead (their writes may not be in the
@@ -125,6 +128,9 @@ impl OpenFile {
         if f.may_write() {
             WRITERS.fetch_add(1, Ordering::AcqRel);
         }
+        if f.kind == FileType::Regular {
+            REGULARS.fetch_add(1, Ordering::AcqRel);
+        }
         f
     }
 
@@ -176,6 +182,9 @@ impl Drop for OpenFile {
     fn drop(&mut self) {
         if self.may_write() {
             WRITERS.fetch_sub(1, Ordering::AcqRel);
+        }
+        if self.kind == FileType::Regular {
+            REGULARS.fetch_sub(1, Ordering::AcqRel);
         }
         let handle = self.state.get_mut().map(|s| s.handle).unwrap_or(None);
         let hidden = self.hidden.get_mut().map(|h| h.take()).unwrap_or(None);
@@ -244,9 +253,10 @@ pub fn entries() -> Vec<(i32, Arc<OpenFile>)> {
 }
 
 /// Whether a regular file is open (an unlink then looks the name up, to keep
-/// an open file under a hidden name).
+/// an open file under a hidden name): a counter, not a walk of the table, so
+/// an unlink costs the same with thousands of files open as with none.
 pub fn any_regular() -> bool {
-    table().values().any(|f| f.kind == FileType::Regular)
+    REGULARS.load(Ordering::Acquire) > 0
 }
 
 /// Every open description (for the flush at exit and for unlink).
