@@ -544,13 +544,13 @@ impl StatAhead {
             inos.push(ino);
         }
         g.batches.push_back(Batch { seq, at: fetch.at, inos, remembered: false });
-        self.trim(g);
+        self.trim(g, Instant::now());
     }
 
     /// Bounded: batches past their lifetime go, then the oldest past the limit.
-    fn trim(&self, g: &mut Inner) {
+    fn trim(&self, g: &mut Inner, now: Instant) {
         while let Some(b) = g.batches.front() {
-            if b.at.elapsed() < self.ttl && g.files.len() <= HELD_MAX {
+            if now.saturating_duration_since(b.at) < self.ttl && g.files.len() <= HELD_MAX {
                 break;
             }
             let b = g.batches.pop_front().expect("front exists");
@@ -601,14 +601,16 @@ impl StatAhead {
             _ => {
                 let seq = g.next_seq;
                 g.next_seq += 1;
-                g.batches.push_back(Batch { seq, at, inos: vec![ino], remembered: true });
+                let mut inos = Vec::with_capacity(64);
+                inos.push(ino);
+                g.batches.push_back(Batch { seq, at, inos, remembered: true });
                 seq
             }
         };
         let (name, used, fetched) = (name.into(), false, false);
         let kept = Kept { attr, dir, name, key, at, changes, seq, used, fetched };
         g.files.insert(ino, kept);
-        self.trim(g);
+        self.trim(g, at);
     }
 
     /// Per-inode mode: file `ino` changed through this caller (its data, size
@@ -709,7 +711,7 @@ mod tests {
         for b in g.batches.iter_mut() {
             b.at = b.at.checked_sub(by).expect("a clock this far from its start");
         }
-        s.trim(&mut g);
+        s.trim(&mut g, Instant::now());
     }
 
     /// Misses `dir` until a fetch is due (at most `TRIGGER` times).
