@@ -94,6 +94,12 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// Runs Python `script` through the library with the pfs directory as its
+    /// argument; its standard output.
+    fn python(&self, script: &str) -> String {
+        self.run("python3", &["-c", script, self.pfs.to_str().unwrap()])
+    }
+
     /// Compiles the C program `source` (with `cc`) into the test's directory.
     fn compile(&self, name: &str, source: &str) -> PathBuf {
         let src = self._dir.0.join(format!("{name}.c"));
@@ -314,7 +320,7 @@ print('python ok')
 #[test]
 fn python_files_dirs_mmap_and_fork() {
     let c = Cluster::start("python");
-    let out = c.run("python3", &["-c", PYTHON_FILES, c.pfs.to_str().unwrap()]);
+    let out = c.python(PYTHON_FILES);
     assert_eq!(out.trim(), "python ok");
     let g = std::fs::read(c.mnt.join("py/g.txt")).unwrap();
     assert_eq!(g.len(), 10004);
@@ -515,7 +521,7 @@ print('unlink open ok')
 #[test]
 fn a_file_unlinked_while_open_stays_readable_until_its_close() {
     let c = Cluster::start("unlink-open");
-    let out = c.run("python3", &["-c", PYTHON_UNLINK_OPEN, c.pfs.to_str().unwrap()]);
+    let out = c.python(PYTHON_UNLINK_OPEN);
     assert_eq!(out.trim(), "unlink open ok");
     // Through the mount: no hidden name left behind.
     let names: Vec<_> = std::fs::read_dir(c.mnt.join("uo"))
@@ -558,7 +564,7 @@ for n in ('root-before', 'user', 'root-after', 'resid'):
 #[test]
 fn new_files_get_the_effective_ids_of_their_moment() {
     let c = Cluster::start("ids");
-    let out = c.run("python3", &["-c", PYTHON_IDS, c.pfs.to_str().unwrap()]);
+    let out = c.python(PYTHON_IDS);
     let want =
         [("root-before", 0, 0), ("user", 4321, 1234), ("root-after", 0, 0), ("resid", 88, 77)];
     let mut lines = out.lines();
