@@ -1,12 +1,16 @@
 //! Shard operations in memory (Icache hits): create, stat (lookup + getattr) and
-//! unlink of empty files in one directory, on one core, over `MemDevice`.
+//! unlink of empty files in one directory, on one core, over `MemDevice`; and
+//! `readdir_plus`, a statahead's listing of that directory by 512 names with
+//! their attributes as the worker answers it (`exec::execute`, the reply
+//! encoded) and the client reads it (the frame decoded).
 //!
 //! `cargo bench --bench shard`. `PFS_BENCH_FILES` sets files per run (default 200000).
 
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pfs_core::{InodeId, ShardId};
+use pfs_core::wire::{Body, Frame, Reply, Request};
+use pfs_core::{ClientId, InodeId, RequestId, ShardId};
 use pfs_store::device::MemDevice;
 use pfs_store::{CreateArgs, FormatOptions, Shard, ShardOptions};
 
@@ -69,6 +73,41 @@ fn bench(c: &mut Criterion) {
                 let e = s.lookup(InodeId::ROOT, name).expect("lookup");
                 std::hint::black_box(s.getattr(e.ino).expect("getattr"));
             }
+        })
+    });
+    g.bench_function("readdir_plus", |b| {
+        let mut buf = Vec::with_capacity(1 << 20);
+        b.iter(|| {
+            let mut after = Vec::new();
+            let mut listed = 0u64;
+            loop {
+                let req = Request::ReadDir {
+                    ino: InodeId::ROOT,
+                    after: std::mem::take(&mut after),
+                    max_entries: 512,
+                    max_bytes: 1 << 20,
+                    plus: true,
+                };
+                let reply = pfs_server::exec::execute(&mut s, req).0.expect("readdir");
+                let frame = Frame {
+                    request_id: RequestId(1),
+                    client: ClientId(1),
+                    body: Body::Reply(reply),
+                };
+                buf.clear();
+                frame.encode(&mut buf).expect("encode");
+                let Body::Reply(Reply::ReadDir { entries, eof }) =
+                    Frame::decode(&buf).expect("decode").body
+                else {
+                    panic!("not a listing");
+                };
+                listed += entries.len() as u64;
+                if eof {
+                    break;
+                }
+                after = entries.last().expect("a full batch").name.clone();
+            }
+            assert_eq!(listed, n, "the whole directory listed");
         })
     });
     g.bench_function("unlink", |b| {
