@@ -473,8 +473,9 @@ pub struct ClientConfig {
     /// through it in turns (docs/benchmarks.md: 4 MiB rings against 256 KiB).
     pub shm_ring_kib: u32,
     /// How long a caller polls for its reply before it parks (microseconds; 0
-    /// parks at once). A reply that comes within it costs no wake-up on either
-    /// side (docs/benchmarks.md: 5 beat 0, 8, 15 and 30 here).
+    /// parks at once), yielding its core between polls. A reply that comes
+    /// within it costs no wake-up on either side (docs/benchmarks.md: 5 beat
+    /// 0, 8, 15 and 30 here, and 20 while yielding did no better).
     pub reply_spin_us: u32,
 }
 
