@@ -398,13 +398,15 @@ fn readdir<D: Device>(
     let budget = (max_bytes as usize).min(pfs_core::wire::MAX_IO_BYTES);
     let after = (!after.is_empty()).then_some(after);
     let found = shard.readdir(dir, after, max)?;
-    if plus {
-        // The entries' inode pages, read together in the background when
-        // the worker allows it (then this request runs again).
-        let local: Vec<InodeId> =
-            found.iter().map(|e| e.ino).filter(|&ino| shard.has_inode(ino)).collect();
-        shard.prefetch_inodes(local.into_iter())?;
-    }
+    // The attributes of the entries whose inodes live here (their pages read
+    // together in the background when the worker allows it: then this
+    // request runs again).
+    let mut attrs = if plus {
+        let inos: Vec<InodeId> = found.iter().map(|e| e.ino).collect();
+        shard.attrs_of(&inos)?.into_iter()
+    } else {
+        Vec::new().into_iter()
+    };
     let full = found.len() == max;
     let mut entries = Vec::with_capacity(found.len());
     let mut used = 0usize;
@@ -413,7 +415,7 @@ fn readdir<D: Device>(
         if used > budget && !entries.is_empty() {
             return Ok(Reply::ReadDir { entries, eof: false });
         }
-        let attr = if plus && shard.has_inode(e.ino) { Some(getattr(shard, e.ino)?) } else { None };
+        let attr = attrs.next().flatten();
         entries.push(DirEntry {
             name: e.name,
             ino: e.ino,

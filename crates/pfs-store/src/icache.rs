@@ -192,6 +192,22 @@ impl Icache {
         Ok(data[at..at + INODE_SLOT_SIZE].try_into().expect("slot size"))
     }
 
+    /// The bytes of slot `slot` when its page is in memory and free to read
+    /// (not being read or written back), marked most recently used: a hit
+    /// without a copy of the slot; `None` otherwise ([`read_slot`](Self::read_slot)
+    /// loads it).
+    pub fn resident_slot(&mut self, slot: u64) -> Option<&[u8]> {
+        let b = *self.index.get(&(slot / INODES_PER_BLOCK))?;
+        if matches!(self.blocks[b as usize].state, BlockState::Writing | BlockState::Reading) {
+            return None;
+        }
+        self.stats.hits += 1;
+        self.touch(b);
+        let at = (slot % INODES_PER_BLOCK) as usize * INODE_SLOT_SIZE;
+        let data = self.blocks[b as usize].data.as_ref().expect("a ready block has data");
+        Some(&data[at..at + INODE_SLOT_SIZE])
+    }
+
     /// Marks the page of slot `slot`, if resident, most recently used: a
     /// caller about to read other pages keeps the ones it needs from being
     /// evicted for them.

@@ -29,7 +29,7 @@ pub mod txn;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use pfs_core::{BlockIndex, FsError, FsResult, InodeId, ShardId, TimeNs};
+use pfs_core::{BlockIndex, FileAttr, FsError, FsResult, InodeId, ShardId, TimeNs};
 
 use crate::bitmap::Bitmap;
 use crate::cart::Cart;
@@ -760,16 +760,21 @@ impl<D: Device> Shard<D> {
     // ---- inodes ----
 
     fn load_inode_at(&mut self, slot: u64, ino: InodeId) -> Result<Inode, StoreError> {
-        if self.defer_misses && self.op_changes == 0 && !self.icache.resident(slot) {
-            // Not in memory: read it in the background and have the request
-            // run again once it is (`set_defer_misses`).
-            if self.icache.start_read(&mut self.io, slot) {
-                self.deferred_miss = true;
-                return Err(StoreError::Fs(FsError::TryAgain));
+        let found = match self.icache.resident_slot(slot) {
+            Some(image) => Inode::decode(image)?,
+            None => {
+                if self.defer_misses && self.op_changes == 0 {
+                    // Not in memory: read it in the background and have the
+                    // request run again once it is (`set_defer_misses`).
+                    if self.icache.start_read(&mut self.io, slot) {
+                        self.deferred_miss = true;
+                        return Err(StoreError::Fs(FsError::TryAgain));
+                    }
+                }
+                Inode::decode(&self.icache.read_slot(&mut self.io, slot)?)?
             }
-        }
-        let image = self.icache.read_slot(&mut self.io, slot)?;
-        match Inode::decode(&image)? {
+        };
+        match found {
             Some(inode) if inode.ino == ino => Ok(inode),
             other => Err(StoreError::Corruption(format!(
                 "slot {slot} should hold inode {ino}, holds {:?}",
@@ -843,17 +848,35 @@ impl<D: Device> Shard<D> {
         self.defer_misses = on;
     }
 
-    /// With misses deferred (`set_defer_misses`), starts background reads of
-    /// the pages of those of `inos` that live here and are not in memory (at
-    /// most 64 pages), and stops the request as a miss does when any of them
-    /// is being read: a `ReadDir` with attributes reads its entries' pages
-    /// together, then runs again once. Without, does nothing.
-    pub fn prefetch_inodes(&mut self, inos: impl Iterator<Item = InodeId>) -> FsResult<()> {
-        const PREFETCH_MAX: usize = 64;
-        if !self.defer_misses || self.op_changes > 0 {
-            return Ok(());
+    /// The attributes of each of `inos` that lives on this shard, `None` for
+    /// the others: a `ReadDir` with attributes. With misses deferred
+    /// (`set_defer_misses`), the pages not in memory are read together in the
+    /// background first (at most 64), and the request stops as a miss does
+    /// (`TryAgain`) to run again once they are in.
+    pub fn attrs_of(&mut self, inos: &[InodeId]) -> FsResult<Vec<Option<FileAttr>>> {
+        let slots: Vec<Option<u64>> =
+            inos.iter().map(|ino| self.inode_slots.get(ino).copied()).collect();
+        if self.defer_misses
+            && self.op_changes == 0
+            && slots.iter().flatten().any(|&s| !self.icache.resident(s))
+        {
+            self.prefetch_slots(slots.iter().flatten().copied().collect())?;
         }
-        let slots: Vec<u64> = inos.filter_map(|ino| self.inode_slots.get(&ino).copied()).collect();
+        let mut attrs = Vec::with_capacity(inos.len());
+        for (slot, &ino) in slots.into_iter().zip(inos) {
+            attrs.push(match slot {
+                Some(slot) => Some(self.load_inode_at(slot, ino)?.attr(PAGE_SIZE)),
+                None => None,
+            });
+        }
+        Ok(attrs)
+    }
+
+    /// Starts background reads of the pages of `slots` not in memory (at
+    /// most 64 pages), and stops the request as a miss does when any of them
+    /// is being read ([`attrs_of`](Self::attrs_of)).
+    fn prefetch_slots(&mut self, slots: Vec<u64>) -> FsResult<()> {
+        const PREFETCH_MAX: usize = 64;
         // The resident ones first, so reading the others does not evict them.
         for &slot in &slots {
             self.icache.touch_slot(slot);

@@ -1800,6 +1800,48 @@ fn a_partial_write_reads_its_old_bytes_in_the_background_when_asked() {
     assert_eq!(s.read(f, 0, 8192).unwrap(), want, "after a restart");
 }
 
+/// A listing's attributes: `None` for an inode of another shard; with misses
+/// deferred, the cold pages are read together and the request stops once,
+/// after which every attribute comes from memory and nothing stops it.
+#[test]
+fn attributes_of_a_listing_read_their_cold_pages_together() {
+    let (mut s, _handle) = fresh();
+    let mut asked = Vec::new();
+    for i in 0..640 {
+        let ino = s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap().ino;
+        s.write(ino, 0, &vec![1u8; i % 7]).unwrap();
+        asked.push(ino);
+    }
+    let mut s = reopen(s);
+    let cold = asked.iter().filter(|ino| !s.icache.resident(s.inode_slots[ino])).count();
+    assert!(cold > 0, "40 pages of inodes in 32 Icache blocks");
+    let elsewhere = InodeId::compose(ShardId(3), 5);
+    asked.insert(100, elsewhere);
+    s.set_defer_misses(true);
+    let reads = s.stats().icache.background_reads;
+    assert_eq!(s.attrs_of(&asked), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+    assert!(s.stats().icache.background_reads > reads, "background reads started");
+    s.set_defer_misses(false);
+    let attrs = s.attrs_of(&asked).unwrap();
+    assert_eq!(attrs.len(), asked.len());
+    for (i, (a, ino)) in attrs.iter().zip(&asked).enumerate() {
+        match a {
+            None => assert_eq!(*ino, elsewhere, "entry {i}"),
+            Some(a) => {
+                let n = if i < 100 { i } else { i - 1 };
+                assert_eq!((a.ino, a.size), (*ino, (n % 7) as u64), "entry {i}");
+            }
+        }
+    }
+    // The 32 blocks hold the last pages asked for: those of the last
+    // hundred files are in memory, and asking again does not stop.
+    let tail = &asked[540..];
+    s.set_defer_misses(true);
+    assert_eq!(s.attrs_of(tail).unwrap().len(), tail.len());
+    assert_eq!(s.take_deferred(), None);
+}
+
 /// A data read does not wait either: of a cold inode it stops at the inode's
 /// page, and of pages whose write is in flight it stops until the write
 /// finished, then reads them from memory (the write left the partly filled
