@@ -17,11 +17,20 @@
 #   UP_ARGS="--idle-spin-us 1000" benches/preload.sh   # more pfs up options
 #   TARGETS="preload native mount" benches/preload.sh   # another order within a round
 #   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
+#   STAT=mean benches/preload.sh       # rates as the mean of the rounds (default: the
+#                                      # median, which a round caught in this VM's slow
+#                                      # scheduling state moves less)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/pfs}
 LIB=${LIB:-$PWD/target/release/libpfs_preload.so}
 ROUNDS=${ROUNDS:-2}
+STAT=${STAT:-median}
+case $STAT in
+    median) jq_stat='sort | if length % 2 == 1 then .[length / 2 | floor] else (.[length / 2 - 1] + .[length / 2]) / 2 end' ;;
+    mean) jq_stat='add / length' ;;
+    *) echo "error: STAT=$STAT: median or mean" >&2; exit 1 ;;
+esac
 WORK=${WORK:-/tmp/pfs-preload-bench}
 PFS_AT=/pfs-preload-bench
 declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
@@ -91,12 +100,12 @@ for r in $(seq "$ROUNDS"); do
 done
 hz=$(getconf CLK_TCK)
 for w in $WORKLOADS; do
-    echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), mean of $ROUNDS runs each"
+    echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), rates the $STAT of $ROUNDS runs each"
     echo
     echo "| phase | native | preload | mount | preload/native | preload/mount |"
     echo "|---|---|---|---|---|---|"
     for phase in $(jq -r '.phases[].name' "$WORK/1/native-$w.json"); do
-        mean() { cat "$WORK"/*/"$1-$w".json | jq -s "[.[].phases[] | select(.name==\"$phase\") | .rate] | add / length"; }
+        mean() { cat "$WORK"/*/"$1-$w".json | jq -s "[.[].phases[] | select(.name==\"$phase\") | .rate] | $jq_stat"; }
         n=$(mean native)
         p=$(mean preload)
         m=$(mean mount)

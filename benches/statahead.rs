@@ -3,7 +3,8 @@
 //! a directory of N files `f0..f{N-1}` stat'ed in that order (its listing runs
 //! `f0, f1, f10, f100...`), each lookup answered from the table or, missed,
 //! looked up and followed by the batch it calls for; then every name forgotten
-//! in the same order (mdtest's remove phase). No server and no network: what
+//! in the same order (mdtest's remove phase); and N creates' replies kept
+//! (`remember`, mdtest's create phase). No server and no network: what
 //! is timed is the table's own work (hashing, probes, allocation, the batches'
 //! entries) and MemFs's listing of the batches.
 //!
@@ -72,6 +73,22 @@ fn bench(c: &mut Criterion) {
                 let s = table();
                 let t = Instant::now();
                 sweep(&fs, dir, &names, &s);
+                total += t.elapsed();
+            }
+            total
+        })
+    });
+    // mdtest's create phase through libpfs_preload: each create's reply kept.
+    let attrs: Vec<_> = names.iter().map(|n| fs.lookup(dir, n).expect("created")).collect();
+    g.bench_function("remember creates", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let s = table();
+                let t = Instant::now();
+                for (name, a) in names.iter().zip(&attrs) {
+                    s.remember(dir.0, name, *a, 0);
+                }
                 total += t.elapsed();
             }
             total
