@@ -717,6 +717,41 @@ int main(int argc, char **argv) {
     int base = count_fds();
     for (int i = 0; i < 1000; i++) check_pfs(open("a", O_RDONLY));
     CHECK(count_fds() == base);
+    /* A closed pfs descriptor's number is kept for the next pfs open, and
+       given back before anything else takes the lowest free number. */
+    int n = open("a", O_RDONLY);
+    CHECK(n > 2 && close(n) == 0);
+    int m = open("a", O_RDONLY);
+    CHECK(m == n);
+    check_pfs(m);
+    int kf = open(argv[2], O_RDONLY);
+    CHECK(kf == n && close(kf) == 0);
+    /* Close-on-exec is each open's, whatever the kept number had. */
+    m = open("a", O_RDONLY | O_CLOEXEC);
+    CHECK(fcntl(m, F_GETFD) == FD_CLOEXEC && close(m) == 0);
+    m = open("a", O_RDONLY);
+    CHECK(fcntl(m, F_GETFD) == 0);
+    CHECK(fcntl(m, F_SETFD, FD_CLOEXEC) == 0 && close(m) == 0);
+    m = open("a", O_RDONLY);
+    CHECK(fcntl(m, F_GETFD) == 0);
+    check_pfs(m);
+    /* A second close fails as it would have, and the kernel has the number. */
+    m = open("a", O_RDONLY);
+    CHECK(close(m) == 0);
+    CHECK(close(m) == -1 && errno == EBADF);
+    int p[2];
+    CHECK(pipe(p) == 0 && p[0] == m && close(p[0]) == 0 && close(p[1]) == 0);
+    /* dup2 onto a kept number makes it the program's: the next pfs open
+       takes another. */
+    kf = open(argv[2], O_RDONLY);
+    m = open("a", O_RDONLY);
+    CHECK(kf >= 0 && m >= 0 && close(m) == 0 && dup2(kf, m) == m);
+    int o = open("a", O_RDONLY);
+    CHECK(o != m);
+    check_pfs(o);
+    char kc;
+    CHECK(pread(m, &kc, 1, 0) == 1 && kc == 'K' && close(m) == 0 && close(kf) == 0);
+    CHECK(count_fds() == base);
     for (int i = 3; i < 1024; i++) close(i);
     check_pfs(open("a", O_RDONLY));
     closefrom(3);
@@ -758,6 +793,41 @@ fn descriptors_stay_the_librarys_whatever_the_program_closes() {
     assert!(out.status.success(), "the descriptor program failed");
     assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "fds ok");
     assert_eq!(std::fs::read(c.mnt.join("fds/a")).unwrap(), b"hello");
+}
+
+/// An open-close loop reuses the number the last close left (no descriptor
+/// system call per file), counted in the stats line.
+#[test]
+fn closed_descriptors_are_reused_by_the_next_open() {
+    let c = Cluster::start("kept");
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+for i in range(200):
+    with open(f"{d}/f{i}", "w") as f:
+        f.write("x")
+for i in range(200):
+    fd = os.open(f"{d}/f{i}", os.O_RDONLY)
+    assert os.read(fd, 8) == b"x"
+    os.close(fd)
+print("kept ok")
+"#;
+    let out = c
+        .command(&c.pfs, "python3")
+        .env("PFS_PRELOAD_STATS", "1")
+        .args(["-c", script, c.pfs.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "kept ok", "{stdout}\n{stderr}");
+    let reused = stderr
+        .split(" closed descriptors reused")
+        .next()
+        .and_then(|s| s.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no reuse count: {stderr}"));
+    assert!(reused >= 398, "{reused} of 400 opens reused a descriptor: {stderr}");
+    assert_eq!(std::fs::read_to_string(c.mnt.join("f199")).unwrap(), "x");
 }
 
 #[test]

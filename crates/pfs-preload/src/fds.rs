@@ -27,6 +27,11 @@ use crate::paths::AbsPath;
 pub const FD_MAX: usize = 1 << 16;
 
 static BITS: [AtomicU64; FD_MAX / 64] = [const { AtomicU64::new(0) }; FD_MAX / 64];
+/// Which pfs descriptors the kernel holds with `FD_CLOEXEC`: set when one is
+/// made (open, `dup` and its kinds) and by `F_SETFD`, so a closed one can be
+/// kept for the next open with the flag it has ([`crate::ops`], "kept
+/// descriptor") without asking the kernel.
+static CLOEXEC: [AtomicU64; FD_MAX / 64] = [const { AtomicU64::new(0) }; FD_MAX / 64];
 static TABLE: Mutex<BTreeMap<i32, Arc<OpenFile>>> = Mutex::new(BTreeMap::new());
 
 /// Open descriptions of regular files that may write.
@@ -209,6 +214,26 @@ impl Drop for OpenFile {
 fn bit(fd: i32) -> Option<(&'static AtomicU64, u64)> {
     let i = usize::try_from(fd).ok().filter(|&i| i < FD_MAX)?;
     Some((&BITS[i / 64], 1u64 << (i % 64)))
+}
+
+/// Notes whether pfs descriptor `fd` has `FD_CLOEXEC` in the kernel.
+pub fn set_cloexec(fd: i32, on: bool) {
+    if let Some(i) = usize::try_from(fd).ok().filter(|&i| i < FD_MAX) {
+        let (w, b) = (&CLOEXEC[i / 64], 1u64 << (i % 64));
+        if on {
+            w.fetch_or(b, Ordering::Relaxed);
+        } else {
+            w.fetch_and(!b, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether pfs descriptor `fd` has `FD_CLOEXEC` ([`set_cloexec`]).
+pub fn cloexec(fd: i32) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .filter(|&i| i < FD_MAX)
+        .is_some_and(|i| CLOEXEC[i / 64].load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0)
 }
 
 /// Whether `fd` is a pfs descriptor.

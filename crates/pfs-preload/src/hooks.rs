@@ -229,6 +229,8 @@ extern "C" fn after_fork_child() {
 
 unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     by_path!(dirfd, path, |abs| ret_int(ops::open(abs, flags, mode)), |p| {
+        // The kernel gives the lowest free number: the kept one too.
+        ops::give_back_kept();
         let f = real!(openat: fn(c_int, *const c_char, c_int, c_uint) -> c_int);
         // SAFETY: libc's openat with the caller's arguments.
         unsafe { f(dirfd, p, flags, mode) }
@@ -314,6 +316,13 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
         return 0;
     }
     if !fds::is_pfs(fd) {
+        if fd >= 0 && ops::give_back_kept_in(fd as c_uint, fd as c_uint) {
+            // A pfs descriptor the program closed already, kept by the
+            // library for its next open: the number goes back to the kernel
+            // and the program's second close fails as it would have.
+            set_errno(libc::EBADF);
+            return -1;
+        }
         // SAFETY: libc's close.
         return unsafe { real!(close: fn(c_int) -> c_int)(fd) };
     }
@@ -1574,15 +1583,21 @@ pub unsafe extern "C" fn readlinkat(
 
 #[no_mangle]
 pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    ops::give_back_kept();
     // SAFETY: libc's dup.
     let newfd = unsafe { real!(dup: fn(c_int) -> c_int)(fd) };
     if newfd < 0 || !fds::is_pfs(fd) {
         return newfd;
     }
-    ret_int(with_busy(|| ops::duplicated(fd, newfd)))
+    ret_int(with_busy(|| ops::duplicated(fd, newfd, false)))
 }
 
-unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int) -> c_int {
+unsafe fn dup_onto(
+    oldfd: c_int,
+    newfd: c_int,
+    cloexec: bool,
+    real_call: impl FnOnce() -> c_int,
+) -> c_int {
     if oldfd != newfd && pfs_net::fdguard::is_guarded(newfd) {
         if ops::template() == Some(newfd) {
             // The program wants this number: the library's template moves.
@@ -1592,6 +1607,10 @@ unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int
             set_errno(libc::EBUSY);
             return -1;
         }
+    }
+    if oldfd != newfd {
+        // The program's own number now, replaced by the kernel.
+        ops::drop_kept(newfd);
     }
     let old_pfs = fds::is_pfs(oldfd);
     let new_pfs = fds::is_pfs(newfd);
@@ -1604,7 +1623,7 @@ unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int
     }
     with_busy(|| {
         if old_pfs {
-            let r = ret_int(ops::duplicated(oldfd, newfd));
+            let r = ret_int(ops::duplicated(oldfd, newfd, cloexec));
             if r >= 0 {
                 replace_std_stream(newfd);
             }
@@ -1619,14 +1638,16 @@ unsafe fn dup_onto(oldfd: c_int, newfd: c_int, real_call: impl FnOnce() -> c_int
 #[no_mangle]
 pub unsafe extern "C" fn dup2(oldfd: c_int, newfd: c_int) -> c_int {
     // SAFETY: libc's dup2 with the caller's arguments.
-    unsafe { dup_onto(oldfd, newfd, || real!(dup2: fn(c_int, c_int) -> c_int)(oldfd, newfd)) }
+    unsafe {
+        dup_onto(oldfd, newfd, false, || real!(dup2: fn(c_int, c_int) -> c_int)(oldfd, newfd))
+    }
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn dup3(oldfd: c_int, newfd: c_int, flags: c_int) -> c_int {
     // SAFETY: libc's dup3 with the caller's arguments.
     unsafe {
-        dup_onto(oldfd, newfd, || {
+        dup_onto(oldfd, newfd, flags & libc::O_CLOEXEC != 0, || {
             real!(dup3: fn(c_int, c_int, c_int) -> c_int)(oldfd, newfd, flags)
         })
     }
@@ -1664,18 +1685,30 @@ unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, name: &'static str) -> 
         // SAFETY: libc's fcntl with the caller's arguments.
         unsafe { f(fd, cmd, arg) }
     };
+    if cmd == libc::F_DUPFD || cmd == libc::F_DUPFD_CLOEXEC {
+        // The kernel gives the lowest free number from `arg` up.
+        ops::give_back_kept();
+    }
     if !fds::is_pfs(fd) {
         return real_call();
     }
     match cmd {
         // The kernel keeps the descriptor flags of the reserved descriptor.
-        libc::F_GETFD | libc::F_SETFD => real_call(),
+        libc::F_GETFD => real_call(),
+        libc::F_SETFD => {
+            let r = real_call();
+            if r == 0 {
+                fds::set_cloexec(fd, arg as c_int & libc::FD_CLOEXEC != 0);
+            }
+            r
+        }
         libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
             let newfd = real_call();
             if newfd < 0 {
                 return newfd;
             }
-            ret_int(with_busy(|| ops::duplicated(fd, newfd)))
+            let cloexec = cmd == libc::F_DUPFD_CLOEXEC;
+            ret_int(with_busy(|| ops::duplicated(fd, newfd, cloexec)))
         }
         libc::F_GETFL => match fds::get(fd) {
             // The access mode and status flags, as the kernel reports them.
@@ -1972,6 +2005,7 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
                 Target::Elsewhere(c) => c.as_ptr(),
                 _ => path,
             };
+            ops::give_back_kept();
             // SAFETY: libc's opendir.
             unsafe { real!(opendir: fn(*const c_char) -> *mut libc::DIR)(p) }
         }
@@ -2299,8 +2333,15 @@ unsafe fn fopen_any(
                 }
             }
         }
-        Target::Real => real_call(path),
-        Target::Elsewhere(c) => real_call(c.as_ptr()),
+        // The kernel gives the lowest free number: the kept one too.
+        Target::Real => {
+            ops::give_back_kept();
+            real_call(path)
+        }
+        Target::Elsewhere(c) => {
+            ops::give_back_kept();
+            real_call(c.as_ptr())
+        }
     }
 }
 
@@ -2421,8 +2462,15 @@ unsafe fn freopen_any(
                 std::ptr::null_mut()
             }
         },
-        Target::Real => real_call(path),
-        Target::Elsewhere(c) => real_call(c.as_ptr()),
+        // The kernel gives the lowest free number: the kept one too.
+        Target::Real => {
+            ops::give_back_kept();
+            real_call(path)
+        }
+        Target::Elsewhere(c) => {
+            ops::give_back_kept();
+            real_call(c.as_ptr())
+        }
     }
 }
 
@@ -2647,6 +2695,8 @@ unsafe fn with_handover(
     envp: *const *const c_char,
     call: impl FnOnce(*const *const c_char) -> c_int,
 ) -> c_int {
+    // The new program gets no descriptor the library kept for itself.
+    ops::give_back_kept();
     let mut keep = Vec::new();
     // SAFETY: the caller's environment.
     let env = unsafe { exec_env(envp, &mut keep) };
@@ -2728,6 +2778,9 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
         // SAFETY: libc's close_range says what is wrong (EINVAL).
         return unsafe { f(first, last, flags) };
     }
+    // A kept descriptor in the range goes back to the kernel first (the
+    // range may only be marked close-on-exec, which would leave it open).
+    ops::give_back_kept_in(first, last);
     // Around the library's own descriptors (they stay open, as `close`
     // leaves them): the stretches between them, each closed by libc.
     let mut r = 0;
@@ -2752,6 +2805,8 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    // A kept descriptor in the range goes back to the kernel first.
+    ops::give_back_kept_in(lowfd.max(0) as c_uint, c_uint::MAX);
     if !pfs_net::fdguard::guarded_in(lowfd.max(0) as c_uint, c_uint::MAX).is_empty() {
         // Around the library's own descriptors, as `close_range` does.
         // SAFETY: closes descriptors of this process by number.
@@ -3136,6 +3191,7 @@ scandir_hooks!(scandir, scandir64);
 #[no_mangle]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
     let real_system = || {
+        ops::give_back_kept();
         // SAFETY: libc's system.
         unsafe { real!(system: fn(*const c_char) -> c_int)(command) }
     };
