@@ -795,6 +795,38 @@ fn descriptors_stay_the_librarys_whatever_the_program_closes() {
     assert_eq!(std::fs::read(c.mnt.join("fds/a")).unwrap(), b"hello");
 }
 
+/// Paths deeper than the walk keeps on the stack (24 components) resolve as
+/// shallow ones do: made, written, listed, stat'ed and removed.
+#[test]
+fn deep_paths_resolve_through_the_library() {
+    let c = Cluster::start("deep");
+    let script = r#"
+import os, sys
+d = sys.argv[1]
+parts = [f"l{i}" for i in range(40)]
+for depth in (23, 24, 25, 40):
+    p = os.path.join(d, f"t{depth}", *parts[:depth - 1])
+    os.makedirs(p)
+    with open(os.path.join(p, "f"), "w") as f:
+        f.write(str(depth))
+    with open(os.path.join(p, "f")) as f:
+        assert f.read() == str(depth)
+    assert os.stat(os.path.join(p, "f")).st_size == len(str(depth))
+    assert os.listdir(p) == ["f"]
+    os.unlink(os.path.join(p, "f"))
+    assert not os.path.exists(os.path.join(p, "f"))
+    with open(os.path.join(p, "g"), "w") as f:
+        f.write("kept")
+print("deep ok")
+"#;
+    assert_eq!(c.python(script).trim(), "deep ok");
+    let mut p = c.mnt.join("t40");
+    for i in 0..39 {
+        p.push(format!("l{i}"));
+    }
+    assert_eq!(std::fs::read_to_string(p.join("g")).unwrap(), "kept");
+}
+
 /// An open-close loop reuses the number the last close left (no descriptor
 /// system call per file), counted in the stats line.
 #[test]
