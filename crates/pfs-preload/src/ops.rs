@@ -214,8 +214,10 @@ fn statahead() -> &'static StatAhead {
 
 /// Looks `name` up in `dir` for a `stat` (and `lstat`, `statx`, `fstatat`):
 /// from a batch of the directory's attributes when statahead holds it, as
-/// the mount answers its kernel's lookups; otherwise at the server, after
-/// which a batch is fetched if the directory's misses call for one. Not while
+/// the mount answers its kernel's lookups, or from the batch that starts at
+/// the name when statahead has been answering the directory
+/// ([`StatAhead::fetch_at`]); otherwise at the server, after which a batch
+/// is fetched if the directory's misses call for one. Not while
 /// this process has a file open for writing (its size may count writes the
 /// server does not have yet). Opens, unlinks and the rest always ask the
 /// server.
@@ -225,6 +227,12 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
     let changes = CHANGES.load(Ordering::Acquire);
     if quiet {
         if let Some((a, _)) = ahead.get(dir.0, name, changes) {
+            return Ok(a);
+        }
+        // A directory whose lookups statahead answers: the batch that starts
+        // at this name answers it, with no lookup of its own.
+        let now = || CHANGES.load(Ordering::Acquire);
+        if let Some((a, _)) = ahead.fetch_at(&*fs.fs, dir.0, name, &now) {
             return Ok(a);
         }
     }
