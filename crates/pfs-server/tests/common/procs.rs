@@ -74,11 +74,39 @@ impl ClusterProcs {
         };
         for n in 0..servers {
             // One after the other, so server n gets id n.
+            let before = c.serving_lines(n);
             let child = c.spawn_server(n, &[]);
             c.servers.push(Some(child));
             c.wait_registered(n + 1);
+            // Registered is not formatted: a new server registers (for its
+            // id) and then formats its zones. A test that kills it right
+            // after start must not cut a format short (a zone left without
+            // its checkpoint header does not start again).
+            c.wait_serving(n, before);
         }
         c
+    }
+
+    /// How many times server `n`'s log says it started serving.
+    fn serving_lines(&self, n: u32) -> usize {
+        let log = std::fs::read_to_string(self.dir.join(format!("server-{n}.log")));
+        log.map_or(0, |l| l.matches(" serving on ").count())
+    }
+
+    /// Waits until server `n`'s log says it started serving once more than
+    /// `before` times.
+    fn wait_serving(&self, n: u32, before: usize) {
+        if std::env::var("PFS_TEST_LOG")
+            .is_ok_and(|l| ["off", "error", "warn"].contains(&l.as_str()))
+        {
+            // The line is logged at info.
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.serving_lines(n) <= before {
+            assert!(Instant::now() < deadline, "server {n} did not start serving within 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Starts server `n` with extra environment variables (failpoints).
