@@ -230,10 +230,13 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
             return Ok(a);
         }
         // A directory whose lookups statahead answers: the batch that starts
-        // at this name answers it, with no lookup of its own.
+        // at this name answers it, with no lookup of its own (where listings
+        // follow name order: not a bigdir over several shards).
         let now = || CHANGES.load(Ordering::Acquire);
-        if let Some((a, _)) = ahead.fetch_at(&*fs.fs, dir.0, name, &now) {
-            return Ok(a);
+        if fs.fs.lists_in_name_order(dir) {
+            if let Some((a, _)) = ahead.fetch_at(&*fs.fs, dir.0, name, &now) {
+                return Ok(a);
+            }
         }
     }
     let a = fs.fs.lookup(dir, name)?;

@@ -359,6 +359,18 @@ impl Cluster {
         (parent, names.len())
     }
 
+    /// Whether a listing of `dir` after any name goes on in name order from
+    /// there, as far as this client knows `dir`'s layout without asking: a
+    /// regular directory (one shard), or a bigdir of a cluster of one shard.
+    /// A bigdir over several shards lists them one after the other, and a
+    /// resume name picks the shard it hashes to.
+    pub fn lists_in_name_order(&self, dir: InodeId) -> bool {
+        self.caches.layout(dir).is_some_and(|l| {
+            l.dir == DirLayout::Regular
+                || self.placement.servers() as u64 * self.placement.workers() as u64 == 1
+        })
+    }
+
     /// Dentry cache (hits, misses) so far.
     pub fn dentry_cache_stats(&self) -> (u64, u64) {
         self.caches.dcache.lock().expect("dcache lock").counters()
