@@ -424,9 +424,8 @@ print('per inode ok')
 "#;
 
 /// Runs Python `script` through the library with `PFS_PRELOAD_STATS`, checks
-/// that it printed `done`, and returns how many `stat`s statahead answered
-/// (from the library's stats line) with that line for messages.
-fn statahead_answered(c: &Cluster, script: &str, args: &[&str], done: &str) -> (u64, String) {
+/// that it printed `done`, and returns its standard error (the stats line).
+fn python_stats(c: &Cluster, script: &str, args: &[&str], done: &str) -> String {
     let out = c
         .command(&c.pfs, "python3")
         .env("PFS_PRELOAD_STATS", "1")
@@ -437,9 +436,16 @@ fn statahead_answered(c: &Cluster, script: &str, args: &[&str], done: &str) -> (
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == done, "{stdout}\n{stderr}");
+    stderr.into_owned()
+}
+
+/// [`python_stats`], and how many `stat`s statahead answered (from the
+/// library's stats line) with that line for messages.
+fn statahead_answered(c: &Cluster, script: &str, args: &[&str], done: &str) -> (u64, String) {
+    let stderr = python_stats(c, script, args, done);
     let answered =
         stderr.split(", statahead ").nth(1).and_then(|s| s.split(' ').next()?.parse::<u64>().ok());
-    (answered.unwrap_or_else(|| panic!("no statahead count: {stderr}")), stderr.into_owned())
+    (answered.unwrap_or_else(|| panic!("no statahead count: {stderr}")), stderr)
 }
 
 #[test]
@@ -844,15 +850,7 @@ for i in range(200):
     os.close(fd)
 print("kept ok")
 "#;
-    let out = c
-        .command(&c.pfs, "python3")
-        .env("PFS_PRELOAD_STATS", "1")
-        .args(["-c", script, c.pfs.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let (stdout, stderr) =
-        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.trim() == "kept ok", "{stdout}\n{stderr}");
+    let stderr = python_stats(&c, script, &[c.pfs.to_str().unwrap()], "kept ok");
     let reused = stderr
         .split(" closed descriptors reused")
         .next()

@@ -2000,15 +2000,10 @@ pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
                 std::ptr::null_mut()
             }
         },
-        t => {
-            let p = match &t {
-                Target::Elsewhere(c) => c.as_ptr(),
-                _ => path,
-            };
-            ops::give_back_kept();
-            // SAFETY: libc's opendir.
-            unsafe { real!(opendir: fn(*const c_char) -> *mut libc::DIR)(p) }
-        }
+        // SAFETY: libc's opendir.
+        t => open_real(t, path, |p| unsafe {
+            real!(opendir: fn(*const c_char) -> *mut libc::DIR)(p)
+        }),
     }
 }
 
@@ -2307,6 +2302,17 @@ fn stream(fd: c_int, mode: *const c_char) -> *mut FILE {
     f
 }
 
+/// libc's opening call for a path outside pfs (`t` is not `Target::Pfs`): the
+/// caller's path, or the absolute one a pfs working directory makes of it.
+/// The kernel gives the lowest free number, so a kept one goes back first.
+fn open_real<T>(t: Target, path: *const c_char, real_call: impl FnOnce(*const c_char) -> T) -> T {
+    ops::give_back_kept();
+    match &t {
+        Target::Elsewhere(c) => real_call(c.as_ptr()),
+        _ => real_call(path),
+    }
+}
+
 unsafe fn fopen_any(
     path: *const c_char,
     mode: *const c_char,
@@ -2333,15 +2339,7 @@ unsafe fn fopen_any(
                 }
             }
         }
-        // The kernel gives the lowest free number: the kept one too.
-        Target::Real => {
-            ops::give_back_kept();
-            real_call(path)
-        }
-        Target::Elsewhere(c) => {
-            ops::give_back_kept();
-            real_call(c.as_ptr())
-        }
+        t => open_real(t, path, real_call),
     }
 }
 
@@ -2462,15 +2460,7 @@ unsafe fn freopen_any(
                 std::ptr::null_mut()
             }
         },
-        // The kernel gives the lowest free number: the kept one too.
-        Target::Real => {
-            ops::give_back_kept();
-            real_call(path)
-        }
-        Target::Elsewhere(c) => {
-            ops::give_back_kept();
-            real_call(c.as_ptr())
-        }
+        t => open_real(t, path, real_call),
     }
 }
 
