@@ -16,7 +16,9 @@
 //! the worker, so a test sees requests served while a commit waits;
 //! `read.hold_ms=M` does the same to finished data reads; `checkpoint.hold_ms=M`
 //! holds every checkpoint's header write back M ms from the checkpoint's start,
-//! so a test sees requests served while a checkpoint is under way.
+//! so a test sees requests served while a checkpoint is under way;
+//! `format.hold_ms=M` holds the last write of a format, zone 0's superblock, M
+//! ms (logged), so a test can kill a first start that is formatting.
 //!
 //! A malformed variable is reported once on stderr and ignored.
 

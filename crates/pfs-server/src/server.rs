@@ -15,7 +15,7 @@ use pfs_core::{ClientId, RequestId, ServerConfig, ServerId, ShardId};
 use pfs_net::rdma::RdmaConfig;
 use pfs_net::{ClusterKey, Link, Listener, ListenerConfig, RpcClient, RpcOptions};
 use pfs_store::device::{UringDevice, UringOptions};
-use pfs_store::{FormatOptions, Shard, ShardOptions};
+use pfs_store::{FormatOptions, Shard, ShardOptions, Zone};
 
 use crate::cleanstop;
 
@@ -244,6 +244,8 @@ struct Zones {
     devices: Vec<UringDevice>,
     /// The server id the zones belong to; `None`: none is formatted yet.
     known: Option<ServerId>,
+    /// Every zone is formatted (`false` with `known`: a format was cut short).
+    complete: bool,
     zone_bytes: u64,
 }
 
@@ -352,12 +354,12 @@ fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
         devices.push(dev);
         found.push(shard);
     }
-    let known = match (found.iter().all(Option::is_some), found.iter().all(Option::is_none)) {
-        (true, _) => {
-            let g0 = found[0].expect("all formatted").0;
-            for (w, s) in found.iter().enumerate() {
-                let s = s.expect("all formatted").0;
-                if s != g0 + w as u32 || g0 % workers as u32 != 0 {
+    let formatted = |z: &Zone| matches!(z, Zone::Formatted(_));
+    let (known, complete) = match found[0] {
+        Zone::Formatted(g0) if found.iter().all(formatted) => {
+            for (w, z) in found.iter().enumerate() {
+                let Zone::Formatted(s) = *z else { unreachable!("all formatted") };
+                if s.0 != g0.0 + w as u32 || g0.0 % workers as u32 != 0 {
                     return Err(ServerError::Storage(format!(
                         "zone {w} of {} belongs to shard {s}: it was formatted for another worker count \
                          (this config has workers = {workers})",
@@ -365,9 +367,20 @@ fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
                     )));
                 }
             }
-            Some(ServerId(g0 / workers as u32))
+            (Some(ServerId(g0.0 / workers as u32)), true)
         }
-        (false, true) => None,
+        Zone::Empty if found.iter().all(|z| *z == Zone::Empty) => (None, false),
+        // A format (a first start's or `pfs mkfs`'s) was cut short: nothing was
+        // served from these zones, and zone 0 says for which server.
+        Zone::Cut(g0) if g0.0 % workers as u32 == 0 => {
+            log::warn!(
+                "{}: a format as server {} was cut short (zone 0 holds its intent, not its \
+                 superblock): formatting again",
+                cfg.data_path.display(),
+                g0.0 / workers as u32
+            );
+            (Some(ServerId(g0.0 / workers as u32)), false)
+        }
         _ => {
             return Err(ServerError::Storage(format!(
                 "{} has some zones formatted and others not: was workers changed? zones: {found:?}",
@@ -375,7 +388,7 @@ fn probe_zones(cfg: &ServerConfig) -> Result<Zones, ServerError> {
             )))
         }
     };
-    Ok(Zones { devices, known, zone_bytes })
+    Ok(Zones { devices, known, complete, zone_bytes })
 }
 
 /// Opens every shard of a stopped server for `pfs fsck`: locks the data file,
@@ -390,10 +403,10 @@ pub fn open_for_check(
         return Err(ServerError::Storage(format!("{} does not exist", cfg.data_path.display())));
     }
     let lock = lock_data(cfg)?;
-    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
-    if known.is_none() {
+    let Zones { devices, complete, zone_bytes, .. } = probe_zones(cfg)?;
+    if !complete {
         return Err(ServerError::Storage(format!(
-            "{} is not formatted (pfs mkfs formats it)",
+            "{} is not formatted (pfs mkfs formats it, as does the server's first start)",
             cfg.data_path.display()
         )));
     }
@@ -438,7 +451,7 @@ pub fn mkfs(cfg: &ServerConfig, id: ServerId, force: bool) -> Result<Vec<ShardId
     cfg.validate().map_err(|e| ServerError::Config(e.to_string()))?;
     let _lock = lock_data(cfg)?;
     let (devices, zone_bytes) = match probe_zones(cfg) {
-        Ok(Zones { known: Some(k), .. }) if !force => {
+        Ok(Zones { known: Some(k), complete: true, .. }) if !force => {
             return Err(ServerError::Storage(format!(
                 "{} holds the zones of server {k}: formatting loses every file on it; \
                  add --force to format anyway",
@@ -460,12 +473,35 @@ pub fn mkfs(cfg: &ServerConfig, id: ServerId, force: bool) -> Result<Vec<ShardId
         Err(e) => return Err(e),
     };
     let sopts = shard_options(cfg);
-    let mut out = Vec::with_capacity(devices.len());
-    for (w, dev) in devices.into_iter().enumerate() {
-        let shard = format_zone(cfg, dev, id, w, zone_bytes, &sopts)?;
-        out.push(shard.id());
+    let shards = format_zones(cfg, devices, id, zone_bytes, &sopts)?;
+    Ok(shards.iter().map(Shard::id).collect())
+}
+
+/// Formats every zone as server `id`'s: first a format intent over zone 0's
+/// superblock, then zone 0 last (its superblock, written last, replaces the
+/// intent), so a format cut short is known as one at the next start
+/// ([`probe_zones`]). The shards in zone order.
+fn format_zones(
+    cfg: &ServerConfig,
+    devices: Vec<UringDevice>,
+    id: ServerId,
+    zone_bytes: u64,
+    sopts: &ShardOptions,
+) -> Result<Vec<Shard<UringDevice>>, ServerError> {
+    let mut devices: Vec<Option<UringDevice>> = devices.into_iter().map(Some).collect();
+    if let Some(dev) = devices[0].take() {
+        let g0 = ShardId(id.0 * cfg.workers);
+        let dev = Shard::mark_formatting(dev, 0, g0).map_err(|e| {
+            ServerError::Storage(format!("zone 0 of {}: {e}", cfg.data_path.display()))
+        })?;
+        devices[0] = Some(dev);
     }
-    Ok(out)
+    let mut shards: Vec<Option<Shard<UringDevice>>> = devices.iter().map(|_| None).collect();
+    for w in (1..devices.len()).chain(0..1) {
+        let dev = devices[w].take().expect("each zone once");
+        shards[w] = Some(format_zone(cfg, dev, id, w, zone_bytes, sopts)?);
+    }
+    Ok(shards.into_iter().map(|s| s.expect("every zone formatted")).collect())
 }
 
 /// Starts a server as configured; `register_timeout` bounds the wait for the master.
@@ -475,7 +511,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     let key = ClusterKey::load(&cfg.key_file).map_err(|e| ServerError::Config(e.to_string()))?;
     let workers = cfg.workers as usize;
     let lock = lock_data(cfg)?;
-    let Zones { devices, known, zone_bytes } = probe_zones(cfg)?;
+    let Zones { devices, known, complete, zone_bytes } = probe_zones(cfg)?;
 
     let listen = resolve("listen", &cfg.listen)?;
     let mut lcfg = ListenerConfig::new(listen, key.clone());
@@ -513,25 +549,23 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     }
 
     let sopts = shard_options(cfg);
-    let mut shards = Vec::with_capacity(workers);
-    for (w, dev) in devices.into_iter().enumerate() {
-        let offset = w as u64 * zone_bytes;
-        let shard = if known.is_some() {
-            Shard::open(dev, offset, sopts.clone()).map_err(|e| {
+    let shards = if complete {
+        let mut shards = Vec::with_capacity(workers);
+        for (w, dev) in devices.into_iter().enumerate() {
+            let shard = Shard::open(dev, w as u64 * zone_bytes, sopts.clone()).map_err(|e| {
                 ServerError::Storage(format!("zone {w} of {}: {e}", cfg.data_path.display()))
-            })?
-        } else {
-            format_zone(cfg, dev, id, w, zone_bytes, &sopts)?
-        };
-        if known.is_some() {
+            })?;
             log::info!(
                 "worker {w}: recovered shard {} ({} WAL records replayed)",
                 shard.id(),
                 shard.stats().replayed
             );
+            shards.push(shard);
         }
-        shards.push(shard);
-    }
+        shards
+    } else {
+        format_zones(cfg, devices, id, zone_bytes, &sopts)?
+    };
     if let Some(mark) = kept {
         let opened: Vec<(u64, u64, u64)> = shards
             .iter()

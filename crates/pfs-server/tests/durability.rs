@@ -869,3 +869,63 @@ fn work_across_the_workers_of_one_server_stays_inside_it() {
 fn log_of_dir(dir: &std::path::Path, n: u32) -> String {
     std::fs::read_to_string(dir.join(format!("server-{n}.log"))).unwrap()
 }
+
+/// A first start killed while it formats starts again: a format begins with
+/// an intent over zone 0's superblock (which server it formats for) and ends
+/// with zone 0's superblock, so a start cut before that (held by failpoint
+/// `format.hold_ms`, then SIGKILL) leaves a device the next start formats
+/// again as the same server, with a warning, instead of one that never
+/// starts (or that the master refuses as a new server in its place). A device
+/// in use whose zone 0 was damaged is refused, not formatted over.
+#[test]
+fn a_first_start_killed_while_it_formats_starts_again() {
+    let dir = common::test_dir("cutformat");
+    let mut c = ClusterProcs::configure(&dir, 1, 2);
+    let child = c.spawn_server(0, &[("PFS_FAILPOINTS", "format.hold_ms=60000")]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(dir.join("server-0.log"))
+        .unwrap_or_default()
+        .contains("zone 0's superblock waits")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the format never reached zone 0's superblock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    common::procs::kill(&child);
+    c.servers.push(Some(child));
+    c.kill_server(0);
+    assert_eq!(c.serving_lines(0), 0, "killed before it served");
+    // The data file as the kill left it: zone 0 holding the intent, not its
+    // superblock.
+    let img = dir.join("server-0.img");
+    let zone0 = std::fs::read(&img).unwrap()[..4096].to_vec();
+    assert_eq!(&zone0[..8], b"PFSFMTIN", "zone 0 holds no format intent");
+
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    c.wait_serving(0, 0);
+    let log = log_of(&c, 0);
+    assert!(log.contains("as server 0 was cut short"), "no warning of the cut format:\n{log}");
+    let fs = c.client();
+    write_synced(&fs, b"after", b"formatted again");
+    assert_eq!(read_back(&fs, b"after"), b"formatted again");
+    drop(fs);
+    c.stop_servers();
+
+    // In use, then zone 0's superblock lost: the start stops and says so,
+    // and the other zone is left as it was.
+    let mut data = std::fs::read(&img).unwrap();
+    let zones_before = data[4096..].to_vec();
+    data[..4096].fill(0);
+    std::fs::write(&img, &data).unwrap();
+    let mut child = c.spawn_server(0, &[]);
+    let status = wait_timeout(&mut child, Duration::from_secs(30)).expect("the start stops");
+    assert!(!status.success(), "a start over a damaged zone 0 succeeded");
+    let log = log_of(&c, 0);
+    assert!(log.contains("some zones formatted and others not"), "no word of the damage:\n{log}");
+    assert_eq!(std::fs::read(&img).unwrap()[4096..], zones_before[..], "the start wrote the zones");
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

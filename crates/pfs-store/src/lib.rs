@@ -23,5 +23,6 @@ pub mod wal;
 pub use error::StoreError;
 pub use shard::{
     CreateArgs, DeferredOn, DirEntry, FormatOptions, RenameFlags, Shard, ShardOptions, XattrFlags,
+    Zone,
 };
 pub mod cart;

@@ -32,6 +32,24 @@ impl ClusterProcs {
     /// A master and `servers` servers of `workers` workers each, server n on
     /// 127.0.0.(n+2).
     pub fn start(dir: &Path, servers: u32, workers: u32) -> ClusterProcs {
+        let mut c = ClusterProcs::configure(dir, servers, workers);
+        for n in 0..servers {
+            // One after the other, so server n gets id n.
+            let before = c.serving_lines(n);
+            let child = c.spawn_server(n, &[]);
+            c.servers.push(Some(child));
+            c.wait_registered(n + 1);
+            // Registered is not formatted: a new server registers (for its
+            // id) and then formats its zones. Tests that kill a server right
+            // after its start mean to kill a running one.
+            c.wait_serving(n, before);
+        }
+        c
+    }
+
+    /// The master running and the configs of `servers` servers written, none
+    /// started (`servers` is empty).
+    pub fn configure(dir: &Path, servers: u32, workers: u32) -> ClusterProcs {
         let key = dir.join("cluster.key");
         ClusterKey::generate(&key).unwrap();
         let master_addr: SocketAddr =
@@ -65,37 +83,24 @@ impl ClusterProcs {
             );
             std::fs::write(dir.join(format!("server-{n}.toml")), cfg).unwrap();
         }
-        let mut c = ClusterProcs {
+        ClusterProcs {
             dir: dir.to_owned(),
             master_addr,
             master,
             servers: Vec::new(),
             count: servers,
-        };
-        for n in 0..servers {
-            // One after the other, so server n gets id n.
-            let before = c.serving_lines(n);
-            let child = c.spawn_server(n, &[]);
-            c.servers.push(Some(child));
-            c.wait_registered(n + 1);
-            // Registered is not formatted: a new server registers (for its
-            // id) and then formats its zones. A test that kills it right
-            // after start must not cut a format short (a zone left without
-            // its checkpoint header does not start again).
-            c.wait_serving(n, before);
         }
-        c
     }
 
     /// How many times server `n`'s log says it started serving.
-    fn serving_lines(&self, n: u32) -> usize {
+    pub fn serving_lines(&self, n: u32) -> usize {
         let log = std::fs::read_to_string(self.dir.join(format!("server-{n}.log")));
         log.map_or(0, |l| l.matches(" serving on ").count())
     }
 
     /// Waits until server `n`'s log says it started serving once more than
     /// `before` times.
-    fn wait_serving(&self, n: u32, before: usize) {
+    pub fn wait_serving(&self, n: u32, before: usize) {
         if std::env::var("PFS_TEST_LOG")
             .is_ok_and(|l| ["off", "error", "warn"].contains(&l.as_str()))
         {

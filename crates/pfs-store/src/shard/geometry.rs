@@ -16,6 +16,34 @@ pub const PAGE_SIZE: u64 = SECTOR_SIZE as u64;
 pub const FORMAT_VERSION: u32 = 4;
 const SUPER_MAGIC: &[u8; 8] = b"PFSZONE\0";
 const CKPT_MAGIC: &[u8; 8] = b"PFSCKPT\0";
+const INTENT_MAGIC: &[u8; 8] = b"PFSFMTIN";
+
+/// The page a server writes over zone 0's superblock before it formats its
+/// zones (docs/format.md, "Format intent"): which shard zone 0 is being
+/// formatted for. Zone 0's format replaces it with the superblock last, so
+/// a start that finds it knows a format was cut short, and for which server.
+pub fn encode_format_intent(shard: ShardId) -> Vec<u8> {
+    let mut b = Vec::with_capacity(20);
+    b.extend_from_slice(INTENT_MAGIC);
+    b.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b.extend_from_slice(&shard.0.to_le_bytes());
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The shard of a format intent page, `None` when `b` is not one (checksum
+/// included).
+pub fn decode_format_intent(b: &[u8]) -> Option<ShardId> {
+    if b.len() < 20 || &b[..8] != INTENT_MAGIC {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[16..20].try_into().expect("4"));
+    if crc32c::crc32c(&b[..16]) != crc {
+        return None;
+    }
+    Some(ShardId(u32::from_le_bytes(b[12..16].try_into().expect("4"))))
+}
 
 /// Choices made when a zone is formatted.
 #[derive(Clone, Debug)]

@@ -225,6 +225,18 @@ pub struct Shard<D: Device> {
     commits_done: u64,
 }
 
+/// What a zone holds ([`Shard::probe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Zone {
+    /// Never formatted: its superblock page is all zeros.
+    Empty,
+    /// A format intent ([`Shard::mark_formatting`]): a format of the device
+    /// for this zone-0 shard began and did not finish.
+    Cut(ShardId),
+    /// Formatted for this shard.
+    Formatted(ShardId),
+}
+
 /// Reserves everything of the zone but its data pages (superblock, metadata,
 /// checkpoints, WAL), so only data writes can meet a full disk.
 fn reserve<D: Device>(io: &mut DevIo<D>, geo: &Geometry) -> Result<(), StoreError> {
@@ -237,7 +249,11 @@ fn reserve<D: Device>(io: &mut DevIo<D>, geo: &Geometry) -> Result<(), StoreErro
 }
 
 impl<D: Device> Shard<D> {
-    /// Formats a zone on `dev` (mkfs) and opens it.
+    /// Formats a zone on `dev` (mkfs) and opens it. The superblock page is
+    /// written last, once the zone's first checkpoint is on the device: what
+    /// was there before (nothing, or a format intent, [`Shard::mark_formatting`])
+    /// stays until then, so a format cut short never leaves a zone that reads
+    /// as formatted and cannot be opened.
     pub fn format(
         dev: D,
         fopts: &FormatOptions,
@@ -256,8 +272,8 @@ impl<D: Device> Shard<D> {
         reserve(&mut io, &geo)?;
         // Zero the headers and the metadata area (slots must read as empty), and the
         // start of each half of the WAL.
-        let mut reqs = vec![write_req(geo.offset(0), &geo.encode_superblock())];
-        reqs.push(write_req(geo.offset(1), &[0u8; 64]));
+        // The superblock page is written last.
+        let mut reqs = vec![write_req(geo.offset(1), &[0u8; 64])];
         reqs.push(write_req(geo.offset(2), &[0u8; 64]));
         let zero_chunk_pages = 256u64;
         let half = geo.wal_pages / 2;
@@ -279,26 +295,57 @@ impl<D: Device> Shard<D> {
         for c in io.run(reqs) {
             c.result?;
         }
+        let superblock = geo.encode_superblock();
         let mut shard = Shard::empty(io, geo, opts, 0, 1, 1);
         if fopts.create_root {
             shard.create_root()?;
         }
+        // Written and synced: the header, then the superblock, each behind a sync.
         shard.checkpoint()?;
+        if let Some(ms) = pfs_core::failpoint::setting("format.hold_ms") {
+            if fopts.zone_offset == 0 {
+                eprintln!("failpoint format.hold_ms: zone 0's superblock waits {ms} ms");
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+        }
+        let offset = shard.geo.offset(0);
+        for reqs in [vec![write_req(offset, &superblock)], vec![sync_req()]] {
+            for c in shard.io.run(reqs) {
+                c.result?;
+            }
+        }
         Ok(shard)
     }
 
     /// Reads the superblock of the zone at `zone_offset` and returns its device
-    /// with the shard it belongs to, or `None` when the zone was never formatted
-    /// (its superblock is all zeros). A damaged superblock is an error.
-    pub fn probe(dev: D, zone_offset: u64) -> Result<(D, Option<ShardId>), StoreError> {
+    /// with what the zone holds. A damaged superblock is an error.
+    pub fn probe(dev: D, zone_offset: u64) -> Result<(D, Zone), StoreError> {
         let mut io = DevIo::new(dev);
         let sb = read_pages(&mut io, zone_offset, 1)?;
         let dev = io.into_device();
         if sb.iter().all(|&b| b == 0) {
-            return Ok((dev, None));
+            return Ok((dev, Zone::Empty));
+        }
+        if let Some(shard) = geometry::decode_format_intent(&sb) {
+            return Ok((dev, Zone::Cut(shard)));
         }
         let geo = Geometry::decode_superblock(&sb)?;
-        Ok((dev, Some(geo.shard)))
+        Ok((dev, Zone::Formatted(geo.shard)))
+    }
+
+    /// Writes a format intent for `shard` over the superblock page at
+    /// `zone_offset` (zone 0) and syncs it: until zone 0's format writes its
+    /// superblock there, [`probe`](Self::probe) reads the device as a format
+    /// cut short, for that shard.
+    pub fn mark_formatting(dev: D, zone_offset: u64, shard: ShardId) -> Result<D, StoreError> {
+        let mut io = DevIo::new(dev);
+        let intent = geometry::encode_format_intent(shard);
+        for reqs in [vec![write_req(zone_offset, &intent)], vec![sync_req()]] {
+            for c in io.run(reqs) {
+                c.result?;
+            }
+        }
+        Ok(io.into_device())
     }
 
     /// Opens a formatted zone at byte `zone_offset`: loads the newest valid
