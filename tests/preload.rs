@@ -801,8 +801,8 @@ fn descriptors_stay_the_librarys_whatever_the_program_closes() {
     assert_eq!(std::fs::read(c.mnt.join("fds/a")).unwrap(), b"hello");
 }
 
-/// Paths deeper than the walk keeps on the stack (24 components) resolve as
-/// shallow ones do: made, written, listed, stat'ed and removed.
+/// Deep paths (23 to 40 components) resolve as shallow ones do: made,
+/// written, listed, stat'ed and removed.
 #[test]
 fn deep_paths_resolve_through_the_library() {
     let c = Cluster::start("deep");
@@ -831,6 +831,44 @@ print("deep ok")
         p.push(format!("l{i}"));
     }
     assert_eq!(std::fs::read_to_string(p.join("g")).unwrap(), "kept");
+}
+
+/// Symbolic links met on the way (relative, with `..`, absolute, one after
+/// the other) are followed by the library's walk as by the kernel's, in
+/// opens, stats, `realpath` and unlinks; a loop of links is `ELOOP`.
+#[test]
+fn symbolic_links_on_the_way_resolve_through_the_library() {
+    let c = Cluster::start("links");
+    let script = r#"
+import errno, os, sys
+d = sys.argv[1] + '/sl'
+os.makedirs(f'{d}/a/b')
+with open(f'{d}/a/b/f', 'w') as f:
+    f.write('deep')
+os.symlink('a/b', f'{d}/ab')
+os.symlink('../sl/ab', f'{d}/up')
+os.symlink(f'{d}/a', f'{d}/abs')
+os.symlink('up', f'{d}/chain')
+assert open(f'{d}/ab/f').read() == 'deep'
+assert open(f'{d}/up/f').read() == 'deep'
+assert open(f'{d}/abs/b/f').read() == 'deep'
+assert open(f'{d}/chain/f').read() == 'deep'
+assert os.stat(f'{d}/chain/f').st_size == 4
+assert os.path.realpath(f'{d}/chain/f') == f'{d}/a/b/f', os.path.realpath(f'{d}/chain/f')
+os.symlink('loop2', f'{d}/loop1')
+os.symlink('loop1', f'{d}/loop2')
+try:
+    os.stat(f'{d}/loop1/x')
+    raise AssertionError('a loop of links resolved')
+except OSError as e:
+    assert e.errno == errno.ELOOP, e
+os.unlink(f'{d}/up/f')
+assert not os.path.exists(f'{d}/a/b/f')
+print('links ok')
+"#;
+    assert_eq!(c.python(script).trim(), "links ok");
+    assert!(c.mnt.join("sl/a/b").is_dir());
+    assert!(!c.mnt.join("sl/a/b/f").exists());
 }
 
 /// An open-close loop reuses the number the last close left (no descriptor

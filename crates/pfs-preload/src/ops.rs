@@ -162,11 +162,59 @@ pub struct Found {
     /// The directory holding the last name (the root for the mount point).
     pub parent: InodeId,
     /// The last name (empty for the mount point).
-    pub name: Vec<u8>,
-    /// The path after the symbolic links followed.
-    pub path: AbsPath,
+    pub name: Name,
+    /// The path after the symbolic links followed; `None`: the path walked,
+    /// as given ([`Found::into_path`]).
+    path: Option<AbsPath>,
     /// What the name is, `None` when it does not exist.
     pub attr: Option<FileAttr>,
+}
+
+impl Found {
+    /// The path after the symbolic links followed, of a walk of `abs`.
+    pub fn into_path(self, mut abs: AbsPath) -> AbsPath {
+        self.path.unwrap_or_else(|| {
+            abs.truncate(without_trailing_slash(&abs).len());
+            abs
+        })
+    }
+}
+
+/// A name of at most [`NAME_MAX`] bytes, kept in place: a path walk returns
+/// its last name without allocating (a remove through the library made five
+/// allocations for its path).
+#[derive(Clone, Copy)]
+pub struct Name {
+    len: u8,
+    bytes: [u8; NAME_MAX],
+}
+
+impl Name {
+    fn new(name: &[u8]) -> Name {
+        let mut n = Name { len: name.len() as u8, bytes: [0; NAME_MAX] };
+        n.bytes[..name.len()].copy_from_slice(name);
+        n
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self))
+    }
+}
+
+fn without_trailing_slash(abs: &[u8]) -> &[u8] {
+    match abs {
+        [rest @ .., b'/'] if !rest.is_empty() => rest,
+        _ => abs,
+    }
 }
 
 fn mount_rel(abs: &[u8]) -> Res<&[u8]> {
@@ -252,70 +300,96 @@ fn name_changed(dir: InodeId, name: &[u8]) {
 }
 
 fn walk(fs: &Fs, abs: &[u8], follow: bool, look: Last) -> Res<Found> {
-    let cfg = client::config().ok_or(libc::EIO)?;
-    let mut path = abs.to_vec();
-    if path.len() > 1 && path.ends_with(b"/") {
-        path.pop();
-    }
     let mut links = 0;
-    'restart: loop {
-        let rel = mount_rel(&path)?.to_vec();
-        let comps: Vec<&[u8]> = paths::components(&rel).collect();
-        if comps.is_empty() {
-            let attr = if look == Last::Skip {
-                None
-            } else {
-                Some(fs.fs.getattr(InodeId::ROOT).map_err(errno)?)
-            };
-            return Ok(Found { parent: InodeId::ROOT, name: Vec::new(), path, attr });
-        }
-        // The directories on the way that the dentry cache holds, at once.
-        let (mut dir, cached) = fs.fs.cached_dirs(InodeId::ROOT, &comps[..comps.len() - 1]);
-        for (i, c) in comps.iter().enumerate().skip(cached) {
-            if c.len() > NAME_MAX {
-                return Err(libc::ENAMETOOLONG);
+    // The path as given is walked without a copy; one a symbolic link on the
+    // way leads to is the walk's own.
+    let mut next = match walk_pass(fs, without_trailing_slash(abs), follow, look, &mut links)? {
+        Pass::Found(found) => return Ok(found),
+        Pass::Restart(next) => next,
+    };
+    loop {
+        next = match walk_pass(fs, &next, follow, look, &mut links)? {
+            Pass::Found(mut found) => {
+                found.path = Some(next);
+                return Ok(found);
             }
-            let last = i + 1 == comps.len();
-            if last && look == Last::Skip {
-                return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None });
-            }
-            let looked = if last && look == Last::Stat {
-                lookup_for_stat(fs, dir, c)
-            } else {
-                fs.fs.lookup(dir, c)
-            };
-            let attr = match looked {
-                Ok(a) => a,
-                Err(FsError::NotFound) if last => {
-                    return Ok(Found { parent: dir, name: c.to_vec(), path, attr: None })
-                }
-                Err(e) => return Err(errno(e)),
-            };
-            if attr.kind == FileType::Symlink && (!last || follow) {
-                links += 1;
-                if links > SYMLINKS_MAX {
-                    return Err(libc::ELOOP);
-                }
-                let target = fs.fs.readlink(attr.ino).map_err(errno)?;
-                let here = cfg.mount.join(&comps[..i].join(&b'/'));
-                let mut next = normalize(&here, &target);
-                let rest = comps[i + 1..].join(&b'/');
-                if !rest.is_empty() {
-                    next = normalize(&next, &rest);
-                }
-                path = next;
-                continue 'restart;
-            }
-            if last {
-                return Ok(Found { parent: dir, name: c.to_vec(), path, attr: Some(attr) });
-            }
-            if attr.kind != FileType::Directory {
-                return Err(libc::ENOTDIR);
-            }
-            dir = attr.ino;
-        }
-        unreachable!("a path with components returns from the loop");
+            Pass::Restart(after) => after,
+        };
     }
+}
+
+/// One pass of a path walk: where it ends, or the path a symbolic link on the
+/// way leads to. (Returned once per pass: boxing the large variant would be
+/// the allocation the name kept in place saves.)
+#[allow(clippy::large_enum_variant)]
+enum Pass {
+    Found(Found),
+    Restart(AbsPath),
+}
+
+/// Walks `path` (absolute, normalized, no trailing slash) from the root;
+/// `links` counts the symbolic links followed so far.
+fn walk_pass(fs: &Fs, path: &[u8], follow: bool, look: Last, links: &mut usize) -> Res<Pass> {
+    let cfg = client::config().ok_or(libc::EIO)?;
+    let rel = mount_rel(path)?;
+    let found = |parent, name: &[u8], attr| {
+        Pass::Found(Found { parent, name: Name::new(name), path: None, attr })
+    };
+    let n = paths::components(rel).count();
+    if n == 0 {
+        let attr = if look == Last::Skip {
+            None
+        } else {
+            Some(fs.fs.getattr(InodeId::ROOT).map_err(errno)?)
+        };
+        return Ok(found(InodeId::ROOT, b"", attr));
+    }
+    // The directories on the way that the dentry cache holds, at once.
+    let (mut dir, cached) = fs.fs.cached_dirs(InodeId::ROOT, paths::components(rel).take(n - 1));
+    for (i, c) in paths::components(rel).enumerate().skip(cached) {
+        if c.len() > NAME_MAX {
+            return Err(libc::ENAMETOOLONG);
+        }
+        let last = i + 1 == n;
+        if last && look == Last::Skip {
+            return Ok(found(dir, c, None));
+        }
+        let looked = if last && look == Last::Stat {
+            lookup_for_stat(fs, dir, c)
+        } else {
+            fs.fs.lookup(dir, c)
+        };
+        let attr = match looked {
+            Ok(a) => a,
+            Err(FsError::NotFound) if last => return Ok(found(dir, c, None)),
+            Err(e) => return Err(errno(e)),
+        };
+        if attr.kind == FileType::Symlink && (!last || follow) {
+            *links += 1;
+            if *links > SYMLINKS_MAX {
+                return Err(libc::ELOOP);
+            }
+            let target = fs.fs.readlink(attr.ino).map_err(errno)?;
+            // `c` lies in `rel`: what comes before it and after it.
+            let at = c.as_ptr() as usize - rel.as_ptr() as usize;
+            let here = cfg.mount.join(&rel[..at]);
+            let mut next = normalize(&here, &target);
+            let rest = &rel[at + c.len()..];
+            let rest = &rest[rest.iter().take_while(|&&b| b == b'/').count()..];
+            if !rest.is_empty() {
+                next = normalize(&next, rest);
+            }
+            return Ok(Pass::Restart(next));
+        }
+        if last {
+            return Ok(found(dir, c, Some(attr)));
+        }
+        if attr.kind != FileType::Directory {
+            return Err(libc::ENOTDIR);
+        }
+        dir = attr.ino;
+    }
+    unreachable!("a path with components returns from the loop");
 }
 
 /// The effective user and group ids, read once and again after the program
@@ -640,7 +714,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
                 // the kernel answers one from a CREATE reply's.
                 let changes = CHANGES.load(Ordering::Acquire);
                 statahead().remember(p.parent.0, &p.name, attr, changes);
-                let file = OpenFile::new(p.path, attr.ino, attr.kind, keep);
+                let file = OpenFile::new(p.into_path(abs), attr.ino, attr.kind, keep);
                 file.state().handle = Some(fds::Handle { generation: fs.generation, fh });
                 return install(file, cloexec);
             }
@@ -667,7 +741,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
     if attr.kind != FileType::Directory && (flags & libc::O_DIRECTORY != 0 || wants_dir(&abs)) {
         return Err(libc::ENOTDIR);
     }
-    let file = OpenFile::new(found.path, attr.ino, attr.kind, keep);
+    let file = OpenFile::new(found.into_path(abs), attr.ino, attr.kind, keep);
     if attr.kind == FileType::Regular && flags & libc::O_PATH == 0 {
         if flags & libc::O_TRUNC != 0 && file.writable() {
             set_size(&fs, attr.ino, 0)?;
@@ -1032,7 +1106,7 @@ pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
 pub fn rmdir(abs: &[u8]) -> Res<()> {
     let fs = Fs::get()?;
     let p = resolve_parent(&fs, abs)?;
-    match p.name.as_slice() {
+    match &p.name[..] {
         b"" => Err(libc::EBUSY),
         _ if abs.ends_with(b"/.") => Err(libc::EINVAL),
         name => {
@@ -1228,7 +1302,7 @@ pub fn chdir(abs: &[u8]) -> Res<()> {
     if !permitted(&a, libc::X_OK) {
         return Err(libc::EACCES);
     }
-    set_virtual_cwd(found.path);
+    set_virtual_cwd(found.into_path(abs.to_vec()));
     Ok(())
 }
 
@@ -1258,7 +1332,7 @@ pub fn realpath(abs: &[u8]) -> Res<AbsPath> {
     let fs = Fs::get()?;
     let found = resolve(&fs, abs, true)?;
     found.attr.ok_or(libc::ENOENT)?;
-    Ok(found.path)
+    Ok(found.into_path(abs.to_vec()))
 }
 
 /// One entry of a directory listing.

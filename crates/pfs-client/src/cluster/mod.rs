@@ -346,17 +346,24 @@ impl Cluster {
     /// a [`FileSystem::lookup`] would answer from the cache without a
     /// request; all are read under one lock and one clock reading
     /// (libpfs_preload's path walk).
-    pub fn cached_dirs(&self, mut parent: InodeId, names: &[&[u8]]) -> (InodeId, usize) {
-        if self.opts.dentry_ttl.is_zero() || names.is_empty() {
+    pub fn cached_dirs<'a>(
+        &self,
+        mut parent: InodeId,
+        names: impl IntoIterator<Item = &'a [u8]>,
+    ) -> (InodeId, usize) {
+        let mut names = names.into_iter().peekable();
+        if self.opts.dentry_ttl.is_zero() || names.peek().is_none() {
             return (parent, 0);
         }
         let now = Instant::now();
         let mut dcache = self.caches.dcache.lock().expect("dcache lock");
-        for (i, name) in names.iter().enumerate() {
-            let Some(d) = dcache.get(parent, name, now) else { return (parent, i) };
+        let mut held = 0;
+        for name in names {
+            let Some(d) = dcache.get(parent, name, now) else { break };
             parent = d.attr.ino;
+            held += 1;
         }
-        (parent, names.len())
+        (parent, held)
     }
 
     /// Whether a listing of `dir` after any name goes on in name order from
