@@ -15,18 +15,19 @@ use crate::unsynced::{Mark, Taken};
 /// shard that made it: the directories whose entries it changed, the inodes it
 /// changed, and a new entry's inode (so `fsync` of a new file covers its name,
 /// as ext4's does).
-pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Vec<InodeId> {
-    let mut out = match req {
+pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Dirtied {
+    let mut out = Dirtied::default();
+    let named: &[InodeId] = match req {
         Request::Create { parent, .. }
         | Request::Mkdir { parent, .. }
         | Request::Mknod { parent, .. }
         | Request::Symlink { parent, .. }
         | Request::Unlink { parent, .. }
         | Request::Rmdir { parent, .. }
-        | Request::RmdirBigDir { parent, .. } => vec![*parent],
+        | Request::RmdirBigDir { parent, .. } => &[*parent],
         Request::Rename { parent, new_parent, .. }
-        | Request::RenameCross { parent, new_parent, .. } => vec![*parent, *new_parent],
-        Request::Link { ino, new_parent, .. } => vec![*ino, *new_parent],
+        | Request::RenameCross { parent, new_parent, .. } => &[*parent, *new_parent],
+        Request::Link { ino, new_parent, .. } => &[*ino, *new_parent],
         Request::SetAttr { ino, .. }
         | Request::Write { ino, .. }
         | Request::WriteData { ino, .. }
@@ -36,10 +37,13 @@ pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Vec<InodeId> {
         | Request::RemoveXattr { ino, .. }
         | Request::LayoutSet { ino, .. }
         | Request::AddLink { ino }
-        | Request::DropInode { ino } => vec![*ino],
-        Request::AdjustDir { dir, .. } => vec![*dir],
-        _ => Vec::new(),
+        | Request::DropInode { ino } => &[*ino],
+        Request::AdjustDir { dir, .. } => &[*dir],
+        _ => &[],
     };
+    for &ino in named {
+        out.push(ino);
+    }
     match reply {
         Reply::Create { entry, .. }
         | Reply::Mkdir(entry)
@@ -50,6 +54,26 @@ pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Vec<InodeId> {
     out
 }
 
+/// What [`dirtied`] returns: at most three inodes (a rename's two
+/// directories, a create's directory and new inode), kept in place (this
+/// runs for every change a client makes).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Dirtied {
+    inos: [InodeId; 3],
+    len: usize,
+}
+
+impl Dirtied {
+    fn push(&mut self, ino: InodeId) {
+        self.inos[self.len] = ino;
+        self.len += 1;
+    }
+
+    pub(crate) fn as_slice(&self) -> &[InodeId] {
+        &self.inos[..self.len]
+    }
+}
+
 /// The commit request (`Fsync` of the root stands for "commit this shard").
 fn commit_request() -> Request {
     Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false }
@@ -57,17 +81,26 @@ fn commit_request() -> Request {
 
 impl Cluster {
     /// Notes changes to `inos` acknowledged by a shard with boot id `boot`.
-    pub(crate) fn note_unsynced(&self, inos: &[InodeId], server: u32, worker: u32, boot: u64) {
+    pub(crate) fn note_unsynced<'a>(
+        &self,
+        inos: impl IntoIterator<Item = &'a InodeId>,
+        server: u32,
+        worker: u32,
+        boot: u64,
+    ) {
+        let mut table = self.unsynced.lock().expect("unsynced lock");
         for &ino in inos {
-            if self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot) {
+            if table.note(ino, server, worker, boot) {
                 continue;
             }
             // Full: commit everything this client changed, then note.
-            let all = self.unsynced.lock().expect("unsynced lock").take_all();
+            let all = table.take_all();
+            drop(table);
             if let Err(e) = self.commit_marks(all, &[], true) {
                 log::warn!("committing {UNSYNCED_INODES_MAX} files' changes: {e}");
             }
-            self.unsynced.lock().expect("unsynced lock").note(ino, server, worker, boot);
+            table = self.unsynced.lock().expect("unsynced lock");
+            table.note(ino, server, worker, boot);
         }
     }
 
@@ -186,7 +219,7 @@ mod tests {
         };
         let entry = Entry { attr: attr(9), layout: InodeLayout::default() };
         let reply = Reply::Create { entry, fh: FileHandle(0) };
-        assert_eq!(dirtied(&req, &reply), [InodeId(2), InodeId(9)]);
+        assert_eq!(dirtied(&req, &reply).as_slice(), [InodeId(2), InodeId(9)]);
     }
 
     #[test]
@@ -199,12 +232,12 @@ mod tests {
             flags: RenameFlags::empty(),
         };
         let reply = Reply::Rename { replaced: None };
-        assert_eq!(dirtied(&req, &reply), [InodeId(2), InodeId(3)]);
+        assert_eq!(dirtied(&req, &reply).as_slice(), [InodeId(2), InodeId(3)]);
         let read = Request::GetAttr { ino: InodeId(4) };
-        assert!(dirtied(&read, &Reply::GetAttr(attr(4))).is_empty());
+        assert!(dirtied(&read, &Reply::GetAttr(attr(4))).as_slice().is_empty());
         let write = Request::Write { ino: InodeId(5), fh: FileHandle(1), offset: 0, data: vec![1] };
         assert_eq!(
-            dirtied(&write, &Reply::Write { written: 1, ctime_before: 1, ctime: 2 }),
+            dirtied(&write, &Reply::Write { written: 1, ctime_before: 1, ctime: 2 }).as_slice(),
             [InodeId(5)]
         );
     }

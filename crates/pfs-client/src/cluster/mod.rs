@@ -463,9 +463,13 @@ impl Cluster {
                 }
                 Ok((reply, boot)) => {
                     if mutation {
-                        let mut inos = commit::dirtied(&req, &reply);
-                        inos.extend_from_slice(also);
-                        self.note_unsynced(&inos, server.0, worker.0, boot);
+                        let inos = commit::dirtied(&req, &reply);
+                        self.note_unsynced(
+                            inos.as_slice().iter().chain(also),
+                            server.0,
+                            worker.0,
+                            boot,
+                        );
                     }
                     return Ok(reply);
                 }
