@@ -512,6 +512,14 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     let workers = cfg.workers as usize;
     let lock = lock_data(cfg)?;
     let Zones { devices, known, complete, zone_bytes } = probe_zones(cfg)?;
+    if let Some(dev) = devices.first() {
+        let (bytes, huge) = dev.registered_memory();
+        let huge = huge.map_or("unknown".into(), |h| format!("{} MiB", h >> 20));
+        log::info!(
+            "each worker registers {} MiB of device buffers ({huge} of them in huge pages)",
+            bytes >> 20
+        );
+    }
 
     let listen = resolve("listen", &cfg.listen)?;
     let mut lcfg = ListenerConfig::new(listen, key.clone());

@@ -11,7 +11,7 @@ mod buf;
 pub mod mem;
 pub mod uring;
 
-pub use buf::AlignedBuf;
+pub use buf::{AlignedBuf, Region, HUGE_PAGE};
 pub use mem::{Fault, MemDevice};
 pub use uring::{UringDevice, UringOptions};
 

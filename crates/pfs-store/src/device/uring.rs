@@ -24,7 +24,9 @@ use std::path::{Path, PathBuf};
 
 use io_uring::{opcode, squeue, types, IoUring};
 
-use super::{AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, SECTOR_SIZE};
+use super::{
+    AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, Region, SECTOR_SIZE,
+};
 
 /// Most requests in flight we accept (the kernel allows more; a shard needs far fewer).
 const QUEUE_DEPTH_MAX: usize = 4096;
@@ -129,6 +131,8 @@ pub struct UringDevice {
     /// `spares_max`.
     spares: Vec<AlignedBuf>,
     spares_max: usize,
+    /// The memory of the registered buffers (huge pages where the kernel had them).
+    region: Option<std::sync::Arc<Region>>,
     /// Scratch for reaped CQEs (`user_data`, `result`), sized at open.
     cqes: Vec<(u64, i32)>,
 }
@@ -191,8 +195,19 @@ impl UringDevice {
         let mut pool = Vec::with_capacity(opts.registered_buffers);
         let mut pool_addrs = Vec::with_capacity(opts.registered_buffers);
         let mut iovecs = Vec::with_capacity(opts.registered_buffers);
+        // The pool in one region of huge pages where the kernel has them: each
+        // buffer physically contiguous, so a 1 MiB transfer is one request.
+        let size = opts.registered_buffer_size.div_ceil(SECTOR_SIZE) * SECTOR_SIZE;
+        let region = if opts.registered_buffers > 0 && size > 0 {
+            Region::huge(opts.registered_buffers * size)
+        } else {
+            None
+        };
         for i in 0..opts.registered_buffers {
-            let mut buf = AlignedBuf::zeroed(opts.registered_buffer_size);
+            let mut buf = match &region {
+                Some(r) => AlignedBuf::in_region(r, i * size, size),
+                None => AlignedBuf::zeroed(size),
+            };
             buf.set_fixed_index(Some(u16::try_from(i).expect("checked buffer count")));
             let base = buf.as_mut_ptr();
             iovecs.push(libc::iovec { iov_base: base.cast(), iov_len: buf.capacity() });
@@ -233,6 +248,7 @@ impl UringDevice {
             registered_buffer_size: opts.registered_buffer_size,
             spares: Vec::with_capacity(opts.spare_buffers),
             spares_max: opts.spare_buffers,
+            region,
             cqes: Vec::with_capacity(2 * queue_depth),
         })
     }
@@ -240,6 +256,15 @@ impl UringDevice {
     /// The path the device was opened with.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Bytes of the registered buffers, and how many of them the kernel backs
+    /// with huge pages (`None` when it does not say), for the start's log.
+    pub fn registered_memory(&self) -> (usize, Option<usize>) {
+        match &self.region {
+            Some(r) => (r.len(), r.huge_bytes()),
+            None => (self.pool.len() * self.registered_buffer_size, Some(0)),
+        }
     }
 
     /// Registered buffers currently free in the pool.
@@ -838,6 +863,39 @@ mod tests {
         dev.free_buf(b);
         dev.free_buf(d);
         assert_eq!(dev.pooled_buffers_free(), 2);
+        drop(dev);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// The registered buffers lie one after the other in one region (huge
+    /// pages where the kernel has them), and a read into one returns the
+    /// device's bytes.
+    #[test]
+    fn registered_buffers_share_one_region() {
+        const SIZE: usize = 64 * 1024;
+        let path = test_path("region");
+        let mut dev = open(&path, 8 << 20, 8, 4);
+        let (bytes, huge) = dev.registered_memory();
+        assert!(bytes >= 4 * SIZE, "{bytes} bytes registered");
+        assert!(huge.is_some(), "the region's huge pages are not reported");
+        let bufs: Vec<AlignedBuf> = (0..4).map(|_| dev.alloc_buf(SIZE)).collect();
+        assert!(bufs.iter().all(|b| b.fixed_index().is_some()));
+        let mut addrs: Vec<usize> = bufs.iter().map(|b| b.as_ptr() as usize).collect();
+        addrs.sort_unstable();
+        assert!(addrs.windows(2).all(|w| w[1] - w[0] == SIZE), "{addrs:x?}");
+        let mut data = AlignedBuf::zeroed(SIZE);
+        data.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+        let want = data.to_vec();
+        expect_ok(&run_all(&mut dev, vec![req(IoKind::Write, 1 << 20, data)]));
+        let mut bufs = bufs.into_iter();
+        let read = req(IoKind::Read, 1 << 20, bufs.next().unwrap());
+        let done = run_all(&mut dev, vec![read]);
+        expect_ok(&done);
+        assert_eq!(&done[0].buf[..], &want[..]);
+        for b in bufs.chain(done.into_iter().map(|c| c.buf)) {
+            dev.free_buf(b);
+        }
+        assert_eq!(dev.pooled_buffers_free(), 4);
         drop(dev);
         std::fs::remove_file(&path).unwrap();
     }
