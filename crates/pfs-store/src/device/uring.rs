@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{
-    AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, Region, SECTOR_SIZE,
+    AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, Region, HUGE_PAGE, SECTOR_SIZE,
 };
 
 /// Most requests in flight we accept (the kernel allows more; a shard needs far fewer).
@@ -667,7 +667,18 @@ impl Device for UringDevice {
                 return buf;
             }
             if len > size / 4 && self.spares_max > 0 {
-                // Of the registered size, so it can be kept when it comes back.
+                // Of the registered size, so it can be kept when it comes back;
+                // in huge pages as the registered ones, a huge page's worth at
+                // a time (the others wait in the spares).
+                let per_page = (HUGE_PAGE / size).max(1);
+                if let Some(region) = Region::huge(per_page * size) {
+                    for i in 1..per_page.min(self.spares_max - self.spares.len() + 1) {
+                        self.spares.push(AlignedBuf::in_region(&region, i * size, size));
+                    }
+                    let mut buf = AlignedBuf::in_region(&region, 0, size);
+                    buf.set_len(len);
+                    return buf;
+                }
                 let mut buf = AlignedBuf::zeroed(size);
                 buf.set_len(len);
                 return buf;
@@ -916,10 +927,12 @@ mod tests {
             dev.free_buf(b);
         }
         // Four kept (`spare_buffers`), the fifth dropped; the four lent again.
+        // (Spares come a huge page's worth at a time: the first of the five
+        // brought the other four.)
         assert_eq!(dev.spare_buffers_kept(), 4);
-        let again: Vec<AlignedBuf> = (0..5).map(|_| dev.alloc_buf(64 * 1024)).collect();
+        let again: Vec<AlignedBuf> = (0..4).map(|_| dev.alloc_buf(64 * 1024)).collect();
         assert_eq!(dev.spare_buffers_kept(), 0);
-        assert!(again[..4].iter().all(|b| addrs[..4].contains(&(b.as_ptr() as usize))));
+        assert!(again.iter().all(|b| addrs[..4].contains(&(b.as_ptr() as usize))));
         // A small one is not taken from the spares, nor kept.
         let small = dev.alloc_buf(4096);
         assert_eq!(small.capacity(), 4096);
