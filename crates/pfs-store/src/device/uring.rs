@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use io_uring::{opcode, squeue, types, IoUring};
 
 use super::{
-    AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, Region, HUGE_PAGE, SECTOR_SIZE,
+    AlignedBuf, Device, DeviceError, IoCompletion, IoKind, IoRequest, Region, HUGE_PAGE,
+    SECTOR_SIZE,
 };
 
 /// Most requests in flight we accept (the kernel allows more; a shard needs far fewer).
