@@ -772,6 +772,24 @@ impl StatAhead {
         self.trim(g, at);
     }
 
+    /// `name` in `dir` was just created by this caller as `attr` (at change
+    /// count `changes`): [`forget_name`](Self::forget_name) and, in per-inode
+    /// mode, [`remember`](Self::remember), under one lock (a create through
+    /// libpfs_preload took it twice).
+    pub fn created(&self, dir: u64, name: &[u8], attr: FileAttr, changes: u64) {
+        let kept = self.per_inode
+            && attr.kind != FileType::Directory
+            && attr.nlink == 1
+            && !name.starts_with(HIDDEN_PREFIX);
+        if kept {
+            // What `forget_name` does, `remember` does too: the batch under
+            // way is told and the name's old entry leaves.
+            self.remember(dir, name, attr, changes);
+        } else {
+            self.forget_name(dir, name);
+        }
+    }
+
     /// Per-inode mode: file `ino` changed through this caller (its data, size
     /// or attributes): its entry goes.
     pub fn forget_ino(&self, ino: u64) {
@@ -1407,6 +1425,27 @@ mod tests {
         short.remember(1, b"old", file(45), 0);
         std::thread::sleep(Duration::from_millis(30));
         assert!(short.get(1, b"old", 0).is_none());
+    }
+
+    /// `created` replaces what a batch held under the name with the create's
+    /// reply, or (a directory, or a table not in per-inode mode) forgets it.
+    #[test]
+    fn a_create_replaces_or_forgets_the_names_batch_entry() {
+        for per_inode in [true, false] {
+            let mut s = StatAhead::new(Duration::from_secs(5), true);
+            if per_inode {
+                s = s.per_inode();
+            }
+            s.fill(due(&s, 1, 0), got(batch(1, 4)), 0);
+            assert_eq!(s.get(1, b"f2", 0).map(|(a, _)| a.ino), Some(InodeId(2)));
+            s.created(1, b"f2", file(40), 0);
+            let now = s.get(1, b"f2", 0).map(|(a, _)| a.ino);
+            assert_eq!(now, per_inode.then_some(InodeId(40)), "per inode: {per_inode}");
+            let mut dir = file(41);
+            dir.kind = FileType::Directory;
+            s.created(1, b"f3", dir, 0);
+            assert!(s.get(1, b"f3", 0).is_none(), "a directory's name is forgotten");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -95,12 +95,25 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
+/// The client [`SLOT`] holds, for calls that need no lock: set when it
+/// connects, cleared in a child after `fork`. The client it points to is
+/// never dropped (a process keeps its client until it exits; a child after
+/// `fork` forgets its parent's without dropping it), so the pointer stays valid.
+static CURRENT: AtomicPtr<Cluster> = AtomicPtr::new(std::ptr::null_mut());
+
 /// The connected client (connecting now if needed) and its generation.
-pub fn cluster() -> Res<(Arc<Cluster>, u64)> {
+pub fn cluster() -> Res<(&'static Cluster, u64)> {
+    let current = CURRENT.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: set from an `Arc` that `SLOT` keeps and nothing drops
+        // (`CURRENT`'s docs).
+        return Ok((unsafe { &*current }, generation()));
+    }
     let cfg = config().ok_or(libc::EIO)?;
     let mut slot = SLOT.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(c) = &slot.cluster {
-        return Ok((c.clone(), generation()));
+        // SAFETY: as above: `SLOT`'s client lives as long as the process.
+        return Ok((unsafe { &*Arc::as_ptr(c) }, generation()));
     }
     if slot.failed_at.is_some_and(|t| t.elapsed() < RECONNECT_AFTER) {
         return Err(libc::EIO);
@@ -112,9 +125,12 @@ pub fn cluster() -> Res<(Arc<Cluster>, u64)> {
     match connected {
         Ok(c) => {
             let c = Arc::new(c);
-            slot.cluster = Some(c.clone());
+            let ptr = Arc::as_ptr(&c);
+            slot.cluster = Some(c);
             slot.failed_at = None;
-            Ok((c, generation()))
+            CURRENT.store(ptr.cast_mut(), Ordering::Release);
+            // SAFETY: `SLOT` now keeps it for the life of the process.
+            Ok((unsafe { &*ptr }, generation()))
         }
         Err(e) => {
             if !WARNED.swap(true, Ordering::Relaxed) {
@@ -130,9 +146,10 @@ pub fn cluster() -> Res<(Arc<Cluster>, u64)> {
 }
 
 /// The client if one is connected, without connecting.
-pub fn connected() -> Option<(Arc<Cluster>, u64)> {
-    let slot = SLOT.lock().unwrap_or_else(|p| p.into_inner());
-    slot.cluster.as_ref().map(|c| (c.clone(), generation()))
+pub fn connected() -> Option<(&'static Cluster, u64)> {
+    let current = CURRENT.load(Ordering::Acquire);
+    // SAFETY: `CURRENT`'s client is never dropped (its docs).
+    (!current.is_null()).then(|| (unsafe { &*current }, generation()))
 }
 
 /// Holds the client's lock across `fork` (see [`crate::fork`]).
@@ -154,6 +171,7 @@ impl ForkHold {
     /// come along, and its connections are the parent's); the next pfs call
     /// connects anew.
     pub fn forget_in_child(mut self) {
+        CURRENT.store(std::ptr::null_mut(), Ordering::Release);
         if let Some(c) = self.0.cluster.take() {
             std::mem::forget(c);
         }

@@ -32,7 +32,7 @@ const IO_MAX: usize = pfs_core::wire::MAX_IO_BYTES;
 
 /// The connected client and the generation its handles belong to.
 pub struct Fs {
-    fs: Arc<Cluster>,
+    fs: &'static Cluster,
     generation: u64,
 }
 
@@ -44,7 +44,7 @@ impl Fs {
     }
 
     fn handle(&self, f: &OpenFile) -> Res<FileHandle> {
-        f.handle(&*self.fs, self.generation)
+        f.handle(self.fs, self.generation)
     }
 }
 
@@ -282,14 +282,14 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
         // follow name order: not a bigdir over several shards).
         let now = || CHANGES.load(Ordering::Acquire);
         if fs.fs.lists_in_name_order(dir) {
-            if let Some((a, _)) = ahead.fetch_at(&*fs.fs, dir.0, name, &now) {
+            if let Some((a, _)) = ahead.fetch_at(fs.fs, dir.0, name, &now) {
                 return Ok(a);
             }
         }
     }
     let a = fs.fs.lookup(dir, name)?;
     if quiet {
-        ahead.after_miss(&*fs.fs, dir.0, Some(name), &|| CHANGES.load(Ordering::Acquire));
+        ahead.after_miss(fs.fs, dir.0, Some(name), &|| CHANGES.load(Ordering::Acquire));
     }
     Ok(a)
 }
@@ -707,19 +707,21 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
         }
         let perm = (mode & 0o7777 & !umask()) as u16;
         let created = fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32);
-        name_changed(p.parent, &p.name);
         match created {
             Ok((attr, fh)) => {
                 // A `stat` of it before it changes is answered from these, as
                 // the kernel answers one from a CREATE reply's.
                 let changes = CHANGES.load(Ordering::Acquire);
-                statahead().remember(p.parent.0, &p.name, attr, changes);
+                statahead().created(p.parent.0, &p.name, attr, changes);
                 let file = OpenFile::new(p.into_path(abs), attr.ino, attr.kind, keep);
                 file.state().handle = Some(fds::Handle { generation: fs.generation, fh });
                 return install(file, cloexec);
             }
-            Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {}
-            Err(e) => return Err(errno(e)),
+            Err(FsError::Exists) if flags & libc::O_EXCL == 0 => name_changed(p.parent, &p.name),
+            Err(e) => {
+                name_changed(p.parent, &p.name);
+                return Err(errno(e));
+            }
         }
     }
     let found = resolve(&fs, &abs, flags & libc::O_NOFOLLOW == 0 || flags & libc::O_PATH != 0)?;
