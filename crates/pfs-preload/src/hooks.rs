@@ -61,7 +61,8 @@ fn ret_size(r: Res<usize>) -> ssize_t {
 }
 
 /// Where path argument `path` (relative to `dirfd`) leads.
-unsafe fn target(dirfd: c_int, path: *const c_char) -> Target {
+/// (The result may borrow the caller's `path`: it lives no longer than the call.)
+unsafe fn target<'a>(dirfd: c_int, path: *const c_char) -> Target<'a> {
     if path.is_null() || busy() {
         return Target::Real;
     }
@@ -228,7 +229,7 @@ extern "C" fn after_fork_child() {
 // open and close.
 
 unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    by_path!(dirfd, path, |abs| ret_int(ops::open(abs, flags, mode)), |p| {
+    by_path!(dirfd, path, |abs| ret_int(ops::open(abs.into_owned(), flags, mode)), |p| {
         // The kernel gives the lowest free number: the kept one too.
         ops::give_back_kept();
         let f = real!(openat: fn(c_int, *const c_char, c_int, c_uint) -> c_int);
@@ -1993,7 +1994,7 @@ fn new_dir(fd: c_int) -> *mut libc::DIR {
 pub unsafe extern "C" fn opendir(path: *const c_char) -> *mut libc::DIR {
     // SAFETY: the caller's path.
     match unsafe { target(libc::AT_FDCWD, path) } {
-        Target::Pfs(abs) => match with_busy(|| ops::opendir(abs)) {
+        Target::Pfs(abs) => match with_busy(|| ops::opendir(abs.into_owned())) {
             Ok(fd) => new_dir(fd),
             Err(e) => {
                 set_errno(e);
@@ -2331,7 +2332,7 @@ unsafe fn fopen_any(
                 set_errno(libc::EINVAL);
                 return std::ptr::null_mut();
             };
-            match with_busy(|| ops::open(abs, flags, 0o666)) {
+            match with_busy(|| ops::open(abs.into_owned(), flags, 0o666)) {
                 Ok(fd) => stream(fd, mode),
                 Err(e) => {
                     set_errno(e);
@@ -2453,7 +2454,7 @@ unsafe fn freopen_any(
     // SAFETY: the caller's path.
     match unsafe { target(libc::AT_FDCWD, path) } {
         // SAFETY: forwarded.
-        Target::Pfs(abs) => match unsafe { freopen_pfs(abs, mode, old) } {
+        Target::Pfs(abs) => match unsafe { freopen_pfs(abs.into_owned(), mode, old) } {
             Ok(f) => f,
             Err(e) => {
                 set_errno(e);
@@ -2908,7 +2909,7 @@ unsafe fn mkostemps_pfs(template: *mut c_char, suffix: c_int, flags: c_int) -> R
             return Err(libc::EINVAL);
         };
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | (flags & !libc::O_ACCMODE);
-        match with_busy(|| ops::open(abs, flags, 0o600)) {
+        match with_busy(|| ops::open(abs.into_owned(), flags, 0o600)) {
             Err(libc::EEXIST) => continue,
             r => return r,
         }
@@ -3153,7 +3154,7 @@ macro_rules! scandir_hooks {
             // SAFETY: the caller's path.
             match unsafe { target(libc::AT_FDCWD, path) } {
                 // SAFETY: the caller's arguments.
-                Target::Pfs(abs) => ret_int(unsafe { scandir_pfs(abs, list, filter, compare) }),
+                Target::Pfs(abs) => ret_int(unsafe { scandir_pfs(abs.into_owned(), list, filter, compare) }),
                 t => {
                     let p = match &t {
                         Target::Elsewhere(c) => c.as_ptr(),

@@ -7,6 +7,7 @@
 //! inside pfs (at most [`SYMLINKS_MAX`]). `..` is resolved lexically before that,
 //! as a shell does.
 
+use std::borrow::Cow;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -50,9 +51,10 @@ impl Fs {
 
 /// Where a path argument leads.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Target {
-    /// A pfs path (absolute, normalized).
-    Pfs(AbsPath),
+pub enum Target<'a> {
+    /// A pfs path (absolute, normalized; the argument itself when it was
+    /// already, as most programs pass them: no copy).
+    Pfs(Cow<'a, [u8]>),
     /// Not pfs: libc gets the call as it was.
     Real,
     /// Not pfs, but relative to a pfs directory: libc gets this absolute path.
@@ -106,17 +108,17 @@ fn set_virtual_cwd(to: AbsPath) {
 /// Classifies path argument `path` of a call relative to `dirfd` (`AT_FDCWD`
 /// or a descriptor). A pfs path keeps a trailing `/` (it must name a
 /// directory: see [`wants_dir`]).
-pub fn classify(dirfd: i32, path: &[u8]) -> Target {
+pub fn classify(dirfd: i32, path: &[u8]) -> Target<'_> {
     match classify_normalized(dirfd, path) {
         Target::Pfs(mut abs) if wants_dir(path) && !abs.ends_with(b"/") => {
-            abs.push(b'/');
+            abs.to_mut().push(b'/');
             Target::Pfs(abs)
         }
         t => t,
     }
 }
 
-fn classify_normalized(dirfd: i32, path: &[u8]) -> Target {
+fn classify_normalized(dirfd: i32, path: &[u8]) -> Target<'_> {
     let Some(cfg) = client::config() else { return Target::Real };
     if path.is_empty() {
         return Target::Real;
@@ -138,7 +140,7 @@ fn classify_normalized(dirfd: i32, path: &[u8]) -> Target {
         if !cwd.pfs {
             let abs = normalize(&cwd.path, path);
             return match cfg.mount.inside(&abs) {
-                Some(_) => Target::Pfs(abs),
+                Some(_) => Target::Pfs(Cow::Owned(abs)),
                 None => Target::Real,
             };
         }
@@ -151,7 +153,7 @@ fn classify_normalized(dirfd: i32, path: &[u8]) -> Target {
     };
     let abs = normalize(&base, path);
     match cfg.mount.inside(&abs) {
-        Some(_) => Target::Pfs(abs),
+        Some(_) => Target::Pfs(Cow::Owned(abs)),
         None => CString::new(abs).map_or(Target::Real, Target::Elsewhere),
     }
 }

@@ -1,6 +1,8 @@
 //! Paths: which ones are pfs paths, and the absolute, lexically normalized form
 //! the library resolves. Pure functions, unit tested.
 
+use std::borrow::Cow;
+
 /// An absolute, normalized path (`/a/b`, no `.`, `..`, `//` or trailing `/`).
 pub type AbsPath = Vec<u8>;
 
@@ -52,11 +54,11 @@ impl Mount {
 
 /// Where an absolute path leads, for a mount.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Absolute {
+pub enum Absolute<'a> {
     /// Outside the mount: the kernel resolves it as written.
     Outside,
-    /// Under the mount (normalized).
-    Inside(AbsPath),
+    /// Under the mount (normalized; the path as given when it was already).
+    Inside(Cow<'a, [u8]>),
     /// It enters the mount and leaves it again through `..` (`/pfs/../etc`):
     /// the normalized path, which the kernel gets instead, since the mount
     /// point need not exist on this machine.
@@ -64,14 +66,18 @@ pub enum Absolute {
 }
 
 /// Classifies absolute `path` for `mount`.
-pub fn classify_absolute(mount: &Mount, path: &[u8]) -> Absolute {
+pub fn classify_absolute<'a>(mount: &Mount, path: &'a [u8]) -> Absolute<'a> {
     // The common case: a path elsewhere with nothing to normalize.
     if !path.starts_with(mount.prefix()) && !path.windows(2).any(|w| w == b".." || w == b"//") {
         return Absolute::Outside;
     }
+    // The other common case: a pfs path with nothing to normalize, not copied.
+    if is_normal(path) && mount.inside(path).is_some() {
+        return Absolute::Inside(Cow::Borrowed(path));
+    }
     let abs = normalize(b"/", path);
     if mount.inside(&abs).is_some() {
-        return Absolute::Inside(abs);
+        return Absolute::Inside(Cow::Owned(abs));
     }
     // Did it enter the mount before its first `..`?
     let first_up = path.split(|&b| b == b'/').position(|c| c == b"..");
@@ -199,9 +205,11 @@ mod tests {
     fn absolute_paths_are_pfs_ones_kernel_ones_or_leave_the_mount() {
         let m = Mount::new(b"/pfs").unwrap();
         assert_eq!(classify_absolute(&m, b"/etc/passwd"), Absolute::Outside);
-        assert_eq!(classify_absolute(&m, b"/pfs"), Absolute::Inside(b"/pfs".to_vec()));
-        assert_eq!(classify_absolute(&m, b"//pfs/./a//b"), Absolute::Inside(b"/pfs/a/b".to_vec()));
-        assert_eq!(classify_absolute(&m, b"/etc/../pfs/a"), Absolute::Inside(b"/pfs/a".to_vec()));
+        let inside = |p: &[u8]| Absolute::Inside(Cow::Owned(p.to_vec()));
+        assert_eq!(classify_absolute(&m, b"/pfs"), inside(b"/pfs"));
+        assert!(matches!(classify_absolute(&m, b"/pfs/a"), Absolute::Inside(Cow::Borrowed(_))));
+        assert_eq!(classify_absolute(&m, b"//pfs/./a//b"), inside(b"/pfs/a/b"));
+        assert_eq!(classify_absolute(&m, b"/etc/../pfs/a"), inside(b"/pfs/a"));
         assert_eq!(classify_absolute(&m, b"/pfs/a/../../etc"), Absolute::Left(b"/etc".to_vec()));
         assert_eq!(classify_absolute(&m, b"/pfs/.."), Absolute::Left(b"/".to_vec()));
         // Outside the mount all along: the kernel reads `..` after symlinks.
