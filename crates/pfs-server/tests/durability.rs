@@ -398,10 +398,9 @@ fn one_worker_with(name: &str, failpoints: &str) -> (common::TestDir, ClusterPro
     let dir = common::test_dir(name);
     let mut c = ClusterProcs::start(&dir, 1, 1);
     // Registered is not yet formatted: a server registers for its id, then
-    // formats its zones. Killed before that ended, the restarted one found no
-    // zones of its own and the master refused it as a new server in the
-    // place of one with data (seen once in a loaded full run). Serving a
-    // client means the zones are formatted.
+    // formats its zones. The kill below is meant for a running server (a cut
+    // format has its own test, `a_first_start_killed_while_it_formats_starts_again`):
+    // serving a client means the zones are formatted.
     c.client().getattr(InodeId::ROOT).expect("the first server serves");
     c.kill_server(0);
     c.servers[0] = Some(c.spawn_server(0, &[("PFS_FAILPOINTS", failpoints)]));
