@@ -211,6 +211,12 @@ impl Dir {
     }
 }
 
+/// Whether a create's reply for `name` may be kept ([`StatAhead::remember`]):
+/// not a directory, a file with other names, or a hidden name.
+fn keepable(name: &[u8], attr: &FileAttr) -> bool {
+    attr.kind != FileType::Directory && attr.nlink == 1 && !name.starts_with(HIDDEN_PREFIX)
+}
+
 /// A batch, for dropping the oldest: its inodes.
 #[derive(Debug)]
 struct Batch {
@@ -728,10 +734,7 @@ impl StatAhead {
     /// kept for a directory, a file with other names or a hidden name, or
     /// when the table follows [`DIRS_MAX`] directories already.
     pub fn remember(&self, dir: u64, name: &[u8], attr: FileAttr, changes: u64) {
-        if !self.on || !self.per_inode {
-            return;
-        }
-        if attr.kind == FileType::Directory || attr.nlink != 1 || name.starts_with(HIDDEN_PREFIX) {
+        if !self.on || !self.per_inode || !keepable(name, &attr) {
             return;
         }
         let mut g = self.inner();
@@ -777,11 +780,7 @@ impl StatAhead {
     /// mode, [`remember`](Self::remember), under one lock (a create through
     /// libpfs_preload took it twice).
     pub fn created(&self, dir: u64, name: &[u8], attr: FileAttr, changes: u64) {
-        let kept = self.per_inode
-            && attr.kind != FileType::Directory
-            && attr.nlink == 1
-            && !name.starts_with(HIDDEN_PREFIX);
-        if kept {
+        if self.per_inode && keepable(name, &attr) {
             // What `forget_name` does, `remember` does too: the batch under
             // way is told and the name's old entry leaves.
             self.remember(dir, name, attr, changes);
