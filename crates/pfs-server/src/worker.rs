@@ -165,7 +165,8 @@ pub struct Worker<D: Device> {
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
     /// Requests that stopped at an inode page being read in the background,
-    /// or at data pages a partial write merges (`Shard::set_defer_misses`),
+    /// at data pages a partial write merges, or at a commit it needed first
+    /// (`Shard::set_defer_misses`),
     /// in arrival order, and the counts of finished background requests when
     /// they last ran.
     deferred: Vec<Deferred>,
@@ -315,7 +316,7 @@ const DEFERRED_MAX: usize = 4096;
 
 /// Background requests finished so far: inode page reads and data requests
 /// (`Shard::icache_reads_done`, `Shard::data_requests_done`).
-type Progress = (u64, u64);
+type Progress = (u64, u64, u64);
 
 /// A request waiting to run again (`Worker::deferred`).
 struct Deferred {
@@ -345,6 +346,7 @@ impl Deferred {
         let at = match on {
             DeferredOn::InodePage => before.0,
             DeferredOn::Data => before.1,
+            DeferredOn::Commit => before.2,
         };
         Deferred { origin, conn, buf, tries, waits: Some((on, at)) }
     }
@@ -354,6 +356,7 @@ impl Deferred {
             None => true,
             Some((DeferredOn::InodePage, at)) => now.0 != at,
             Some((DeferredOn::Data, at)) => now.1 != at,
+            Some((DeferredOn::Commit, at)) => now.2 != at,
         }
     }
 }
@@ -414,7 +417,7 @@ impl<D: Device> Worker<D> {
             checkpoint_seen_running: false,
             reads: HashMap::new(),
             deferred: Vec::new(),
-            deferred_seen: (0, 0),
+            deferred_seen: (0, 0, 0),
             deferred_tries: 0,
             dirty_since: None,
             now: Instant::now(),
@@ -1282,7 +1285,7 @@ impl<D: Device> Worker<D> {
 
     /// The background requests finished so far.
     fn progress(&mut self) -> Progress {
-        (self.shard.icache_reads_done(), self.shard.data_requests_done())
+        (self.shard.icache_reads_done(), self.shard.data_requests_done(), self.shard.commits_done())
     }
 
     /// Runs again the requests that waited for inode pages or data pages,
@@ -1580,9 +1583,7 @@ impl<D: Device> Worker<D> {
         self.shard.poll_checkpoint();
         self.shard.poll_data_writes();
         let read = self.shard.has_finished_reads()
-            || (!self.deferred.is_empty()
-                && (self.shard.icache_reads_done(), self.shard.data_requests_done())
-                    != self.deferred_seen);
+            || (!self.deferred.is_empty() && self.progress() != self.deferred_seen);
         let done = self.shard.commits_done();
         let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();

@@ -13,7 +13,7 @@ use pfs_core::wire::{read_segments, ALL_BLOCKS};
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
 use super::dataio::{device_reads, ReadShape, ReadStart};
-use super::{Shard, PAGE_SIZE};
+use super::{DeferredOn, Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
 use crate::wal::record::Extent;
@@ -384,8 +384,7 @@ impl<D: Device> Shard<D> {
                 // Their write is in flight: run again once it finished
                 // (`set_defer_misses`), instead of waiting for it.
                 self.stats.reads_deferred += 1;
-                self.deferred_miss = true;
-                self.deferred_on_data = true;
+                self.deferred = Some(DeferredOn::Data);
                 return Err(FsError::TryAgain);
             }
             self.settle_data_pages(settle)?;
@@ -560,8 +559,7 @@ impl<D: Device> Shard<D> {
                         self.io.device_mut().free_buf(buf);
                     }
                     self.stats.merges_deferred += 1;
-                    self.deferred_miss = true;
-                    self.deferred_on_data = true;
+                    self.deferred = Some(DeferredOn::Data);
                     return Err(FsError::TryAgain);
                 }
                 let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);

@@ -145,6 +145,8 @@ impl<D: Device> Shard<D> {
                 self.ino_floor_next = None;
             }
         }
+        // Logging the floor turns deferral off for the rest of the request.
+        let could_defer = self.defer_misses && self.op_changes == 0;
         if self.ino_floor_next.is_none() && self.next_ino_seq + INO_CHUNK / 2 >= self.ino_floor {
             let floor = self.next_ino_seq.max(self.ino_floor) + INO_CHUNK;
             if !self.txns.contains_key(&INO_FLOOR_KEY) {
@@ -156,7 +158,10 @@ impl<D: Device> Shard<D> {
             self.ino_floor_next = Some((floor, self.next_commit()));
         }
         if self.next_ino_seq >= self.ino_floor {
-            self.commit()?;
+            // The floor record is an operation of its own, finished: the
+            // create has changed nothing yet and may stop for its commit.
+            self.defer_misses = could_defer;
+            self.commit_first()?;
             let (floor, _) = self.ino_floor_next.take().expect("a floor logged above");
             self.ino_floor = floor;
         }

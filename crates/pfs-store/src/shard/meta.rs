@@ -666,7 +666,7 @@ impl<D: Device> Shard<D> {
         match self.inode(dir) {
             Ok(inode) if inode.kind != FileType::Directory => return Err(FsError::NotDir),
             // Its page is being read (`set_defer_misses`): run again then.
-            Err(FsError::TryAgain) if self.deferred_miss => return Err(FsError::TryAgain),
+            Err(FsError::TryAgain) if self.deferred.is_some() => return Err(FsError::TryAgain),
             _ => {}
         }
         let mut out = Vec::with_capacity(max.min(1024));

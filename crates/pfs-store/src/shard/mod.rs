@@ -87,6 +87,10 @@ pub enum DeferredOn {
     /// Data pages being read or written: again once
     /// `Shard::data_requests_done` moved.
     Data,
+    /// A group commit under way (two groups of records pending, an Icache
+    /// short of clean blocks, inode numbers used up to their durable
+    /// floor): again once `Shard::commits_done` moved.
+    Commit,
 }
 
 /// Counters an operator or a benchmark reads.
@@ -113,8 +117,12 @@ pub struct ShardStats {
     /// Operations that found the log full and waited for a checkpoint.
     pub log_full_waits: u64,
     /// Operations that waited for a commit: the pending records reached two
-    /// groups, or the Icache was short of clean blocks (`begin`).
+    /// groups, the Icache was short of clean blocks (`begin`), or a create
+    /// used inode numbers up to their durable floor.
     pub forced_commits: u64,
+    /// Requests that stopped for such a commit instead, to run again once it
+    /// finished (`Shard::set_defer_misses`).
+    pub commits_deferred: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
     /// The generation of the checkpoint the shard opened from (0 for a
@@ -182,12 +190,10 @@ pub struct Shard<D: Device> {
     ino_floor: u64,
     /// The next floor, logged, and the commit that makes it durable.
     ino_floor_next: Option<(u64, u64)>,
-    /// Icache misses read in the background (`set_defer_misses`), and whether
-    /// the last operation stopped at one.
+    /// Icache misses read in the background (`set_defer_misses`), and what
+    /// the last operation stopped at, if it did.
     defer_misses: bool,
-    deferred_miss: bool,
-    /// The stop was at data pages (a partial write's merge), not an inode page.
-    deferred_on_data: bool,
+    deferred: Option<DeferredOn>,
     /// Follow-ups logged since the last commit, and those durable and not yet
     /// taken by the worker.
     follow_pending: Vec<follow::FollowUp>,
@@ -461,8 +467,7 @@ impl<D: Device> Shard<D> {
             ino_floor: 0,
             ino_floor_next: None,
             defer_misses: false,
-            deferred_miss: false,
-            deferred_on_data: false,
+            deferred: None,
             follow_pending: Vec::new(),
             follow_ready: Vec::new(),
             next_ino_seq,
@@ -557,10 +562,9 @@ impl<D: Device> Shard<D> {
             self.make_log_room()?;
         } else if self.wal.group_overfull() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
             // Dirty blocks can be written back (and so evicted) only once their
-            // records are durable: wait for a commit before the Icache runs out
-            // of clean ones, or when the pending records reach two groups.
-            self.stats.forced_commits += 1;
-            self.commit()?;
+            // records are durable: a commit before the Icache runs out of
+            // clean ones, or when the pending records reach two groups.
+            self.commit_first()?;
         } else if self.wal.group_full() || self.icache.clean_blocks() < 2 * OP_ICACHE_BLOCKS {
             // Half way there: a commit starts beside the operations, so they
             // rarely get to wait for one.
@@ -569,18 +573,37 @@ impl<D: Device> Shard<D> {
         Ok(())
     }
 
+    /// Makes what was logged so far durable before the operation goes on.
+    /// A request that changed nothing yet (`set_defer_misses`) does not wait:
+    /// the commit starts (or goes on) beside the requests, and the request
+    /// stops to run again once it finished ([`DeferredOn::Commit`]). Others
+    /// wait for it (`ShardStats::forced_commits`).
+    pub(super) fn commit_first(&mut self) -> FsResult<()> {
+        if self.defer_misses && self.op_changes == 0 {
+            self.start_commit()?;
+            // A commit with nothing to write finished at once; one held back
+            // by a checkpoint about to start is waited for below.
+            if self.committing.is_some() {
+                self.stats.commits_deferred += 1;
+                self.deferred = Some(DeferredOn::Commit);
+                return Err(FsError::TryAgain);
+            }
+        }
+        self.stats.forced_commits += 1;
+        self.commit()
+    }
+
     /// Applies one change and adds it to the operation's record.
     fn log(&mut self, change: Change) -> FsResult<()> {
         // Once a request changed something it cannot run again from the
         // start: its later reads wait for the device (`set_defer_misses`).
         self.defer_misses = false;
         debug_assert!(
-            !self.deferred_miss,
+            self.deferred.is_none(),
             "a request changed the shard after it stopped at an inode page being read"
         );
         // Never run again a request that changed something.
-        self.deferred_miss = false;
-        self.deferred_on_data = false;
+        self.deferred = None;
         let lsn = self.wal.next_lsn();
         if let Err(e) = self.apply(&change, lsn) {
             let msg = format!("device error while applying a change, shard must be reopened: {e}");
@@ -814,7 +837,7 @@ impl<D: Device> Shard<D> {
                     // Not in memory: read it in the background and have the
                     // request run again once it is (`set_defer_misses`).
                     if self.icache.start_read(&mut self.io, slot) {
-                        self.deferred_miss = true;
+                        self.deferred = Some(DeferredOn::InodePage);
                         return Err(StoreError::Fs(FsError::TryAgain));
                     }
                 }
@@ -943,7 +966,7 @@ impl<D: Device> Shard<D> {
             }
         }
         if !pages.is_empty() {
-            self.deferred_miss = true;
+            self.deferred = Some(DeferredOn::InodePage);
             return Err(FsError::TryAgain);
         }
         Ok(())
@@ -958,12 +981,7 @@ impl<D: Device> Shard<D> {
     /// What the last operation stopped at, if it did (`set_defer_misses`);
     /// clears it.
     pub fn take_deferred(&mut self) -> Option<DeferredOn> {
-        let data = std::mem::take(&mut self.deferred_on_data);
-        std::mem::take(&mut self.deferred_miss).then_some(if data {
-            DeferredOn::Data
-        } else {
-            DeferredOn::InodePage
-        })
+        self.deferred.take()
     }
 
     /// Collects finished background reads of inode pages (and write-backs);
@@ -981,8 +999,8 @@ impl<D: Device> Shard<D> {
     /// and data requests ([`data_requests_done`](Self::data_requests_done)). A
     /// request that stops (`set_defer_misses`) runs again once the count it
     /// waits for moved past what it was before the request ran.
-    pub fn background_progress(&self) -> (u64, u64) {
-        (self.icache.stats().background_reads_done, self.writes.done)
+    pub fn background_progress(&self) -> (u64, u64, u64) {
+        (self.icache.stats().background_reads_done, self.writes.done, self.commits_done)
     }
 
     /// Whether inode pages are being read in the background.

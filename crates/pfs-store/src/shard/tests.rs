@@ -1933,6 +1933,7 @@ fn a_full_group_starts_a_commit_without_waiting() {
     // The first create makes the inode number floor durable, waiting.
     s.create(ROOT, b"first", CreateArgs::file(0o644)).unwrap();
     s.commit().unwrap();
+    let forced = s.stats().forced_commits;
     let (offset, bytes) = s.geo.wal_half(s.wal.gen());
     handle.hold(Some(offset..offset + bytes));
     let name = |i: u32| format!("{i:0>200}");
@@ -1944,10 +1945,88 @@ fn a_full_group_starts_a_commit_without_waiting() {
         assert!(made < 10_000);
     }
     assert!(s.committing(), "a commit started when the group filled");
-    assert_eq!(s.stats().forced_commits, 0, "nobody waited for it");
+    assert_eq!(s.stats().forced_commits, forced, "nobody waited for it");
     handle.hold(None);
     let mut s = reopen(s);
     for i in 0..made {
+        s.lookup(ROOT, name(i).as_bytes()).unwrap();
+    }
+}
+
+/// A request that needs a commit first and changed nothing yet
+/// (`set_defer_misses`) does not wait for it: the first create of a shard
+/// (inode numbers up to their durable floor) and a create that finds two
+/// groups of records pending stop with the commit under way (the log's
+/// writes held in flight: a blocking commit would panic in `MemDevice`), and
+/// run again once it finished.
+#[test]
+fn a_request_stops_for_the_commit_it_needs_instead_of_waiting() {
+    let (mut s, handle) = fresh();
+    let (offset, bytes) = s.geo.wal_half(s.wal.gen());
+    let log_writes = offset..offset + bytes;
+    // Runs the commit under way with the log's writes let through.
+    let finish_commit = |s: &mut Shard<MemDevice>| {
+        let done = s.commits_done();
+        handle.hold(None);
+        while s.commits_done() == done {
+            s.poll_device();
+            s.poll_commit();
+        }
+        handle.hold(Some(log_writes.clone()));
+    };
+    handle.hold(Some(log_writes.clone()));
+    // The first create: no inode number is durable yet.
+    s.set_defer_misses(true);
+    assert_eq!(s.create(ROOT, b"first", CreateArgs::file(0o644)), Err(FsError::TryAgain));
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Commit));
+    assert!(s.committing());
+    assert_eq!(s.lookup(ROOT, b"first"), Err(FsError::NotFound), "the create changed nothing");
+    finish_commit(&mut s);
+    s.set_defer_misses(true);
+    s.create(ROOT, b"first", CreateArgs::file(0o644)).unwrap();
+    assert_eq!(s.take_deferred(), None);
+    // Creates until the pending records reach two groups (64 KiB each here):
+    // the group commit that starts at one stays in flight.
+    let name = |i: u32| format!("{i:0>200}");
+    let mut made = 0;
+    let stopped = loop {
+        s.set_defer_misses(true);
+        let lsn = s.wal.next_lsn();
+        match s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)) {
+            Ok(_) => made += 1,
+            Err(e) => {
+                assert_eq!(e, FsError::TryAgain);
+                assert_eq!(s.wal.next_lsn(), lsn, "nothing logged");
+                break made;
+            }
+        }
+        assert_eq!(s.take_deferred(), None);
+        assert!(made < 10_000, "two groups never filled");
+    };
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Commit));
+    assert!(s.committing());
+    assert_eq!(s.lookup(ROOT, name(stopped).as_bytes()), Err(FsError::NotFound));
+    // Runs again after each commit until the group has room.
+    let mut runs = 0;
+    loop {
+        finish_commit(&mut s);
+        s.set_defer_misses(true);
+        let result = s.create(ROOT, name(stopped).as_bytes(), CreateArgs::file(0o644));
+        runs += 1;
+        match s.take_deferred() {
+            None => break result.unwrap(),
+            Some(on) => assert_eq!((on, result), (DeferredOn::Commit, Err(FsError::TryAgain))),
+        }
+        assert!(runs < 4, "still stopped after {runs} commits");
+    }
+    s.set_defer_misses(false);
+    let st = s.stats();
+    assert_eq!(st.forced_commits, 0, "nobody waited for a commit");
+    assert!(st.commits_deferred >= 2, "{st:?}");
+    handle.hold(None);
+    let mut s = reopen(s);
+    s.lookup(ROOT, b"first").unwrap();
+    for i in 0..=stopped {
         s.lookup(ROOT, name(i).as_bytes()).unwrap();
     }
 }
