@@ -2014,7 +2014,10 @@ fn a_request_stops_for_the_commit_it_needs_instead_of_waiting() {
         let result = s.create(ROOT, name(stopped).as_bytes(), CreateArgs::file(0o644));
         runs += 1;
         match s.take_deferred() {
-            None => break result.unwrap(),
+            None => {
+                result.unwrap();
+                break;
+            }
             Some(on) => assert_eq!((on, result), (DeferredOn::Commit, Err(FsError::TryAgain))),
         }
         assert!(runs < 4, "still stopped after {runs} commits");
