@@ -55,6 +55,7 @@ fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome
             spare_buffers: 16,
             size_bytes: Some(zone),
             preallocate: false,
+            submit_below: pfs_store::device::SUBMIT_BELOW,
         },
     )
     .expect("device file");

@@ -2,18 +2,23 @@
 //!
 //! ```text
 //! cargo bench --bench device -- --file /data/pfs-bench.img \
-//!     [--workload randread|randwrite|read|write|all] [--qd 32] [--runtime 10]
+//!     [--workload randread|randwrite|read|write|all] [--qd 32] [--runtime 10] \
+//!     [--submit-below 8]
 //! ```
 //!
 //! One thread keeps `qd` requests in flight on registered buffers for `runtime` seconds
 //! (4 KiB random read and write, 1 MiB sequential read and write, like fio's
 //! `--rw=randread --bs=4k` etc.) and prints one line per workload:
 //! `workload=randread bs=4096 qd=32 seconds=10.00 ios=... iops=... mib_s=...`.
+//! `--submit-below` is `UringOptions::submit_below` (0: every request waits
+//! for the next `wait`, batched).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use pfs_store::device::{Device, IoCompletion, IoKind, IoRequest, UringDevice, UringOptions};
+use pfs_store::device::{
+    Device, IoCompletion, IoKind, IoRequest, UringDevice, UringOptions, SUBMIT_BELOW,
+};
 
 #[derive(Clone, Copy, Debug)]
 struct Workload {
@@ -36,13 +41,14 @@ struct Args {
     workloads: Vec<Workload>,
     queue_depth: usize,
     runtime: Duration,
+    submit_below: usize,
 }
 
 fn usage(msg: &str) -> ! {
     eprintln!("error: {msg}");
     eprintln!(
         "usage: device --file PATH [--workload randread|randwrite|read|write|all] \
-         [--qd N] [--runtime SECONDS]"
+         [--qd N] [--runtime SECONDS] [--submit-below N]"
     );
     std::process::exit(2)
 }
@@ -51,6 +57,7 @@ fn parse_args() -> Args {
     let mut file = None;
     let mut workload = "all".to_string();
     let mut queue_depth = 32;
+    let mut submit_below = SUBMIT_BELOW;
     let mut runtime_s = 10.0;
     let mut runtime_explicit = None;
     let mut args = std::env::args().skip(1);
@@ -60,6 +67,9 @@ fn parse_args() -> Args {
             "--file" => file = Some(PathBuf::from(value())),
             "--workload" => workload = value(),
             "--qd" => queue_depth = value().parse().unwrap_or_else(|_| usage("bad --qd")),
+            "--submit-below" => {
+                submit_below = value().parse().unwrap_or_else(|_| usage("bad --submit-below"))
+            }
             "--runtime" => {
                 runtime_s = value().parse().unwrap_or_else(|_| usage("bad --runtime"));
                 runtime_explicit = Some(runtime_s);
@@ -87,7 +97,8 @@ fn parse_args() -> Args {
         let w = WORKLOADS.iter().find(|w| w.name == workload);
         vec![*w.unwrap_or_else(|| usage(&format!("unknown workload {workload}")))]
     };
-    Args { file, workloads, queue_depth, runtime: Duration::from_secs_f64(runtime_s) }
+    let runtime = Duration::from_secs_f64(runtime_s);
+    Args { file, workloads, queue_depth, runtime, submit_below }
 }
 
 /// Size of the file `cargo bench` uses when no `--file` is given.
@@ -143,6 +154,7 @@ fn run(args: &Args, w: Workload) -> Report {
         spare_buffers: 0,
         size_bytes: None,
         preallocate: true,
+        submit_below: args.submit_below,
     };
     let mut dev = UringDevice::open(&args.file, opts).unwrap_or_else(|e| {
         eprintln!("error: {e}");

@@ -154,6 +154,7 @@ fn main() {
             spare_buffers: 16,
             size_bytes: Some(zone),
             preallocate: true,
+            submit_below: pfs_store::device::SUBMIT_BELOW,
         },
     )
     .unwrap();

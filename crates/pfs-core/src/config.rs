@@ -222,6 +222,10 @@ pub struct ServerConfig {
     pub ring_depth: u32,
     /// io_uring submission queue entries per worker.
     pub io_queue_depth: u32,
+    /// While fewer device requests than this are with the kernel, each goes
+    /// to it as it is made; past that, a worker round's requests go together
+    /// (0: always together).
+    pub io_submit_below: u32,
     /// Slots in the memcpy work queue.
     pub memcpy_queue_depth: u32,
     /// Requests a connection may have outstanding.
@@ -263,6 +267,7 @@ impl Default for ServerConfig {
             wal_size_bytes: 256 * MIB,
             ring_depth: 1024,
             io_queue_depth: 256,
+            io_submit_below: 8,
             memcpy_queue_depth: 1024,
             connection_queue_depth: 128,
             key_file: "/etc/pfs/cluster.key".into(),
@@ -340,6 +345,7 @@ impl ConfigFile for ServerConfig {
         check_range("wal_size_bytes", self.wal_size_bytes, MIB, 64 * GIB)?;
         check_range("ring_depth", self.ring_depth, 2, 1 << 20)?;
         check_range("io_queue_depth", self.io_queue_depth, 1, 32768)?;
+        check_range("io_submit_below", self.io_submit_below, 0, 32768)?;
         check_range("memcpy_queue_depth", self.memcpy_queue_depth, 1, 1 << 20)?;
         check_range("connection_queue_depth", self.connection_queue_depth, 1, 65536)?;
         check_path("key_file", &self.key_file)?;

@@ -157,6 +157,7 @@ fn uring_options(cfg: &ServerConfig, size_bytes: u64) -> UringOptions {
         spare_buffers: 32,
         size_bytes: Some(size_bytes),
         preallocate: cfg.preallocate,
+        submit_below: cfg.io_submit_below as usize,
     }
 }
 

@@ -64,6 +64,7 @@ fn options(size_bytes: Option<u64>, preallocate: bool) -> UringOptions {
         spare_buffers: 4,
         size_bytes,
         preallocate,
+        submit_below: pfs_store::device::SUBMIT_BELOW,
     }
 }
 

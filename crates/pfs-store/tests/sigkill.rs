@@ -115,6 +115,7 @@ fn sigkill_mid_workload_loses_nothing_durable() {
                 spare_buffers: 0,
                 size_bytes: None,
                 preallocate: false,
+                submit_below: pfs_store::device::SUBMIT_BELOW,
             },
         )
         .expect("open zone file");

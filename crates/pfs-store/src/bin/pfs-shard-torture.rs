@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         spare_buffers: 16,
         size_bytes: Some(size),
         preallocate: false,
+        submit_below: pfs_store::device::SUBMIT_BELOW,
     };
     let dev = match UringDevice::open(&file, opts) {
         Ok(d) => d,

@@ -13,7 +13,7 @@ pub mod uring;
 
 pub use buf::{AlignedBuf, Region, HUGE_PAGE};
 pub use mem::{Fault, MemDevice};
-pub use uring::{UringDevice, UringOptions};
+pub use uring::{UringDevice, UringOptions, SUBMIT_BELOW};
 
 /// Every offset and length a device sees is a multiple of this.
 pub const SECTOR_SIZE: usize = 4096;
