@@ -26,8 +26,10 @@ pub const MAX_FILE_SIZE: u64 = pfs_core::MAX_FILE_SIZE;
 pub const MAX_IO_BYTES: usize = 16 << 20;
 
 /// The least a device read of read-ahead reads when the pages lie together
-/// (the reader's transfer when larger).
-const AHEAD_READ_MIN: u64 = 256 << 10;
+/// (the reader's transfer when larger): a registered device buffer's size.
+/// 256 KiB pieces ran io-easy reads 6-8% slower (docs/benchmarks.md,
+/// twenty-sixth session).
+const AHEAD_READ_MIN: u64 = 1 << 20;
 
 /// Part of a read on one run: `(run, first page in run, pages, where in the
 /// output, skip bytes in the first page, bytes)`.
