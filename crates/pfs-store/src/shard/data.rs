@@ -12,7 +12,7 @@
 use pfs_core::wire::{read_segments, ALL_BLOCKS};
 use pfs_core::{BlockIndex, FileLayout, FileType, FsError, FsResult, InodeId, TimeNs};
 
-use super::dataio::{device_reads, ReadShape, ReadStart};
+use super::dataio::{device_reads, ReadShape, ReadStart, BATCH_BYTES};
 use super::{DeferredOn, Shard, PAGE_SIZE};
 use crate::device::{Device, IoKind, IoRequest};
 use crate::inode::{Inode, Run};
@@ -594,58 +594,77 @@ impl<D: Device> Shard<D> {
             c.result?;
             old_data[i] = Some(c.buf);
         }
-        // Allocate and write the new runs.
+        // Allocate the new runs.
         let mut new_runs: Vec<Run> = Vec::with_capacity(plans.len());
-        let mut bufs = Vec::with_capacity(plans.len());
-        for (i, &(block, _, from, to, new_valid)) in plans.iter().enumerate() {
+        for &(.., new_valid) in &plans {
             let pages = (new_valid as u64).div_ceil(PAGE_SIZE);
-            let page = match self.alloc_data_run(pages) {
-                Ok(page) => page,
+            match self.alloc_data_run(pages) {
+                Ok(page) => new_runs.push(Run { page, pages: pages as u32, valid: new_valid }),
                 Err(e) => {
                     for r in &new_runs {
                         self.page_bitmap.clear_run(r.page, r.pages as u64);
                     }
-                    for buf in bufs.into_iter().chain(old_data.into_iter().flatten()) {
+                    for buf in old_data.into_iter().flatten() {
                         self.io.device_mut().free_buf(buf);
                     }
                     return Err(e);
                 }
-            };
-            let run = Run { page, pages: pages as u32, valid: new_valid };
-            let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
-            // The old bytes kept, then the new ones; only what neither covers
-            // is zeroed (the buffer holds whatever its last use left).
-            let keep = match &old_data[i] {
-                Some(old) => {
-                    let keep = (plans[i].1.expect("merge has an old run").valid as u64)
-                        .min(inode.size.saturating_sub(block.0 * bs))
-                        .min(new_valid as u64) as usize;
-                    buf[..keep].copy_from_slice(&old[..keep]);
-                    keep
-                }
-                None => 0,
-            };
-            let (from, to) = (from as usize, to as usize);
-            if keep < from {
-                buf[keep..from].fill(0);
             }
-            let src = block.0 as usize * bs as usize + from - offset as usize;
-            buf[from..to].copy_from_slice(&data[src..src + (to - from)]);
-            let end = keep.max(to);
-            buf[end..].fill(0);
-            bufs.push(buf);
-            new_runs.push(run);
+        }
+        // Fill them. Whole blocks whose runs lie next to each other on the
+        // device share one buffer (up to a batch): their bytes are copied
+        // once, and go out as one device write with no merge at submit. A
+        // block this write did not cover whole is what the next write of the
+        // rest reads back (an append, or another writer of the same block:
+        // IOR-hard's interleaved segments often fill a block's end before its
+        // start), so it is staged alone, to be cached once written.
+        let whole = |k: usize| plans[k].2 == 0 && plans[k].3 == bs;
+        let mut i = 0;
+        while i < plans.len() {
+            let mut j = i + 1;
+            let mut pages = new_runs[i].pages as u64;
+            while whole(i)
+                && j < plans.len()
+                && whole(j)
+                && new_runs[j].page == new_runs[j - 1].page + new_runs[j - 1].pages as u64
+                && (pages + new_runs[j].pages as u64) * PAGE_SIZE <= BATCH_BYTES as u64
+            {
+                pages += new_runs[j].pages as u64;
+                j += 1;
+            }
+            let mut buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+            let mut at = 0;
+            for k in i..j {
+                let (block, old, from, to, new_valid) = plans[k];
+                let len = (new_runs[k].pages as u64 * PAGE_SIZE) as usize;
+                let part = &mut buf[at..at + len];
+                at += len;
+                // The old bytes kept, then the new ones; only what neither
+                // covers is zeroed (the buffer holds whatever its last use left).
+                let keep = match &old_data[k] {
+                    Some(bytes) => {
+                        let keep = (old.expect("merge has an old run").valid as u64)
+                            .min(inode.size.saturating_sub(block.0 * bs))
+                            .min(new_valid as u64) as usize;
+                        part[..keep].copy_from_slice(&bytes[..keep]);
+                        keep
+                    }
+                    None => 0,
+                };
+                let (from, to) = (from as usize, to as usize);
+                if keep < from {
+                    part[keep..from].fill(0);
+                }
+                let src = block.0 as usize * bs as usize + from - offset as usize;
+                part[from..to].copy_from_slice(&data[src..src + (to - from)]);
+                let end = keep.max(to);
+                part[end..].fill(0);
+            }
+            self.stage_data(new_runs[i].page, buf, !whole(i));
+            i = j;
         }
         for buf in old_data.into_iter().flatten() {
             self.io.device_mut().free_buf(buf);
-        }
-        // A block this write did not cover whole is what the next write of
-        // the rest reads back: an append, or another writer of the same block
-        // (IOR-hard's interleaved segments, which often fill a block's end
-        // before its start, so its valid length is whole before its bytes are).
-        for ((buf, run), &(_, _, from, to, _)) in bufs.into_iter().zip(&new_runs).zip(&plans) {
-            let whole = from == 0 && to == bs;
-            self.stage_data(run.page, buf, !whole);
         }
         // Map the new runs; the old ones are freed once this is durable.
         for (&(block, old, ..), run) in plans.iter().zip(new_runs) {

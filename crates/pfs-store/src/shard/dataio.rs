@@ -668,6 +668,12 @@ impl<D: Device> Shard<D> {
         self.opts.read_cache_pages as u64 * PAGE_SIZE / 2
     }
 
+    /// The staged runs, as (first page, pages), in page order (tests).
+    #[cfg(test)]
+    pub(super) fn staged_runs(&self) -> Vec<(u64, u64)> {
+        self.writes.staged.iter().map(|(&p, s)| (p, s.pages)).collect()
+    }
+
     /// Bytes of read-ahead runs held, in flight or read (tests).
     #[cfg(test)]
     pub(super) fn ahead_bytes(&self) -> u64 {

@@ -1953,6 +1953,43 @@ fn a_full_group_starts_a_commit_without_waiting() {
     }
 }
 
+/// A write's whole blocks whose runs lie together are staged in one buffer
+/// (copied once, one device write), and a block it covers in part is staged
+/// alone; every byte reads back, staged and after a restart.
+#[test]
+fn whole_blocks_of_a_write_share_one_staged_buffer() {
+    let (mut s, _) = fresh();
+    let bs = s.geo.block_size as usize;
+    let block_pages = (bs as u64).div_ceil(PAGE_SIZE);
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    s.commit().unwrap();
+    assert!(s.staged_runs().is_empty());
+    // Eight whole blocks.
+    let data: Vec<u8> = (0..8 * bs).map(|i| (i % 251) as u8).collect();
+    s.write(f, 0, &data).unwrap();
+    let runs = s.staged_runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].1, 8 * block_pages);
+    assert_eq!(s.read(f, 0, data.len()).unwrap(), data);
+    let writes = s.stats().data_writes;
+    s.commit().unwrap();
+    assert_eq!(s.stats().data_writes, writes + 1, "one device write");
+    // A part of block 8, blocks 9 and 10 whole, a part of block 11.
+    let at = 8 * bs + 1000;
+    let more: Vec<u8> = (0..3 * bs).map(|i| (i % 241) as u8 + 1).collect();
+    s.write(f, at as u64, &more).unwrap();
+    let runs = s.staged_runs();
+    let sizes: Vec<u64> = runs.iter().map(|r| r.1).collect();
+    assert_eq!(sizes.len(), 3, "{runs:?}");
+    assert_eq!(sizes[1], 2 * block_pages, "the two whole blocks together: {runs:?}");
+    let mut all = data.clone();
+    all.resize(at, 0);
+    all.extend_from_slice(&more);
+    assert_eq!(s.read(f, 0, all.len()).unwrap(), all);
+    let mut s = reopen(s);
+    assert_eq!(s.read(f, 0, all.len() + 10).unwrap(), all);
+}
+
 /// A request that needs a commit first and changed nothing yet
 /// (`set_defer_misses`) does not wait for it: the first create of a shard
 /// (inode numbers up to their durable floor) and a create that finds two
