@@ -18,14 +18,14 @@
 
 use std::time::Instant;
 
-use pfs_core::wire::{Body, Frame, RenameFlags, Reply, Request};
+use pfs_core::wire::{Body, RenameFlags, Reply, Request};
 use pfs_core::{FsError, InodeId, RequestId, ServerId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::meta::encode_dentry;
 
+use crate::host::Host;
 use crate::msg::{Waiter, CROSS_MAX};
 use crate::peers::RETRY_AFTER;
-use crate::worker::Worker;
 
 /// The intent as recorded: everything needed to finish after a crash.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,16 +99,16 @@ impl Intent {
 
 /// One rename in progress.
 #[derive(Debug)]
-pub struct CrossOp {
+struct CrossOp {
     txn: u64,
     intent: Intent,
     waiter: Option<Waiter>,
     /// The participant request in flight, or when to send it again.
-    pub(crate) sent: Option<RequestId>,
+    sent: Option<RequestId>,
     retry_at: Instant,
     /// The commit that makes the intent durable: nothing is sent before it
     /// finished (`Shard::commits_done`).
-    pub(crate) durable_at: u64,
+    durable_at: u64,
     /// Nobody waits for the outcome any more (the client was told `EIO`, or
     /// the coordinator restarted): the participant finishes only what it
     /// already applied and abandons the rest, so a rename never lands after
@@ -116,17 +116,24 @@ pub struct CrossOp {
     resume: bool,
 }
 
-impl<D: Device> Worker<D> {
-    /// A new transaction id: this shard in the top bits, then a counter whose
-    /// floor the shard logs, so ids never repeat across restarts.
-    pub(crate) fn new_txn(&mut self) -> Result<u64, FsError> {
-        self.shard.new_txn_id()
+/// The cross-shard renames a worker coordinates, each a state machine its
+/// worker advances once per round ([`Renames::poll`]).
+#[derive(Debug, Default)]
+pub(crate) struct Renames {
+    ops: Vec<CrossOp>,
+}
+
+impl Renames {
+    /// Whether none is under way.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
     }
 
     /// Step 1 for a client's `RenameCross`; the reply comes later.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn start_cross_rename(
+    pub(crate) fn start<D: Device>(
         &mut self,
+        h: &mut impl Host<D>,
         waiter: Waiter,
         src_parent: InodeId,
         src_name: Vec<u8>,
@@ -135,7 +142,7 @@ impl<D: Device> Worker<D> {
         flags: RenameFlags,
         target: (ServerId, WorkerId),
     ) -> Result<(), FsError> {
-        if self.cross.len() >= CROSS_MAX {
+        if self.ops.len() >= CROSS_MAX {
             return Err(FsError::TryAgain);
         }
         if self.is_moving(src_parent, &src_name) {
@@ -151,7 +158,8 @@ impl<D: Device> Worker<D> {
                 FsError::NameTooLong
             });
         }
-        let src = self.shard.lookup(src_parent, &src_name)?;
+        let shard = h.shard();
+        let src = shard.lookup(src_parent, &src_name)?;
         let intent = Intent {
             src_parent,
             src_name,
@@ -161,82 +169,63 @@ impl<D: Device> Worker<D> {
             flags,
             target,
         };
-        let txn = self.new_txn()?;
-        self.shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
+        // A new transaction id: this shard in the top bits, then a counter
+        // whose floor the shard logs, so ids never repeat across restarts.
+        let txn = shard.new_txn_id()?;
+        shard.xrename_begin(txn, intent.src_parent, &intent.src_name, &intent.encode())?;
         // The intent must be durable before the participant changes anything:
         // the op is sent once the commit that covers it finished, and the
         // worker serves meanwhile.
-        let durable_at = self.shard.next_commit();
-        self.mark_dirty();
+        let durable_at = shard.next_commit();
         // A failure fails the shard, which stops the server.
-        let _ = self.shard.start_commit();
-        self.cross.push(CrossOp {
+        let _ = shard.start_commit();
+        h.changed();
+        self.ops.push(CrossOp {
             txn,
             intent,
             waiter: Some(waiter),
             sent: None,
-            retry_at: self.now,
+            retry_at: h.now(),
             durable_at,
             resume: false,
         });
         Ok(())
     }
 
-    /// Picks up intents a previous run left (after a crash).
-    pub(crate) fn recover_cross(&mut self) {
-        for (txn, data) in self.shard.txns() {
-            if txn & pfs_store::shard::txn::PARTICIPANT_BIT != 0 {
-                continue;
+    /// An intent a previous run left (after a crash), record `data` of
+    /// transaction `txn`: resumed.
+    pub(crate) fn recover(&mut self, worker: u16, now: Instant, txn: u64, data: &[u8]) {
+        match Intent::decode(data) {
+            Some(intent) => {
+                log::info!("worker {worker}: resuming cross-shard rename {txn:#x} left by a crash");
+                self.ops.push(CrossOp {
+                    txn,
+                    intent,
+                    waiter: None,
+                    sent: None,
+                    retry_at: now,
+                    durable_at: 0,
+                    resume: true,
+                });
             }
-            if pfs_store::shard::follow::decode_follow(txn, &data).is_some() {
-                continue; // Sent by the outbox (follow.rs).
-            }
-            if matches!(
-                data.first(),
-                Some(&(crate::rmdir::RMDIR_INTENT | crate::rmdir::RMDIR_DECIDED))
-            ) {
-                self.recover_rmdir(txn, &data);
-                continue;
-            }
-            match Intent::decode(&data) {
-                Some(intent) => {
-                    log::info!(
-                        "worker {}: resuming cross-shard rename {txn:#x} left by a crash",
-                        self.id
-                    );
-                    self.cross.push(CrossOp {
-                        txn,
-                        intent,
-                        waiter: None,
-                        sent: None,
-                        retry_at: self.now,
-                        durable_at: 0,
-                        resume: true,
-                    });
-                }
-                None => log::error!(
-                    "worker {}: transaction {txn:#x} holds an undecodable intent; left as is",
-                    self.id
-                ),
-            }
+            None => log::error!(
+                "worker {worker}: transaction {txn:#x} holds an undecodable intent; left as is"
+            ),
         }
     }
 
-    fn dispatch(&mut self, op: &mut CrossOp) {
-        if op.waiter.as_ref().is_some_and(|w| !self.is_connected(w)) {
+    fn dispatch<D: Device>(h: &mut impl Host<D>, op: &mut CrossOp) {
+        let id = h.worker_id();
+        if op.waiter.as_ref().is_some_and(|w| !h.connected(w)) {
             // The client is gone (killed, most likely): nobody learns the
             // outcome, so the rename must not land after what runs from now
             // on. Only what the participant already applied is finished.
-            log::info!(
-                "worker {}: rename {:#x}: its client left; resuming it only",
-                self.id,
-                op.txn
-            );
+            log::info!("worker {id}: rename {:#x}: its client left; resuming it only", op.txn);
             op.waiter = None;
             op.resume = true;
         }
         let i = &op.intent;
-        log::debug!("worker {}: rename {:#x}: asking {:?}", self.id, op.txn, i.target);
+        log::debug!("worker {id}: rename {:#x}: asking {:?}", op.txn, i.target);
         let flags = if op.resume { i.flags | RenameFlags::RESUME } else { i.flags };
         let req = Request::XRenameTarget {
             txn: op.txn,
@@ -245,37 +234,38 @@ impl<D: Device> Worker<D> {
             value: i.value,
             flags,
         };
-        match self.peer_send(i.target.0, i.target.1, req) {
-            Ok(id) => op.sent = Some(id),
+        match h.send(i.target.0, i.target.1, req) {
+            Ok(sent) => op.sent = Some(sent),
             Err(e) => {
                 if e.is_failure() {
                     log::warn!(
-                        "worker {}: rename {:#x}: cannot reach server {}: {e}",
-                        self.id,
+                        "worker {id}: rename {:#x}: cannot reach server {}: {e}",
                         op.txn,
                         i.target.0
                     );
                 }
                 op.sent = None;
-                op.retry_at = e.retry_at(self.now);
+                op.retry_at = e.retry_at(h.now());
             }
         }
     }
 
     /// Advances every rename in progress; returns the work done.
-    pub(crate) fn poll_cross(&mut self) -> usize {
+    pub(crate) fn poll<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        let id = h.worker_id();
         let mut work = 0;
         let mut i = 0;
-        while i < self.cross.len() {
-            let mut op = self.cross.swap_remove(i);
-            let durable = self.shard.commits_done() >= op.durable_at;
+        while i < self.ops.len() {
+            let mut op = self.ops.swap_remove(i);
+            let now = h.now();
+            let durable = h.shard().commits_done() >= op.durable_at;
             let outcome = match op.sent {
-                None if self.now >= op.retry_at && durable => {
-                    self.dispatch(&mut op);
+                None if now >= op.retry_at && durable => {
+                    Self::dispatch(h, &mut op);
                     None
                 }
                 None => None,
-                Some(id) => match self.peer_poll(op.intent.target.0, id) {
+                Some(sent) => match h.poll(op.intent.target.0, sent) {
                     Ok(None) => None,
                     // An I/O error (the participant's commit failed, it is
                     // stopping) says nothing of whether its side is durable:
@@ -283,24 +273,22 @@ impl<D: Device> Worker<D> {
                     // from its record, or checks and applies anew.
                     Ok(Some(Err(e @ (FsError::Io(_) | FsError::TimedOut)))) => {
                         log::warn!(
-                            "worker {}: rename {:#x}: participant answered {e}; asking again",
-                            self.id,
+                            "worker {id}: rename {:#x}: participant answered {e}; asking again",
                             op.txn
                         );
                         op.sent = None;
-                        op.retry_at = self.now + RETRY_AFTER;
+                        op.retry_at = now + RETRY_AFTER;
                         None
                     }
                     Ok(Some(result)) => Some(result),
                     Err(e) => {
                         log::warn!(
-                            "worker {}: rename {:#x}: participant failed: {e}; retrying",
-                            self.id,
+                            "worker {id}: rename {:#x}: participant failed: {e}; retrying",
                             op.txn
                         );
-                        self.peers.forget_conn(op.intent.target.0);
+                        h.forget_conn(op.intent.target.0);
                         op.sent = None;
-                        op.retry_at = self.now + RETRY_AFTER;
+                        op.retry_at = now + RETRY_AFTER;
                         None
                     }
                 },
@@ -308,21 +296,21 @@ impl<D: Device> Worker<D> {
             match outcome {
                 Some(result) => {
                     work += 1;
-                    self.finish_cross(op, result);
+                    Self::finish(h, op, result);
                 }
                 None => {
-                    if let Some(w) = op.waiter.take_if(|w| self.now >= w.give_up) {
+                    if let Some(w) = op.waiter.take_if(|w| now >= w.give_up) {
                         op.resume = true;
                         let e = FsError::Io(format!(
                             "rename waits for server {}; it completes if that server applied \
                              it, and is abandoned otherwise",
                             op.intent.target.0
                         ));
-                        self.answer(w, Body::Error { op: pfs_core::Opcode::RenameCross, error: e });
+                        h.answer(w, Body::Error { op: pfs_core::Opcode::RenameCross, error: e });
                     }
-                    self.cross.push(op);
-                    let last = self.cross.len() - 1;
-                    self.cross.swap(i, last);
+                    self.ops.push(op);
+                    let last = self.ops.len() - 1;
+                    self.ops.swap(i, last);
                     i += 1;
                 }
             }
@@ -330,20 +318,20 @@ impl<D: Device> Worker<D> {
         work
     }
 
-    fn finish_cross(&mut self, mut op: CrossOp, result: Result<Reply, FsError>) {
-        log::debug!("worker {}: rename {:#x}: participant answered {result:?}", self.id, op.txn);
+    fn finish<D: Device>(h: &mut impl Host<D>, mut op: CrossOp, result: Result<Reply, FsError>) {
+        let id = h.worker_id();
+        log::debug!("worker {id}: rename {:#x}: participant answered {result:?}", op.txn);
         let i = &op.intent;
+        let participant = pfs_core::routing::shard_of(i.target.0, i.target.1, h.workers());
         let body = match result {
             Ok(Reply::XRenameTarget { old, replaced }) => {
                 let replacement = (old != 0).then_some(old);
-                let participant =
-                    pfs_core::routing::shard_of(i.target.0, i.target.1, self.workers());
                 // The participant forgets its record by a follow-up logged with
                 // this step: only once it is durable (a participant that forgot
                 // first could be asked again by a recovery rerunning the intent,
                 // and would apply the rename a second time; the SIGKILL soak
                 // found that).
-                match self.shard.xrename_finish(
+                let finished = h.shard().xrename_finish(
                     op.txn,
                     i.src_parent,
                     &i.src_name,
@@ -351,16 +339,16 @@ impl<D: Device> Worker<D> {
                     i.new_parent,
                     replacement,
                     participant,
-                ) {
+                );
+                match finished {
                     Ok(()) => {
-                        self.mark_dirty();
+                        h.changed();
                         Body::Reply(Reply::RenameCross { replaced })
                     }
                     Err(error) => {
                         // The intent stays: the next start finishes it.
                         log::error!(
-                            "worker {}: rename {:#x}: cannot remove the source name: {error}",
-                            self.id,
+                            "worker {id}: rename {:#x}: cannot remove the source name: {error}",
                             op.txn
                         );
                         Body::Error { op: pfs_core::Opcode::RenameCross, error }
@@ -369,8 +357,7 @@ impl<D: Device> Worker<D> {
             }
             Ok(other) => {
                 log::error!(
-                    "worker {}: rename {:#x}: participant answered {:?}",
-                    self.id,
+                    "worker {id}: rename {:#x}: participant answered {:?}",
                     op.txn,
                     other.opcode()
                 );
@@ -382,17 +369,15 @@ impl<D: Device> Worker<D> {
             Err(refusal) => {
                 // The participant changed nothing: drop the intent, and have it
                 // forget the record it keeps of an abandoned one.
-                let participant =
-                    pfs_core::routing::shard_of(i.target.0, i.target.1, self.workers());
-                if let Err(e) = self.shard.xrename_abandon(op.txn, participant) {
-                    log::error!("worker {}: cannot drop intent {:#x}: {e}", self.id, op.txn);
+                if let Err(e) = h.shard().xrename_abandon(op.txn, participant) {
+                    log::error!("worker {id}: cannot drop intent {:#x}: {e}", op.txn);
                 }
-                self.mark_dirty();
+                h.changed();
                 Body::Error { op: pfs_core::Opcode::RenameCross, error: refusal }
             }
         };
         if let Some(w) = op.waiter.take() {
-            self.answer(w, body);
+            h.answer(w, body);
         }
     }
 
@@ -402,7 +387,7 @@ impl<D: Device> Worker<D> {
     /// recovered rename could land over later changes (the SIGKILL soak found a
     /// name left pointing to a freed inode that way).
     pub(crate) fn is_moving(&self, parent: InodeId, name: &[u8]) -> bool {
-        self.cross.iter().any(|op| op.intent.src_parent == parent && op.intent.src_name == name)
+        self.ops.iter().any(|op| op.intent.src_parent == parent && op.intent.src_name == name)
     }
 
     /// Whether `req` names a locked source name (see [`is_moving`](Self::is_moving));
@@ -433,13 +418,14 @@ impl<D: Device> Worker<D> {
         }
     }
 
-    /// Sends a reply frame with `body` to a waiting client.
-    /// Answers the client once what the transaction logged is committed: a
-    /// refusal told before its `TxnDel` is durable could be undone by recovery,
-    /// which would redo the rename the client was told failed.
-    pub(crate) fn answer(&mut self, w: Waiter, body: Body) {
-        let frame = Frame { request_id: w.request_id, client: w.client, body };
-        let buf = frame.to_bytes().expect("a rename reply always encodes");
-        self.reply_after_commit(w.origin, w.conn, buf);
+    /// Whether one waits for its intent to be durable, `done` commits having
+    /// finished.
+    pub(crate) fn wait_for_commit(&self, done: u64) -> bool {
+        self.ops.iter().any(|c| c.durable_at > done)
+    }
+
+    /// Whether one waits for a reply from another server.
+    pub(crate) fn awaiting_peer(&self) -> bool {
+        self.ops.iter().any(|c| c.sent.is_some_and(crate::peers::over_network))
     }
 }

@@ -20,10 +20,11 @@ use pfs_core::wire::{Body, FollowOp, Frame, FrameHeader, Reply, Request, MAX_FOL
 use pfs_core::{FsError, RequestId, ServerId, ShardId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::shard::follow::{FollowTarget, FollowUp};
+use pfs_store::Shard;
 
+use crate::host::Host;
 use crate::msg::ConnRef;
 use crate::peers::{over_network, RETRY_AFTER};
-use crate::worker::Worker;
 
 /// Pause before asking a target again after a failure.
 /// How long a held reply waits before the client is told the operation will
@@ -84,48 +85,51 @@ pub fn holds_reply(op: &FollowOp) -> bool {
     !matches!(op, FollowOp::FreeData { .. } | FollowOp::Forget { .. })
 }
 
-impl<D: Device> Worker<D> {
-    /// Holds the reply `buf` until follow-ups `ids` are done.
-    pub(crate) fn hold_reply(&mut self, ids: Vec<u64>, origin: u16, conn: ConnRef, buf: Vec<u8>) {
-        let give_up = self.now + CLIENT_PATIENCE;
-        self.outbox.holds.push(Hold { ids, origin, conn, buf, give_up });
+impl Outbox {
+    /// Holds the reply `buf` until follow-ups `ids` are done, from `now`.
+    pub(crate) fn hold_reply(
+        &mut self,
+        now: Instant,
+        ids: Vec<u64>,
+        origin: u16,
+        conn: ConnRef,
+        buf: Vec<u8>,
+    ) {
+        let give_up = now + CLIENT_PATIENCE;
+        self.holds.push(Hold { ids, origin, conn, buf, give_up });
     }
 
-    /// Whether a held reply waits for a follow-up not yet durable (so the
-    /// round commits now instead of at the commit interval).
-    pub(crate) fn holds_wait_for_commit(&self) -> bool {
-        !self.outbox.holds.is_empty() && self.shard.has_pending_follow_ups()
-    }
-
-    fn shape_of(&self) -> Option<(u32, u32)> {
-        self.peers.shape()
+    /// Whether a held reply waits for a follow-up not yet durable on `shard`
+    /// (so the round commits now instead of at the commit interval).
+    pub(crate) fn holds_wait_for_commit<D: Device>(&self, shard: &Shard<D>) -> bool {
+        !self.holds.is_empty() && shard.has_pending_follow_ups()
     }
 
     /// Takes new durable follow-ups, polls answers, sends what is due; returns
     /// the work done.
-    pub(crate) fn poll_follow_ups(&mut self) -> usize {
+    pub(crate) fn poll<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
         let mut work = 0;
-        for up in self.shard.take_ready_follow_ups() {
+        for up in h.shard().take_ready_follow_ups() {
             log::debug!(
                 "worker {}: follow-up {:#x} {:?} to {:?}",
-                self.id,
+                h.worker_id(),
                 up.id,
                 up.op,
                 up.target
             );
-            self.outbox.entries.insert(up.id, Pending { up, left: None });
+            self.entries.insert(up.id, Pending { up, left: None });
             work += 1;
         }
-        if self.outbox.entries.is_empty() && self.outbox.holds.is_empty() {
+        if self.entries.is_empty() && self.holds.is_empty() {
             return work;
         }
-        if let Some((servers, workers)) = self.shape_of() {
-            let me = self.shard.id();
-            let block = u64::from(self.shard.geometry().block_size);
+        if let Some((servers, workers)) = h.shape() {
+            let me = h.shard().id();
+            let block = u64::from(h.shard().geometry().block_size);
             let mut empty = Vec::new();
-            for (id, p) in self.outbox.entries.iter_mut().filter(|(_, p)| p.left.is_none()) {
+            for (id, p) in self.entries.iter_mut().filter(|(_, p)| p.left.is_none()) {
                 let targets = targets(&p.up, me, block, servers, workers);
-                log::debug!("worker {}: follow-up {id:#x} goes to {targets:?}", self.id);
+                log::debug!("worker {}: follow-up {id:#x} goes to {targets:?}", h.worker_id());
                 if targets.is_empty() {
                     empty.push(*id);
                 }
@@ -133,45 +137,44 @@ impl<D: Device> Worker<D> {
             }
             for id in empty {
                 work += 1;
-                self.follow_finished(id);
+                self.follow_finished(h, id);
             }
         }
-        work += self.poll_streams();
-        work += self.send_streams();
-        work += self.expire_holds();
+        work += self.poll_streams(h);
+        work += self.send_streams(h);
+        work += self.expire_holds(h);
         work
     }
 
-    fn poll_streams(&mut self) -> usize {
+    fn poll_streams<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
         let mut work = 0;
         let busy: Vec<(Shard2, RequestId)> = self
-            .outbox
             .streams
             .iter()
             .filter_map(|(t, s)| s.sent.as_ref().map(|(id, _)| (*t, *id)))
             .collect();
         for (target, req) in busy {
-            let outcome = match self.peer_poll(target.0, req) {
+            let outcome = match h.poll(target.0, req) {
                 Ok(None) => continue,
                 Ok(Some(Ok(Reply::FollowUps { .. }))) => Ok(()),
                 Ok(Some(Ok(other))) => Err(format!("answered {:?}", other.opcode())),
                 Ok(Some(Err(e))) => Err(e.to_string()),
                 Err(e) => {
-                    self.peers.forget_conn(target.0);
+                    h.forget_conn(target.0);
                     Err(e)
                 }
             };
             work += 1;
-            let stream = self.outbox.streams.get_mut(&target).expect("polled above");
+            let stream = self.streams.get_mut(&target).expect("polled above");
             let (_, ids) = stream.sent.take().expect("in flight");
             match outcome {
                 Ok(()) => {
                     for id in ids {
-                        let Some(p) = self.outbox.entries.get_mut(&id) else { continue };
+                        let Some(p) = self.entries.get_mut(&id) else { continue };
                         if let Some(left) = p.left.as_mut() {
                             left.retain(|t| *t != target);
                             if left.is_empty() {
-                                self.follow_finished(id);
+                                self.follow_finished(h, id);
                             }
                         }
                     }
@@ -179,25 +182,25 @@ impl<D: Device> Worker<D> {
                 Err(e) => {
                     log::warn!(
                         "worker {}: follow-ups to server {} worker {}: {e}; sending again",
-                        self.id,
+                        h.worker_id(),
                         target.0,
                         target.1
                     );
-                    stream.retry_at = Some(self.now + RETRY_AFTER);
+                    stream.retry_at = Some(h.now() + RETRY_AFTER);
                 }
             }
         }
         work
     }
 
-    fn send_streams(&mut self) -> usize {
+    fn send_streams<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
         // The oldest follow-ups of each target with nothing in flight.
         let mut batches: BTreeMap<Shard2, Vec<(u64, FollowOp)>> = BTreeMap::new();
-        for (id, p) in &self.outbox.entries {
+        for (id, p) in &self.entries {
             let Some(left) = &p.left else { continue };
             for t in left {
-                let s = self.outbox.streams.get(t);
-                if s.is_some_and(|s| s.sent.is_some() || s.retry_at.is_some_and(|r| r > self.now)) {
+                let s = self.streams.get(t);
+                if s.is_some_and(|s| s.sent.is_some() || s.retry_at.is_some_and(|r| r > h.now())) {
                     continue;
                 }
                 let b = batches.entry(*t).or_default();
@@ -207,27 +210,26 @@ impl<D: Device> Worker<D> {
             }
         }
         let mut work = 0;
-        let from = self.shard.id();
+        let from = h.shard().id();
         for (target, ops) in batches {
             let ids: Vec<u64> = ops.iter().map(|(id, _)| *id).collect();
-            let stream = self.outbox.streams.entry(target).or_default();
+            let stream = self.streams.entry(target).or_default();
             stream.retry_at = None;
-            match self.peer_send(target.0, target.1, Request::FollowUps { from, ops }) {
+            match h.send(target.0, target.1, Request::FollowUps { from, ops }) {
                 Ok(req) => {
                     work += 1;
-                    self.outbox.streams.get_mut(&target).expect("made above").sent =
-                        Some((req, ids));
+                    self.streams.get_mut(&target).expect("made above").sent = Some((req, ids));
                 }
                 Err(e) => {
                     if e.is_failure() {
                         log::warn!(
                             "worker {}: cannot reach server {} for follow-ups: {e}",
-                            self.id,
+                            h.worker_id(),
                             target.0
                         );
                     }
-                    self.outbox.streams.get_mut(&target).expect("made above").retry_at =
-                        Some(e.retry_at(self.now));
+                    self.streams.get_mut(&target).expect("made above").retry_at =
+                        Some(e.retry_at(h.now()));
                 }
             }
         }
@@ -236,19 +238,19 @@ impl<D: Device> Worker<D> {
 
     /// Every target answered follow-up `id`: its record goes, and replies
     /// waiting only for it are sent.
-    fn follow_finished(&mut self, id: u64) {
-        self.outbox.entries.remove(&id);
-        if let Err(e) = self.shard.follow_done(id) {
-            log::error!("worker {}: cannot delete follow-up {id:#x}: {e}", self.id);
+    fn follow_finished<D: Device>(&mut self, h: &mut impl Host<D>, id: u64) {
+        self.entries.remove(&id);
+        if let Err(e) = h.shard().follow_done(id) {
+            log::error!("worker {}: cannot delete follow-up {id:#x}: {e}", h.worker_id());
         }
-        self.mark_dirty();
+        h.changed();
         let mut i = 0;
-        while i < self.outbox.holds.len() {
-            let h = &mut self.outbox.holds[i];
-            h.ids.retain(|x| *x != id);
-            if h.ids.is_empty() {
-                let h = self.outbox.holds.swap_remove(i);
-                self.route_reply(h.origin, h.conn, h.buf);
+        while i < self.holds.len() {
+            let hold = &mut self.holds[i];
+            hold.ids.retain(|x| *x != id);
+            if hold.ids.is_empty() {
+                let hold = self.holds.swap_remove(i);
+                h.send_reply(hold.origin, hold.conn, hold.buf);
             } else {
                 i += 1;
             }
@@ -257,17 +259,17 @@ impl<D: Device> Worker<D> {
 
     /// Held replies whose follow-ups take too long: the client is told the
     /// operation will complete (it is durable here; the follow-up is re-sent).
-    fn expire_holds(&mut self) -> usize {
+    fn expire_holds<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
         let mut work = 0;
         let mut i = 0;
-        while i < self.outbox.holds.len() {
-            if self.now < self.outbox.holds[i].give_up {
+        while i < self.holds.len() {
+            if h.now() < self.holds[i].give_up {
                 i += 1;
                 continue;
             }
-            let h = self.outbox.holds.swap_remove(i);
+            let hold = self.holds.swap_remove(i);
             work += 1;
-            let Ok(header) = FrameHeader::decode(&h.buf) else { continue };
+            let Ok(header) = FrameHeader::decode(&hold.buf) else { continue };
             let op = pfs_core::wire::Opcode::from_u16(header.opcode)
                 .unwrap_or(pfs_core::wire::Opcode::StatFs);
             let error = FsError::Io(
@@ -281,7 +283,7 @@ impl<D: Device> Worker<D> {
                 body: Body::Error { op, error },
             };
             let buf = frame.to_bytes().expect("an error frame always encodes");
-            self.route_reply(h.origin, h.conn, buf);
+            h.send_reply(hold.origin, hold.conn, buf);
         }
         work
     }

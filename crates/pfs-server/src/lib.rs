@@ -3,6 +3,8 @@
 //! - [`cross`]: the coordinator of cross-shard renames (intent, dispatch,
 //!   finish, recovery) and the connections to other servers.
 //! - [`rmdir`]: rmdir of a `bigdir` directory, sealed on every shard first.
+//! - `host`: what a worker lends the multi-shard state machines it drives
+//!   (`cross`, `rmdir`), so they never see the worker.
 //! - [`exec`]: one wire request run on a shard (the only request-to-shard mapping).
 //! - [`fsck`]: the offline checker of stopped servers' shards (`pfs fsck`).
 //! - [`worker`]: a worker thread: its shard, its connections, the SPSC rings to
@@ -20,6 +22,7 @@ pub mod cross;
 pub mod exec;
 pub mod follow;
 pub mod fsck;
+mod host;
 pub mod master;
 pub mod memcpy;
 pub mod msg;

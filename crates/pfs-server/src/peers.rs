@@ -11,7 +11,7 @@
 //!
 //! A message to another worker of this server does not leave the process: it
 //! travels over the worker rings as any forwarded request does
-//! ([`Worker::peer_send`]), named by a request id with [`LOCAL_BIT`] set, and
+//! ([`Peers::local_message`]), named by a request id with [`LOCAL_BIT`] set, and
 //! its reply comes back as a forwarded reply to a connection slot no
 //! connection has ([`LOCAL_SLOT`]), which hands it to these tables.
 
@@ -24,10 +24,8 @@ use std::time::{Duration, Instant};
 use pfs_core::wire::{Body, Frame, Reply, Request, Sum, View};
 use pfs_core::{ClientId, FsError, RequestId, ServerId, WorkerId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
-use pfs_store::device::Device;
 
-use crate::msg::{ConnRef, Task};
-use crate::worker::Worker;
+use crate::msg::ConnRef;
 
 /// The connection slot that stands for this worker's own requests to other
 /// workers: their replies come back addressed to it.
@@ -291,49 +289,41 @@ impl Peers {
     }
 }
 
-impl<D: Device> Worker<D> {
-    /// The server this worker belongs to.
-    fn own_server(&self) -> ServerId {
-        ServerId(self.shard.id().0 / self.workers())
-    }
-
-    /// Sends `req` to `worker` of `server`: over the rings when it is another
-    /// worker of this server, else over a connection ([`Peers::send`]).
-    pub(crate) fn peer_send(
+impl Peers {
+    /// A message to `worker` of this server, to travel over the worker rings
+    /// as a forwarded request: its request id (with [`LOCAL_BIT`]), the
+    /// connection slot its reply comes back to ([`LOCAL_SLOT`]), and the
+    /// encoded frame.
+    pub(crate) fn local_message(
         &mut self,
-        server: ServerId,
         worker: WorkerId,
         req: Request,
-    ) -> Result<RequestId, PeerError> {
-        if server != self.own_server() || worker.0 == u32::from(self.id) {
-            return self.peers.send(server, worker, req);
-        }
-        let id = self.peers.local_id();
+    ) -> Result<(RequestId, ConnRef, Vec<u8>), PeerError> {
+        let id = self.local_id();
         let request_id = RequestId(LOCAL_BIT | u64::from(id));
         let frame = Frame { request_id, client: ClientId(0), body: Body::Request(req) };
         let mut buf = Vec::new();
         if let Err(e) = frame.encode_as(&mut buf, ClientId(0), request_id, worker.0 as u16) {
-            self.peers.local.remove(&id);
+            self.local.remove(&id);
             return Err(PeerError::Failed(format!(
                 "cannot encode a message to worker {worker}: {e}"
             )));
         }
-        let conn = ConnRef { slot: LOCAL_SLOT, gen: id, sum: Sum::Full };
-        self.push(worker.0 as u16, Task::Request { from: self.id, conn, buf });
-        Ok(request_id)
+        Ok((request_id, ConnRef { slot: LOCAL_SLOT, gen: id, sum: Sum::Full }, buf))
     }
 
-    /// The reply to `id`, sent with [`peer_send`](Self::peer_send) to
-    /// `server`, if it came: `Ok(None)` while waiting.
-    pub(crate) fn peer_poll(
+    /// The reply to `id`, sent to `server` (over a connection, or over the
+    /// rings: [`local_message`](Self::local_message)), if it came: `Ok(None)`
+    /// while waiting.
+    pub(crate) fn reply(
         &mut self,
         server: ServerId,
         id: RequestId,
     ) -> Result<Option<Result<Reply, FsError>>, String> {
         if id.0 & LOCAL_BIT != 0 {
-            return self.peers.poll_local(id.0 as u32);
+            return self.poll_local(id.0 as u32);
         }
-        self.peers.poll(server, id)
+        self.poll(server, id)
     }
 }
 

@@ -22,8 +22,8 @@ use pfs_core::{FileType, FsError, InodeId, Opcode, RequestId, ServerId, WorkerId
 use pfs_store::device::Device;
 use pfs_store::shard::txn::PARTICIPANT_BIT;
 
+use crate::host::Host;
 use crate::msg::{Waiter, CROSS_MAX};
-use crate::worker::Worker;
 
 /// First byte of an rmdir intent record.
 pub const RMDIR_INTENT: u8 = 2;
@@ -48,7 +48,7 @@ enum Seal {
 
 /// One rmdir in progress.
 #[derive(Debug)]
-pub struct RmdirOp {
+struct RmdirOp {
     txn: u64,
     parent: InodeId,
     name: Vec<u8>,
@@ -60,12 +60,44 @@ pub struct RmdirOp {
     unsealing: bool,
     /// The commit that makes the intent durable: no shard is asked before it
     /// finished (`Shard::commits_done`).
-    pub(crate) durable_at: u64,
+    durable_at: u64,
 }
 
 impl RmdirOp {
+    /// A new op over every shard of the cluster's `shape` (servers, workers
+    /// each), to be asked from `now`.
+    fn new(
+        txn: u64,
+        parent: InodeId,
+        name: Vec<u8>,
+        dir: InodeId,
+        shape: (u32, u32),
+        now: Instant,
+    ) -> RmdirOp {
+        let mut op = RmdirOp {
+            txn,
+            parent,
+            name,
+            dir,
+            waiter: None,
+            shards: Vec::new(),
+            unsealing: false,
+            durable_at: 0,
+        };
+        op.ask_all(shape, now);
+        op
+    }
+
+    /// Every shard of `servers` x `workers` to be asked from `now`.
+    fn ask_all(&mut self, (servers, workers): (u32, u32), now: Instant) {
+        self.shards = (0..servers)
+            .flat_map(|s| (0..workers).map(move |w| (ServerId(s), WorkerId(w))))
+            .map(|sw| (sw, Seal::Unsent(now)))
+            .collect();
+    }
+
     /// Whether a request to a peer shard is in flight.
-    pub(crate) fn awaiting_peer(&self) -> bool {
+    fn awaiting_peer(&self) -> bool {
         self.shards
             .iter()
             .any(|(_, s)| matches!(s, Seal::Sent(id) if crate::peers::over_network(*id)))
@@ -97,67 +129,76 @@ fn decode(b: &[u8]) -> Option<(InodeId, Vec<u8>, InodeId)> {
         .then(|| (parent, name, InodeId(u64::from_le_bytes(rest.try_into().expect("8")))))
 }
 
-impl<D: Device> Worker<D> {
+/// The bigdir rmdirs a worker coordinates, each a state machine its worker
+/// advances once per round ([`Rmdirs::poll`]).
+#[derive(Debug, Default)]
+pub(crate) struct Rmdirs {
+    ops: Vec<RmdirOp>,
+}
+
+impl Rmdirs {
+    /// Whether none is under way.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Whether one waits for its intent to be durable, `done` commits having
+    /// finished.
+    pub(crate) fn wait_for_commit(&self, done: u64) -> bool {
+        self.ops.iter().any(|r| r.durable_at > done)
+    }
+
+    /// Whether one waits for a reply from another server.
+    pub(crate) fn awaiting_peer(&self) -> bool {
+        self.ops.iter().any(RmdirOp::awaiting_peer)
+    }
+
     /// Step 1 for a client's `RmdirBigDir`; the reply comes later.
-    pub(crate) fn start_rmdir(
+    pub(crate) fn start<D: Device>(
         &mut self,
+        h: &mut impl Host<D>,
         waiter: Waiter,
         parent: InodeId,
         name: Vec<u8>,
     ) -> Result<(), FsError> {
-        if self.rmdirs.len() >= CROSS_MAX {
+        if self.ops.len() >= CROSS_MAX {
             return Err(FsError::TryAgain);
         }
-        let entry = self.shard.lookup(parent, &name)?;
+        let entry = h.shard().lookup(parent, &name)?;
         if entry.kind != FileType::Directory {
             return Err(FsError::NotDir);
         }
-        let Some((servers, workers)) = self.peers.shape() else { return Err(FsError::TryAgain) };
-        let txn = self.new_txn()?;
-        self.shard.txn_record(txn, &encode(parent, &name, entry.ino))?;
+        let Some(shape) = h.shape() else { return Err(FsError::TryAgain) };
+        let shard = h.shard();
+        let txn = shard.new_txn_id()?;
+        shard.txn_record(txn, &encode(parent, &name, entry.ino))?;
         // Durable before any shard seals: asked once the commit finished.
-        let durable_at = self.shard.next_commit();
-        self.mark_dirty();
+        let durable_at = shard.next_commit();
         // A failure fails the shard, which stops the server.
-        let _ = self.shard.start_commit();
-        let mut op = self.rmdir_op(txn, parent, name, entry.ino, servers, workers);
+        let _ = shard.start_commit();
+        h.changed();
+        let mut op = RmdirOp::new(txn, parent, name, entry.ino, shape, h.now());
         op.waiter = Some(waiter);
         op.durable_at = durable_at;
-        self.rmdirs.push(op);
+        self.ops.push(op);
         Ok(())
     }
 
-    fn rmdir_op(
-        &self,
-        txn: u64,
-        parent: InodeId,
-        name: Vec<u8>,
-        dir: InodeId,
-        servers: u32,
-        workers: u32,
-    ) -> RmdirOp {
-        let shards = (0..servers)
-            .flat_map(|s| (0..workers).map(move |w| (ServerId(s), WorkerId(w))))
-            .map(|sw| (sw, Seal::Unsent(self.now)))
-            .collect();
-        RmdirOp { txn, parent, name, dir, waiter: None, shards, unsealing: false, durable_at: 0 }
-    }
-
-    /// An rmdir intent left by a crash: run it again.
-    pub(crate) fn recover_rmdir(&mut self, txn: u64, data: &[u8]) {
+    /// An rmdir intent left by a crash, record `data` of transaction `txn`:
+    /// run it again.
+    pub(crate) fn recover(&mut self, worker: u16, txn: u64, data: &[u8]) {
         let Some((parent, name, dir)) = decode(data) else {
-            log::error!("worker {}: rmdir intent {txn:#x} does not decode; left as is", self.id);
+            log::error!("worker {worker}: rmdir intent {txn:#x} does not decode; left as is");
             return;
         };
         // The view arrives with the first heartbeat; until then the shape is
         // unknown, so the op starts with no shards and is filled in when polled.
         let decided = data.first() == Some(&RMDIR_DECIDED);
         log::info!(
-            "worker {}: resuming rmdir {txn:#x} left by a crash{}",
-            self.id,
+            "worker {worker}: resuming rmdir {txn:#x} left by a crash{}",
             if decided { " (decided: unsealing)" } else { "" }
         );
-        self.rmdirs.push(RmdirOp {
+        self.ops.push(RmdirOp {
             txn,
             parent,
             name,
@@ -170,99 +211,97 @@ impl<D: Device> Worker<D> {
     }
 
     /// Advances every rmdir in progress; returns the work done.
-    pub(crate) fn poll_rmdirs(&mut self) -> usize {
+    pub(crate) fn poll<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        let id = h.worker_id();
         let mut work = 0;
-        let mut ops = std::mem::take(&mut self.rmdirs);
-        let mut keep = Vec::with_capacity(ops.len());
-        for mut op in ops.drain(..) {
-            if self.shard.commits_done() < op.durable_at {
+        let mut keep = Vec::with_capacity(self.ops.len());
+        for mut op in self.ops.drain(..) {
+            if h.shard().commits_done() < op.durable_at {
                 keep.push(op);
                 continue;
             }
             if op.shards.is_empty() {
-                match self.peers.shape() {
-                    Some((s, w)) => {
-                        let fresh = self.rmdir_op(op.txn, op.parent, op.name.clone(), op.dir, s, w);
-                        op.shards = fresh.shards;
-                    }
+                match h.shape() {
+                    Some(shape) => op.ask_all(shape, h.now()),
                     None => {
                         keep.push(op);
                         continue;
                     }
                 }
             }
-            work += self.advance_seals(&mut op);
+            work += Self::advance_seals(h, &mut op);
             let answered =
                 op.shards.iter().all(|(_, s)| matches!(s, Seal::Sealed | Seal::Refused(_)));
             if answered && op.unsealing {
                 work += 1;
-                if let Err(e) = self.shard.txn_forget(op.txn) {
-                    log::error!("worker {}: cannot drop rmdir intent {:#x}: {e}", self.id, op.txn);
+                if let Err(e) = h.shard().txn_forget(op.txn) {
+                    log::error!("worker {id}: cannot drop rmdir intent {:#x}: {e}", op.txn);
                 }
-                self.mark_dirty();
+                h.changed();
             } else if answered {
                 work += 1;
-                self.decide_rmdir(&mut op);
+                Self::decide(h, &mut op);
                 keep.push(op);
             } else {
-                if let Some(w) = op.waiter.take_if(|w| self.now >= w.give_up) {
+                if let Some(w) = op.waiter.take_if(|w| h.now() >= w.give_up) {
                     let error = FsError::Io(
                         "rmdir waits for a server that does not answer; it completes when it does"
                             .into(),
                     );
-                    self.answer(w, Body::Error { op: Opcode::RmdirBigDir, error });
+                    h.answer(w, Body::Error { op: Opcode::RmdirBigDir, error });
                 }
                 keep.push(op);
             }
         }
-        keep.append(&mut self.rmdirs);
-        self.rmdirs = keep;
+        self.ops = keep;
         work
     }
 
-    fn advance_seals(&mut self, op: &mut RmdirOp) -> usize {
-        let me = self.shard.id().0;
+    fn advance_seals<D: Device>(h: &mut impl Host<D>, op: &mut RmdirOp) -> usize {
+        let id = h.worker_id();
+        let me = h.shard().id().0;
+        let workers = h.workers();
+        let now = h.now();
         let mut work = 0;
         let (txn, dir, unsealing) = (op.txn, op.dir, op.unsealing);
         for ((server, worker), seal) in op.shards.iter_mut() {
-            let g = self.shard_of(*server, *worker);
+            let g = pfs_core::routing::shard_of(*server, *worker, workers).0;
             match seal.clone() {
-                Seal::Unsent(at) if self.now >= at => {
+                Seal::Unsent(at) if now >= at => {
                     work += 1;
                     if g == me {
                         let local = match unsealing {
-                            true => self.shard.txn_forget(txn | PARTICIPANT_BIT),
-                            false => self.shard.seal_dir(txn, dir),
+                            true => h.shard().txn_forget(txn | PARTICIPANT_BIT),
+                            false => h.shard().seal_dir(txn, dir),
                         };
                         *seal = match local {
                             Ok(()) => Seal::Sealed,
                             Err(e) if unsealing || matches!(e, FsError::Io(_)) => {
-                                Seal::Unsent(self.now + RETRY_AFTER)
+                                Seal::Unsent(now + RETRY_AFTER)
                             }
                             Err(e) => Seal::Refused(e),
                         };
-                        self.mark_dirty();
+                        h.changed();
                         continue;
                     }
                     let req = match unsealing {
                         true => Request::TxnForget { txn },
                         false => Request::SealDir { txn, dir },
                     };
-                    *seal = match self.peer_send(*server, *worker, req) {
-                        Ok(id) => Seal::Sent(id),
+                    *seal = match h.send(*server, *worker, req) {
+                        Ok(sent) => Seal::Sent(sent),
                         Err(e) => {
                             if e.is_failure() {
                                 log::warn!(
-                                    "worker {}: rmdir {txn:#x}: cannot reach server {server}: {e}",
-                                    self.id
+                                    "worker {id}: rmdir {txn:#x}: cannot reach server {server}: {e}"
                                 );
                             }
-                            Seal::Unsent(e.retry_at(self.now))
+                            Seal::Unsent(e.retry_at(now))
                         }
                     };
                 }
-                Seal::Sent(id) => {
-                    match self.peer_poll(*server, id) {
+                Seal::Sent(sent) => {
+                    match h.poll(*server, sent) {
                         Ok(None) => {}
                         Ok(Some(Ok(Reply::SealDir | Reply::TxnForget))) => {
                             work += 1;
@@ -281,20 +320,22 @@ impl<D: Device> Worker<D> {
                             if unsealing || matches!(e, FsError::Io(_) | FsError::TimedOut) =>
                         {
                             log::warn!(
-                                "worker {}: rmdir {txn:#x}: server {server} answered {e}; \
-                                 asking again",
-                                self.id
+                                "worker {id}: rmdir {txn:#x}: server {server} answered {e}; \
+                                 asking again"
                             );
-                            *seal = Seal::Unsent(self.now + RETRY_AFTER);
+                            *seal = Seal::Unsent(now + RETRY_AFTER);
                         }
                         Ok(Some(Err(e))) => {
                             work += 1;
                             *seal = Seal::Refused(e);
                         }
                         Err(e) => {
-                            log::warn!("worker {}: rmdir {txn:#x}: server {server} failed: {e}; asking again", self.id);
-                            self.peers.forget_conn(*server);
-                            *seal = Seal::Unsent(self.now + RETRY_AFTER);
+                            log::warn!(
+                                "worker {id}: rmdir {txn:#x}: server {server} failed: {e}; \
+                                 asking again"
+                            );
+                            h.forget_conn(*server);
+                            *seal = Seal::Unsent(now + RETRY_AFTER);
                         }
                     }
                 }
@@ -304,27 +345,25 @@ impl<D: Device> Worker<D> {
         work
     }
 
-    fn shard_of(&self, server: ServerId, worker: WorkerId) -> u32 {
-        pfs_core::routing::shard_of(server, worker, self.workers()).0
-    }
-
     /// Every shard answered: remove the directory if all sealed, answer the
     /// client, and start unsealing.
-    fn decide_rmdir(&mut self, op: &mut RmdirOp) {
+    fn decide<D: Device>(h: &mut impl Host<D>, op: &mut RmdirOp) {
+        let id = h.worker_id();
         let refusal = op.shards.iter().find_map(|(_, s)| match s {
             Seal::Refused(e) => Some(e.clone()),
             _ => None,
         });
+        let shard = h.shard();
         let body = match refusal {
             Some(error) => Body::Error { op: Opcode::RmdirBigDir, error },
             None => {
-                let remote = !self.shard.has_inode(op.dir);
+                let remote = !shard.has_inode(op.dir);
                 // The name must still be the directory that was sealed: one made
                 // again under the same name (after a crash, before recovery ran)
                 // is not the one this transaction checked.
-                let same = self.shard.lookup(op.parent, &op.name).map(|e| e.ino == op.dir);
+                let same = shard.lookup(op.parent, &op.name).map(|e| e.ino == op.dir);
                 let removed = match same {
-                    Ok(true) => self.shard.rmdir(op.parent, &op.name),
+                    Ok(true) => shard.rmdir(op.parent, &op.name),
                     Ok(false) => Err(FsError::NotFound),
                     Err(e) => Err(e),
                 };
@@ -341,17 +380,18 @@ impl<D: Device> Worker<D> {
         // The decision is logged before the client hears it (the answer waits
         // for the commit): a recovery must not redo an rmdir it was told failed.
         let decided = encode_as(RMDIR_DECIDED, op.parent, &op.name, op.dir);
-        if let Err(e) = self.shard.txn_record(op.txn, &decided) {
-            log::error!("worker {}: rmdir {:#x}: cannot log the decision: {e}", self.id, op.txn);
+        if let Err(e) = shard.txn_record(op.txn, &decided) {
+            log::error!("worker {id}: rmdir {:#x}: cannot log the decision: {e}", op.txn);
         }
-        self.mark_dirty();
+        h.changed();
         if let Some(w) = op.waiter.take() {
-            self.answer(w, body);
+            h.answer(w, body);
         }
         // A shard that refused holds no seal: forgetting there is a no-op.
         op.unsealing = true;
+        let now = h.now();
         for (_, s) in op.shards.iter_mut() {
-            *s = Seal::Unsent(self.now);
+            *s = Seal::Unsent(now);
         }
     }
 }

@@ -14,7 +14,7 @@ use pfs_core::wire::Request;
 use pfs_core::{FsError, InodeId, RequestId, ServerId};
 use pfs_store::device::Device;
 
-use crate::worker::Worker;
+use crate::host::Host;
 
 /// Pause between two batches.
 const EVERY: Duration = Duration::from_secs(2);
@@ -41,20 +41,20 @@ impl Sweep {
     }
 }
 
-impl<D: Device> Worker<D> {
+impl Sweep {
     /// Runs the sweep when due; returns the work done.
-    pub(crate) fn poll_sweep(&mut self) -> usize {
-        if self.sweep.asked.is_empty() {
-            if self.now < self.sweep.next_at {
+    pub(crate) fn poll<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        if self.asked.is_empty() {
+            if h.now() < self.next_at {
                 return 0;
             }
-            return self.sweep_batch();
+            return self.batch(h);
         }
         let mut work = 0;
         let mut i = 0;
-        while i < self.sweep.asked.len() {
-            let (ino, server, req) = self.sweep.asked[i];
-            let answer = match self.peer_poll(server, req) {
+        while i < self.asked.len() {
+            let (ino, server, req) = self.asked[i];
+            let answer = match h.poll(server, req) {
                 Ok(None) => {
                     i += 1;
                     continue;
@@ -62,48 +62,45 @@ impl<D: Device> Worker<D> {
                 Ok(Some(a)) => Some(a),
                 Err(_) => None,
             };
-            self.sweep.asked.swap_remove(i);
+            self.asked.swap_remove(i);
             work += 1;
             if let Some(Err(FsError::NotFound)) = answer {
-                match self.shard.free_foreign(ino) {
+                match h.shard().free_foreign(ino) {
                     Ok(()) => {
-                        self.mark_dirty();
+                        h.changed();
                         log::info!(
                             "worker {}: freed the data of inode {ino}, which its home does not \
                              have (a create lost in a crash)",
-                            self.id
+                            h.worker_id()
                         );
                     }
-                    Err(e) => log::warn!("worker {}: freeing data of inode {ino}: {e}", self.id),
+                    Err(e) => {
+                        log::warn!("worker {}: freeing data of inode {ino}: {e}", h.worker_id())
+                    }
                 }
             }
             // Anything else (it exists, or no answer): look again next time round.
         }
-        if self.sweep.asked.is_empty() {
-            self.sweep.next_at = self.now + EVERY;
+        if self.asked.is_empty() {
+            self.next_at = h.now() + EVERY;
         }
         work
     }
 
-    fn sweep_batch(&mut self) -> usize {
-        let (found, last) = self.shard.foreign_data(self.sweep.after, BATCH);
+    fn batch<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        let (found, last) = h.shard().foreign_data(self.after, BATCH);
         // From the start again once the end is reached.
-        self.sweep.after = last.unwrap_or(InodeId(0));
-        self.sweep.next_at = self.now + EVERY;
-        let workers = self.workers();
-        let Some((servers, _)) = self.peers.shape() else { return 0 };
+        self.after = last.unwrap_or(InodeId(0));
+        self.next_at = h.now() + EVERY;
+        let workers = h.workers();
+        let Some((servers, _)) = h.shape() else { return 0 };
         for ino in found {
             let (server, worker) = pfs_core::routing::home_of(ino, servers, workers);
-            match self.peer_send(server, worker, Request::GetAttr { ino }) {
-                Ok(req) => self.sweep.asked.push((ino, server, req)),
+            match h.send(server, worker, Request::GetAttr { ino }) {
+                Ok(req) => self.asked.push((ino, server, req)),
                 Err(_) => break, // That server is away: next time.
             }
         }
-        usize::from(!self.sweep.asked.is_empty())
-    }
-
-    /// Whether a sweep answer is awaited (the worker then does not park).
-    pub(crate) fn sweep_awaits(&self) -> bool {
-        self.sweep.awaiting_peer()
+        usize::from(!self.asked.is_empty())
     }
 }

@@ -21,19 +21,20 @@ use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
 use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, READ_REPLY_PREFIX};
-use pfs_core::{ClientId, FsError, FsResult, RequestId};
+use pfs_core::{ClientId, FsError, FsResult, RequestId, ServerId, WorkerId};
 use pfs_net::poller::READ;
 use pfs_net::{link_sum, Completion, Epoll, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::{Gathered, ReadShape, ReadStart};
 use pfs_store::{DeferredOn, Shard};
 
-use crate::cross::CrossOp;
+use crate::cross::Renames;
 use crate::exec::{execute, execute_write, is_mutation, Durability};
+use crate::host::Host;
 use crate::memcpy::{Job, MemcpyPort};
 use crate::msg::{patience, ConnRef, Doorbell, Task, Waiter};
-use crate::peers::Peers;
-use crate::rmdir::RmdirOp;
+use crate::peers::{PeerError, Peers};
+use crate::rmdir::Rmdirs;
 use crate::tokens::Tokens;
 
 /// Usage a worker publishes for the heartbeat (bytes and inode slots).
@@ -154,7 +155,7 @@ pub struct Worker<D: Device> {
     completions: Vec<Completion>,
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
-    pub(crate) after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
     /// Checkpoints of the shard, and waits for a full log, already logged
     /// (`log_checkpoint`).
     checkpoints_seen: u64,
@@ -176,18 +177,18 @@ pub struct Worker<D: Device> {
     /// its request ran again cannot keep a request waiting for ever.
     deferred_tries: u8,
     dirty_since: Option<Instant>,
-    pub(crate) now: Instant,
+    now: Instant,
     /// Cross-shard renames this worker coordinates.
-    pub(crate) cross: Vec<CrossOp>,
+    cross: Renames,
     /// `bigdir` rmdirs this worker coordinates.
-    pub(crate) rmdirs: Vec<RmdirOp>,
-    pub(crate) peers: Peers,
+    rmdirs: Rmdirs,
+    peers: Peers,
     /// This worker's end of the memcpy pool (none: copies stay on the worker).
     memcpy: Option<MemcpyPort>,
     /// Follow-ups logged on this shard, on their way to their targets.
-    pub(crate) outbox: crate::follow::Outbox,
+    outbox: crate::follow::Outbox,
     /// The sweep of data whose file is gone.
-    pub(crate) sweep: crate::sweep::Sweep,
+    sweep: crate::sweep::Sweep,
     tokens: Tokens,
     clients: ClientRegistry,
     fail_stop: FailStop,
@@ -421,8 +422,8 @@ impl<D: Device> Worker<D> {
             deferred_tries: 0,
             dirty_since: None,
             now: Instant::now(),
-            cross: Vec::new(),
-            rmdirs: Vec::new(),
+            cross: Renames::default(),
+            rmdirs: Rmdirs::default(),
             peers,
             memcpy,
             outbox: crate::follow::Outbox::default(),
@@ -433,8 +434,29 @@ impl<D: Device> Worker<D> {
             inline_key: None,
         };
         w.publish_usage();
-        w.recover_cross();
+        w.recover_intents();
         Ok(w)
+    }
+
+    /// Picks up the intents a previous run left in the shard's transaction
+    /// table (after a crash): cross-shard renames and bigdir rmdirs resume.
+    fn recover_intents(&mut self) {
+        for (txn, data) in self.shard.txns() {
+            if txn & pfs_store::shard::txn::PARTICIPANT_BIT != 0 {
+                continue;
+            }
+            if pfs_store::shard::follow::decode_follow(txn, &data).is_some() {
+                continue; // Sent by the outbox (follow.rs).
+            }
+            if matches!(
+                data.first(),
+                Some(&(crate::rmdir::RMDIR_INTENT | crate::rmdir::RMDIR_DECIDED))
+            ) {
+                self.rmdirs.recover(self.id, txn, &data);
+            } else {
+                self.cross.recover(self.id, self.now, txn, &data);
+            }
+        }
     }
 
     /// Serves until the stop flag is set, then commits and checkpoints the shard.
@@ -666,15 +688,23 @@ impl<D: Device> Worker<D> {
             work += self.take_copied();
         }
         if !self.cross.is_empty() {
-            work += self.poll_cross();
+            let mut cross = std::mem::take(&mut self.cross);
+            work += cross.poll(self);
+            self.cross = cross;
         }
         if !self.rmdirs.is_empty() {
-            work += self.poll_rmdirs();
+            let mut rmdirs = std::mem::take(&mut self.rmdirs);
+            work += rmdirs.poll(self);
+            self.rmdirs = rmdirs;
         }
         if !self.outbox.is_idle() || self.shard.has_ready_follow_ups() {
-            work += self.poll_follow_ups();
+            let mut outbox = std::mem::take(&mut self.outbox);
+            work += outbox.poll(self);
+            self.outbox = outbox;
         }
-        work += self.poll_sweep();
+        let mut sweep = std::mem::replace(&mut self.sweep, crate::sweep::Sweep::new(self.now));
+        work += sweep.poll(self);
+        self.sweep = sweep;
         work += self.flush_backlog();
         // Finished data writes give back their buffers (a failed one fails
         // the shard, seen below); finished reads are answered.
@@ -717,7 +747,7 @@ impl<D: Device> Worker<D> {
         }
         work += self.release_committed();
         let due = !self.after_commit.is_empty()
-            || self.holds_wait_for_commit()
+            || self.outbox.holds_wait_for_commit(&self.shard)
             || self.intents_wait_for_commit()
             || self
                 .dirty_since
@@ -739,8 +769,7 @@ impl<D: Device> Worker<D> {
     /// be durable before it asks another shard.
     fn intents_wait_for_commit(&self) -> bool {
         let done = self.shard.commits_done();
-        self.cross.iter().any(|c| c.durable_at > done)
-            || self.rmdirs.iter().any(|r| r.durable_at > done)
+        self.cross.wait_for_commit(done) || self.rmdirs.wait_for_commit(done)
     }
 
     /// Sends the held replies whose commit finished.
@@ -761,7 +790,7 @@ impl<D: Device> Worker<D> {
     }
 
     /// Holds `buf` until the commit that covers what happened so far finished.
-    pub(crate) fn reply_after_commit(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+    fn reply_after_commit(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
         self.after_commit.push((self.shard.next_commit(), origin, conn, buf));
     }
 
@@ -955,8 +984,8 @@ impl<D: Device> Worker<D> {
             return Some(buf);
         }
         // A name that is the source of a cross-shard rename under way is
-        // locked until the rename ends (`Worker::names_moving`).
-        if !self.cross.is_empty() && self.names_moving(&req) {
+        // locked until the rename ends (`Renames::names_moving`).
+        if !self.cross.is_empty() && self.cross.names_moving(&req) {
             let reply = Frame {
                 request_id: frame.request_id,
                 client: frame.client,
@@ -981,7 +1010,10 @@ impl<D: Device> Worker<D> {
                 client: frame.client,
                 give_up: patience(self.now),
             };
-            return match self.start_rmdir(waiter, parent, name) {
+            let mut rmdirs = std::mem::take(&mut self.rmdirs);
+            let started = rmdirs.start(self, waiter, parent, name);
+            self.rmdirs = rmdirs;
+            return match started {
                 Ok(()) => None,
                 Err(error) => {
                     let reply = Frame {
@@ -1011,9 +1043,11 @@ impl<D: Device> Worker<D> {
                 give_up: patience(self.now),
             };
             let target = (target_server, target_worker);
-            return match self
-                .start_cross_rename(waiter, parent, name, new_parent, new_name, flags, target)
-            {
+            let mut cross = std::mem::take(&mut self.cross);
+            let started =
+                cross.start(self, waiter, parent, name, new_parent, new_name, flags, target);
+            self.cross = cross;
+            return match started {
                 Ok(()) => None,
                 Err(error) => {
                     let reply = Frame {
@@ -1179,7 +1213,7 @@ impl<D: Device> Worker<D> {
         let reply = Frame { request_id, client, body };
         let buf = Self::encode_reply(reply, buf);
         if !held.is_empty() {
-            self.hold_reply(held, origin, conn, buf);
+            self.outbox.hold_reply(self.now, held, origin, conn, buf);
             return None;
         }
         if durability == Durability::AfterCommit {
@@ -1429,7 +1463,7 @@ impl<D: Device> Worker<D> {
     }
 
     /// Sends a reply to connection `conn` of worker `origin` (this one or another).
-    pub(crate) fn route_reply(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+    fn route_reply(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
         if origin == self.id {
             self.send_reply(conn, buf);
         } else {
@@ -1440,7 +1474,7 @@ impl<D: Device> Worker<D> {
     /// Whether the connection `waiter` came on is still open (the registry
     /// forgets a client's connection when it ends). A caller without a client
     /// id is not in the registry: it counts as connected.
-    pub(crate) fn is_connected(&self, waiter: &Waiter) -> bool {
+    fn is_connected(&self, waiter: &Waiter) -> bool {
         if waiter.client.0 == 0 {
             return true;
         }
@@ -1461,11 +1495,11 @@ impl<D: Device> Worker<D> {
     }
 
     /// Notes that the shard changed, so the commit timer runs.
-    pub(crate) fn mark_dirty(&mut self) {
+    fn mark_dirty(&mut self) {
         self.dirty_since.get_or_insert(self.now);
     }
 
-    pub(crate) fn push(&mut self, target: u16, task: Task) {
+    fn push(&mut self, target: u16, task: Task) {
         if !self.backlog.is_empty() {
             self.backlog.push_back((target, task));
             return;
@@ -1539,7 +1573,7 @@ impl<D: Device> Worker<D> {
 
     /// Workers per server: this server's, which every server shares (the
     /// cluster refuses a server whose count differs), known before the view.
-    pub(crate) fn workers(&self) -> u32 {
+    fn workers(&self) -> u32 {
         self.ring_out.len() as u32
     }
 
@@ -1553,10 +1587,10 @@ impl<D: Device> Worker<D> {
 
     /// Whether a cross-shard step waits for a peer server's reply.
     fn awaiting_peers(&self) -> bool {
-        self.cross.iter().any(|c| c.sent.is_some_and(crate::peers::over_network))
-            || self.rmdirs.iter().any(|r| r.awaiting_peer())
+        self.cross.awaiting_peer()
+            || self.rmdirs.awaiting_peer()
             || self.outbox.awaiting_peer()
-            || self.sweep_awaits()
+            || self.sweep.awaiting_peer()
     }
 
     /// Prepares to sleep until work arrives: arms the doorbell and the
@@ -1684,4 +1718,100 @@ fn wall_clock_ns() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
+}
+/// Messages to other shards (`peers.rs`): over the rings to a worker of this
+/// server, over a connection to another.
+impl<D: Device> Worker<D> {
+    /// The server this worker belongs to.
+    fn own_server(&self) -> ServerId {
+        ServerId(self.shard.id().0 / self.workers())
+    }
+
+    /// Sends `req` to `worker` of `server`: over the rings when it is another
+    /// worker of this server, else over a connection ([`Peers::send`]); its reply comes with
+    /// [`peer_poll`](Self::peer_poll).
+    fn peer_send(
+        &mut self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+    ) -> Result<RequestId, PeerError> {
+        if server != self.own_server() || worker.0 == u32::from(self.id) {
+            return self.peers.send(server, worker, req);
+        }
+        let (request_id, conn, buf) = self.peers.local_message(worker, req)?;
+        self.push(worker.0 as u16, Task::Request { from: self.id, conn, buf });
+        Ok(request_id)
+    }
+
+    /// The reply to `id`, sent with [`peer_send`](Self::peer_send) to
+    /// `server`, if it came: `Ok(None)` while waiting.
+    fn peer_poll(
+        &mut self,
+        server: ServerId,
+        id: RequestId,
+    ) -> Result<Option<Result<Reply, FsError>>, String> {
+        self.peers.reply(server, id)
+    }
+}
+
+impl<D: Device> Host<D> for Worker<D> {
+    fn worker_id(&self) -> u16 {
+        self.id
+    }
+
+    fn now(&self) -> Instant {
+        self.now
+    }
+
+    fn shard(&mut self) -> &mut Shard<D> {
+        &mut self.shard
+    }
+
+    fn workers(&self) -> u32 {
+        Worker::workers(self)
+    }
+
+    fn shape(&self) -> Option<(u32, u32)> {
+        self.peers.shape()
+    }
+
+    fn send(
+        &mut self,
+        server: ServerId,
+        worker: WorkerId,
+        req: Request,
+    ) -> Result<RequestId, PeerError> {
+        self.peer_send(server, worker, req)
+    }
+
+    fn poll(
+        &mut self,
+        server: ServerId,
+        id: RequestId,
+    ) -> Result<Option<Result<Reply, FsError>>, String> {
+        self.peer_poll(server, id)
+    }
+
+    fn forget_conn(&mut self, server: ServerId) {
+        self.peers.forget_conn(server);
+    }
+
+    fn connected(&self, w: &Waiter) -> bool {
+        self.is_connected(w)
+    }
+
+    fn answer(&mut self, w: Waiter, body: Body) {
+        let frame = Frame { request_id: w.request_id, client: w.client, body };
+        let buf = frame.to_bytes().expect("a reply to a multi-shard step always encodes");
+        self.reply_after_commit(w.origin, w.conn, buf);
+    }
+
+    fn changed(&mut self) {
+        self.mark_dirty();
+    }
+
+    fn send_reply(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+        self.route_reply(origin, conn, buf);
+    }
 }

@@ -131,7 +131,7 @@ fn run_seed(seed: u64) {
     let db = db.crash(rng.gen());
     let mut b = Shard::open(db.handle(), 0, opts())
         .unwrap_or_else(|e| panic!("seed {seed}: participant recovery: {e}"));
-    // The coordinator's recovery (`recover_cross`): an intent reruns from step 2.
+    // The coordinator's recovery (`Worker::recover_intents`, `Renames::recover`): an intent reruns from step 2.
     let intent = a.txn(TXN).is_some();
     if intent {
         // Resumed: the participant finishes what it applied, abandons the rest.
