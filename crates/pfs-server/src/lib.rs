@@ -31,6 +31,7 @@ pub mod rmdir;
 pub mod server;
 pub mod signals;
 pub mod spin;
+mod stopped;
 pub mod sweep;
 pub mod tokens;
 pub mod worker;

@@ -26,7 +26,7 @@ use pfs_net::poller::READ;
 use pfs_net::{link_sum, Completion, Epoll, Link, QueuePair, WorkId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::{Gathered, ReadShape, ReadStart};
-use pfs_store::{DeferredOn, Shard};
+use pfs_store::Shard;
 
 use crate::cross::Renames;
 use crate::exec::{execute, execute_write, is_mutation, Durability};
@@ -35,6 +35,7 @@ use crate::memcpy::{Job, MemcpyPort};
 use crate::msg::{patience, ConnRef, Doorbell, Task, Waiter};
 use crate::peers::{PeerError, Peers};
 use crate::rmdir::Rmdirs;
+use crate::stopped::{Progress, Stopped};
 use crate::tokens::Tokens;
 
 /// Usage a worker publishes for the heartbeat (bytes and inode slots).
@@ -165,17 +166,9 @@ pub struct Worker<D: Device> {
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
-    /// Requests that stopped at an inode page being read in the background,
-    /// at data pages a partial write merges, or at a commit it needed first
-    /// (`Shard::set_defer_misses`),
-    /// in arrival order, and the counts of finished background requests when
-    /// they last ran.
-    deferred: Vec<Deferred>,
-    deferred_seen: Progress,
-    /// Times the request being run again was deferred before: past
-    /// `DEFER_TRIES` it reads its page blocking, so a page evicted before
-    /// its request ran again cannot keep a request waiting for ever.
-    deferred_tries: u8,
+    /// Requests that stopped before they changed anything, to run again once
+    /// what they wait for finished (`stopped.rs`).
+    stopped: Stopped,
     dirty_since: Option<Instant>,
     now: Instant,
     /// Cross-shard renames this worker coordinates.
@@ -311,60 +304,6 @@ pub fn ring_mesh(
 const TOKEN_BELL: u64 = 0;
 /// Token of the device's completion descriptor (`Device::completion_fd`).
 const TOKEN_DEVICE: u64 = u64::MAX;
-/// Most requests waiting for inode pages read in the background; past it,
-/// a request reads its page blocking.
-const DEFERRED_MAX: usize = 4096;
-
-/// Background requests finished so far: inode page reads and data requests
-/// (`Shard::icache_reads_done`, `Shard::data_requests_done`).
-type Progress = (u64, u64, u64);
-
-/// A request waiting to run again (`Worker::deferred`).
-struct Deferred {
-    origin: u16,
-    conn: ConnRef,
-    buf: Vec<u8>,
-    /// Times it stopped before.
-    tries: u8,
-    /// What it waits for and the count of those finished when it stopped:
-    /// it runs again once that count moved. `None`: it waits only for an
-    /// earlier request of its connection.
-    waits: Option<(DeferredOn, u64)>,
-}
-
-impl Deferred {
-    /// A request that stopped at what `on` says, having started when the
-    /// counts were `before`: the read or write it waits for finishes after
-    /// that, so the count moves past it.
-    fn after(
-        origin: u16,
-        conn: ConnRef,
-        buf: Vec<u8>,
-        tries: u8,
-        on: DeferredOn,
-        before: Progress,
-    ) -> Deferred {
-        let at = match on {
-            DeferredOn::InodePage => before.0,
-            DeferredOn::Data => before.1,
-            DeferredOn::Commit => before.2,
-        };
-        Deferred { origin, conn, buf, tries, waits: Some((on, at)) }
-    }
-
-    fn ready(&self, now: Progress) -> bool {
-        match self.waits {
-            None => true,
-            Some((DeferredOn::InodePage, at)) => now.0 != at,
-            Some((DeferredOn::Data, at)) => now.1 != at,
-            Some((DeferredOn::Commit, at)) => now.2 != at,
-        }
-    }
-}
-/// Times one request waits for a page read in the background; then it reads
-/// blocking (a page can be evicted again before its request runs).
-const DEFER_TRIES: u8 = 4;
-
 /// Rounds a client thread runs after its own request to leave the worker idle
 /// (`Worker::rearm`); past them, the worker's thread is woken for the rest.
 const REARM_ROUNDS: usize = 4;
@@ -417,9 +356,7 @@ impl<D: Device> Worker<D> {
             log_full_waits_seen: 0,
             checkpoint_seen_running: false,
             reads: HashMap::new(),
-            deferred: Vec::new(),
-            deferred_seen: (0, 0, 0),
-            deferred_tries: 0,
+            stopped: Stopped::default(),
             dirty_since: None,
             now: Instant::now(),
             cross: Renames::default(),
@@ -608,7 +545,7 @@ impl<D: Device> Worker<D> {
         let drain_end = Instant::now() + Duration::from_secs(2);
         for _ in 0..1000 {
             let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
-            let busy = copying || !self.reads.is_empty() || !self.deferred.is_empty();
+            let busy = copying || !self.reads.is_empty() || !self.stopped.is_empty();
             if self.round() == 0 && (!busy || Instant::now() > drain_end) {
                 break;
             }
@@ -712,8 +649,8 @@ impl<D: Device> Worker<D> {
         if !self.reads.is_empty() {
             work += self.send_finished_reads();
         }
-        if !self.deferred.is_empty() {
-            work += self.retry_deferred();
+        if !self.stopped.is_empty() {
+            work += self.run_stopped();
         }
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
@@ -930,11 +867,8 @@ impl<D: Device> Worker<D> {
     fn process_for(&mut self, origin: u16, conn: ConnRef, mut buf: Vec<u8>) -> Option<Vec<u8>> {
         // Behind a request of the same connection that waits for an inode
         // page: runs after it, so one connection's requests keep their order.
-        if !self.deferred.is_empty()
-            && self.deferred.iter().any(|d| (d.origin, d.conn) == (origin, conn))
-        {
-            let tries = std::mem::take(&mut self.deferred_tries);
-            self.deferred.push(Deferred { origin, conn, buf, tries, waits: None });
+        if self.stopped.holds(origin, conn) {
+            self.stopped.queue_behind(origin, conn, buf);
             return None;
         }
         let header = FrameHeader::decode(&buf).expect("checked by the receiver");
@@ -1065,16 +999,16 @@ impl<D: Device> Worker<D> {
         // A read that must go to the device is answered when it is done; one
         // whose inode page is not in memory, or whose pages are being written,
         // stops and runs again once they are (`Shard::set_defer_misses`).
-        let tries = self.deferred_tries;
-        self.shard.set_defer_misses(self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES);
+        let tries = self.stopped.tries();
+        self.shard.set_defer_misses(self.stopped.may_stop(tries));
         let before = self.shard.background_progress();
         let started = self.start_read(req);
         self.shard.set_defer_misses(false);
         let req = match started {
             Ok(started) => {
-                self.deferred_tries = 0;
+                self.stopped.take_tries();
                 if let Some(on) = self.shard.take_deferred() {
-                    self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
+                    self.stopped.stopped(origin, conn, buf, tries, on, before);
                     return None;
                 }
                 let p = PendingRead {
@@ -1132,15 +1066,13 @@ impl<D: Device> Worker<D> {
                 | Request::RemoveXattr { .. }
                 | Request::ReadDir { .. }
         );
-        let tries = std::mem::take(&mut self.deferred_tries);
-        self.shard.set_defer_misses(
-            deferrable && self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES,
-        );
+        let tries = self.stopped.take_tries();
+        self.shard.set_defer_misses(deferrable && self.stopped.may_stop(tries));
         let before = self.shard.background_progress();
         let (result, durability) = execute(&mut self.shard, req);
         self.shard.set_defer_misses(false);
         if let Some(on) = self.shard.take_deferred() {
-            self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
+            self.stopped.stopped(origin, conn, buf, tries, on, before);
             return None;
         }
         let reply = (frame.request_id, frame.client, op, result);
@@ -1155,19 +1087,18 @@ impl<D: Device> Worker<D> {
         // As a metadata request: a write whose inode page, or the old bytes of
         // the block it merges into, are not in memory stops before it changed
         // anything and runs again once they are.
-        let tries = std::mem::take(&mut self.deferred_tries);
+        let tries = self.stopped.take_tries();
         let (request_id, client, op, result) = match Frame::decode_write(&buf) {
             Some(Ok((request_id, client, w))) => {
                 if pfs_core::failpoint::fire("worker.panic") {
                     panic!("failpoint worker.panic, before {:?}", w.opcode());
                 }
-                self.shard
-                    .set_defer_misses(self.deferred.len() < DEFERRED_MAX && tries < DEFER_TRIES);
+                self.shard.set_defer_misses(self.stopped.may_stop(tries));
                 let before = self.shard.background_progress();
                 let result = execute_write(&mut self.shard, &w);
                 self.shard.set_defer_misses(false);
                 if let Some(on) = self.shard.take_deferred() {
-                    self.defer(Deferred::after(origin, conn, buf, tries + 1, on, before));
+                    self.stopped.stopped(origin, conn, buf, tries, on, before);
                     return None;
                 }
                 (request_id, client, w.opcode(), result)
@@ -1312,39 +1243,29 @@ impl<D: Device> Worker<D> {
         }
     }
 
-    /// Keeps a request to run again later.
-    fn defer(&mut self, d: Deferred) {
-        self.deferred.push(d);
-    }
-
     /// The background requests finished so far.
     fn progress(&mut self) -> Progress {
         (self.shard.icache_reads_done(), self.shard.data_requests_done(), self.shard.commits_done())
     }
 
-    /// Runs again the requests that waited for inode pages or data pages,
-    /// once what each waits for moved (in arrival order: one that still
-    /// waits keeps the later ones of its connection behind it); returns how
-    /// many ran.
-    fn retry_deferred(&mut self) -> usize {
+    /// Runs again the requests that stopped, once what each waits for moved
+    /// (in arrival order: one that still waits keeps the later ones of its
+    /// connection behind it); returns how many ran.
+    fn run_stopped(&mut self) -> usize {
         let now = self.progress();
-        if now == self.deferred_seen {
-            return 0;
-        }
-        self.deferred_seen = now;
-        let waiting = std::mem::take(&mut self.deferred);
+        let Some(waiting) = self.stopped.take_all(now) else { return 0 };
         let mut ran = 0;
-        for d in waiting {
-            if !d.ready(now) {
-                self.deferred.push(d);
+        for w in waiting {
+            if !w.ready(now) {
+                self.stopped.put_back(w);
                 continue;
             }
             ran += 1;
-            self.deferred_tries = d.tries;
-            let reply = self.process_for(d.origin, d.conn, d.buf);
-            self.deferred_tries = 0;
+            self.stopped.running(&w);
+            let reply = self.process_for(w.origin, w.conn, w.buf);
+            self.stopped.take_tries();
             if let Some(reply) = reply {
-                self.route_reply(d.origin, d.conn, reply);
+                self.route_reply(w.origin, w.conn, reply);
             }
         }
         ran
@@ -1617,7 +1538,10 @@ impl<D: Device> Worker<D> {
         self.shard.poll_checkpoint();
         self.shard.poll_data_writes();
         let read = self.shard.has_finished_reads()
-            || (!self.deferred.is_empty() && self.progress() != self.deferred_seen);
+            || (!self.stopped.is_empty() && {
+                let now = self.progress();
+                self.stopped.moved(now)
+            });
         let done = self.shard.commits_done();
         let released = self.after_commit.iter().any(|h| h.0 <= done);
         let device_wakes = self.shard.completion_fd().is_some();
@@ -1686,7 +1610,7 @@ impl<D: Device> Worker<D> {
         self.shard.committing()
             || self.shard.checkpointing()
             || !self.reads.is_empty()
-            || !self.deferred.is_empty()
+            || !self.stopped.is_empty()
     }
 
     fn publish_usage(&self) {

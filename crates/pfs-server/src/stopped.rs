@@ -1,0 +1,197 @@
+//! Requests that stopped before they changed anything, to run again once what
+//! they wait for finished (`Shard::set_defer_misses`): an inode page read in
+//! the background, data pages being read or written, or a commit they need
+//! first. The worker keeps serving the others meanwhile (docs/cluster.md,
+//! "Inode pages read in the background").
+//!
+//! Bounded: at most [`STOPPED_MAX`] wait; past that, and for a request that
+//! stopped [`TRIES_MAX`] times, the shard waits for the device instead. Later
+//! requests of a connection with one waiting queue behind it, so one
+//! connection's requests keep their order.
+
+use pfs_store::DeferredOn;
+
+use crate::msg::ConnRef;
+
+/// Most requests waiting; past it, a request waits for the device blocking.
+const STOPPED_MAX: usize = 4096;
+
+/// Times one request stops; then it waits for the device blocking (a page
+/// can be evicted again before its request runs).
+const TRIES_MAX: u8 = 4;
+
+/// Background requests finished so far: inode page reads, data requests and
+/// commits (`Shard::background_progress`).
+pub(crate) type Progress = (u64, u64, u64);
+
+/// A request waiting to run again.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    pub(crate) origin: u16,
+    pub(crate) conn: ConnRef,
+    pub(crate) buf: Vec<u8>,
+    /// Times it stopped before.
+    pub(crate) tries: u8,
+    /// What it waits for and the count of those finished when it stopped:
+    /// it runs again once that count moved. `None`: it waits only for an
+    /// earlier request of its connection.
+    waits: Option<(DeferredOn, u64)>,
+}
+
+impl Waiting {
+    /// Whether what it waits for moved by `now`.
+    pub(crate) fn ready(&self, now: Progress) -> bool {
+        match self.waits {
+            None => true,
+            Some((DeferredOn::InodePage, at)) => now.0 != at,
+            Some((DeferredOn::Data, at)) => now.1 != at,
+            Some((DeferredOn::Commit, at)) => now.2 != at,
+        }
+    }
+}
+
+/// The requests of a worker waiting to run again, in arrival order.
+#[derive(Debug, Default)]
+pub(crate) struct Stopped {
+    waiting: Vec<Waiting>,
+    /// The counts when they last ran.
+    seen: Progress,
+    /// Times the request being run again stopped before
+    /// ([`Stopped::take_tries`]).
+    running_tries: u8,
+}
+
+impl Stopped {
+    /// Whether none waits.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Whether a request that stopped `tries` times may stop again (room,
+    /// and tries left).
+    pub(crate) fn may_stop(&self, tries: u8) -> bool {
+        self.waiting.len() < STOPPED_MAX && tries < TRIES_MAX
+    }
+
+    /// Times the request now running stopped before (0 for a new one); the
+    /// next request starts from 0.
+    pub(crate) fn take_tries(&mut self) -> u8 {
+        std::mem::take(&mut self.running_tries)
+    }
+
+    /// Times the request now running stopped before, kept for the rest of it.
+    pub(crate) fn tries(&self) -> u8 {
+        self.running_tries
+    }
+
+    /// Whether a request of `conn` on `origin` waits: a later one of the same
+    /// connection queues behind it ([`queue_behind`](Self::queue_behind)).
+    pub(crate) fn holds(&self, origin: u16, conn: ConnRef) -> bool {
+        !self.waiting.is_empty()
+            && self.waiting.iter().any(|d| (d.origin, d.conn) == (origin, conn))
+    }
+
+    /// Queues a request behind the waiting one of its connection.
+    pub(crate) fn queue_behind(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>) {
+        let tries = self.take_tries();
+        self.waiting.push(Waiting { origin, conn, buf, tries, waits: None });
+    }
+
+    /// A request that stopped at what `on` says, after `tries` stops before,
+    /// having started when the counts were `before`: the read, write or
+    /// commit it waits for finishes after that, so the count moves past it.
+    pub(crate) fn stopped(
+        &mut self,
+        origin: u16,
+        conn: ConnRef,
+        buf: Vec<u8>,
+        tries: u8,
+        on: DeferredOn,
+        before: Progress,
+    ) {
+        let at = match on {
+            DeferredOn::InodePage => before.0,
+            DeferredOn::Data => before.1,
+            DeferredOn::Commit => before.2,
+        };
+        let tries = tries + 1;
+        self.waiting.push(Waiting { origin, conn, buf, tries, waits: Some((on, at)) });
+    }
+
+    /// Whether anything moved since they last ran, the counts being `now`.
+    pub(crate) fn moved(&self, now: Progress) -> bool {
+        !self.waiting.is_empty() && now != self.seen
+    }
+
+    /// When something moved: every waiting request, in arrival order, to run
+    /// again those [`ready`](Waiting::ready) and put the others back
+    /// ([`put_back`](Self::put_back)).
+    pub(crate) fn take_all(&mut self, now: Progress) -> Option<Vec<Waiting>> {
+        if now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        Some(std::mem::take(&mut self.waiting))
+    }
+
+    /// A request taken with [`take_all`](Self::take_all) that still waits.
+    pub(crate) fn put_back(&mut self, w: Waiting) {
+        self.waiting.push(w);
+    }
+
+    /// Before a request taken with [`take_all`](Self::take_all) runs again:
+    /// the times it stopped.
+    pub(crate) fn running(&mut self, w: &Waiting) {
+        self.running_tries = w.tries;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::wire::Sum;
+
+    fn conn(slot: u32) -> ConnRef {
+        ConnRef { slot, gen: 1, sum: Sum::Full }
+    }
+
+    /// Each request runs again when its own count moved, later requests of
+    /// its connection queue behind it, and the bounds hold.
+    #[test]
+    fn stopped_requests_wait_for_their_own_count_in_order() {
+        let mut s = Stopped::default();
+        assert!(s.may_stop(0));
+        assert!(!s.may_stop(TRIES_MAX), "a request stops at most TRIES_MAX times");
+        s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9));
+        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9));
+        assert!(s.holds(0, conn(1)) && !s.holds(1, conn(1)) && !s.holds(0, conn(3)));
+        s.queue_behind(0, conn(1), b"behind".to_vec());
+        assert!(s.moved((5, 8, 9)));
+        // Data requests finished: nobody here waits for them.
+        let taken = s.take_all((5, 8, 9)).expect("something moved");
+        let ready: Vec<bool> = taken.iter().map(|w| w.ready((5, 8, 9))).collect();
+        assert_eq!(ready, [false, false, true], "only the one queued behind its connection");
+        for w in taken {
+            s.put_back(w);
+        }
+        assert!(!s.moved((5, 8, 9)));
+        assert!(s.take_all((5, 8, 9)).is_none(), "nothing moved since");
+        // A commit finished: the second runs again, with its tries.
+        let taken = s.take_all((5, 8, 10)).expect("moved");
+        let w = taken.into_iter().find(|w| w.ready((5, 8, 10)) && w.buf == b"commit").unwrap();
+        s.running(&w);
+        assert_eq!(s.tries(), 3, "stopped twice before, and once more");
+        assert_eq!(s.take_tries(), 3);
+        assert_eq!(s.take_tries(), 0, "the next request starts from 0");
+    }
+
+    #[test]
+    fn at_most_stopped_max_wait() {
+        let mut s = Stopped::default();
+        for i in 0..STOPPED_MAX {
+            assert!(s.may_stop(0), "room for {i}");
+            s.stopped(0, conn(i as u32), Vec::new(), 0, DeferredOn::Data, (0, 0, 0));
+        }
+        assert!(!s.may_stop(0));
+    }
+}
