@@ -880,6 +880,17 @@ impl<D: Device> Shard<D> {
         let loaded = if page_free {
             self.icache.load_blank(&mut self.io, slot)
         } else {
+            if self.defer_misses
+                && self.op_changes == 0
+                && self.icache.start_read(&mut self.io, slot)
+            {
+                // Its page holds other inodes and is not in memory: read it in
+                // the background and have the request run again once it is
+                // (`set_defer_misses`), the slot given back meanwhile.
+                self.slot_bitmap.clear_run(slot, 1);
+                self.deferred = Some(DeferredOn::InodePage);
+                return Err(FsError::TryAgain);
+            }
             self.icache.read_slot(&mut self.io, slot).map(|_| ())
         };
         if let Err(e) = loaded {

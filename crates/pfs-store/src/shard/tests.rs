@@ -1923,6 +1923,60 @@ fn a_change_stops_at_a_cold_inode_only_before_it_changed_anything() {
     s.set_defer_misses(false);
 }
 
+/// A create whose new inode's slot lies on a page that holds other inodes
+/// and is not in memory (a hole a removed file left, after a restart) does
+/// not read that page blocking when asked not to: it stops with its slot given
+/// back and nothing logged, and runs again once the page is in.
+#[test]
+fn a_create_into_a_cold_page_stops_instead_of_reading_it() {
+    let (mut s, _) = fresh();
+    for i in 0..640 {
+        s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+    }
+    // A hole far from the root's page, then a restart with nothing to replay:
+    // the hole's page is not in memory.
+    let gone = s.lookup(ROOT, b"f300").unwrap().ino;
+    let hole = s.inode_slots[&gone];
+    s.unlink(ROOT, b"f300").unwrap();
+    s.commit().unwrap();
+    s.checkpoint().unwrap();
+    let mut s = reopen(s);
+    // Other pages read since push the hole's out of the Icache.
+    for i in (0..640).step_by(16).filter(|i| i / 16 != 300 / 16) {
+        let ino = s.lookup(ROOT, format!("f{i}").as_bytes()).unwrap().ino;
+        s.getattr(ino).unwrap();
+    }
+    assert!(!s.icache.resident(hole), "the hole's page is not in memory");
+    let misses = s.stats().icache.misses;
+    let lsn = s.wal.next_lsn();
+    let free = s.slot_bitmap.free();
+    let mut stops = 0;
+    let made = loop {
+        s.set_defer_misses(true);
+        let r = s.create(ROOT, b"new", CreateArgs::file(0o644));
+        s.set_defer_misses(false);
+        if s.take_deferred().is_none() {
+            break r.unwrap();
+        }
+        assert_eq!(r, Err(FsError::TryAgain));
+        stops += 1;
+        assert!(stops <= 2, "stopped {stops} times");
+        assert_eq!(s.slot_bitmap.free(), free, "the slot was given back");
+        assert!(s.wal.next_lsn() <= lsn + 1, "at most the inode number floor was logged");
+        assert_eq!(s.lookup(ROOT, b"new"), Err(FsError::NotFound));
+        while s.icache_reading() {
+            s.icache_reads_done();
+        }
+    };
+    assert!(stops >= 1, "the hole's page was cold: the create stopped for it");
+    assert_eq!(s.stats().icache.misses, misses, "no page read blocking");
+    assert_eq!(s.lookup(ROOT, b"new").unwrap().ino, made.ino);
+    assert_eq!(s.inode_slots[&made.ino], hole, "it took the hole's slot");
+    let mut s = reopen(s);
+    assert_eq!(s.lookup(ROOT, b"new").unwrap().ino, made.ino);
+    assert_eq!(s.lookup(ROOT, b"f301").unwrap().kind, FileType::Regular);
+}
+
 /// A full commit group starts a commit beside the operations instead of
 /// waiting for one: with the log's writes held in flight, creates go on past
 /// the group's bound (a blocking commit would wait for the held write), the
