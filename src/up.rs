@@ -295,7 +295,12 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     let _ = watcher.join();
     println!("pfs up: unmounted {}, stopping the servers", mountpoint.display());
     if let Some(u) = uring {
-        println!("pfs up: FUSE over io_uring served {} requests", u.requests());
+        let (forgets, reads) = u.forgets();
+        println!(
+            "pfs up: FUSE over io_uring served {} requests; /dev/fuse took {forgets} \
+             forgets in {reads} reads",
+            u.requests()
+        );
     }
     if opts.inline_rounds {
         println!(

@@ -66,6 +66,9 @@ fn main() {
         timed("uring", || uring(&base));
         timed("uring_fallback_to_dev_fuse", || uring_fallback(&base));
     }
+    if want("uring_forgets_batched") {
+        timed("uring_forgets_batched", || uring_forgets_batched(&base));
+    }
     let _ = std::fs::remove_dir_all(&base);
     println!("test result: ok");
 }
@@ -213,12 +216,15 @@ impl Drop for EnableUring {
     }
 }
 
-/// What `pfs up` printed about io_uring: the mount line's transport and the
-/// request count at the end.
-fn uring_report(log: &[String]) -> (String, Option<u64>) {
+/// What `pfs up` printed about io_uring: the mount line's transport and, at
+/// the end, the requests the rings served and the forgets /dev/fuse took (and
+/// in how many reads).
+fn uring_report(log: &[String]) -> (String, Option<(u64, u64, u64)>) {
     let mounted = log.iter().find(|l| l.starts_with("pfs up: mounted on")).cloned();
     let served = log.iter().find_map(|l| {
-        l.strip_prefix("pfs up: FUSE over io_uring served ")?.split(' ').next()?.parse().ok()
+        let rest = l.strip_prefix("pfs up: FUSE over io_uring served ")?;
+        let n: Vec<u64> = rest.split(' ').filter_map(|w| w.parse().ok()).collect();
+        (n.len() == 3).then(|| (n[0], n[1], n[2]))
     });
     (mounted.expect("pfs up printed its mount line"), served)
 }
@@ -260,10 +266,33 @@ fn uring(base: &Path) {
     pjdfstest(base, &mnt, Some(URING_DIRS));
     drop(pfs);
     let (_, served) = uring_report(&log.lock().unwrap());
-    let served = served.expect("pfs up reported the requests io_uring served");
+    let (served, ..) = served.expect("pfs up reported what io_uring served");
     println!("io_uring served {served} requests");
     // Each of the 3000 creates alone is a lookup, a create and a release.
     assert!(served > 9000, "io_uring served only {served} requests");
+}
+
+/// Over io_uring, /dev/fuse carries the forgets: 3000 files removed in a row
+/// reach it batched (its thread rests after a forget), not one wake-up each.
+fn uring_forgets_batched(base: &Path) {
+    let _param = EnableUring::set(true);
+    let (data, mnt) = (base.join("data-uring-forgets"), base.join("mnt-uring-forgets"));
+    let (child, _, log) = up_logged(&data, &mnt, &["-o", "uring"]);
+    let pfs = Up(Some(child), mnt.clone());
+    let (line, _) = uring_report(&log.lock().unwrap());
+    assert!(line.contains("over io_uring ("), "the mount did not take io_uring: {line}");
+    let dir = mnt.join("gone");
+    std::fs::create_dir(&dir).unwrap();
+    for i in 0..3000 {
+        std::fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    drop(pfs);
+    let (_, served) = uring_report(&log.lock().unwrap());
+    let (_, forgets, reads) = served.expect("pfs up reported what io_uring served");
+    println!("/dev/fuse took {forgets} forgets in {reads} reads");
+    assert!(forgets >= 3000, "only {forgets} forgets after 3000 removes");
+    assert!(reads * 4 <= forgets, "{forgets} forgets in {reads} reads: not batched");
 }
 
 /// The pjdfstest directories run again on a fresh `pfs up`.

@@ -740,7 +740,12 @@ impl fuser::Filesystem for PfsFuse {
             }
         }
         if let Some(u) = self.uring_stats.get() {
-            log::info!("FUSE over io_uring served {} requests", u.requests());
+            let (forgets, reads) = u.forgets();
+            log::info!(
+                "FUSE over io_uring served {} requests; /dev/fuse took {forgets} forgets \
+                 in {reads} reads",
+                u.requests()
+            );
         }
         log::info!(
             "{} capability checks of files answered without a request (created here, or \

@@ -107,6 +107,8 @@ pub struct UringStats {
     queues: AtomicU32,
     threads: AtomicU32,
     requests: AtomicU64,
+    pub(crate) forgets: AtomicU64,
+    pub(crate) forget_reads: AtomicU64,
 }
 
 impl UringStats {
@@ -123,6 +125,17 @@ impl UringStats {
     /// Requests that came through the rings so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Inodes the kernel forgot meanwhile, through /dev/fuse (the rings do
+    /// not carry forgets), and the reads of /dev/fuse that brought them:
+    /// fewer reads than forgets is forgets batched (`FORGET_PACE` in
+    /// `session.rs`).
+    pub fn forgets(&self) -> (u64, u64) {
+        (
+            self.forgets.load(Ordering::Relaxed),
+            self.forget_reads.load(Ordering::Relaxed),
+        )
     }
 }
 
