@@ -64,17 +64,10 @@ struct RmdirOp {
 }
 
 impl RmdirOp {
-    /// A new op over every shard of the cluster's `shape` (servers, workers
-    /// each), to be asked from `now`.
-    fn new(
-        txn: u64,
-        parent: InodeId,
-        name: Vec<u8>,
-        dir: InodeId,
-        shape: (u32, u32),
-        now: Instant,
-    ) -> RmdirOp {
-        let mut op = RmdirOp {
+    /// An op whose shards are not known yet ([`ask_all`](Self::ask_all)
+    /// fills them in).
+    fn unasked(txn: u64, parent: InodeId, name: Vec<u8>, dir: InodeId) -> RmdirOp {
+        RmdirOp {
             txn,
             parent,
             name,
@@ -83,9 +76,7 @@ impl RmdirOp {
             shards: Vec::new(),
             unsealing: false,
             durable_at: 0,
-        };
-        op.ask_all(shape, now);
-        op
+        }
     }
 
     /// Every shard of `servers` x `workers` to be asked from `now`.
@@ -177,7 +168,8 @@ impl Rmdirs {
         // A failure fails the shard, which stops the server.
         let _ = shard.start_commit();
         h.changed();
-        let mut op = RmdirOp::new(txn, parent, name, entry.ino, shape, h.now());
+        let mut op = RmdirOp::unasked(txn, parent, name, entry.ino);
+        op.ask_all(shape, h.now());
         op.waiter = Some(waiter);
         op.durable_at = durable_at;
         self.ops.push(op);
@@ -198,16 +190,9 @@ impl Rmdirs {
             "worker {worker}: resuming rmdir {txn:#x} left by a crash{}",
             if decided { " (decided: unsealing)" } else { "" }
         );
-        self.ops.push(RmdirOp {
-            txn,
-            parent,
-            name,
-            dir,
-            waiter: None,
-            shards: Vec::new(),
-            unsealing: decided,
-            durable_at: 0,
-        });
+        let mut op = RmdirOp::unasked(txn, parent, name, dir);
+        op.unsealing = decided;
+        self.ops.push(op);
     }
 
     /// Advances every rmdir in progress; returns the work done.

@@ -787,6 +787,13 @@ mod tests {
         }
     }
 
+    /// Whether descriptor `fd` polls readable within `timeout_ms`.
+    fn readable(fd: std::os::fd::RawFd, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+    }
+
     fn expect_ok(done: &[IoCompletion]) {
         for c in done {
             assert_eq!(c.result, Ok(()), "{:?} at {}", c.kind, c.offset);
@@ -798,11 +805,7 @@ mod tests {
         let path = test_path("completion-fd");
         let mut dev = open(&path, 1 << 20, 8, 2);
         let fd = dev.completion_fd().expect("a ring has a descriptor");
-        let readable = |timeout_ms: i32| {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
-        };
+        let readable = |timeout_ms| readable(fd, timeout_ms);
         assert!(!readable(0), "nothing finished yet");
         for round in 0..4u8 {
             let mut buf = dev.alloc_buf(64 * 1024);
@@ -834,11 +837,7 @@ mod tests {
         let path = test_path("submit-below");
         let mut dev = open(&path, 1 << 20, 8, 4);
         let fd = dev.completion_fd().expect("a ring has a descriptor");
-        let readable = |timeout_ms: i32| {
-            let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
-        };
+        let readable = |timeout_ms| readable(fd, timeout_ms);
         let collect = |dev: &mut UringDevice, n: usize| {
             let mut out = Vec::new();
             dev.wait(&mut out, n);
