@@ -1553,6 +1553,7 @@ impl<D: Device> Worker<D> {
             && !released
             && !read
             && !device_polled
+            && !self.shard.checkpoint_encoding()
             && self.shard.failure().is_none()
         {
             if self.awaits_device() && self.shard.wait_device() {
@@ -1587,12 +1588,14 @@ impl<D: Device> Worker<D> {
         let st = self.shard.stats();
         log::info!(
             "worker {}: checkpointed beside the requests: {:.1} MiB of tables in {} ms; \
-             the snapshot stopped serving for {} us (longest so far {} us)",
+             the snapshot stopped serving for {} us (longest so far {} us), each slice of \
+             the tables' encoding for at most {} us",
             self.id,
             st.last_checkpoint_bytes as f64 / (1 << 20) as f64,
             st.last_checkpoint_us / 1000,
             st.last_snapshot_us,
-            st.max_snapshot_us
+            st.max_snapshot_us,
+            st.max_encode_slice_us
         );
         if st.log_full_waits != self.log_full_waits_seen {
             self.log_full_waits_seen = st.log_full_waits;

@@ -215,6 +215,9 @@ struct Outcome {
     replayed: u64,
     /// Whether a checkpoint was under way beside the operations at the crash.
     checkpointing: bool,
+    /// Whether recovery opened from a checkpoint whose image was encoded
+    /// while operations changed the tables.
+    from_fuzzy: bool,
 }
 
 fn run_seed(seed: u64) -> Outcome {
@@ -226,6 +229,8 @@ fn run_seed(seed: u64) -> Outcome {
         handle.reorder(Some(seed));
     }
     let mut shard = Shard::format(dev, &format_options(), opts()).expect("format");
+    // A few entries per slice: operations run inside a checkpoint's image.
+    shard.set_checkpoint_slice((seed % 7 + 1) as usize);
     let mut model = Model::new();
     // States since the last acknowledged commit; recovery must land on one of them.
     let mut candidates = vec![model.clone()];
@@ -272,6 +277,7 @@ fn run_seed(seed: u64) -> Outcome {
         }
     }
     let checkpointing = shard.checkpointing();
+    let fuzzy_gen = shard.stats().last_fuzzy_gen;
     drop(shard);
     let crashed = handle.crash(seed ^ 0x5eed);
     let mut shard = match Shard::open(crashed, 0, opts()) {
@@ -287,6 +293,7 @@ fn run_seed(seed: u64) -> Outcome {
                     uncommitted: candidates.len() - 1,
                     replayed: shard.stats().replayed,
                     checkpointing,
+                    from_fuzzy: fuzzy_gen > 0 && shard.stats().opened_gen == fuzzy_gen,
                 }
             }
             Some(why) => reasons.push(why),
@@ -309,6 +316,7 @@ fn random_crashes_never_lose_durable_work() {
     let seeds: u64 =
         std::env::var("PFS_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
     let (mut lost_some, mut kept_some, mut replayed, mut mid_checkpoint) = (0, 0, 0, 0);
+    let mut from_fuzzy = 0;
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| run_seed(seed)) {
             Ok(o) => {
@@ -316,6 +324,7 @@ fn random_crashes_never_lose_durable_work() {
                 kept_some += (o.kept_after_commit > 0) as u64;
                 replayed += (o.replayed > 0) as u64;
                 mid_checkpoint += o.checkpointing as u64;
+                from_fuzzy += o.from_fuzzy as u64;
             }
             Err(_) => {
                 panic!("crash test failed for seed {seed}; replay with PFS_CRASH_SEED={seed}")
@@ -324,7 +333,8 @@ fn random_crashes_never_lose_durable_work() {
     }
     eprintln!(
         "{seeds} seeds: {lost_some} lost uncommitted work, {kept_some} kept some, {replayed} \
-         replayed the WAL, {mid_checkpoint} crashed during a checkpoint taken beside the operations"
+         replayed the WAL, {mid_checkpoint} crashed during a checkpoint taken beside the operations, \
+         {from_fuzzy} recovered from a checkpoint encoded while operations ran"
     );
     // The test must exercise every outcome, or it proves nothing.
     if seeds >= 100 {
@@ -334,6 +344,10 @@ fn random_crashes_never_lose_durable_work() {
         assert!(
             mid_checkpoint > seeds / 40,
             "too few crashes during a checkpoint beside the operations: {mid_checkpoint}"
+        );
+        assert!(
+            from_fuzzy > seeds / 100,
+            "too few recoveries from a checkpoint encoded while operations ran: {from_fuzzy}"
         );
     }
 }

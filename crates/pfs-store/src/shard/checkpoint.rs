@@ -5,23 +5,31 @@
 //! ([`Geometry::wal_half`](super::Geometry::wal_half)); the checkpoint
 //! regions alternate the same way. A checkpoint of generation `g + 1`:
 //!
-//! 1. **Snapshot** (the only part that stops serving): once no commit is
-//!    under way, the tables are encoded as they are after the last finished
-//!    operation, lsn `X - 1`. The shard's log is replaced by an empty one of
+//! 1. **Snapshot**: once no commit is under way, after the last finished
+//!    operation, lsn `X - 1`, the shard's log is replaced by an empty one of
 //!    generation `g + 1` over the other half, starting at lsn `X`, and a
 //!    commit of the old log's pending records starts (`Committing::retired`).
-//!    Operations go on and log to the new half.
-//! 2. **Writes**: the tables go to the inactive region, at most
+//!    The image of the tables starts ([`Encoder`]): the snapshot lists only
+//!    the keys of the hash tables (directories with names, inodes, inodes
+//!    with extended attributes). Operations go on and log to the new half.
+//! 2. **Encode**: the tables are encoded [`ENCODE_SLICE`](super::tables::ENCODE_SLICE) entries at a time,
+//!    one slice per poll, operations running between slices. The image is
+//!    fuzzy (each entry as it was when its slice ran); replaying the new half
+//!    from lsn `X` over it gives the tables exactly (see [`Encoder`]). Once it
+//!    is complete, the checkpoint needs the commit that covers every record
+//!    logged so far: the image may hold their changes.
+//! 3. **Writes**: the tables go to the inactive region, at most
 //!    [`TABLE_WRITES`] chunks in flight; the Icache blocks that held changes
 //!    older than `X` are copied at the snapshot, and the copies written once
 //!    the snapshot's commit finished (`Icache::write_copy`): a block that
 //!    changes with every operation, such as the inode of the directory of a
 //!    create storm, never has all its changes durable at once.
-//! 3. **Sync**, once the snapshot's commit finished and every write above did.
-//! 4. **Header** of generation `g + 1` written, then **synced**: from then on
+//! 4. **Sync**, once the snapshot's commit, the image's commit and every
+//!    write above finished.
+//! 5. **Header** of generation `g + 1` written, then **synced**: from then on
 //!    recovery starts at the new tables and the new half.
 //!
-//! A crash before step 4 finished finds the old header: recovery replays the
+//! A crash before step 5 finished finds the old header: recovery replays the
 //! old half and then the new half's records of generation `g + 1` that follow
 //! it without a gap (`Shard::open`). Records of the new half are written only
 //! after the snapshot's commit made the old half's durable, so the two halves
@@ -35,6 +43,7 @@
 
 use std::time::Instant;
 
+use super::tables::Encoder;
 use super::{geometry::CheckpointHeader, opts_group, sync_req, write_req, Shard};
 use super::{MAX_RECORD_BYTES, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device};
@@ -53,13 +62,19 @@ const TABLE_CHUNK: usize = 1 << 20;
 pub(super) struct Checkpointing {
     step: Step,
     started: Instant,
-    /// Set at the snapshot: the header to write, the encoded tables and how
-    /// many bytes of them were submitted, the number of the commit that makes
-    /// the snapshot durable, and the Icache blocks it must see written.
+    /// Set at the snapshot: the header to write (its tables' length and
+    /// checksum once encoded), the image being encoded, then the encoded
+    /// tables and how many bytes of them were submitted, the number of the
+    /// commit that makes the snapshot durable, and the Icache blocks it must
+    /// see written.
     header: Option<CheckpointHeader>,
+    encoder: Option<Encoder>,
     tables: Vec<u8>,
     submitted: usize,
     commit: u64,
+    /// The commit that makes durable every record logged before the image
+    /// was complete (set when it is).
+    image_commit: u64,
     blocks: Vec<u32>,
     /// Copies of the dirty ones as of the snapshot, written once its commit
     /// finished: a block that changes with every operation (a directory's
@@ -75,6 +90,8 @@ pub(super) struct Checkpointing {
 enum Step {
     /// The commit under way, before the snapshot.
     Snapshot,
+    /// The image of the tables, a slice per poll.
+    Encode,
     /// Table writes, write-backs and the snapshot's commit.
     Writes,
     /// The sync of all of them.
@@ -110,14 +127,16 @@ impl<D: Device> Shard<D> {
             step: Step::Snapshot,
             started: Instant::now(),
             header: None,
+            encoder: None,
             tables: Vec::new(),
             submitted: 0,
             commit: 0,
+            image_commit: 0,
             blocks: Vec::new(),
             copies: Vec::new(),
             hold_until: hold,
         });
-        self.poll_checkpoint();
+        self.step_checkpoint(false);
     }
 
     /// Waits for the checkpoint under way, if any (what every operation did
@@ -130,6 +149,21 @@ impl<D: Device> Shard<D> {
     /// Whether a checkpoint is under way.
     pub fn checkpointing(&self) -> bool {
         self.ckpt.is_some()
+    }
+
+    /// Whether the checkpoint under way is encoding its image: work for the
+    /// CPU, done a slice per [`poll_checkpoint`](Self::poll_checkpoint), that
+    /// no device completion announces (a worker must not sleep on it).
+    pub fn checkpoint_encoding(&self) -> bool {
+        self.ckpt.as_ref().is_some_and(|c| c.step == Step::Encode)
+    }
+
+    /// Entries a checkpoint encodes per poll (4,096 unless set;
+    /// at least 1). Smaller slices stop the requests for less time each, in
+    /// more polls; tests set a few entries so that operations run inside the
+    /// image's walk.
+    pub fn set_checkpoint_slice(&mut self, entries: usize) {
+        self.ckpt_slice = entries.max(1);
     }
 
     /// Whether a checkpoint waits for its snapshot, which the next commit to
@@ -145,8 +179,16 @@ impl<D: Device> Shard<D> {
     }
 
     /// Moves the checkpoint under way as far as finished requests allow,
-    /// without waiting. A failed request fails the shard.
+    /// without waiting, and encodes one slice of its image if it is at that
+    /// step. A failed request fails the shard.
     pub fn poll_checkpoint(&mut self) {
+        self.step_checkpoint(true);
+    }
+
+    /// [`poll_checkpoint`](Self::poll_checkpoint) without encoding (what an
+    /// operation does as it begins): the worker encodes a slice per round,
+    /// not one per operation.
+    pub(super) fn step_checkpoint(&mut self, encode: bool) {
         while let Some(c) = &self.ckpt {
             if self.failed.is_some() {
                 self.ckpt = None;
@@ -164,6 +206,8 @@ impl<D: Device> Shard<D> {
                     self.snapshot();
                     true
                 }
+                Step::Encode if !encode => return,
+                Step::Encode => self.encode_slice(),
                 Step::Writes => self.poll_writes(),
                 Step::Hold => self.write_header(),
                 Step::Sync | Step::Header | Step::HeaderSync => self.poll_step(step),
@@ -174,22 +218,18 @@ impl<D: Device> Shard<D> {
         }
     }
 
-    /// Encodes the tables, moves the log to the other half and commits the
-    /// old one's records.
+    /// Starts the image of the tables, moves the log to the other half and
+    /// commits the old one's records.
     fn snapshot(&mut self) {
         let at = Instant::now();
-        let tables = self.encode_tables();
-        assert!(
-            tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
-            "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
-            tables.len()
-        );
+        let lists = std::mem::take(&mut self.ckpt_keys);
+        let encoder = Encoder::new(self, lists);
         let gen = self.wal.gen() + 1;
         let header = CheckpointHeader {
             gen,
             region: (gen % 2) as u32,
-            tables_len: tables.len() as u64,
-            tables_crc: crc32c::crc32c(&tables),
+            tables_len: 0,
+            tables_crc: 0,
             next_ino_seq: self.next_ino_seq,
             first_lsn: self.wal.next_lsn(),
         };
@@ -199,7 +239,6 @@ impl<D: Device> Shard<D> {
         let retired = std::mem::replace(&mut self.wal, fresh);
         let blocks = self.icache.unwritten_blocks();
         let copies = self.icache.copy_dirty(&blocks);
-        self.stats.last_checkpoint_bytes = tables.len() as u64;
         // A failure is the shard's: `poll_checkpoint` drops the checkpoint.
         let _ = self.start_commit_of(Some(retired));
         let us = at.elapsed().as_micros() as u64;
@@ -207,12 +246,58 @@ impl<D: Device> Shard<D> {
         self.stats.max_snapshot_us = self.stats.max_snapshot_us.max(us);
         let commit = self.commits_started;
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
-        c.step = Step::Writes;
+        c.step = Step::Encode;
         c.header = Some(header);
-        c.tables = tables;
+        c.encoder = Some(encoder);
         c.commit = commit;
         c.blocks = blocks;
         c.copies = copies;
+    }
+
+    /// Encodes one slice of the image; once it is complete, fills in the
+    /// header and moves to the writes. Returns whether the step changed.
+    fn encode_slice(&mut self) -> bool {
+        let at = Instant::now();
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        let mut e = c.encoder.take().expect("an image being encoded");
+        e.step(self, self.ckpt_slice);
+        if e.len() as u64 > self.ckpt_image_limit {
+            // Entries removed after their slice and others made ahead of the
+            // walk grew the image past its region: encode the tables as they
+            // are now, whole, which `table_bytes` keeps within it.
+            self.stats.image_reencodes += 1;
+            let (_, lists) = e.finish();
+            e = Encoder::new(self, lists);
+            e.step(self, usize::MAX);
+        }
+        let us = at.elapsed().as_micros() as u64;
+        self.stats.max_encode_slice_us = self.stats.max_encode_slice_us.max(us);
+        let c = self.ckpt.as_mut().expect("a checkpoint under way");
+        if !e.done() {
+            c.encoder = Some(e);
+            return false;
+        }
+        let (tables, lists) = e.finish();
+        self.ckpt_keys = lists;
+        assert!(
+            tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
+            "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
+            tables.len()
+        );
+        let header = c.header.as_mut().expect("snapshot taken");
+        header.tables_len = tables.len() as u64;
+        header.tables_crc = crc32c::crc32c(&tables);
+        // The image may hold the changes of every record logged since the
+        // snapshot: the header waits for the commit that covers them.
+        c.image_commit = if self.wal.next_lsn() == header.first_lsn {
+            c.commit
+        } else {
+            self.commits_started + 1
+        };
+        self.stats.last_checkpoint_bytes = tables.len() as u64;
+        c.tables = tables;
+        c.step = Step::Writes;
+        true
     }
 
     /// The table writes and write-backs: submits what fits, collects what
@@ -236,6 +321,11 @@ impl<D: Device> Shard<D> {
         self.poll_data_writes();
         if self.committing.is_some() {
             self.poll_commit();
+        }
+        let image_commit = self.ckpt.as_ref().expect("a checkpoint under way").image_commit;
+        if self.commits_done < image_commit && self.committing.is_none() {
+            // The image holds changes whose records are not durable yet.
+            let _ = self.start_commit();
         }
         loop {
             if !self.take_table_writes() {
@@ -280,11 +370,12 @@ impl<D: Device> Shard<D> {
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         let tables_done = c.submitted == c.tables.len() && self.io.ckpt_in_flight() == 0;
+        let image_commit = c.image_commit;
         if written == WriteBack::NeedsCommit && self.committing.is_none() {
             // Blocks changed again since the snapshot: their records first.
             let _ = self.start_commit();
         }
-        if !tables_done || written != WriteBack::Done || self.commits_done < commit {
+        if !tables_done || written != WriteBack::Done || self.commits_done < image_commit {
             return false;
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
@@ -329,6 +420,10 @@ impl<D: Device> Shard<D> {
                 self.stats.last_checkpoint_us = us;
                 self.stats.max_checkpoint_us = self.stats.max_checkpoint_us.max(us);
                 self.stats.checkpoints += 1;
+                if c.image_commit > c.commit {
+                    self.stats.fuzzy_checkpoints += 1;
+                    self.stats.last_fuzzy_gen = c.header.expect("snapshot taken").gen;
+                }
             }
         }
         true
@@ -366,6 +461,9 @@ impl<D: Device> Shard<D> {
             self.poll_checkpoint();
             if self.ckpt.is_none() {
                 return self.check_failed();
+            }
+            if self.checkpoint_encoding() {
+                continue;
             }
             if let Some(held) = self.held_for() {
                 std::thread::sleep(held);

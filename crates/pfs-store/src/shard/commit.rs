@@ -88,7 +88,7 @@ impl<D: Device> Shard<D> {
         if self.wants_snapshot() {
             // A checkpoint waits for a moment without a commit: its snapshot
             // starts this one.
-            self.poll_checkpoint();
+            self.step_checkpoint(false);
             return self.check_failed();
         }
         self.start_commit_of(None)

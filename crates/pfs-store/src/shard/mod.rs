@@ -109,11 +109,24 @@ pub struct ShardStats {
     pub last_checkpoint_us: u64,
     /// The longest checkpoint since the shard opened, in microseconds.
     pub max_checkpoint_us: u64,
-    /// The last checkpoint's snapshot (encoding the tables), during which
-    /// the shard served nothing, and the longest one, in microseconds.
+    /// The last checkpoint's snapshot (the log moved on, the inode table
+    /// copied), during which the shard served nothing, and the longest one,
+    /// in microseconds.
     pub last_snapshot_us: u64,
     /// See `last_snapshot_us`.
     pub max_snapshot_us: u64,
+    /// The longest slice of a checkpoint's image encoded between requests
+    /// (`ENCODE_SLICE` entries), in microseconds.
+    pub max_encode_slice_us: u64,
+    /// Images encoded again whole because changes during the walk grew them
+    /// past the checkpoint region.
+    pub image_reencodes: u64,
+    /// Checkpoints whose image was encoded while operations changed the
+    /// tables (a fuzzy image, exact once the log is replayed over it), and
+    /// the generation of the last one.
+    pub fuzzy_checkpoints: u64,
+    /// See `fuzzy_checkpoints`.
+    pub last_fuzzy_gen: u64,
     /// Operations that found the log full and waited for a checkpoint.
     pub log_full_waits: u64,
     /// Operations that waited for a commit: the pending records reached two
@@ -227,6 +240,12 @@ pub struct Shard<D: Device> {
     committing: Option<commit::Committing>,
     /// The checkpoint under way (`checkpoint.rs`).
     ckpt: Option<checkpoint::Checkpointing>,
+    /// Entries a checkpoint encodes per poll, and the largest image it may
+    /// write (the checkpoint region).
+    ckpt_slice: usize,
+    ckpt_image_limit: u64,
+    /// The key lists of the last checkpoint's image, reused by the next.
+    ckpt_keys: tables::KeyLists,
     commits_started: u64,
     commits_done: u64,
 }
@@ -485,6 +504,9 @@ impl<D: Device> Shard<D> {
             readers: cache::Readers::default(),
             committing: None,
             ckpt: None,
+            ckpt_slice: tables::ENCODE_SLICE,
+            ckpt_keys: tables::KeyLists::default(),
+            ckpt_image_limit: geo.ckpt_pages * PAGE_SIZE,
             commits_started: 0,
             commits_done: 0,
             geo,
@@ -557,7 +579,12 @@ impl<D: Device> Shard<D> {
         if self.wal.free_bytes() < self.checkpoint_start_free() {
             self.start_checkpoint();
         }
-        self.poll_checkpoint();
+        // The worker encodes a checkpoint's image a slice per round; an
+        // operation encodes one too once half the room left at the
+        // checkpoint's start is used, so a shard
+        // driven by operations alone still finishes its checkpoints.
+        let short = MAX_RECORD_BYTES + (self.checkpoint_start_free() - MAX_RECORD_BYTES) / 2;
+        self.step_checkpoint(self.wal.free_bytes() < short);
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.make_log_room()?;
         } else if self.wal.group_overfull() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {

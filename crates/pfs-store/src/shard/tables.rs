@@ -2,6 +2,8 @@
 //! seven sections, each a `u64` count followed by its entries. A checkpoint
 //! written before trims existed ends after the sixth; it loads with no trims.
 
+use std::collections::BTreeMap;
+
 use pfs_core::{BlockIndex, InodeId};
 
 use super::Shard;
@@ -35,72 +37,300 @@ pub fn xattr_bytes(name: &[u8], value: &[u8]) -> u64 {
     8 + 1 + name.len() as u64 + 4 + value.len() as u64
 }
 
-impl<D: Device> Shard<D> {
-    pub(super) fn encode_tables(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.table_bytes as usize + 64);
-        // Dentries, directory by directory in name order.
-        let mut count_at = out.len();
-        put_u64(&mut out, 0);
-        let mut n = 0u64;
-        let mut parents: Vec<InodeId> = self.dentries.parents().collect();
-        parents.sort();
-        for parent in parents {
-            self.dentries.for_each_from(parent, None, |name, value| {
-                put_u64(&mut out, parent.0);
-                put_bytes8(&mut out, name);
-                put_u64(&mut out, value);
-                n += 1;
-                true
-            });
-        }
-        out[count_at..count_at + 8].copy_from_slice(&n.to_le_bytes());
+/// Entries a checkpoint encodes in one slice, between requests.
+pub const ENCODE_SLICE: usize = 4096;
 
-        put_u64(&mut out, self.inode_slots.len() as u64);
-        for (ino, slot) in &self.inode_slots {
-            put_u64(&mut out, ino.0);
-            put_u64(&mut out, *slot);
-        }
-        put_u64(&mut out, self.blocks.len() as u64);
-        for ((ino, block), run) in &self.blocks {
-            put_u64(&mut out, ino.0);
-            put_u64(&mut out, block.0);
-            put_run(&mut out, run);
-        }
-        put_u64(&mut out, self.extents.len() as u64);
-        for ((ino, offset), e) in &self.extents {
-            put_u64(&mut out, ino.0);
-            put_u64(&mut out, *offset);
-            put_u32(&mut out, e.len);
-            put_u32(&mut out, e.skip);
-            put_run(&mut out, &e.run);
-        }
-        count_at = out.len();
+/// A checkpoint's image of the tables, encoded a slice at a time while
+/// operations go on (`checkpoint.rs`).
+///
+/// The image is *fuzzy*: an entry encoded after an operation changed it holds
+/// the new value, one encoded before holds the old, and an entry made after
+/// the snapshot may be in it or not. Recovery loads the image and replays the
+/// log from the snapshot's first record, and every change is a put or a
+/// delete of one key (`Change`), so a replayed change that the image already
+/// holds sets the same value again: each key ends as its last logged change
+/// left it, or as the snapshot had it when no change followed. The checkpoint
+/// header names the image only once every record logged before the image was
+/// complete is durable, so a change the image holds is never missing from
+/// the log after a crash.
+///
+/// The snapshot lists what cannot be walked in slices while it changes, the
+/// keys of the hash tables: the directories that hold names, the inodes, the
+/// inodes with extended attributes (into vectors kept from one checkpoint to
+/// the next, so no memory is faulted in at the snapshot). A listed key is
+/// encoded with its value when its slice runs, or skipped if it is gone by
+/// then; a key made after the snapshot is in the log. The ordered tables are
+/// walked from the last key encoded, the dentries directory by directory from
+/// the last name encoded.
+pub(super) struct Encoder {
+    out: Vec<u8>,
+    section: u8,
+    count_at: usize,
+    count: u64,
+    /// Section 0: the directories with names at the snapshot, the one being
+    /// encoded, and the last name encoded in it.
+    parents: Vec<InodeId>,
+    parent_at: usize,
+    after_name: Option<Vec<u8>>,
+    /// Section 1: the inodes at the snapshot, and the next to encode.
+    inos: Vec<InodeId>,
+    ino_at: usize,
+    /// Sections 2, 3, 5 and 6: the last key encoded.
+    after_key: Option<(u64, u64)>,
+    /// Section 4: the inodes with extended attributes at the snapshot.
+    xattr_inos: Vec<InodeId>,
+    xattr_at: usize,
+}
+
+/// The vectors an [`Encoder`] lists the hash tables' keys into, kept by the
+/// shard between checkpoints.
+#[derive(Debug, Default)]
+pub(super) struct KeyLists {
+    parents: Vec<InodeId>,
+    inos: Vec<InodeId>,
+    xattr_inos: Vec<InodeId>,
+}
+
+/// Sections of the image, in order.
+const SECTIONS: u8 = 7;
+
+impl std::fmt::Debug for Encoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Encoder")
+            .field("bytes", &self.out.len())
+            .field("section", &self.section)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Encoder {
+    /// Starts the image of `s`'s tables as they are now, listing keys into
+    /// the vectors `lists` holds (given back by [`finish`](Self::finish)).
+    pub(super) fn new<D: Device>(s: &Shard<D>, lists: KeyLists) -> Encoder {
+        // Room for a quarter more than the tables hold now: entries made
+        // ahead of the walk while others are removed behind it. Growing a
+        // large image later copies it all, a stop of about a millisecond a
+        // megabyte.
+        let room = (s.table_bytes + s.table_bytes / 4 + (64 << 10)).min(s.ckpt_image_limit);
+        let mut out = Vec::with_capacity(room as usize);
         put_u64(&mut out, 0);
-        let mut n = 0u64;
-        for (ino, map) in &self.xattrs {
-            for (name, value) in map {
-                put_u64(&mut out, ino.0);
-                put_bytes8(&mut out, name);
-                put_u32(&mut out, value.len() as u32);
-                out.extend_from_slice(value);
-                n += 1;
-            }
+        let KeyLists { mut parents, mut inos, mut xattr_inos } = lists;
+        parents.clear();
+        parents.extend(s.dentries.parents());
+        inos.clear();
+        inos.extend(s.inode_slots.keys().copied());
+        xattr_inos.clear();
+        xattr_inos.extend(s.xattrs.keys().copied());
+        Encoder {
+            out,
+            section: 0,
+            count_at: 0,
+            count: 0,
+            parents,
+            parent_at: 0,
+            after_name: None,
+            inos,
+            ino_at: 0,
+            after_key: None,
+            xattr_inos,
+            xattr_at: 0,
         }
-        out[count_at..count_at + 8].copy_from_slice(&n.to_le_bytes());
-        put_u64(&mut out, self.txns.len() as u64);
-        for (id, data) in &self.txns {
-            put_u64(&mut out, *id);
-            put_u32(&mut out, data.len() as u32);
-            out.extend_from_slice(data);
-        }
-        put_u64(&mut out, self.trims.len() as u64);
-        for (ino, from) in &self.trims {
-            put_u64(&mut out, ino.0);
-            put_u64(&mut out, *from);
-        }
-        out
     }
 
+    /// Bytes encoded so far.
+    pub(super) fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// Whether every section is encoded.
+    pub(super) fn done(&self) -> bool {
+        self.section == SECTIONS
+    }
+
+    /// The image (complete once [`done`](Self::done)), and the key lists
+    /// for the next.
+    pub(super) fn finish(self) -> (Vec<u8>, KeyLists) {
+        let lists =
+            KeyLists { parents: self.parents, inos: self.inos, xattr_inos: self.xattr_inos };
+        (self.out, lists)
+    }
+
+    /// Encodes about `budget` more entries of `s`'s tables as they are now;
+    /// returns whether the image is complete.
+    pub(super) fn step<D: Device>(&mut self, s: &Shard<D>, budget: usize) -> bool {
+        let mut left = budget;
+        while self.section < SECTIONS && left > 0 {
+            let finished = match self.section {
+                0 => self.dentries(s, &mut left),
+                1 => self.inodes(s, &mut left),
+                2 => self.ordered(&s.blocks, &mut left, |out, (i, b), run| {
+                    put_u64(out, i.0);
+                    put_u64(out, b.0);
+                    put_run(out, run);
+                }),
+                3 => self.ordered(&s.extents, &mut left, |out, (i, o), e| {
+                    put_u64(out, i.0);
+                    put_u64(out, *o);
+                    put_u32(out, e.len);
+                    put_u32(out, e.skip);
+                    put_run(out, &e.run);
+                }),
+                4 => self.xattrs(s, &mut left),
+                5 => self.ordered(&s.txns, &mut left, |out, id, data| {
+                    put_u64(out, *id);
+                    put_u32(out, data.len() as u32);
+                    out.extend_from_slice(data);
+                }),
+                _ => self.ordered(&s.trims, &mut left, |out, i, from| {
+                    put_u64(out, i.0);
+                    put_u64(out, *from);
+                }),
+            };
+            if finished {
+                self.out[self.count_at..self.count_at + 8]
+                    .copy_from_slice(&self.count.to_le_bytes());
+                self.section += 1;
+                self.after_key = None;
+                if self.section < SECTIONS {
+                    self.count_at = self.out.len();
+                    self.count = 0;
+                    put_u64(&mut self.out, 0);
+                }
+            }
+        }
+        self.done()
+    }
+
+    fn dentries<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
+        while let Some(&parent) = self.parents.get(self.parent_at) {
+            if *left == 0 {
+                return false;
+            }
+            let (out, count) = (&mut self.out, &mut self.count);
+            let mut stopped_at = None;
+            s.dentries.for_each_from(parent, self.after_name.as_deref(), |name, value| {
+                put_u64(out, parent.0);
+                put_bytes8(out, name);
+                put_u64(out, value);
+                *count += 1;
+                *left -= 1;
+                if *left == 0 {
+                    stopped_at = Some(name.to_vec());
+                    return false;
+                }
+                true
+            });
+            match stopped_at {
+                Some(name) => self.after_name = Some(name),
+                None => {
+                    self.parent_at += 1;
+                    self.after_name = None;
+                }
+            }
+        }
+        true
+    }
+
+    fn inodes<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
+        while let Some(ino) = self.inos.get(self.ino_at) {
+            if *left == 0 {
+                return false;
+            }
+            self.ino_at += 1;
+            if let Some(slot) = s.inode_slots.get(ino) {
+                put_u64(&mut self.out, ino.0);
+                put_u64(&mut self.out, *slot);
+                self.count += 1;
+            }
+            *left -= 1;
+        }
+        true
+    }
+
+    fn xattrs<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
+        while let Some(ino) = self.xattr_inos.get(self.xattr_at) {
+            if *left == 0 {
+                return false;
+            }
+            self.xattr_at += 1;
+            for (name, value) in s.xattrs.get(ino).into_iter().flatten() {
+                put_u64(&mut self.out, ino.0);
+                put_bytes8(&mut self.out, name);
+                put_u32(&mut self.out, value.len() as u32);
+                self.out.extend_from_slice(value);
+                self.count += 1;
+                *left = left.saturating_sub(1);
+            }
+        }
+        true
+    }
+
+    /// Walks an ordered table from the key after the last one encoded.
+    /// `Cursor` turns a key into the two numbers kept between slices and back.
+    fn ordered<K: Cursor, V>(
+        &mut self,
+        table: &BTreeMap<K, V>,
+        left: &mut usize,
+        mut put: impl FnMut(&mut Vec<u8>, &K, &V),
+    ) -> bool {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = self.after_key.map_or(Unbounded, |k| Excluded(K::from_pair(k)));
+        for (k, v) in table.range((from, Unbounded)) {
+            if *left == 0 {
+                return false;
+            }
+            put(&mut self.out, k, v);
+            self.after_key = Some(k.pair());
+            self.count += 1;
+            *left -= 1;
+        }
+        true
+    }
+}
+
+/// A key of an ordered table as the pair of numbers an [`Encoder`] keeps.
+trait Cursor: Ord + Sized {
+    fn pair(&self) -> (u64, u64);
+    fn from_pair(p: (u64, u64)) -> Self;
+}
+
+impl Cursor for (InodeId, BlockIndex) {
+    fn pair(&self) -> (u64, u64) {
+        (self.0 .0, self.1 .0)
+    }
+    fn from_pair(p: (u64, u64)) -> Self {
+        (InodeId(p.0), BlockIndex(p.1))
+    }
+}
+
+impl Cursor for (InodeId, u64) {
+    fn pair(&self) -> (u64, u64) {
+        (self.0 .0, self.1)
+    }
+    fn from_pair(p: (u64, u64)) -> Self {
+        (InodeId(p.0), p.1)
+    }
+}
+
+impl Cursor for u64 {
+    fn pair(&self) -> (u64, u64) {
+        (*self, 0)
+    }
+    fn from_pair(p: (u64, u64)) -> Self {
+        p.0
+    }
+}
+
+impl Cursor for InodeId {
+    fn pair(&self) -> (u64, u64) {
+        (self.0, 0)
+    }
+    fn from_pair(p: (u64, u64)) -> Self {
+        InodeId(p.0)
+    }
+}
+
+impl<D: Device> Shard<D> {
     pub(super) fn load_tables(&mut self, mut buf: &[u8]) -> Result<(), StoreError> {
         let b = &mut buf;
         // Every count is bounded by the bytes left, so a corrupt count cannot
