@@ -1553,7 +1553,7 @@ impl<D: Device> Worker<D> {
             && !released
             && !read
             && !device_polled
-            && !self.shard.checkpoint_encoding()
+            && !self.shard.checkpoint_wants_cpu()
             && self.shard.failure().is_none()
         {
             if self.awaits_device() && self.shard.wait_device() {

@@ -56,6 +56,12 @@ use pfs_core::{FsError, FsResult};
 const TABLE_WRITES: usize = 4;
 /// Bytes of one table write.
 const TABLE_CHUNK: usize = 1 << 20;
+/// Table writes submitted per poll at most: each copies its megabyte into a
+/// device buffer, and a device that finishes writes at once (a file in the
+/// page cache) would otherwise have one poll copy the whole image.
+const WRITES_PER_POLL: usize = 1;
+/// Icache block copies submitted per poll at most (one device request each).
+const COPIES_PER_POLL: usize = 32;
 
 /// A checkpoint under way.
 #[derive(Debug)]
@@ -151,11 +157,23 @@ impl<D: Device> Shard<D> {
         self.ckpt.is_some()
     }
 
-    /// Whether the checkpoint under way is encoding its image: work for the
-    /// CPU, done a slice per [`poll_checkpoint`](Self::poll_checkpoint), that
-    /// no device completion announces (a worker must not sleep on it).
+    /// Whether the checkpoint under way is encoding its image.
     pub fn checkpoint_encoding(&self) -> bool {
         self.ckpt.as_ref().is_some_and(|c| c.step == Step::Encode)
+    }
+
+    /// Whether the checkpoint under way has work for the CPU that no device
+    /// completion announces, done a bounded piece per
+    /// [`poll_checkpoint`](Self::poll_checkpoint): its image to encode,
+    /// table writes to submit with room in flight, or Icache copies to
+    /// submit. A worker must not sleep on it.
+    pub fn checkpoint_wants_cpu(&self) -> bool {
+        self.ckpt.as_ref().is_some_and(|c| {
+            c.step == Step::Encode
+                || (c.step == Step::Writes
+                    && ((c.submitted < c.tables.len() && self.io.ckpt_in_flight() < TABLE_WRITES)
+                        || (self.commits_done >= c.commit && !c.copies.is_empty())))
+        })
     }
 
     /// Entries a checkpoint encodes per poll (4,096 unless set;
@@ -277,8 +295,10 @@ impl<D: Device> Shard<D> {
             c.encoder = Some(e);
             return false;
         }
+        let crc = e.crc();
         let (tables, lists) = e.finish();
         self.ckpt_keys = lists;
+        debug_assert_eq!(crc, crc32c::crc32c(&tables), "the image's checksum, slice by slice");
         assert!(
             tables.len() as u64 <= self.geo.ckpt_pages * PAGE_SIZE,
             "tables of {} bytes overflow the checkpoint region: table_bytes accounting is wrong",
@@ -286,7 +306,7 @@ impl<D: Device> Shard<D> {
         );
         let header = c.header.as_mut().expect("snapshot taken");
         header.tables_len = tables.len() as u64;
-        header.tables_crc = crc32c::crc32c(&tables);
+        header.tables_crc = crc;
         // The image may hold the changes of every record logged since the
         // snapshot: the header waits for the commit that covers them.
         c.image_commit = if self.wal.next_lsn() == header.first_lsn {
@@ -306,8 +326,9 @@ impl<D: Device> Shard<D> {
     /// a pass left finished requests behind (submitting polls the device), so
     /// a worker never sleeps on completions already collected.
     fn poll_writes(&mut self) -> bool {
+        let mut budget = WRITES_PER_POLL;
         for _ in 0..TABLE_WRITES + 4 {
-            if self.poll_writes_once() {
+            if self.poll_writes_once(&mut budget) {
                 return true;
             }
             if !self.io.has_finished() {
@@ -317,7 +338,7 @@ impl<D: Device> Shard<D> {
         false
     }
 
-    fn poll_writes_once(&mut self) -> bool {
+    fn poll_writes_once(&mut self, budget: &mut usize) -> bool {
         self.poll_data_writes();
         if self.committing.is_some() {
             self.poll_commit();
@@ -332,12 +353,19 @@ impl<D: Device> Shard<D> {
                 return true;
             }
             let c = self.ckpt.as_mut().expect("a checkpoint under way");
-            if self.io.ckpt_in_flight() >= TABLE_WRITES || c.submitted == c.tables.len() {
+            if self.io.ckpt_in_flight() >= TABLE_WRITES
+                || c.submitted == c.tables.len()
+                || *budget == 0
+            {
                 break;
             }
             let region = c.header.expect("snapshot taken").region as usize;
             let base = self.geo.offset(self.geo.ckpt_page[region]);
-            while self.io.ckpt_in_flight() < TABLE_WRITES && c.submitted < c.tables.len() {
+            while self.io.ckpt_in_flight() < TABLE_WRITES
+                && c.submitted < c.tables.len()
+                && *budget > 0
+            {
+                *budget -= 1;
                 let end = (c.submitted + TABLE_CHUNK).min(c.tables.len());
                 let req = write_req(base + c.submitted as u64, &c.tables[c.submitted..end]);
                 c.submitted = end;
@@ -348,7 +376,9 @@ impl<D: Device> Shard<D> {
         let (lsn, commit) = (c.header.expect("snapshot taken").first_lsn, c.commit);
         if self.commits_done >= commit && !c.copies.is_empty() {
             // Everything the copies hold is durable now.
-            for (b, copy) in std::mem::take(&mut c.copies) {
+            let mut now = std::mem::take(&mut c.copies);
+            c.copies = now.split_off(now.len().min(COPIES_PER_POLL));
+            for (b, copy) in now {
                 self.icache.write_copy(&mut self.io, b, copy, lsn - 1);
             }
         }
@@ -462,7 +492,7 @@ impl<D: Device> Shard<D> {
             if self.ckpt.is_none() {
                 return self.check_failed();
             }
-            if self.checkpoint_encoding() {
+            if self.checkpoint_wants_cpu() {
                 continue;
             }
             if let Some(held) = self.held_for() {

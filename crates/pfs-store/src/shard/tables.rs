@@ -67,6 +67,12 @@ pub(super) struct Encoder {
     section: u8,
     count_at: usize,
     count: u64,
+    /// The checksum of the finished sections, and of the current section's
+    /// entries up to `crc_at` (its count is patched in when it ends), so the
+    /// image's checksum is computed a slice at a time too.
+    crc: u32,
+    entries_crc: u32,
+    crc_at: usize,
     /// Section 0: the directories with names at the snapshot, the one being
     /// encoded, and the last name encoded in it.
     parents: Vec<InodeId>,
@@ -126,6 +132,9 @@ impl Encoder {
             section: 0,
             count_at: 0,
             count: 0,
+            crc: 0,
+            entries_crc: 0,
+            crc_at: 8,
             parents,
             parent_at: 0,
             after_name: None,
@@ -140,6 +149,11 @@ impl Encoder {
     /// Bytes encoded so far.
     pub(super) fn len(&self) -> usize {
         self.out.len()
+    }
+
+    /// The crc32c of the image, once [`done`](Self::done).
+    pub(super) fn crc(&self) -> u32 {
+        self.crc
     }
 
     /// Whether every section is encoded.
@@ -187,18 +201,39 @@ impl Encoder {
                 }),
             };
             if finished {
-                self.out[self.count_at..self.count_at + 8]
-                    .copy_from_slice(&self.count.to_le_bytes());
+                let count = self.count.to_le_bytes();
+                self.out[self.count_at..self.count_at + 8].copy_from_slice(&count);
+                self.checksum_entries();
+                let entries = self.out.len() - self.count_at - 8;
+                let section =
+                    crc32c::crc32c_combine(crc32c::crc32c(&count), self.entries_crc, entries);
+                self.crc = if self.section == 0 {
+                    section
+                } else {
+                    crc32c::crc32c_combine(self.crc, section, entries + 8)
+                };
                 self.section += 1;
                 self.after_key = None;
                 if self.section < SECTIONS {
                     self.count_at = self.out.len();
                     self.count = 0;
                     put_u64(&mut self.out, 0);
+                    self.crc_at = self.out.len();
+                    self.entries_crc = 0;
                 }
             }
         }
+        self.checksum_entries();
         self.done()
+    }
+
+    /// Adds the entries encoded since the last call to the current
+    /// section's checksum.
+    fn checksum_entries(&mut self) {
+        if self.section < SECTIONS {
+            self.entries_crc = crc32c::crc32c_append(self.entries_crc, &self.out[self.crc_at..]);
+            self.crc_at = self.out.len();
+        }
     }
 
     fn dentries<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
