@@ -20,9 +20,10 @@ const STOPPED_MAX: usize = 4096;
 /// can be evicted again before its request runs).
 const TRIES_MAX: u8 = 4;
 
-/// Background requests finished so far: inode page reads, data requests and
-/// commits (`Shard::background_progress`).
-pub(crate) type Progress = (u64, u64, u64);
+/// Background requests finished so far: inode page reads, data requests,
+/// commits, and the log's moves to a fresh half
+/// (`Shard::background_progress`).
+pub(crate) type Progress = (u64, u64, u64, u64);
 
 /// A request waiting to run again.
 #[derive(Debug)]
@@ -46,6 +47,7 @@ impl Waiting {
             Some((DeferredOn::InodePage, at)) => now.0 != at,
             Some((DeferredOn::Data, at)) => now.1 != at,
             Some((DeferredOn::Commit, at)) => now.2 != at,
+            Some((DeferredOn::LogRoom, at)) => now.3 != at,
         }
     }
 }
@@ -113,6 +115,7 @@ impl Stopped {
             DeferredOn::InodePage => before.0,
             DeferredOn::Data => before.1,
             DeferredOn::Commit => before.2,
+            DeferredOn::LogRoom => before.3,
         };
         let tries = tries + 1;
         self.waiting.push(Waiting { origin, conn, buf, tries, waits: Some((on, at)) });
@@ -162,27 +165,33 @@ mod tests {
         let mut s = Stopped::default();
         assert!(s.may_stop(0));
         assert!(!s.may_stop(TRIES_MAX), "a request stops at most TRIES_MAX times");
-        s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9));
-        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9));
+        s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9, 1));
+        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9, 1));
         assert!(s.holds(0, conn(1)) && !s.holds(1, conn(1)) && !s.holds(0, conn(3)));
         s.queue_behind(0, conn(1), b"behind".to_vec());
-        assert!(s.moved((5, 8, 9)));
+        assert!(s.moved((5, 8, 9, 1)));
         // Data requests finished: nobody here waits for them.
-        let taken = s.take_all((5, 8, 9)).expect("something moved");
-        let ready: Vec<bool> = taken.iter().map(|w| w.ready((5, 8, 9))).collect();
+        let taken = s.take_all((5, 8, 9, 1)).expect("something moved");
+        let ready: Vec<bool> = taken.iter().map(|w| w.ready((5, 8, 9, 1))).collect();
         assert_eq!(ready, [false, false, true], "only the one queued behind its connection");
         for w in taken {
             s.put_back(w);
         }
-        assert!(!s.moved((5, 8, 9)));
-        assert!(s.take_all((5, 8, 9)).is_none(), "nothing moved since");
+        assert!(!s.moved((5, 8, 9, 1)));
+        assert!(s.take_all((5, 8, 9, 1)).is_none(), "nothing moved since");
         // A commit finished: the second runs again, with its tries.
-        let taken = s.take_all((5, 8, 10)).expect("moved");
-        let w = taken.into_iter().find(|w| w.ready((5, 8, 10)) && w.buf == b"commit").unwrap();
+        let taken = s.take_all((5, 8, 10, 1)).expect("moved");
+        let w = taken.into_iter().find(|w| w.ready((5, 8, 10, 1)) && w.buf == b"commit").unwrap();
         s.running(&w);
         assert_eq!(s.tries(), 3, "stopped twice before, and once more");
         assert_eq!(s.take_tries(), 3);
         assert_eq!(s.take_tries(), 0, "the next request starts from 0");
+        // A request waiting for room in the log runs again once it moved.
+        s.stopped(0, conn(4), b"room".to_vec(), 0, DeferredOn::LogRoom, (5, 8, 10, 1));
+        let taken = s.take_all((5, 9, 11, 1)).expect("moved");
+        let room = taken.iter().find(|w| w.buf == b"room").unwrap();
+        assert!(!room.ready((5, 9, 11, 1)), "reads and commits are not room in the log");
+        assert!(room.ready((5, 9, 11, 2)));
     }
 
     #[test]
@@ -190,7 +199,7 @@ mod tests {
         let mut s = Stopped::default();
         for i in 0..STOPPED_MAX {
             assert!(s.may_stop(0), "room for {i}");
-            s.stopped(0, conn(i as u32), Vec::new(), 0, DeferredOn::Data, (0, 0, 0));
+            s.stopped(0, conn(i as u32), Vec::new(), 0, DeferredOn::Data, (0, 0, 0, 0));
         }
         assert!(!s.may_stop(0));
     }

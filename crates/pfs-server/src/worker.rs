@@ -671,9 +671,9 @@ impl<D: Device> Worker<D> {
     /// it or the oldest change is `commit_interval` old. Returns the work done.
     fn drive_commit(&mut self) -> usize {
         let mut work = 0;
-        if self.shard.checkpointing() {
-            self.shard.poll_checkpoint();
-        }
+        // Also starts the checkpoint a short log needs when the requests that
+        // found it full stopped for it instead of starting it.
+        self.shard.poll_checkpoint();
         if self.shard.committing() {
             self.shard.poll_commit();
             if self.shard.committing() {
@@ -1245,7 +1245,8 @@ impl<D: Device> Worker<D> {
 
     /// The background requests finished so far.
     fn progress(&mut self) -> Progress {
-        (self.shard.icache_reads_done(), self.shard.data_requests_done(), self.shard.commits_done())
+        let reads = self.shard.icache_reads_done();
+        (reads, self.shard.data_requests_done(), self.shard.commits_done(), self.shard.log_moves())
     }
 
     /// Runs again the requests that stopped, once what each waits for moved

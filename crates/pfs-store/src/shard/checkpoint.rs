@@ -200,6 +200,11 @@ impl<D: Device> Shard<D> {
     /// without waiting, and encodes one slice of its image if it is at that
     /// step. A failed request fails the shard.
     pub fn poll_checkpoint(&mut self) {
+        if self.ckpt.is_none() && self.wal.free_bytes() < self.checkpoint_start_free() {
+            // The log is short and no operation started a checkpoint (those
+            // that need room stopped for it): the next one starts here.
+            self.start_checkpoint();
+        }
         self.step_checkpoint(true);
     }
 
@@ -255,6 +260,7 @@ impl<D: Device> Shard<D> {
         let group = opts_group(&self.opts);
         let fresh = Wal::new(offset, bytes, gen, header.first_lsn, group, self.geo.format_id);
         let retired = std::mem::replace(&mut self.wal, fresh);
+        self.log_moves += 1;
         let blocks = self.icache.unwritten_blocks();
         let copies = self.icache.copy_dirty(&blocks);
         // A failure is the shard's: `poll_checkpoint` drops the checkpoint.
@@ -519,10 +525,23 @@ impl<D: Device> Shard<D> {
         }
     }
 
-    /// Makes room in a full log for the operation about to start, waiting:
-    /// takes the snapshot of a checkpoint (moving to the other half), after
-    /// waiting for the one under way if it already took its own.
+    /// Makes room in a full log for the operation about to start: takes the
+    /// snapshot of a checkpoint (moving to the other half), after the one
+    /// under way if it already took its own. A request that changed nothing
+    /// yet (`set_defer_misses`) does not wait: the checkpoint goes on beside
+    /// the requests (the worker polls it, and starts the next one while the
+    /// log is short) and the request stops to run again once the log moved
+    /// ([`DeferredOn::LogRoom`](super::DeferredOn::LogRoom)). Others wait.
     pub(super) fn make_log_room(&mut self) -> FsResult<()> {
+        if self.defer_misses && self.op_changes == 0 {
+            self.start_checkpoint();
+            if self.wal.free_bytes() >= MAX_RECORD_BYTES {
+                return Ok(()); // Its snapshot was taken at once.
+            }
+            self.stats.log_room_deferred += 1;
+            self.deferred = Some(super::DeferredOn::LogRoom);
+            return Err(FsError::TryAgain);
+        }
         self.stats.log_full_waits += 1;
         for _ in 0..4 {
             if self.wal.free_bytes() >= MAX_RECORD_BYTES {

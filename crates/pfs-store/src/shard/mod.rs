@@ -91,6 +91,9 @@ pub enum DeferredOn {
     /// short of clean blocks, inode numbers used up to their durable
     /// floor): again once `Shard::commits_done` moved.
     Commit,
+    /// A full log, waiting for a checkpoint's snapshot to move it to the
+    /// other half: again once the log moved (`Shard::background_progress`).
+    LogRoom,
 }
 
 /// Counters an operator or a benchmark reads.
@@ -136,6 +139,9 @@ pub struct ShardStats {
     /// Requests that stopped for such a commit instead, to run again once it
     /// finished (`Shard::set_defer_misses`).
     pub commits_deferred: u64,
+    /// Requests that found the log full and stopped for the checkpoint that
+    /// makes room instead of waiting for it, to run again once it did.
+    pub log_room_deferred: u64,
     /// WAL records replayed at open.
     pub replayed: u64,
     /// The generation of the checkpoint the shard opened from (0 for a
@@ -246,6 +252,8 @@ pub struct Shard<D: Device> {
     ckpt_image_limit: u64,
     /// The key lists of the last checkpoint's image, reused by the next.
     ckpt_keys: tables::KeyLists,
+    /// Times a checkpoint's snapshot moved the log to a fresh half.
+    log_moves: u64,
     commits_started: u64,
     commits_done: u64,
 }
@@ -506,6 +514,7 @@ impl<D: Device> Shard<D> {
             ckpt: None,
             ckpt_slice: tables::ENCODE_SLICE,
             ckpt_keys: tables::KeyLists::default(),
+            log_moves: 0,
             ckpt_image_limit: geo.ckpt_pages * PAGE_SIZE,
             commits_started: 0,
             commits_done: 0,
@@ -1037,8 +1046,15 @@ impl<D: Device> Shard<D> {
     /// and data requests ([`data_requests_done`](Self::data_requests_done)). A
     /// request that stops (`set_defer_misses`) runs again once the count it
     /// waits for moved past what it was before the request ran.
-    pub fn background_progress(&self) -> (u64, u64, u64) {
-        (self.icache.stats().background_reads_done, self.writes.done, self.commits_done)
+    pub fn background_progress(&self) -> (u64, u64, u64, u64) {
+        let reads = self.icache.stats().background_reads_done;
+        (reads, self.writes.done, self.commits_done, self.log_moves)
+    }
+
+    /// Times a checkpoint's snapshot moved the log to a fresh half: room for
+    /// a request stopped at a full log ([`DeferredOn::LogRoom`]).
+    pub fn log_moves(&self) -> u64 {
+        self.log_moves
     }
 
     /// Whether inode pages are being read in the background.

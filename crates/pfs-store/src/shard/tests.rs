@@ -2344,3 +2344,52 @@ fn an_image_grown_past_its_region_is_encoded_again_whole() {
     let mut s = Shard::open(handle.crash(3), 0, small_opts()).unwrap();
     assert_eq!(shard_dump(&mut s), expected);
 }
+
+/// A request that finds the log full while the checkpoint that makes room is
+/// held does not wait for it when it may stop: it stops with nothing changed,
+/// the worker's polls alone finish that checkpoint and start the next, whose
+/// snapshot moves the log, and the request then runs without waiting.
+#[test]
+fn a_request_stops_for_room_in_a_full_log_instead_of_waiting() {
+    let mut fo = FormatOptions::new(ShardId(0), ZONE);
+    fo.wal_bytes = Some(512 << 10);
+    let dev = MemDevice::new(ZONE, 64);
+    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let handle = s.io.device().handle();
+    handle.hold(Some(PAGE_SIZE..3 * PAGE_SIZE));
+    let name = |i: u32| format!("{i:0>200}");
+    let mut made = 0u32;
+    while !s.checkpointing() || s.wal.free_bytes() >= MAX_RECORD_BYTES {
+        s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)).unwrap();
+        made += 1;
+    }
+    let (waits, moves) = (s.stats().log_full_waits, s.log_moves());
+    s.set_defer_misses(true);
+    let r = s.create(ROOT, b"late", CreateArgs::file(0o644));
+    s.set_defer_misses(false);
+    assert_eq!(r.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::LogRoom));
+    assert_eq!(s.stats().log_full_waits, waits, "nobody waited");
+    assert_eq!(s.stats().log_room_deferred, 1);
+    assert_eq!(s.lookup(ROOT, b"late").unwrap_err(), FsError::NotFound, "nothing changed");
+    handle.hold(None);
+    for _ in 0..10_000 {
+        if s.log_moves() != moves {
+            break;
+        }
+        s.poll_checkpoint();
+        if s.checkpointing() && !s.checkpoint_wants_cpu() {
+            s.io.wait_any();
+        }
+    }
+    assert!(s.log_moves() > moves, "polls alone made room: {:?}", s.stats());
+    s.set_defer_misses(true);
+    s.create(ROOT, b"late", CreateArgs::file(0o644)).unwrap();
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().log_full_waits, waits, "nobody waited");
+    let mut s = reopen(s);
+    s.lookup(ROOT, b"late").unwrap();
+    for i in 0..made {
+        s.lookup(ROOT, name(i).as_bytes()).unwrap();
+    }
+}
