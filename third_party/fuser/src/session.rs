@@ -633,6 +633,15 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
         loop {
+            if let Some(stats) = self.paced.as_ref() {
+                // pfs fork: another /dev/fuse thread just took a forget; rest
+                // with it, so the next forgets gather for one read.
+                let until = *stats.rest_until.lock().unwrap_or_else(|e| e.into_inner());
+                let now = std::time::Instant::now();
+                if let Some(until) = until.filter(|u| *u > now) {
+                    thread::sleep(until - now);
+                }
+            }
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
@@ -654,6 +663,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                             use std::sync::atomic::Ordering::Relaxed;
                             stats.forgets.fetch_add(forgets, Relaxed);
                             stats.forget_reads.fetch_add(1, Relaxed);
+                            let until = std::time::Instant::now() + FORGET_PACE;
+                            *stats.rest_until.lock().unwrap_or_else(|e| e.into_inner()) =
+                                Some(until);
                             thread::sleep(FORGET_PACE);
                         }
                     }

@@ -109,6 +109,10 @@ pub struct UringStats {
     requests: AtomicU64,
     pub(crate) forgets: AtomicU64,
     pub(crate) forget_reads: AtomicU64,
+    /// Until when the /dev/fuse threads rest after the last forget
+    /// (`FORGET_PACE` in `session.rs`), shared so that two threads do not
+    /// take turns at reading single forgets.
+    pub(crate) rest_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl UringStats {
