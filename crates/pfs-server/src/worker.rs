@@ -161,6 +161,8 @@ pub struct Worker<D: Device> {
     /// (`log_checkpoint`).
     checkpoints_seen: u64,
     log_full_waits_seen: u64,
+    /// Trim steps that stopped in a row (`TRIM_STOPS_MAX`).
+    trim_stops: u8,
     /// Whether the last round saw a checkpoint under way (its start is logged).
     checkpoint_seen_running: bool,
     /// Reads waiting for the device, by the shard's read id; at most as many
@@ -310,6 +312,9 @@ const REARM_ROUNDS: usize = 4;
 
 /// Longest park, so the stop flag and the commit timer are seen.
 const PARK_MAX: Duration = Duration::from_millis(100);
+/// Trim steps that may stop in a row (for an inode page, a commit, room in the
+/// log) before one waits: an evicted page cannot hold a trim back for ever.
+const TRIM_STOPS_MAX: u8 = 4;
 
 impl<D: Device> Worker<D> {
     /// A worker over `shard` with its ring ends; call [`run`](Self::run) on its thread.
@@ -354,6 +359,7 @@ impl<D: Device> Worker<D> {
             after_commit: Vec::new(),
             checkpoints_seen,
             log_full_waits_seen: 0,
+            trim_stops: 0,
             checkpoint_seen_running: false,
             reads: HashMap::new(),
             stopped: Stopped::default(),
@@ -654,9 +660,21 @@ impl<D: Device> Worker<D> {
         }
         if work == 0 && self.shard.has_trims() {
             // Free a removed or truncated file's data one bounded record at a
-            // time, only when no request waits.
-            match self.shard.trim_step() {
-                Ok(n) => work += n,
+            // time, only when no request waits. A step that needs an inode
+            // page read, a commit or room in the log first stops, as requests
+            // do, and runs again in a later round; after TRIM_STOPS_MAX stops
+            // in a row it waits instead.
+            self.shard.set_defer_misses(self.trim_stops < TRIM_STOPS_MAX);
+            let stepped = self.shard.trim_step();
+            self.shard.set_defer_misses(false);
+            match stepped {
+                Ok(n) => {
+                    work += n;
+                    self.trim_stops = 0;
+                }
+                Err(FsError::TryAgain) if self.shard.take_deferred().is_some() => {
+                    self.trim_stops += 1;
+                }
                 Err(e) => log::error!("worker {}: freeing file data: {e}", self.id),
             }
             self.mark_dirty();

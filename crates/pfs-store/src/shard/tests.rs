@@ -2393,3 +2393,40 @@ fn a_request_stops_for_room_in_a_full_log_instead_of_waiting() {
         s.lookup(ROOT, name(i).as_bytes()).unwrap();
     }
 }
+
+/// A trim step whose file's inode page is not in memory stops as a request
+/// does when asked (the worker asks), with nothing changed, and runs once the
+/// page was read in the background.
+#[test]
+fn a_trim_step_stops_at_a_cold_inode_page_when_asked() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let ino = many_block_file(&mut s, b"f", FileLayout::Block);
+    s.setattr(ino, SetAttr { size: Some(10), ..SetAttr::default() }).unwrap();
+    assert!(s.has_trims());
+    // 40 pages of other inodes, more than the Icache's 32 blocks.
+    let mut others = Vec::new();
+    for i in 0..640 {
+        others.push(s.create(ROOT, format!("o{i}").as_bytes(), CreateArgs::file(0o644)).unwrap());
+    }
+    let mut s = reopen(s);
+    for o in &others[40..] {
+        s.getattr(o.ino).unwrap();
+    }
+    assert!(!s.icache.resident(s.inode_slots[&ino]), "the file's inode page is cold");
+    let free = s.statfs().blocks_free;
+    let done = s.icache_reads_done();
+    s.set_defer_misses(true);
+    let stepped = s.trim_step();
+    s.set_defer_misses(false);
+    assert_eq!(stepped.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+    assert!(s.has_trims() && s.statfs().blocks_free == free, "nothing changed");
+    while s.icache_reads_done() == done {
+        assert!(s.io.wait_any(), "the page read is in flight");
+    }
+    s.set_defer_misses(true);
+    assert!(s.trim_step().unwrap() > 0, "the page in memory, the step runs");
+    s.set_defer_misses(false);
+    run_trims(&mut s);
+    assert_eq!(s.getattr(ino).unwrap().size, 10);
+}
