@@ -10,6 +10,8 @@
 //! - [`shard`]: the shard API the server calls: format, open (recovery),
 //!   namespace and data operations, commit, checkpoint.
 //! - [`io`]: the shard's routing of device completions.
+//! - [`slots`]: the inode table (inode number -> slot), split so it grows in
+//!   small steps.
 
 pub mod bitmap;
 pub mod device;
@@ -18,6 +20,7 @@ pub mod icache;
 pub mod inode;
 pub mod io;
 pub mod shard;
+pub mod slots;
 pub mod wal;
 
 pub use error::StoreError;

@@ -40,7 +40,6 @@ use crate::inode::{Inode, Run, INODE_SLOT_SIZE};
 use crate::io::DevIo;
 use crate::wal::record::Extent;
 use crate::wal::{Change, Wal};
-use pfs_core::hash::NumMap;
 
 pub use geometry::{FormatOptions, Geometry, PAGE_SIZE};
 pub use meta::{CreateArgs, DirEntry, RenameFlags, XattrFlags};
@@ -184,7 +183,7 @@ pub struct Shard<D: Device> {
     geo: Geometry,
     opts: ShardOptions,
     dentries: Cart,
-    inode_slots: NumMap<InodeId, u64>,
+    inode_slots: crate::slots::InodeTable,
     slot_bitmap: Bitmap,
     icache: Icache,
     page_bitmap: Bitmap,
@@ -479,7 +478,7 @@ impl<D: Device> Shard<D> {
             wal: Wal::new(wal_offset, wal_bytes, gen, first_lsn, opts_group(&opts), geo.format_id),
             io,
             dentries: Cart::new(),
-            inode_slots: NumMap::default(),
+            inode_slots: crate::slots::InodeTable::default(),
             slot_bitmap: Bitmap::new(geo.inode_slots),
             page_bitmap: Bitmap::new(geo.data_pages),
             blocks: BTreeMap::new(),

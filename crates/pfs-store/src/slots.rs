@@ -1,0 +1,135 @@
+//! The inode table of a shard: inode number -> inode slot, split into
+//! [`SPLIT`] hash tables by the number's low bits.
+//!
+//! A hash table grows by rehashing every entry at once when it is 7/8 full:
+//! one table of a million inodes stopped the create that grew it for 26 ms
+//! (`cargo bench --bench checkpoint` with a million files, docs/benchmarks.md
+//! twenty-seventh session), and a shard of ten million would stop for ten
+//! times that. Split, each growth moves a 64th of the inodes, and the parts
+//! grow at different creates. Inode numbers of a shard are handed out in
+//! sequence, so the low bits spread them evenly over the parts.
+
+use std::ops::Index;
+
+use pfs_core::hash::NumMap;
+use pfs_core::InodeId;
+
+/// Parts of the table.
+pub const SPLIT: usize = 64;
+
+/// Inode number -> slot, in [`SPLIT`] parts.
+#[derive(Debug)]
+pub struct InodeTable {
+    parts: Vec<NumMap<InodeId, u64>>,
+    len: usize,
+}
+
+impl Default for InodeTable {
+    fn default() -> Self {
+        InodeTable { parts: (0..SPLIT).map(|_| NumMap::default()).collect(), len: 0 }
+    }
+}
+
+impl InodeTable {
+    fn part(ino: &InodeId) -> usize {
+        (ino.0 as usize) & (SPLIT - 1)
+    }
+
+    /// The slot of `ino`.
+    pub fn get(&self, ino: &InodeId) -> Option<&u64> {
+        self.parts[Self::part(ino)].get(ino)
+    }
+
+    /// Whether `ino` is here.
+    pub fn contains_key(&self, ino: &InodeId) -> bool {
+        self.parts[Self::part(ino)].contains_key(ino)
+    }
+
+    /// Sets the slot of `ino`; returns the old one.
+    pub fn insert(&mut self, ino: InodeId, slot: u64) -> Option<u64> {
+        let old = self.parts[Self::part(&ino)].insert(ino, slot);
+        self.len += usize::from(old.is_none());
+        old
+    }
+
+    /// Removes `ino`; returns its slot.
+    pub fn remove(&mut self, ino: &InodeId) -> Option<u64> {
+        let old = self.parts[Self::part(ino)].remove(ino);
+        self.len -= usize::from(old.is_some());
+        old
+    }
+
+    /// Inodes here.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Every inode and its slot, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&InodeId, &u64)> {
+        self.parts.iter().flat_map(|p| p.iter())
+    }
+
+    /// Every inode, in no particular order.
+    pub fn keys(&self) -> impl Iterator<Item = &InodeId> {
+        self.parts.iter().flat_map(|p| p.keys())
+    }
+
+    /// Entries the parts have room for without growing, per part.
+    #[cfg(test)]
+    fn capacities(&self) -> Vec<usize> {
+        self.parts.iter().map(|p| p.capacity()).collect()
+    }
+}
+
+impl Index<&InodeId> for InodeTable {
+    type Output = u64;
+
+    fn index(&self, ino: &InodeId) -> &u64 {
+        self.get(ino).expect("an inode of the table")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pfs_core::ShardId;
+    use std::collections::HashMap;
+
+    /// The table answers as one map would, and an insert never grows more
+    /// than one part: a growth rehashes a 64th of the inodes at most.
+    #[test]
+    fn answers_as_one_map_and_grows_a_part_at_a_time() {
+        let mut t = InodeTable::default();
+        let mut model = HashMap::new();
+        let ino = |n: u64| InodeId::compose(ShardId(3), n);
+        for n in 1..50_000u64 {
+            let before = t.capacities();
+            assert_eq!(t.insert(ino(n), n * 7), model.insert(ino(n), n * 7));
+            let grew = before.iter().zip(t.capacities()).filter(|(a, b)| **a != *b).count();
+            assert!(grew <= 1, "insert {n} grew {grew} parts");
+            if n % 3 == 0 {
+                assert_eq!(t.remove(&ino(n / 3)), model.remove(&ino(n / 3)));
+            }
+        }
+        assert_eq!(t.len(), model.len());
+        for n in 0..50_001u64 {
+            assert_eq!(t.get(&ino(n)), model.get(&ino(n)), "{n}");
+            assert_eq!(t.contains_key(&ino(n)), model.contains_key(&ino(n)));
+        }
+        let mut listed: Vec<(InodeId, u64)> = t.iter().map(|(i, s)| (*i, *s)).collect();
+        listed.sort();
+        let mut expected: Vec<(InodeId, u64)> = model.into_iter().collect();
+        expected.sort();
+        assert_eq!(listed, expected);
+        assert_eq!(t.keys().count(), t.len());
+        // The parts share the inodes evenly.
+        let sizes: Vec<usize> = t.parts.iter().map(|p| p.len()).collect();
+        let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+        assert!(max - min <= max / 10, "{sizes:?}");
+    }
+}
