@@ -79,6 +79,12 @@ impl InodeTable {
         self.parts.iter().flat_map(|p| p.keys())
     }
 
+    /// The inodes of part `part` (below [`SPLIT`]), in no particular order:
+    /// a checkpoint lists one part per slice.
+    pub fn part_keys(&self, part: usize) -> impl Iterator<Item = InodeId> + '_ {
+        self.parts[part].keys().copied()
+    }
+
     /// Entries the parts have room for without growing, per part.
     #[cfg(test)]
     fn capacities(&self) -> Vec<usize> {

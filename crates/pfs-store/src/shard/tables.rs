@@ -78,9 +78,12 @@ pub(super) struct Encoder {
     parents: Vec<InodeId>,
     parent_at: usize,
     after_name: Option<Vec<u8>>,
-    /// Section 1: the inodes at the snapshot, and the next to encode.
+    /// Section 1: the inodes of one part of the inode table, listed when the
+    /// walk reached it (`slots.rs`: a 64th of them, so listing is a slice's
+    /// work too), the next of them to encode, and the next part.
     inos: Vec<InodeId>,
     ino_at: usize,
+    part_at: usize,
     /// Sections 2, 3, 5 and 6: the last key encoded.
     after_key: Option<(u64, u64)>,
     /// Section 4: the inodes with extended attributes at the snapshot.
@@ -124,7 +127,6 @@ impl Encoder {
         parents.clear();
         parents.extend(s.dentries.parents());
         inos.clear();
-        inos.extend(s.inode_slots.keys().copied());
         xattr_inos.clear();
         xattr_inos.extend(s.xattrs.keys().copied());
         Encoder {
@@ -140,6 +142,7 @@ impl Encoder {
             after_name: None,
             inos,
             ino_at: 0,
+            part_at: 0,
             after_key: None,
             xattr_inos,
             xattr_at: 0,
@@ -267,10 +270,24 @@ impl Encoder {
     }
 
     fn inodes<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
-        while let Some(ino) = self.inos.get(self.ino_at) {
+        loop {
+            if self.ino_at == self.inos.len() {
+                // The next part's inodes as they are now: one there since
+                // the snapshot and unchanged is listed, one made or removed
+                // since is the log's.
+                if self.part_at == crate::slots::SPLIT {
+                    return true;
+                }
+                self.inos.clear();
+                self.inos.extend(s.inode_slots.part_keys(self.part_at));
+                self.part_at += 1;
+                self.ino_at = 0;
+                continue;
+            }
             if *left == 0 {
                 return false;
             }
+            let ino = &self.inos[self.ino_at];
             self.ino_at += 1;
             if let Some(slot) = s.inode_slots.get(ino) {
                 put_u64(&mut self.out, ino.0);
@@ -279,7 +296,6 @@ impl Encoder {
             }
             *left -= 1;
         }
-        true
     }
 
     fn xattrs<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
