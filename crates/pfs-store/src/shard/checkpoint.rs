@@ -10,8 +10,8 @@
 //!    generation `g + 1` over the other half, starting at lsn `X`, and a
 //!    commit of the old log's pending records starts (`Committing::retired`).
 //!    The image of the tables starts ([`Encoder`]): the snapshot lists only
-//!    the keys of the hash tables (directories with names, inodes, inodes
-//!    with extended attributes). Operations go on and log to the new half.
+//!    the directories with names and the inodes with extended attributes.
+//!    Operations go on and log to the new half.
 //! 2. **Encode**: the tables are encoded [`ENCODE_SLICE`](super::tables::ENCODE_SLICE) entries at a time,
 //!    one slice per poll, operations running between slices. The image is
 //!    fuzzy (each entry as it was when its slice ran); replaying the new half

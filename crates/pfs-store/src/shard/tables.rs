@@ -55,9 +55,11 @@ pub const ENCODE_SLICE: usize = 4096;
 /// the log after a crash.
 ///
 /// The snapshot lists what cannot be walked in slices while it changes, the
-/// keys of the hash tables: the directories that hold names, the inodes, the
-/// inodes with extended attributes (into vectors kept from one checkpoint to
-/// the next, so no memory is faulted in at the snapshot). A listed key is
+/// keys of two hash tables: the directories that hold names and the inodes
+/// with extended attributes (into vectors kept from one checkpoint to the
+/// next, so no memory is faulted in at the snapshot). The inode table is 64
+/// hash tables (`slots.rs`); each part's keys are listed when the walk
+/// reaches it. A listed key is
 /// encoded with its value when its slice runs, or skipped if it is gone by
 /// then; a key made after the snapshot is in the log. The ordered tables are
 /// walked from the last key encoded, the dentries directory by directory from
