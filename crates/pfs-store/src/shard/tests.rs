@@ -1552,14 +1552,18 @@ fn operations_go_on_while_a_checkpoint_is_under_way() {
     assert!(new_header > 0 && old_header > 0, "new {new_header}, old {old_header}");
 }
 
+/// A shard whose log is 512 KiB, halves of 256: checkpoints come quickly.
+fn small_log_shard() -> Shard<MemDevice> {
+    let mut fo = FormatOptions::new(ShardId(0), ZONE);
+    fo.wal_bytes = Some(512 << 10);
+    Shard::format(MemDevice::new(ZONE, 64), &fo, small_opts()).unwrap()
+}
+
 /// The log fills while a checkpoint is held: the operation that needs room
 /// waits for it (counted), and nothing is lost.
 #[test]
 fn a_full_log_waits_for_the_checkpoint_under_way() {
-    let mut fo = FormatOptions::new(ShardId(0), ZONE);
-    fo.wal_bytes = Some(512 << 10);
-    let dev = MemDevice::new(ZONE, 64);
-    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let mut s = small_log_shard();
     let mut made = 0u32;
     // Long names: each record is large, so the half fills quickly. Every
     // 97th file stays; the others are removed again, so the tables stay small.
@@ -2353,10 +2357,7 @@ fn an_image_grown_past_its_region_is_encoded_again_whole() {
 /// snapshot moves the log, and the request then runs without waiting.
 #[test]
 fn a_request_stops_for_room_in_a_full_log_instead_of_waiting() {
-    let mut fo = FormatOptions::new(ShardId(0), ZONE);
-    fo.wal_bytes = Some(512 << 10);
-    let dev = MemDevice::new(ZONE, 64);
-    let mut s = Shard::format(dev, &fo, small_opts()).unwrap();
+    let mut s = small_log_shard();
     let handle = s.io.device().handle();
     handle.hold(Some(PAGE_SIZE..3 * PAGE_SIZE));
     let name = |i: u32| format!("{i:0>200}");
