@@ -468,6 +468,8 @@ impl<D: Device> Worker<D> {
         let mut idle_from: Option<Instant> = None;
         let mut parked = false;
         let mut spin = crate::spin::Spin::new(w.opts.idle_spin);
+        // When the spin last polled (its gaps tell whether the core is shared).
+        let mut last_poll: Option<Instant> = None;
         while !w.stop.load(Ordering::Acquire) {
             w.now = Instant::now();
             w.shard.set_now(wall_clock_ns());
@@ -494,6 +496,7 @@ impl<D: Device> Worker<D> {
                     spin.woke_after(w.now.duration_since(since));
                 }
                 parked = false;
+                last_poll = None;
                 continue;
             }
             if w.opts.poll_mode == PollMode::Busy {
@@ -515,9 +518,17 @@ impl<D: Device> Worker<D> {
             let spins = !(w.opts.inline_rounds && pfs_net::inline::skip_spin());
             if spins && !parked && w.now.duration_since(since) < spin.window() && !w.awaits_device()
             {
-                std::hint::spin_loop();
+                if let Some(last) = last_poll.replace(w.now) {
+                    spin.polled(w.now, w.now.duration_since(last));
+                }
+                if spin.yields(w.now) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
+            last_poll = None;
             if let Some(timeout) = w.park_begin() {
                 let fd = w.epoll.raw();
                 shared.idle.store(true, Ordering::SeqCst);
