@@ -3,15 +3,18 @@
 # read (psync, --end_fsync=1, --invalidate=1, one job) through the FUSE mount of
 # `pfs up` (its defaults) against the same fio on a file of the same disk,
 # alternating file and mount for ROUNDS rounds (this machine is shared and
-# noisy). Prints each round's rates and the mean of pfs/file per direction.
+# noisy; odd rounds run the file first, even rounds the mount, each run after
+# `sync` and SETTLE seconds). Prints each round's rates and the mean of pfs/file
+# per direction.
 #
 #   benches/fio-mount-vs-file.sh [PFS]      # as root; ROUNDS=3, SIZE_MIB=1024
-# Environment: ROUNDS, SIZE_MIB, UP_ARGS (extra `pfs up` options), WORK.
+# Environment: ROUNDS, SIZE_MIB, SETTLE (seconds, 30), UP_ARGS (extra `pfs up` options), WORK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PFS=${1:-$PWD/target/release/pfs}
 ROUNDS=${ROUNDS:-3}
 SIZE_MIB=${SIZE_MIB:-1024}
+SETTLE=${SETTLE:-30}
 WORK=${WORK:-$PWD/target/bench-fio-mount}
 for tool in fio jq bc; do
     command -v "$tool" >/dev/null || { echo "error: $tool not found" >&2; exit 1; }
@@ -32,6 +35,7 @@ fio_bw() { # dir rw -> MiB/s
     fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="${SIZE_MIB}M" --ioengine=psync \
         --end_fsync=1 --invalidate=1 --output-format=json 2>/dev/null | jq -r ".jobs[0].$2.bw / 1024"
 }
+settle() { sync; sleep "$SETTLE"; }
 echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores, one fio job, ${SIZE_MIB} MiB, MiB/s."
 echo
 echo "| round | rw | file | pfs mount | pfs/file |"
@@ -39,8 +43,16 @@ echo "|---|---|---|---|---|"
 declare -A SUM
 for r in $(seq "$ROUNDS"); do
     for rw in write read; do
-        raw=$(fio_bw "$WORK/raw" "$rw")
-        pfs=$(fio_bw "$WORK/mnt" "$rw")
+        # Who runs first alternates by round, and each run starts after the
+        # disk settled: on this VM a run within 5 s after another one's 1 GiB write
+        # went at half speed, whichever side it was (the host's cache draining).
+        if [ $((r % 2)) = 1 ]; then
+            settle; raw=$(fio_bw "$WORK/raw" "$rw")
+            settle; pfs=$(fio_bw "$WORK/mnt" "$rw")
+        else
+            settle; pfs=$(fio_bw "$WORK/mnt" "$rw")
+            settle; raw=$(fio_bw "$WORK/raw" "$rw")
+        fi
         q=$(echo "$pfs / $raw" | bc -l)
         SUM[$rw]=$(echo "${SUM[$rw]:-0} + $q" | bc -l)
         printf '| %s | %s | %.0f | %.0f | %.2f |\n' "$r" "$rw" "$raw" "$pfs" "$q"

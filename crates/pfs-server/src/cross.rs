@@ -114,6 +114,12 @@ struct CrossOp {
     /// already applied and abandons the rest, so a rename never lands after
     /// later changes of its target name (`RenameFlags::RESUME`).
     resume: bool,
+    /// The participant's answer, kept while the last step that applies it
+    /// here stopped (an inode page being read, a commit it needs first): it
+    /// runs again in a later round.
+    answered: Option<Result<Reply, FsError>>,
+    /// Times in a row that step stopped (`Host::step`).
+    stops: u8,
 }
 
 /// The cross-shard renames a worker coordinates, each a state machine its
@@ -188,6 +194,8 @@ impl Renames {
             retry_at: h.now(),
             durable_at,
             resume: false,
+            answered: None,
+            stops: 0,
         });
         Ok(())
     }
@@ -206,6 +214,8 @@ impl Renames {
                     retry_at: now,
                     durable_at: 0,
                     resume: true,
+                    answered: None,
+                    stops: 0,
                 });
             }
             None => log::error!(
@@ -260,6 +270,8 @@ impl Renames {
             let now = h.now();
             let durable = h.shard().commits_done() >= op.durable_at;
             let outcome = match op.sent {
+                // Its last step stopped: again.
+                _ if op.answered.is_some() => op.answered.take(),
                 None if now >= op.retry_at && durable => {
                     Self::dispatch(h, &mut op);
                     None
@@ -293,12 +305,19 @@ impl Renames {
                     }
                 },
             };
-            match outcome {
-                Some(result) => {
-                    work += 1;
-                    Self::finish(h, op, result);
+            let stopped = match outcome {
+                Some(result) => Self::finish(h, op, result),
+                None => Some(op),
+            };
+            match stopped {
+                None => work += 1,
+                Some(op) if op.answered.is_some() => {
+                    self.ops.push(op);
+                    let last = self.ops.len() - 1;
+                    self.ops.swap(i, last);
+                    i += 1;
                 }
-                None => {
+                Some(mut op) => {
                     if let Some(w) = op.waiter.take_if(|w| now >= w.give_up) {
                         op.resume = true;
                         let e = FsError::Io(format!(
@@ -318,47 +337,61 @@ impl Renames {
         work
     }
 
-    fn finish<D: Device>(h: &mut impl Host<D>, mut op: CrossOp, result: Result<Reply, FsError>) {
+    /// Applies the participant's answer here and answers the client; the
+    /// op back when that step stopped (`answered` holds the answer again).
+    fn finish<D: Device>(
+        h: &mut impl Host<D>,
+        mut op: CrossOp,
+        result: Result<Reply, FsError>,
+    ) -> Option<CrossOp> {
         let id = h.worker_id();
         log::debug!("worker {id}: rename {:#x}: participant answered {result:?}", op.txn);
-        let i = &op.intent;
-        let participant = pfs_core::routing::shard_of(i.target.0, i.target.1, h.workers());
-        let body = match result {
-            Ok(Reply::XRenameTarget { old, replaced }) => {
-                let replacement = (old != 0).then_some(old);
-                // The participant forgets its record by a follow-up logged with
-                // this step: only once it is durable (a participant that forgot
-                // first could be asked again by a recovery rerunning the intent,
-                // and would apply the rename a second time; the SIGKILL soak
-                // found that).
-                let finished = h.shard().xrename_finish(
-                    op.txn,
-                    i.src_parent,
-                    &i.src_name,
-                    i.value,
-                    i.new_parent,
-                    replacement,
-                    participant,
-                );
-                match finished {
-                    Ok(()) => {
-                        h.changed();
-                        Body::Reply(Reply::RenameCross { replaced })
-                    }
-                    Err(error) => {
-                        // The intent stays: the next start finishes it.
-                        log::error!(
-                            "worker {id}: rename {:#x}: cannot remove the source name: {error}",
-                            op.txn
-                        );
-                        Body::Error { op: pfs_core::Opcode::RenameCross, error }
-                    }
-                }
+        let participant =
+            pfs_core::routing::shard_of(op.intent.target.0, op.intent.target.1, h.workers());
+        let txn = op.txn;
+        let stepped = match &result {
+            // The participant forgets its record by a follow-up logged with
+            // this step: only once it is durable (a participant that forgot
+            // first could be asked again by a recovery rerunning the intent,
+            // and would apply the rename a second time; the SIGKILL soak
+            // found that).
+            Ok(Reply::XRenameTarget { old, .. }) => {
+                let replacement = (*old != 0).then_some(*old);
+                let i = &op.intent;
+                h.step(&mut op.stops, |s| {
+                    s.xrename_finish(
+                        txn,
+                        i.src_parent,
+                        &i.src_name,
+                        i.value,
+                        i.new_parent,
+                        replacement,
+                        participant,
+                    )
+                })
             }
-            Ok(other) => {
+            Ok(_) => Some(Ok(())),
+            // The participant changed nothing: drop the intent, and have it
+            // forget the record it keeps of an abandoned one.
+            Err(_) => h.step(&mut op.stops, |s| s.xrename_abandon(txn, participant)),
+        };
+        let Some(stepped) = stepped else {
+            op.answered = Some(result);
+            return Some(op);
+        };
+        let body = match (result, stepped) {
+            (Ok(Reply::XRenameTarget { replaced, .. }), Ok(())) => {
+                h.changed();
+                Body::Reply(Reply::RenameCross { replaced })
+            }
+            (Ok(Reply::XRenameTarget { .. }), Err(error)) => {
+                // The intent stays: the next start finishes it.
+                log::error!("worker {id}: rename {txn:#x}: cannot remove the source name: {error}");
+                Body::Error { op: pfs_core::Opcode::RenameCross, error }
+            }
+            (Ok(other), _) => {
                 log::error!(
-                    "worker {id}: rename {:#x}: participant answered {:?}",
-                    op.txn,
+                    "worker {id}: rename {txn:#x}: participant answered {:?}",
                     other.opcode()
                 );
                 Body::Error {
@@ -366,11 +399,9 @@ impl Renames {
                     error: FsError::Io(format!("participant answered {:?}", other.opcode())),
                 }
             }
-            Err(refusal) => {
-                // The participant changed nothing: drop the intent, and have it
-                // forget the record it keeps of an abandoned one.
-                if let Err(e) = h.shard().xrename_abandon(op.txn, participant) {
-                    log::error!("worker {id}: cannot drop intent {:#x}: {e}", op.txn);
+            (Err(refusal), dropped) => {
+                if let Err(e) = dropped {
+                    log::error!("worker {id}: cannot drop intent {txn:#x}: {e}");
                 }
                 h.changed();
                 Body::Error { op: pfs_core::Opcode::RenameCross, error: refusal }
@@ -379,6 +410,12 @@ impl Renames {
         if let Some(w) = op.waiter.take() {
             h.answer(w, body);
         }
+        None
+    }
+
+    /// Whether a rename's last step stopped and runs again in a later round.
+    pub(crate) fn has_stopped(&self) -> bool {
+        self.ops.iter().any(|op| op.answered.is_some())
     }
 
     /// Whether `parent/name` is the source of a cross-shard rename under way

@@ -66,6 +66,12 @@ pub struct Outbox {
     entries: BTreeMap<u64, Pending>,
     streams: HashMap<Shard2, Stream>,
     holds: Vec<Hold>,
+    /// Follow-ups every target answered whose records are still to be
+    /// deleted: the delete stopped (a commit or room in the log first) and
+    /// runs again in a later round. At most one per finished entry.
+    finished: Vec<u64>,
+    /// Times in a row that delete stopped (`Host::step`).
+    stops: u8,
 }
 
 impl Outbox {
@@ -76,7 +82,12 @@ impl Outbox {
 
     /// Whether anything is left to send or hold.
     pub fn is_idle(&self) -> bool {
-        self.entries.is_empty() && self.holds.is_empty()
+        self.entries.is_empty() && self.holds.is_empty() && self.finished.is_empty()
+    }
+
+    /// Whether a record's delete stopped and runs again in a later round.
+    pub(crate) fn has_stopped(&self) -> bool {
+        !self.finished.is_empty()
     }
 }
 
@@ -120,6 +131,7 @@ impl Outbox {
             self.entries.insert(up.id, Pending { up, left: None });
             work += 1;
         }
+        work += self.delete_finished(h);
         if self.entries.is_empty() && self.holds.is_empty() {
             return work;
         }
@@ -236,14 +248,36 @@ impl Outbox {
         work
     }
 
-    /// Every target answered follow-up `id`: its record goes, and replies
-    /// waiting only for it are sent.
+    /// Deletes the records of finished follow-ups, up to the first delete
+    /// that stops; returns how many went.
+    fn delete_finished<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        let mut work = 0;
+        while let Some(&id) = self.finished.last() {
+            match h.step(&mut self.stops, |s| s.follow_done(id)) {
+                None => break,
+                Some(done) => {
+                    if let Err(e) = done {
+                        log::error!(
+                            "worker {}: cannot delete follow-up {id:#x}: {e}",
+                            h.worker_id()
+                        );
+                    }
+                    self.finished.pop();
+                    h.changed();
+                    work += 1;
+                }
+            }
+        }
+        work
+    }
+
+    /// Every target answered follow-up `id`: its record goes (now, or in a
+    /// later round when the delete stops), and replies waiting only for it
+    /// are sent.
     fn follow_finished<D: Device>(&mut self, h: &mut impl Host<D>, id: u64) {
         self.entries.remove(&id);
-        if let Err(e) = h.shard().follow_done(id) {
-            log::error!("worker {}: cannot delete follow-up {id:#x}: {e}", h.worker_id());
-        }
-        h.changed();
+        self.finished.push(id);
+        self.delete_finished(h);
         let mut i = 0;
         while i < self.holds.len() {
             let hold = &mut self.holds[i];

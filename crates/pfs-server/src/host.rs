@@ -11,12 +11,17 @@
 use std::time::Instant;
 
 use pfs_core::wire::{Body, Reply, Request};
-use pfs_core::{FsError, RequestId, ServerId, WorkerId};
+use pfs_core::{FsError, FsResult, RequestId, ServerId, WorkerId};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
 use crate::msg::{ConnRef, Waiter};
 use crate::peers::PeerError;
+
+/// Times in a row one step of a machine stops (below); then it waits for
+/// the device, so none stops for ever (a page can be evicted again before the
+/// step runs).
+pub(crate) const STEP_STOPS_MAX: u8 = 4;
 
 /// The worker as a multi-shard step sees it.
 pub(crate) trait Host<D: Device> {
@@ -58,4 +63,136 @@ pub(crate) trait Host<D: Device> {
     /// Sends reply frame `buf` to connection `conn` of worker `origin` (a
     /// reply held until a step finished).
     fn send_reply(&mut self, origin: u16, conn: ConnRef, buf: Vec<u8>);
+
+    /// Runs `step` on the shard so that it stops, as a request does, instead
+    /// of waiting for the device: at an inode page not in memory, a commit it
+    /// needs first, or a full log, before it changed anything
+    /// (`Shard::set_defer_misses`). `None`: it stopped and changed nothing;
+    /// the machine runs it again in a later round. `stops` counts the stops in
+    /// a row: after [`STEP_STOPS_MAX`] the step waits for the device instead.
+    fn step<T>(
+        &mut self,
+        stops: &mut u8,
+        step: impl FnOnce(&mut Shard<D>) -> FsResult<T>,
+    ) -> Option<FsResult<T>> {
+        let shard = self.shard();
+        shard.set_defer_misses(*stops < STEP_STOPS_MAX);
+        let result = step(shard);
+        shard.set_defer_misses(false);
+        match result {
+            Err(FsError::TryAgain) if shard.take_deferred().is_some() => {
+                *stops += 1;
+                None
+            }
+            result => {
+                *stops = 0;
+                Some(result)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pfs_core::{FileType, InodeId, ShardId};
+    use pfs_store::device::MemDevice;
+    use pfs_store::shard::{CreateArgs, FormatOptions, ShardOptions};
+
+    use super::*;
+
+    /// A worker lending only its shard and clock: what `step` uses.
+    struct ShardOnly {
+        shard: Shard<MemDevice>,
+        now: Instant,
+    }
+
+    impl Host<MemDevice> for ShardOnly {
+        fn worker_id(&self) -> u16 {
+            0
+        }
+        fn now(&self) -> Instant {
+            self.now
+        }
+        fn shard(&mut self) -> &mut Shard<MemDevice> {
+            &mut self.shard
+        }
+        fn workers(&self) -> u32 {
+            1
+        }
+        fn shape(&self) -> Option<(u32, u32)> {
+            Some((1, 1))
+        }
+        fn send(&mut self, _: ServerId, _: WorkerId, _: Request) -> Result<RequestId, PeerError> {
+            unreachable!("a step talks to its shard only")
+        }
+        fn poll(
+            &mut self,
+            _: ServerId,
+            _: RequestId,
+        ) -> Result<Option<Result<Reply, FsError>>, String> {
+            unreachable!("a step talks to its shard only")
+        }
+        fn forget_conn(&mut self, _: ServerId) {
+            unreachable!("a step talks to its shard only")
+        }
+        fn connected(&self, _: &Waiter) -> bool {
+            unreachable!("a step talks to its shard only")
+        }
+        fn answer(&mut self, _: Waiter, _: Body) {
+            unreachable!("a step talks to its shard only")
+        }
+        fn changed(&mut self) {}
+        fn send_reply(&mut self, _: u16, _: ConnRef, _: Vec<u8>) {
+            unreachable!("a step talks to its shard only")
+        }
+    }
+
+    /// A step whose inode page is not in memory stops with nothing changed,
+    /// again while the read is under way, and after `STEP_STOPS_MAX` stops
+    /// in a row waits for the device and runs.
+    #[test]
+    fn a_step_stops_at_a_cold_page_then_waits_after_four_stops() {
+        let opts = ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let handle = dev.handle();
+        let mut s =
+            Shard::format(dev, &FormatOptions::new(ShardId(0), 64 << 20), opts.clone()).unwrap();
+        let mut inos = Vec::new();
+        for i in 0..2000 {
+            let name = format!("f{i:04}");
+            inos.push(
+                s.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o640)).unwrap().ino,
+            );
+        }
+        s.commit().unwrap();
+        s.checkpoint().unwrap();
+        drop(s);
+        let mut shard = Shard::open(handle.crash(1), 0, opts).unwrap();
+        // The last 1,000 inodes (63 pages) read after the open: the first
+        // file's page (32 resident at most) is not in memory.
+        for &ino in &inos[1000..] {
+            shard.getattr(ino).unwrap();
+        }
+        let mut h = ShardOnly { shard, now: Instant::now() };
+        let rename = |s: &mut Shard<MemDevice>| {
+            s.rename(
+                InodeId::ROOT,
+                b"f0000",
+                InodeId::ROOT,
+                b"moved",
+                pfs_store::RenameFlags::default(),
+            )
+        };
+        let mut stops = 0;
+        for n in 1..=STEP_STOPS_MAX {
+            assert!(h.step(&mut stops, rename).is_none(), "stop {n}");
+            assert_eq!(stops, n);
+            assert_eq!(h.shard.lookup(InodeId::ROOT, b"f0000").unwrap().ino, inos[0]);
+            assert!(h.shard.take_deferred().is_none(), "step took what it stopped at");
+        }
+        let ran = h.step(&mut stops, rename).expect("the fifth time it waits and runs");
+        assert!(ran.unwrap().is_none(), "nothing replaced");
+        assert_eq!(stops, 0, "a step that ran starts the count again");
+        assert_eq!(h.shard.lookup(InodeId::ROOT, b"moved").unwrap().kind, FileType::Regular);
+    }
 }

@@ -61,6 +61,8 @@ struct RmdirOp {
     /// The commit that makes the intent durable: no shard is asked before it
     /// finished (`Shard::commits_done`).
     durable_at: u64,
+    /// Times in a row its step on this shard stopped (`Host::step`).
+    stops: u8,
 }
 
 impl RmdirOp {
@@ -76,6 +78,7 @@ impl RmdirOp {
             shards: Vec::new(),
             unsealing: false,
             durable_at: 0,
+            stops: 0,
         }
     }
 
@@ -137,6 +140,11 @@ impl Rmdirs {
     /// finished.
     pub(crate) fn wait_for_commit(&self, done: u64) -> bool {
         self.ops.iter().any(|r| r.durable_at > done)
+    }
+
+    /// Whether a step of one stopped and runs again in a later round.
+    pub(crate) fn has_stopped(&self) -> bool {
+        self.ops.iter().any(|op| op.stops > 0)
     }
 
     /// Whether one waits for a reply from another server.
@@ -218,14 +226,22 @@ impl Rmdirs {
             let answered =
                 op.shards.iter().all(|(_, s)| matches!(s, Seal::Sealed | Seal::Refused(_)));
             if answered && op.unsealing {
-                work += 1;
-                if let Err(e) = h.shard().txn_forget(op.txn) {
-                    log::error!("worker {id}: cannot drop rmdir intent {:#x}: {e}", op.txn);
+                let txn = op.txn;
+                match h.step(&mut op.stops, |s| s.txn_forget(txn)) {
+                    // Stopped (a commit or room in the log first): again later.
+                    None => keep.push(op),
+                    Some(forgot) => {
+                        work += 1;
+                        if let Err(e) = forgot {
+                            log::error!("worker {id}: cannot drop rmdir intent {txn:#x}: {e}");
+                        }
+                        h.changed();
+                    }
                 }
-                h.changed();
             } else if answered {
-                work += 1;
-                Self::decide(h, &mut op);
+                if Self::decide(h, &mut op) {
+                    work += 1;
+                }
                 keep.push(op);
             } else {
                 if let Some(w) = op.waiter.take_if(|w| h.now() >= w.give_up) {
@@ -253,12 +269,15 @@ impl Rmdirs {
             let g = pfs_core::routing::shard_of(*server, *worker, workers).0;
             match seal.clone() {
                 Seal::Unsent(at) if now >= at => {
-                    work += 1;
                     if g == me {
-                        let local = match unsealing {
-                            true => h.shard().txn_forget(txn | PARTICIPANT_BIT),
-                            false => h.shard().seal_dir(txn, dir),
-                        };
+                        let local = h.step(&mut op.stops, |s| match unsealing {
+                            true => s.txn_forget(txn | PARTICIPANT_BIT),
+                            false => s.seal_dir(txn, dir),
+                        });
+                        // Stopped (a commit or room in the log first): again
+                        // next round.
+                        let Some(local) = local else { continue };
+                        work += 1;
                         *seal = match local {
                             Ok(()) => Seal::Sealed,
                             Err(e) if unsealing || matches!(e, FsError::Io(_)) => {
@@ -269,6 +288,7 @@ impl Rmdirs {
                         h.changed();
                         continue;
                     }
+                    work += 1;
                     let req = match unsealing {
                         true => Request::TxnForget { txn },
                         false => Request::SealDir { txn, dir },
@@ -331,27 +351,30 @@ impl Rmdirs {
     }
 
     /// Every shard answered: remove the directory if all sealed, answer the
-    /// client, and start unsealing.
-    fn decide<D: Device>(h: &mut impl Host<D>, op: &mut RmdirOp) {
+    /// client, and start unsealing. False when the removal stopped (an inode
+    /// page being read, a commit first): it is decided in a later round.
+    fn decide<D: Device>(h: &mut impl Host<D>, op: &mut RmdirOp) -> bool {
         let id = h.worker_id();
         let refusal = op.shards.iter().find_map(|(_, s)| match s {
             Seal::Refused(e) => Some(e.clone()),
             _ => None,
         });
-        let shard = h.shard();
         let body = match refusal {
             Some(error) => Body::Error { op: Opcode::RmdirBigDir, error },
             None => {
-                let remote = !shard.has_inode(op.dir);
+                let remote = !h.shard().has_inode(op.dir);
                 // The name must still be the directory that was sealed: one made
                 // again under the same name (after a crash, before recovery ran)
                 // is not the one this transaction checked.
-                let same = shard.lookup(op.parent, &op.name).map(|e| e.ino == op.dir);
-                let removed = match same {
-                    Ok(true) => shard.rmdir(op.parent, &op.name),
-                    Ok(false) => Err(FsError::NotFound),
-                    Err(e) => Err(e),
-                };
+                let (parent, name, dir) = (op.parent, &op.name, op.dir);
+                let removed = h.step(&mut op.stops, |shard| {
+                    match shard.lookup(parent, name).map(|e| e.ino == dir) {
+                        Ok(true) => shard.rmdir(parent, name),
+                        Ok(false) => Err(FsError::NotFound),
+                        Err(e) => Err(e),
+                    }
+                });
+                let Some(removed) = removed else { return false };
                 match removed {
                     Ok(()) => Body::Reply(Reply::Rmdir { ino: op.dir, remote }),
                     // Removed before a crash: the recovered intent only unseals.
@@ -365,7 +388,7 @@ impl Rmdirs {
         // The decision is logged before the client hears it (the answer waits
         // for the commit): a recovery must not redo an rmdir it was told failed.
         let decided = encode_as(RMDIR_DECIDED, op.parent, &op.name, op.dir);
-        if let Err(e) = shard.txn_record(op.txn, &decided) {
+        if let Err(e) = h.shard().txn_record(op.txn, &decided) {
             log::error!("worker {id}: rmdir {:#x}: cannot log the decision: {e}", op.txn);
         }
         h.changed();
@@ -378,6 +401,7 @@ impl Rmdirs {
         for (_, s) in op.shards.iter_mut() {
             *s = Seal::Unsent(now);
         }
+        true
     }
 }
 

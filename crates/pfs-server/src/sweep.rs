@@ -27,12 +27,29 @@ pub struct Sweep {
     after: InodeId,
     next_at: Instant,
     asked: Vec<(InodeId, ServerId, RequestId)>,
+    /// Inodes whose home said they do not exist, whose free stopped (an inode
+    /// page being read, a commit first) and runs again in a later round; at
+    /// most a batch.
+    to_free: Vec<InodeId>,
+    /// Times in a row that free stopped (`Host::step`).
+    stops: u8,
 }
 
 impl Sweep {
     /// A sweep that starts from the lowest inode number after the first pause.
     pub fn new(now: Instant) -> Sweep {
-        Sweep { after: InodeId(0), next_at: now + EVERY, asked: Vec::new() }
+        Sweep {
+            after: InodeId(0),
+            next_at: now + EVERY,
+            asked: Vec::new(),
+            to_free: Vec::new(),
+            stops: 0,
+        }
+    }
+
+    /// Whether a free stopped and runs again in a later round.
+    pub fn has_stopped(&self) -> bool {
+        !self.to_free.is_empty()
     }
 
     /// Whether an answer from a peer is awaited.
@@ -44,6 +61,9 @@ impl Sweep {
 impl Sweep {
     /// Runs the sweep when due; returns the work done.
     pub(crate) fn poll<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        if !self.to_free.is_empty() {
+            return self.free(h);
+        }
         if self.asked.is_empty() {
             if h.now() < self.next_at {
                 return 0;
@@ -65,24 +85,35 @@ impl Sweep {
             self.asked.swap_remove(i);
             work += 1;
             if let Some(Err(FsError::NotFound)) = answer {
-                match h.shard().free_foreign(ino) {
-                    Ok(()) => {
-                        h.changed();
-                        log::info!(
-                            "worker {}: freed the data of inode {ino}, which its home does not \
-                             have (a create lost in a crash)",
-                            h.worker_id()
-                        );
-                    }
-                    Err(e) => {
-                        log::warn!("worker {}: freeing data of inode {ino}: {e}", h.worker_id())
-                    }
-                }
+                self.to_free.push(ino);
             }
             // Anything else (it exists, or no answer): look again next time round.
         }
         if self.asked.is_empty() {
             self.next_at = h.now() + EVERY;
+        }
+        work + self.free(h)
+    }
+
+    /// Frees the data of the inodes found gone, up to the first free that
+    /// stops; returns how many were freed.
+    fn free<D: Device>(&mut self, h: &mut impl Host<D>) -> usize {
+        let mut work = 0;
+        while let Some(&ino) = self.to_free.last() {
+            let Some(freed) = h.step(&mut self.stops, |s| s.free_foreign(ino)) else { break };
+            self.to_free.pop();
+            work += 1;
+            match freed {
+                Ok(()) => {
+                    h.changed();
+                    log::info!(
+                        "worker {}: freed the data of inode {ino}, which its home does not \
+                         have (a create lost in a crash)",
+                        h.worker_id()
+                    );
+                }
+                Err(e) => log::warn!("worker {}: freeing data of inode {ino}: {e}", h.worker_id()),
+            }
         }
         work
     }

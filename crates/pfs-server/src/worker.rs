@@ -1094,6 +1094,10 @@ impl<D: Device> Worker<D> {
                 | Request::SetXattr { .. }
                 | Request::RemoveXattr { .. }
                 | Request::ReadDir { .. }
+                | Request::XRenameTarget { .. }
+                | Request::TxnForget { .. }
+                | Request::SealDir { .. }
+                | Request::DropInode { .. }
         );
         let tries = self.stopped.take_tries();
         self.shard.set_defer_misses(deferrable && self.stopped.may_stop(tries));
@@ -1644,6 +1648,10 @@ impl<D: Device> Worker<D> {
             || self.shard.checkpointing()
             || !self.reads.is_empty()
             || !self.stopped.is_empty()
+            || self.cross.has_stopped()
+            || self.rmdirs.has_stopped()
+            || self.outbox.has_stopped()
+            || self.sweep.has_stopped()
     }
 
     fn publish_usage(&self) {

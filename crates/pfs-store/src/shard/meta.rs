@@ -528,6 +528,9 @@ impl<D: Device> Shard<D> {
             return Err(FsError::NotFound);
         }
         self.reserve_table_bytes(tables::dentry_bytes(dst_name))?;
+        let mut inos = vec![src_parent, dst_parent, src.ino];
+        inos.extend(dst.as_ref().map(|d| d.ino));
+        self.warm_inodes(&inos)?;
         self.follow_room(6)?;
         self.begin()?;
         let now = self.now();

@@ -988,6 +988,24 @@ impl<D: Device> Shard<D> {
         Ok(attrs)
     }
 
+    /// With misses deferred (`set_defer_misses`) and nothing changed yet,
+    /// starts reading the pages of those of `inos` that live here and are not
+    /// in memory, and stops the operation (`TryAgain`, `DeferredOn::InodePage`)
+    /// when any is being read: an operation calls it with the inodes it will
+    /// change, before its first change, so none of them misses afterwards
+    /// (where a miss can no longer stop and waits for the device).
+    pub(super) fn warm_inodes(&mut self, inos: &[InodeId]) -> FsResult<()> {
+        if !self.defer_misses || self.op_changes != 0 {
+            return Ok(());
+        }
+        let slots: Vec<u64> =
+            inos.iter().filter_map(|ino| self.inode_slots.get(ino).copied()).collect();
+        if slots.iter().all(|&s| self.icache.resident(s)) {
+            return Ok(());
+        }
+        self.prefetch_slots(slots)
+    }
+
     /// Starts background reads of the pages of `slots` not in memory (at
     /// most 64 pages), and stops the request as a miss does when any of them
     /// is being read ([`attrs_of`](Self::attrs_of)).

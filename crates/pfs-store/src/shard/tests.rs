@@ -2433,3 +2433,82 @@ fn a_trim_step_stops_at_a_cold_inode_page_when_asked() {
     run_trims(&mut s);
     assert_eq!(s.getattr(ino).unwrap().size, 10);
 }
+
+/// A shard whose `names` (files in the root) were made first, then 640 other
+/// inodes (40 pages, more than the Icache's 16 blocks) read after a reopen,
+/// so the names' inode pages are out of memory.
+fn shard_with_cold(names: &[&[u8]]) -> (Shard<MemDevice>, Vec<FileAttr>) {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let made: Vec<FileAttr> =
+        names.iter().map(|n| s.create(ROOT, n, CreateArgs::file(0o644)).unwrap()).collect();
+    let mut others = Vec::new();
+    for i in 0..640 {
+        others.push(s.create(ROOT, format!("o{i}").as_bytes(), CreateArgs::file(0o644)).unwrap());
+    }
+    let mut s = reopen(s);
+    for o in &others[40..] {
+        s.getattr(o.ino).unwrap();
+    }
+    for d in &made {
+        assert!(!s.icache.resident(s.inode_slots[&d.ino]), "{:?}'s inode page is cold", d.ino);
+    }
+    (s, made)
+}
+
+/// Waits for the background inode page reads under way.
+fn wait_page_reads(s: &mut Shard<MemDevice>, done: u64) {
+    while s.icache_reads_done() == done {
+        assert!(s.io.wait_any(), "the page read is in flight");
+    }
+}
+
+#[test]
+fn a_rename_stops_at_a_cold_inode_page_before_it_changes_anything() {
+    // A new name: nothing is read before the first change but the moved
+    // inode, which the rename changes after it.
+    let (mut s, made) = shard_with_cold(&[b"f"]);
+    let f = made[0].ino;
+    let done = s.icache_reads_done();
+    let pending = s.wal.pending_bytes();
+    s.set_defer_misses(true);
+    let renamed = s.rename(ROOT, b"f", ROOT, b"h", RenameFlags::default());
+    s.set_defer_misses(false);
+    assert_eq!(renamed.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+    assert_eq!(s.wal.pending_bytes(), pending, "nothing logged");
+    assert_eq!(s.lookup(ROOT, b"f").unwrap().ino, f);
+    assert_eq!(s.lookup(ROOT, b"h").unwrap_err(), FsError::NotFound);
+    wait_page_reads(&mut s, done);
+    s.set_defer_misses(true);
+    let replaced = s.rename(ROOT, b"f", ROOT, b"h", RenameFlags::default()).unwrap();
+    s.set_defer_misses(false);
+    assert!(replaced.is_none(), "the page in memory, it runs");
+    assert_eq!(s.lookup(ROOT, b"h").unwrap().ino, f);
+    assert_eq!(s.lookup(ROOT, b"f").unwrap_err(), FsError::NotFound);
+}
+
+#[test]
+fn a_cross_rename_finish_stops_at_a_cold_inode_page_before_it_changes_anything() {
+    let (mut s, made) = shard_with_cold(&[b"f"]);
+    let f = made[0].ino;
+    let value = meta::encode_dentry(f, FileType::Regular);
+    // The target directory lives on another shard.
+    let elsewhere = InodeId::compose(ShardId(1), 9);
+    s.xrename_begin(7, ROOT, b"f", b"intent").unwrap();
+    s.commit().unwrap();
+    let done = s.icache_reads_done();
+    let pending = s.wal.pending_bytes();
+    s.set_defer_misses(true);
+    let finished = s.xrename_finish(7, ROOT, b"f", value, elsewhere, None, ShardId(1));
+    s.set_defer_misses(false);
+    assert_eq!(finished.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+    assert_eq!(s.wal.pending_bytes(), pending, "nothing logged");
+    assert_eq!(s.lookup(ROOT, b"f").unwrap().ino, f, "the source name stays");
+    wait_page_reads(&mut s, done);
+    s.set_defer_misses(true);
+    s.xrename_finish(7, ROOT, b"f", value, elsewhere, None, ShardId(1)).unwrap();
+    s.set_defer_misses(false);
+    assert_eq!(s.lookup(ROOT, b"f").unwrap_err(), FsError::NotFound);
+    assert_eq!(s.parent_of(f).unwrap(), elsewhere);
+}

@@ -193,6 +193,9 @@ impl<D: Device> Shard<D> {
         if !self.txns.contains_key(&id) {
             return Ok(());
         }
+        let mut inos = vec![src_parent, decode_dentry(src_value).0];
+        inos.extend(replacement.map(|v| decode_dentry(v).0));
+        self.warm_inodes(&inos)?;
         self.follow_room(4)?;
         self.begin()?;
         let now = self.now();
@@ -300,6 +303,9 @@ impl<D: Device> Shard<D> {
         // The record's size does not depend on what it holds.
         self.txn_room(&encode_answer(answer, None))?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
+        let mut inos = vec![parent, moved];
+        inos.extend(old.as_ref().map(|d| d.ino));
+        self.warm_inodes(&inos)?;
         self.follow_room(4)?;
         self.begin()?;
         let now = self.now();
