@@ -18,7 +18,9 @@
 //!
 //! `cargo bench --bench checkpoint`; `PFS_BENCH_FILES` sets the creates
 //! (default 200000), `PFS_BENCH_WAL_MIB` the log (default 16 MiB: halves of
-//! 8). The device files go under `target/bench-checkpoint` and are removed.
+//! 8), `PFS_BENCH_DIRS` spreads the files over that many directories, made
+//! before the timed creates (default 1). The device files go under
+//! `target/bench-checkpoint` and are removed.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -45,7 +47,7 @@ struct Outcome {
     log_full_waits: u64,
 }
 
-fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome {
+fn run(dir: &std::path::Path, files: u64, dirs: u64, wal_mib: u64, waited: bool) -> Outcome {
     let zone = 4u64 << 30;
     let path = dir.join(if waited { "waited.img" } else { "beside.img" });
     let _ = std::fs::remove_file(&path);
@@ -63,10 +65,26 @@ fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome
     )
     .expect("device file");
     let mut fo = FormatOptions::new(ShardId(0), zone);
-    fo.inode_slots = Some((files + 4096).next_power_of_two());
+    fo.inode_slots = Some((files + dirs + 4096).next_power_of_two());
     fo.wal_bytes = Some(wal_mib << 20);
     let mut s = Shard::format(dev, &fo, ShardOptions::default()).expect("format");
-    let dir_ino = s.create(InodeId::ROOT, b"mdtest", CreateArgs::dir(0o755)).unwrap().ino;
+    let top = s.create(InodeId::ROOT, b"mdtest", CreateArgs::dir(0o755)).unwrap().ino;
+    let mut parents = vec![top];
+    if dirs > 1 {
+        parents.clear();
+        for d in 0..dirs {
+            let name = format!("dir.mdtest.{d}");
+            parents.push(s.create(top, name.as_bytes(), CreateArgs::dir(0o755)).unwrap().ino);
+            if waited && s.checkpointing() {
+                s.finish_checkpoint().unwrap();
+            }
+            if d % COMMIT_EVERY == 0 {
+                s.start_commit().unwrap();
+            }
+            s.poll_commit();
+            s.poll_checkpoint();
+        }
+    }
     s.commit().unwrap();
     let base = s.stats().checkpoints;
     let mut lat = Vec::with_capacity(files as usize);
@@ -74,7 +92,8 @@ fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome
     for i in 0..files {
         let name = format!("file.mdtest.0.{i}");
         let op = Instant::now();
-        s.create(dir_ino, name.as_bytes(), CreateArgs::file(0o644)).unwrap();
+        let parent = parents[(i % parents.len() as u64) as usize];
+        s.create(parent, name.as_bytes(), CreateArgs::file(0o644)).unwrap();
         if waited && s.checkpointing() {
             s.finish_checkpoint().unwrap();
         }
@@ -107,9 +126,10 @@ fn run(dir: &std::path::Path, files: u64, wal_mib: u64, waited: bool) -> Outcome
 fn main() {
     let files = env_u64("PFS_BENCH_FILES", 200_000);
     let wal_mib = env_u64("PFS_BENCH_WAL_MIB", 16);
+    let dirs = env_u64("PFS_BENCH_DIRS", 1).max(1);
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench-checkpoint");
     std::fs::create_dir_all(&dir).unwrap();
-    println!("{files} creates in one directory, one shard on a file, WAL {wal_mib} MiB");
+    println!("{files} creates in {dirs} directories, one shard on a file, WAL {wal_mib} MiB");
     println!(
         "| checkpoints | creates/s | longest create | p99.9 | time in creates over 1 ms | \
          checkpoints | longest checkpoint | longest snapshot | longest encoding slice | \
@@ -118,7 +138,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for waited in [true, false] {
-        let o = run(&dir, files, wal_mib, waited);
+        let o = run(&dir, files, dirs, wal_mib, waited);
         println!(
             "| {} | {:.0} | {:.2} ms | {:.1} us | {:.1} ms | {} | {:.2} ms | {:.2} ms | {:.2} ms | {} |",
             if waited { "waited" } else { "beside" },

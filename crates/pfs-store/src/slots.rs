@@ -1,11 +1,12 @@
-//! The inode table of a shard: inode number -> inode slot, split into
-//! [`SPLIT`] hash tables by the number's low bits.
+//! Tables keyed by inode number, split into [`SPLIT`] hash tables by the
+//! number's low bits: the inode table of a shard (inode number -> inode
+//! slot) and cART's table of directories (`cart/mod.rs`).
 //!
 //! A hash table grows by rehashing every entry at once when it is 7/8 full:
 //! one table of a million inodes stopped the create that grew it for 26 ms
 //! (`cargo bench --bench checkpoint` with a million files, docs/benchmarks.md
 //! twenty-seventh session), and a shard of ten million would stop for ten
-//! times that. Split, each growth moves a 64th of the inodes, and the parts
+//! times that. Split, each growth moves a 64th of the entries, and the parts
 //! grow at different creates. Inode numbers of a shard are handed out in
 //! sequence, so the low bits spread them evenly over the parts.
 
@@ -14,30 +15,38 @@ use std::ops::Index;
 use pfs_core::hash::NumMap;
 use pfs_core::InodeId;
 
-/// Parts of the table.
+/// Parts of a table.
 pub const SPLIT: usize = 64;
 
-/// Inode number -> slot, in [`SPLIT`] parts.
-#[derive(Debug)]
-pub struct InodeTable {
-    parts: Vec<NumMap<InodeId, u64>>,
+/// Inode number -> value, in [`SPLIT`] parts.
+#[derive(Clone, Debug)]
+pub struct SplitMap<V> {
+    parts: Vec<NumMap<InodeId, V>>,
     len: usize,
 }
 
-impl Default for InodeTable {
+/// Inode number -> slot.
+pub type InodeTable = SplitMap<u64>;
+
+impl<V> Default for SplitMap<V> {
     fn default() -> Self {
-        InodeTable { parts: (0..SPLIT).map(|_| NumMap::default()).collect(), len: 0 }
+        SplitMap { parts: (0..SPLIT).map(|_| NumMap::default()).collect(), len: 0 }
     }
 }
 
-impl InodeTable {
+impl<V> SplitMap<V> {
     fn part(ino: &InodeId) -> usize {
         (ino.0 as usize) & (SPLIT - 1)
     }
 
-    /// The slot of `ino`.
-    pub fn get(&self, ino: &InodeId) -> Option<&u64> {
+    /// The value of `ino`.
+    pub fn get(&self, ino: &InodeId) -> Option<&V> {
         self.parts[Self::part(ino)].get(ino)
+    }
+
+    /// The value of `ino`, to change.
+    pub fn get_mut(&mut self, ino: &InodeId) -> Option<&mut V> {
+        self.parts[Self::part(ino)].get_mut(ino)
     }
 
     /// Whether `ino` is here.
@@ -45,21 +54,21 @@ impl InodeTable {
         self.parts[Self::part(ino)].contains_key(ino)
     }
 
-    /// Sets the slot of `ino`; returns the old one.
-    pub fn insert(&mut self, ino: InodeId, slot: u64) -> Option<u64> {
-        let old = self.parts[Self::part(&ino)].insert(ino, slot);
+    /// Sets the value of `ino`; returns the old one.
+    pub fn insert(&mut self, ino: InodeId, value: V) -> Option<V> {
+        let old = self.parts[Self::part(&ino)].insert(ino, value);
         self.len += usize::from(old.is_none());
         old
     }
 
-    /// Removes `ino`; returns its slot.
-    pub fn remove(&mut self, ino: &InodeId) -> Option<u64> {
+    /// Removes `ino`; returns its value.
+    pub fn remove(&mut self, ino: &InodeId) -> Option<V> {
         let old = self.parts[Self::part(ino)].remove(ino);
         self.len -= usize::from(old.is_some());
         old
     }
 
-    /// Inodes here.
+    /// Entries.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -69,8 +78,8 @@ impl InodeTable {
         self.len == 0
     }
 
-    /// Every inode and its slot, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&InodeId, &u64)> {
+    /// Every inode and its value, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&InodeId, &V)> {
         self.parts.iter().flat_map(|p| p.iter())
     }
 
@@ -85,6 +94,19 @@ impl InodeTable {
         self.parts[part].keys().copied()
     }
 
+    /// Bytes of the parts' tables (hashbrown: a slot and a control byte per
+    /// bucket, and a group of control bytes).
+    pub fn heap_bytes(&self) -> usize {
+        self.parts
+            .iter()
+            .filter(|p| p.capacity() > 0)
+            .map(|p| {
+                let buckets = (p.capacity() * 8 / 7).next_power_of_two();
+                buckets * (size_of::<(InodeId, V)>() + 1) + 16
+            })
+            .sum()
+    }
+
     /// Entries the parts have room for without growing, per part.
     #[cfg(test)]
     fn capacities(&self) -> Vec<usize> {
@@ -92,10 +114,10 @@ impl InodeTable {
     }
 }
 
-impl Index<&InodeId> for InodeTable {
-    type Output = u64;
+impl<V> Index<&InodeId> for SplitMap<V> {
+    type Output = V;
 
-    fn index(&self, ino: &InodeId) -> &u64 {
+    fn index(&self, ino: &InodeId) -> &V {
         self.get(ino).expect("an inode of the table")
     }
 }

@@ -28,16 +28,18 @@ pub use node::MAX_VALUE;
 
 use pfs_core::InodeId;
 
+use crate::slots::SplitMap;
 use arena::Arena;
 use node::{NodeRef, Slot};
-use pfs_core::hash::NumMap;
 
 /// Longest file name, in bytes.
 pub const NAME_LEN_MAX: usize = 255;
 
 /// The dentry index of one shard: for each directory, its entries by name.
 pub struct Cart {
-    roots: NumMap<u64, Root>,
+    /// Each directory's tree, split by the directory's inode number
+    /// (`slots.rs`): a growth moves a 64th of the directories.
+    roots: SplitMap<Root>,
     arena: Arena,
     entry_count: usize,
 }
@@ -50,19 +52,19 @@ struct Root {
 }
 
 impl Cart {
-    /// An empty index; allocates nothing.
+    /// An empty index (its table of directories: 64 empty parts).
     pub fn new() -> Cart {
-        Cart { roots: NumMap::default(), arena: Arena::new(), entry_count: 0 }
+        Cart { roots: SplitMap::default(), arena: Arena::new(), entry_count: 0 }
     }
 
     /// Sets `parent/name` to `value` (`value <= MAX_VALUE`); returns the old value.
     pub fn insert(&mut self, parent: InodeId, name: &[u8], value: u64) -> Option<u64> {
         check_name(name);
         assert!(value <= MAX_VALUE, "cART value {value:#x} uses the reserved top bit");
-        let Some(root) = self.roots.get_mut(&parent.0) else {
+        let Some(root) = self.roots.get_mut(&parent) else {
             let top = self.arena.new_path(name, value);
             let Slot::Node(node) = Slot::decode(top) else { unreachable!("names are non-empty") };
-            self.roots.insert(parent.0, Root { node, entry_count: 1 });
+            self.roots.insert(parent, Root { node, entry_count: 1 });
             self.entry_count += 1;
             return None;
         };
@@ -80,20 +82,20 @@ impl Cart {
     /// Value of `parent/name`.
     pub fn get(&self, parent: InodeId, name: &[u8]) -> Option<u64> {
         check_name(name);
-        let root = self.roots.get(&parent.0)?;
+        let root = self.roots.get(&parent)?;
         self.arena.lookup(root.node, name)
     }
 
     /// Removes `parent/name`; returns its value.
     pub fn remove(&mut self, parent: InodeId, name: &[u8]) -> Option<u64> {
         check_name(name);
-        let root = self.roots.get_mut(&parent.0)?;
+        let root = self.roots.get_mut(&parent)?;
         let (old, top) = self.arena.remove_at(root.node, name, true)?;
         self.entry_count -= 1;
         match top {
             None => {
                 assert!(root.entry_count == 1);
-                self.roots.remove(&parent.0);
+                self.roots.remove(&parent);
             }
             Some(top) => {
                 let Slot::Node(node) = Slot::decode(top) else { unreachable!("a root is a node") };
@@ -106,7 +108,7 @@ impl Cart {
 
     /// Number of entries in directory `parent`, in O(1).
     pub fn child_count(&self, parent: InodeId) -> usize {
-        self.roots.get(&parent.0).map_or(0, |r| r.entry_count as usize)
+        self.roots.get(&parent).map_or(0, |r| r.entry_count as usize)
     }
 
     /// Visits entries of `parent` with name > `after` (all if None) in ascending byte order until `f` returns false.
@@ -116,7 +118,7 @@ impl Cart {
         after: Option<&[u8]>,
         mut f: impl FnMut(&[u8], u64) -> bool,
     ) {
-        let Some(root) = self.roots.get(&parent.0) else { return };
+        let Some(root) = self.roots.get(&parent) else { return };
         let after = after.map(|a| &a[..a.len().min(NAME_LEN_MAX)]);
         let mut buf = [0u8; 256];
         self.arena.visit(root.node, &mut buf, 0, after, &mut f);
@@ -134,19 +136,19 @@ impl Cart {
 
     /// Directories that have entries, in no particular order.
     pub fn parents(&self) -> impl Iterator<Item = InodeId> + '_ {
-        self.roots.keys().map(|&ino| InodeId(ino))
+        self.roots.keys().copied()
+    }
+
+    /// The directories with entries of part `part` of the table (below
+    /// `slots::SPLIT`), in no particular order: a checkpoint lists one part
+    /// per slice.
+    pub fn part_parents(&self, part: usize) -> impl Iterator<Item = InodeId> + '_ {
+        self.roots.part_keys(part)
     }
 
     /// Bytes allocated by the index (node pools, free lists, root table).
     pub fn heap_bytes(&self) -> usize {
-        // hashbrown: one slot and one control byte per bucket, plus a group of control bytes.
-        let buckets = if self.roots.capacity() == 0 {
-            0
-        } else {
-            (self.roots.capacity() * 8 / 7).next_power_of_two()
-        };
-        let table = buckets * (size_of::<(u64, Root)>() + 1) + if buckets > 0 { 16 } else { 0 };
-        table + self.arena.heap_bytes()
+        self.roots.heap_bytes() + self.arena.heap_bytes()
     }
 
     /// Live nodes per kind (Node16, Node64, Node256), for tests and statistics.

@@ -23,9 +23,9 @@ fn entries(c: &Cart, parent: InodeId, after: Option<&[u8]>) -> Vec<(Vec<u8>, u64
 /// Checks the tree invariants of every directory against the entry counts.
 fn check(c: &Cart) {
     let mut total = 0;
-    for (ino, root) in &c.roots {
+    for (ino, root) in c.roots.iter() {
         let n = c.arena.check(root.node, true);
-        assert_eq!(n, root.entry_count as usize, "entry count of {ino}");
+        assert_eq!(n, root.entry_count as usize, "entry count of {ino:?}");
         total += n;
     }
     assert_eq!(total, c.len());
@@ -328,4 +328,28 @@ proptest! {
         prop_assert!(c.is_empty());
         prop_assert_eq!(c.node_counts(), [0, 0, 0]);
     }
+}
+
+/// The table of directories is split (`slots.rs`): its parts list every
+/// directory with names once, and emptied directories in none.
+#[test]
+fn the_parts_list_every_directory_with_names_once() {
+    let mut c = Cart::new();
+    for d in 1..=5000u64 {
+        c.insert(InodeId(d), b"a", d);
+        c.insert(InodeId(d), b"b", d);
+    }
+    for d in (1..=5000u64).step_by(7) {
+        c.remove(InodeId(d), b"a");
+        c.remove(InodeId(d), b"b");
+    }
+    let mut listed: Vec<u64> =
+        (0..crate::slots::SPLIT).flat_map(|p| c.part_parents(p)).map(|i| i.0).collect();
+    listed.sort_unstable();
+    let expected: Vec<u64> = (1..=5000u64).filter(|d| (d - 1) % 7 != 0).collect();
+    assert_eq!(listed, expected);
+    let mut all: Vec<u64> = c.parents().map(|i| i.0).collect();
+    all.sort_unstable();
+    assert_eq!(all, expected);
+    check(&c);
 }

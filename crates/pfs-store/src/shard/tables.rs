@@ -55,10 +55,10 @@ pub const ENCODE_SLICE: usize = 4096;
 /// the log after a crash.
 ///
 /// The snapshot lists what cannot be walked in slices while it changes, the
-/// keys of two hash tables: the directories that hold names and the inodes
-/// with extended attributes (into vectors kept from one checkpoint to the
-/// next, so no memory is faulted in at the snapshot). The inode table is 64
-/// hash tables (`slots.rs`); each part's keys are listed when the walk
+/// keys of a hash table: the inodes with extended attributes (into a vector
+/// kept from one checkpoint to the next, so no memory is faulted in at the
+/// snapshot). The inode table and cART's table of directories are 64 hash
+/// tables each (`slots.rs`); each part's keys are listed when the walk
 /// reaches it. A listed key is
 /// encoded with its value when its slice runs, or skipped if it is gone by
 /// then; a key made after the snapshot is in the log. The ordered tables are
@@ -75,11 +75,13 @@ pub(super) struct Encoder {
     crc: u32,
     entries_crc: u32,
     crc_at: usize,
-    /// Section 0: the directories with names at the snapshot, the one being
-    /// encoded, and the last name encoded in it.
+    /// Section 0: the directories with names of one part of cART's table of
+    /// directories, listed when the walk reached it (a 64th of them), the
+    /// one being encoded, the last name encoded in it, and the next part.
     parents: Vec<InodeId>,
     parent_at: usize,
     after_name: Option<Vec<u8>>,
+    parent_part: usize,
     /// Section 1: the inodes of one part of the inode table, listed when the
     /// walk reached it (`slots.rs`: a 64th of them, so listing is a slice's
     /// work too), the next of them to encode, and the next part.
@@ -127,7 +129,6 @@ impl Encoder {
         put_u64(&mut out, 0);
         let KeyLists { mut parents, mut inos, mut xattr_inos } = lists;
         parents.clear();
-        parents.extend(s.dentries.parents());
         inos.clear();
         xattr_inos.clear();
         xattr_inos.extend(s.xattrs.keys().copied());
@@ -142,6 +143,7 @@ impl Encoder {
             parents,
             parent_at: 0,
             after_name: None,
+            parent_part: 0,
             inos,
             ino_at: 0,
             part_at: 0,
@@ -242,7 +244,21 @@ impl Encoder {
     }
 
     fn dentries<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
-        while let Some(&parent) = self.parents.get(self.parent_at) {
+        loop {
+            let Some(&parent) = self.parents.get(self.parent_at) else {
+                // The next part's directories as they are now (as the
+                // inodes' parts below): one with names since the snapshot has
+                // them encoded and in the log too, one emptied since is the
+                // log's.
+                if self.parent_part == crate::slots::SPLIT {
+                    return true;
+                }
+                self.parents.clear();
+                self.parents.extend(s.dentries.part_parents(self.parent_part));
+                self.parent_part += 1;
+                self.parent_at = 0;
+                continue;
+            };
             if *left == 0 {
                 return false;
             }
@@ -268,7 +284,6 @@ impl Encoder {
                 }
             }
         }
-        true
     }
 
     fn inodes<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
