@@ -385,7 +385,9 @@ impl Icache {
     /// Moves the write-back of `blocks` (from [`unwritten_blocks`]) along
     /// without waiting: collects finished write-backs, forgets the blocks whose
     /// changes older than `lsn` reached the device, and starts the write of
-    /// those whose records are durable. Returns what is left to wait for.
+    /// those whose records are durable, at most `starts` of them, counted down (each
+    /// submission is a system call, and in a virtual machine an exit to the
+    /// host: 10-25 µs). Returns what is left to wait for.
     ///
     /// [`unwritten_blocks`]: Self::unwritten_blocks
     pub fn write_back_older<D: Device>(
@@ -393,6 +395,7 @@ impl Icache {
         io: &mut DevIo<D>,
         blocks: &mut Vec<u32>,
         lsn: u64,
+        starts: &mut usize,
     ) -> Result<WriteBack, StoreError> {
         self.reap(io, io_take_async)?;
         blocks.retain(|&b| {
@@ -406,10 +409,11 @@ impl Icache {
             if block.state != BlockState::Dirty || block.copy_lsn.is_some() {
                 continue;
             }
-            if block.dirty_lsn <= self.durable_lsn {
-                self.start_write(io, b);
-            } else {
+            if block.dirty_lsn > self.durable_lsn {
                 needs_commit = true;
+            } else if *starts > 0 {
+                *starts -= 1;
+                self.start_write(io, b);
             }
         }
         Ok(if blocks.is_empty() {

@@ -43,7 +43,7 @@
 
 use std::time::Instant;
 
-use super::tables::Encoder;
+use super::tables::{self, Encoder};
 use super::{geometry::CheckpointHeader, opts_group, sync_req, write_req, Shard};
 use super::{MAX_RECORD_BYTES, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device};
@@ -60,8 +60,14 @@ const TABLE_CHUNK: usize = 1 << 20;
 /// device buffer, and a device that finishes writes at once (a file in the
 /// page cache) would otherwise have one poll copy the whole image.
 const WRITES_PER_POLL: usize = 1;
-/// Icache block copies submitted per poll at most (one device request each).
+/// Icache block copies and write-backs submitted per poll at most (one device
+/// request each: a system call, in a virtual machine an exit to the host, so
+/// 200 in one poll stopped the worker for 1-1.2 ms).
 const COPIES_PER_POLL: usize = 32;
+
+/// Bytes of a replaced image buffer given back per poll: unmapping 4 MiB of
+/// touched pages takes about a third of a millisecond.
+pub(super) const RELEASE_STEP: usize = 4 << 20;
 
 /// A checkpoint under way.
 #[derive(Debug)]
@@ -200,12 +206,27 @@ impl<D: Device> Shard<D> {
     /// without waiting, and encodes one slice of its image if it is at that
     /// step. A failed request fails the shard.
     pub fn poll_checkpoint(&mut self) {
+        self.release_image();
         if self.ckpt.is_none() && self.wal.free_bytes() < self.checkpoint_start_free() {
             // The log is short and no operation started a checkpoint (those
             // that need room stopped for it): the next one starts here.
             self.start_checkpoint();
         }
         self.step_checkpoint(true);
+    }
+
+    /// Gives back up to [`RELEASE_STEP`] bytes of an image buffer a larger
+    /// one replaced (shrinking a buffer unmaps its tail, or splits its heap
+    /// chunk, without copying).
+    fn release_image(&mut self) {
+        let cap = self.ckpt_retired.capacity();
+        if cap > RELEASE_STEP {
+            // It holds the last image's bytes: below them it cannot shrink.
+            self.ckpt_retired.clear();
+            self.ckpt_retired.shrink_to(cap - RELEASE_STEP);
+        } else if cap > 0 {
+            self.ckpt_retired = Vec::new();
+        }
     }
 
     /// [`poll_checkpoint`](Self::poll_checkpoint) without encoding (what an
@@ -245,7 +266,15 @@ impl<D: Device> Shard<D> {
     /// commits the old one's records.
     fn snapshot(&mut self) {
         let at = Instant::now();
-        let lists = std::mem::take(&mut self.ckpt_keys);
+        let mut lists = std::mem::take(&mut self.ckpt_keys);
+        let room = tables::image_room(self);
+        if lists.image.capacity() < room {
+            // Growing the old buffer would copy it whole: a new one, untouched
+            // (its pages are faulted in slice by slice), and the old one given
+            // back a piece per poll.
+            self.ckpt_retired =
+                std::mem::replace(&mut lists.image, Vec::with_capacity(room + room / 2));
+        }
         let encoder = Encoder::new(self, lists);
         let gen = self.wal.gen() + 1;
         let header = CheckpointHeader {
@@ -290,7 +319,8 @@ impl<D: Device> Shard<D> {
             // walk grew the image past its region: encode the tables as they
             // are now, whole, which `table_bytes` keeps within it.
             self.stats.image_reencodes += 1;
-            let (_, lists) = e.finish();
+            let (image, mut lists) = e.finish();
+            lists.image = image;
             e = Encoder::new(self, lists);
             e.step(self, usize::MAX);
         }
@@ -333,8 +363,9 @@ impl<D: Device> Shard<D> {
     /// a worker never sleeps on completions already collected.
     fn poll_writes(&mut self) -> bool {
         let mut budget = WRITES_PER_POLL;
+        let mut starts = COPIES_PER_POLL;
         for _ in 0..TABLE_WRITES + 4 {
-            if self.poll_writes_once(&mut budget) {
+            if self.poll_writes_once(&mut budget, &mut starts) {
                 return true;
             }
             if !self.io.has_finished() {
@@ -344,7 +375,7 @@ impl<D: Device> Shard<D> {
         false
     }
 
-    fn poll_writes_once(&mut self, budget: &mut usize) -> bool {
+    fn poll_writes_once(&mut self, budget: &mut usize, starts: &mut usize) -> bool {
         self.poll_data_writes();
         if self.committing.is_some() {
             self.poll_commit();
@@ -383,14 +414,15 @@ impl<D: Device> Shard<D> {
         if self.commits_done >= commit && !c.copies.is_empty() {
             // Everything the copies hold is durable now.
             let mut now = std::mem::take(&mut c.copies);
-            c.copies = now.split_off(now.len().min(COPIES_PER_POLL));
+            c.copies = now.split_off(now.len().min(*starts));
+            *starts -= now.len();
             for (b, copy) in now {
                 self.icache.write_copy(&mut self.io, b, copy, lsn - 1);
             }
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         let mut blocks = std::mem::take(&mut c.blocks);
-        let written = self.icache.write_back_older(&mut self.io, &mut blocks, lsn);
+        let written = self.icache.write_back_older(&mut self.io, &mut blocks, lsn, starts);
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         c.blocks = blocks;
         let written = match written {
@@ -416,7 +448,8 @@ impl<D: Device> Shard<D> {
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         c.step = Step::Sync;
-        c.tables = Vec::new();
+        // Kept for the next image (`KeyLists`).
+        self.ckpt_keys.image = std::mem::take(&mut c.tables);
         self.io.submit_ckpt(sync_req(), 0);
         true
     }

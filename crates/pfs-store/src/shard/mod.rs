@@ -251,6 +251,8 @@ pub struct Shard<D: Device> {
     ckpt_image_limit: u64,
     /// The key lists of the last checkpoint's image, reused by the next.
     ckpt_keys: tables::KeyLists,
+    /// An image buffer a larger one replaced, given back a piece per poll.
+    ckpt_retired: Vec<u8>,
     /// Times a checkpoint's snapshot moved the log to a fresh half.
     log_moves: u64,
     commits_started: u64,
@@ -513,6 +515,7 @@ impl<D: Device> Shard<D> {
             ckpt: None,
             ckpt_slice: tables::ENCODE_SLICE,
             ckpt_keys: tables::KeyLists::default(),
+            ckpt_retired: Vec::new(),
             log_moves: 0,
             ckpt_image_limit: geo.ckpt_pages * PAGE_SIZE,
             commits_started: 0,

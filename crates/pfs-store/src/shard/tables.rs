@@ -95,13 +95,19 @@ pub(super) struct Encoder {
     xattr_at: usize,
 }
 
-/// The vectors an [`Encoder`] lists the hash tables' keys into, kept by the
-/// shard between checkpoints.
+/// The vectors an [`Encoder`] lists the hash tables' keys into, and the
+/// buffer of the last image once it was written, kept by the shard between
+/// checkpoints: each is as large as the tables, and freeing one at once
+/// (unmapping tens of megabytes: 4-6 ms at a million files) would stop the
+/// worker for as long. An image that outgrew the buffer gets a new one half
+/// as large again, and the old one is given back a few megabytes per poll
+/// (`Shard::release_image`).
 #[derive(Debug, Default)]
 pub(super) struct KeyLists {
     parents: Vec<InodeId>,
     inos: Vec<InodeId>,
     xattr_inos: Vec<InodeId>,
+    pub(super) image: Vec<u8>,
 }
 
 /// Sections of the image, in order.
@@ -116,18 +122,23 @@ impl std::fmt::Debug for Encoder {
     }
 }
 
+/// Bytes to reserve for an image of `s`'s tables: a quarter more than they
+/// hold now, for entries made ahead of the walk while others are removed
+/// behind it. Growing a large image later copies it all, a stop of about a
+/// millisecond a megabyte.
+pub(super) fn image_room<D: Device>(s: &Shard<D>) -> usize {
+    (s.table_bytes + s.table_bytes / 4 + (64 << 10)).min(s.ckpt_image_limit) as usize
+}
+
 impl Encoder {
     /// Starts the image of `s`'s tables as they are now, listing keys into
     /// the vectors `lists` holds (given back by [`finish`](Self::finish)).
     pub(super) fn new<D: Device>(s: &Shard<D>, lists: KeyLists) -> Encoder {
-        // Room for a quarter more than the tables hold now: entries made
-        // ahead of the walk while others are removed behind it. Growing a
-        // large image later copies it all, a stop of about a millisecond a
-        // megabyte.
-        let room = (s.table_bytes + s.table_bytes / 4 + (64 << 10)).min(s.ckpt_image_limit);
-        let mut out = Vec::with_capacity(room as usize);
+        let room = image_room(s);
+        let KeyLists { mut parents, mut inos, mut xattr_inos, image: mut out } = lists;
+        out.clear();
+        out.reserve(room);
         put_u64(&mut out, 0);
-        let KeyLists { mut parents, mut inos, mut xattr_inos } = lists;
         parents.clear();
         inos.clear();
         xattr_inos.clear();
@@ -171,8 +182,12 @@ impl Encoder {
     /// The image (complete once [`done`](Self::done)), and the key lists
     /// for the next.
     pub(super) fn finish(self) -> (Vec<u8>, KeyLists) {
-        let lists =
-            KeyLists { parents: self.parents, inos: self.inos, xattr_inos: self.xattr_inos };
+        let lists = KeyLists {
+            parents: self.parents,
+            inos: self.inos,
+            xattr_inos: self.xattr_inos,
+            image: Vec::new(),
+        };
         (self.out, lists)
     }
 

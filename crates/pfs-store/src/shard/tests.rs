@@ -2512,3 +2512,50 @@ fn a_cross_rename_finish_stops_at_a_cold_inode_page_before_it_changes_anything()
     assert_eq!(s.lookup(ROOT, b"f").unwrap_err(), FsError::NotFound);
     assert_eq!(s.parent_of(f).unwrap(), elsewhere);
 }
+
+/// A checkpoint's image buffer is kept for the next image (freeing tens of
+/// megabytes at once stops the worker); one that outgrew it gets a larger
+/// buffer and the old one is given back a `RELEASE_STEP` per poll.
+#[test]
+fn the_image_buffer_is_reused_and_a_replaced_one_given_back_in_steps() {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    for i in 0..200 {
+        s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+    }
+    s.checkpoint().unwrap();
+    let kept = s.ckpt_keys.image.as_ptr();
+    assert!(s.ckpt_keys.image.capacity() > 0, "the written image's buffer is kept");
+    s.checkpoint().unwrap();
+    assert_eq!(s.ckpt_keys.image.as_ptr(), kept, "the next image is encoded into it");
+    assert_eq!(s.ckpt_retired.capacity(), 0, "nothing replaced");
+    // Tables past the buffer's room: a new buffer, the old one retired.
+    for i in 0..5_000 {
+        s.create(
+            ROOT,
+            format!("long-name-to-grow-the-tables-{i}").as_bytes(),
+            CreateArgs::file(0o644),
+        )
+        .unwrap();
+    }
+    let small = s.ckpt_keys.image.capacity();
+    s.set_checkpoint_slice(1);
+    s.start_checkpoint();
+    if s.wants_snapshot() {
+        s.step_checkpoint(false);
+    }
+    assert!(!s.wants_snapshot());
+    assert!(s.ckpt_keys.image.capacity() == 0, "the buffer moved into the encoder");
+    assert_eq!(s.ckpt_retired.capacity(), small, "the old buffer retired, not freed");
+    // A large retired buffer goes a step per poll.
+    s.ckpt_retired = vec![7u8; 3 * checkpoint::RELEASE_STEP + 100];
+    let mut caps = vec![s.ckpt_retired.capacity()];
+    while s.ckpt_retired.capacity() > 0 {
+        s.poll_checkpoint();
+        caps.push(s.ckpt_retired.capacity());
+        assert!(caps.len() < 10, "{caps:?}");
+    }
+    let step = checkpoint::RELEASE_STEP;
+    assert!(caps.windows(2).all(|w| w[0] - w[1] <= step), "{caps:?}");
+    assert_eq!(caps.len(), 5, "{caps:?}");
+    s.finish_checkpoint().unwrap();
+}
