@@ -17,6 +17,7 @@
 # Environment: EASY (files per process, 5000), HARD (files per process, 2000),
 #   PROCS (2), SIZE_MIB (fio file, 1024), WORKERS (pfs up's default: half the
 #   cores), WORK (target/bench-fuse), FIO_RUNS (alternating fio runs per side, 3),
+#   SETTLE (seconds after a `sync` before each fio run, 30),
 #   UP_ARGS (extra `pfs up` options, e.g. "-o writeback_cache"), SKIP_FIO=1,
 #   IO_WORKLOADS ("io-hard io-easy"; empty: none), SEGMENTS (transfers per
 #   process of each, 2048), MD_WORKLOADS ("md-easy md-hard"; empty: none),
@@ -144,9 +145,14 @@ fio_bw() { # dir rw -> MiB/s
     fio --name=seq --directory="$1" --rw="$2" --bs=1M --size="${SIZE_MIB}M" --ioengine=psync \
         --end_fsync=1 --invalidate=1 --output-format=json 2>/dev/null | jq -r ".jobs[0].$2.bw / 1024"
 }
-# The disk's own rate drifts by 2x from minute to minute on this VM: each
-# side runs FIO_RUNS times, alternating, and the medians are compared.
+# The disk's own rate drifts by 2x from minute to minute on this VM, and a run
+# right after another one's 1 GiB write goes at about half speed whichever side
+# it is (benches/fio-mount-vs-file.sh): each side runs FIO_RUNS times, who goes
+# first alternating, each run after `sync` and SETTLE seconds, and the medians
+# are compared.
 FIO_RUNS=${FIO_RUNS:-3}
+SETTLE=${SETTLE:-30}
+settle() { sync; sleep "$SETTLE"; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo
 echo "### fio 1 MiB sequential, ${SIZE_MIB} MiB file, one job (psync, end_fsync), median of $FIO_RUNS alternating runs"
@@ -156,9 +162,14 @@ echo "|---|---|---|---|---|---|"
 for rw in write read; do
     echo "fio $rw..." >&2
     raws=() pfss=()
-    for _ in $(seq "$FIO_RUNS"); do
-        raws+=("$(fio_bw "$WORK/raw" "$rw")")
-        pfss+=("$(fio_bw "$WORK/pfs-mnt" "$rw")")
+    for i in $(seq "$FIO_RUNS"); do
+        if [ $((i % 2)) = 1 ]; then
+            settle; raws+=("$(fio_bw "$WORK/raw" "$rw")")
+            settle; pfss+=("$(fio_bw "$WORK/pfs-mnt" "$rw")")
+        else
+            settle; pfss+=("$(fio_bw "$WORK/pfs-mnt" "$rw")")
+            settle; raws+=("$(fio_bw "$WORK/raw" "$rw")")
+        fi
     done
     raw=$(printf '%s\n' "${raws[@]}" | median)
     pfs=$(printf '%s\n' "${pfss[@]}" | median)
