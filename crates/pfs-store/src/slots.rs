@@ -1,6 +1,7 @@
 //! Tables keyed by inode number, split into [`SPLIT`] hash tables by the
 //! number's low bits: the inode table of a shard (inode number -> inode
-//! slot) and cART's table of directories (`cart/mod.rs`).
+//! slot), its extended attributes, and cART's table of directories
+//! (`cart/mod.rs`).
 //!
 //! A hash table grows by rehashing every entry at once when it is 7/8 full:
 //! one table of a million inodes stopped the create that grew it for 26 ms
@@ -59,6 +60,18 @@ impl<V> SplitMap<V> {
         let old = self.parts[Self::part(&ino)].insert(ino, value);
         self.len += usize::from(old.is_none());
         old
+    }
+
+    /// The value of `ino`, made with `V::default()` if it has none.
+    pub fn get_or_default(&mut self, ino: InodeId) -> &mut V
+    where
+        V: Default,
+    {
+        let part = &mut self.parts[(ino.0 as usize) & (SPLIT - 1)];
+        if !part.contains_key(&ino) {
+            self.len += 1;
+        }
+        part.entry(ino).or_default()
     }
 
     /// Removes `ino`; returns its value.
@@ -155,6 +168,13 @@ mod tests {
         expected.sort();
         assert_eq!(listed, expected);
         assert_eq!(t.keys().count(), t.len());
+        // `get_or_default` counts what it makes, and only that.
+        let len = t.len();
+        *t.get_or_default(ino(60_000)) += 5;
+        *t.get_or_default(ino(60_000)) += 5;
+        assert_eq!((t.len(), t.get(&ino(60_000))), (len + 1, Some(&10)));
+        let listed: usize = (0..SPLIT).map(|p| t.part_keys(p).count()).sum();
+        assert_eq!(listed, t.len(), "the parts list every key once");
         // The parts share the inodes evenly.
         let sizes: Vec<usize> = t.parts.iter().map(|p| p.len()).collect();
         let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());

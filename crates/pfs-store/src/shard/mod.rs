@@ -195,7 +195,7 @@ pub struct Shard<D: Device> {
     run_refs: HashMap<u64, u32>,
     /// Data being freed in bounded steps: file -> first garbage byte (`trim`).
     trims: BTreeMap<InodeId, u64>,
-    xattrs: HashMap<InodeId, BTreeMap<Vec<u8>, Vec<u8>>>,
+    xattrs: crate::slots::SplitMap<BTreeMap<Vec<u8>, Vec<u8>>>,
     /// Open cross-shard transactions (intents and participant records).
     txns: BTreeMap<u64, Vec<u8>>,
     /// Directories sealed by an rmdir in progress (from `txns`): dir -> seal count.
@@ -487,7 +487,7 @@ impl<D: Device> Shard<D> {
             extents: BTreeMap::new(),
             run_refs: HashMap::new(),
             trims: BTreeMap::new(),
-            xattrs: HashMap::new(),
+            xattrs: crate::slots::SplitMap::default(),
             txns: BTreeMap::new(),
             sealed: HashMap::new(),
             txn_next: 1,
@@ -778,7 +778,7 @@ impl<D: Device> Shard<D> {
                 }
             }
             Change::XattrPut { ino, name, value } => {
-                let map = self.xattrs.entry(*ino).or_default();
+                let map = self.xattrs.get_or_default(*ino);
                 if let Some(old) = map.insert(name.clone(), value.clone()) {
                     self.table_bytes -= tables::xattr_bytes(name, &old);
                 }

@@ -54,12 +54,10 @@ pub const ENCODE_SLICE: usize = 4096;
 /// complete is durable, so a change the image holds is never missing from
 /// the log after a crash.
 ///
-/// The snapshot lists what cannot be walked in slices while it changes, the
-/// keys of a hash table: the inodes with extended attributes (into a vector
-/// kept from one checkpoint to the next, so no memory is faulted in at the
-/// snapshot). The inode table and cART's table of directories are 64 hash
-/// tables each (`slots.rs`); each part's keys are listed when the walk
-/// reaches it. A listed key is
+/// The hash tables (the inodes, the inodes with extended attributes, and
+/// cART's table of directories) are 64 hash tables each (`slots.rs`); each
+/// part's keys are listed when the walk reaches it, into vectors kept from
+/// one checkpoint to the next, so the snapshot lists nothing. A listed key is
 /// encoded with its value when its slice runs, or skipped if it is gone by
 /// then; a key made after the snapshot is in the log. The ordered tables are
 /// walked from the last key encoded, the dentries directory by directory from
@@ -90,9 +88,12 @@ pub(super) struct Encoder {
     part_at: usize,
     /// Sections 2, 3, 5 and 6: the last key encoded.
     after_key: Option<(u64, u64)>,
-    /// Section 4: the inodes with extended attributes at the snapshot.
+    /// Section 4: the inodes with extended attributes of one part of their
+    /// table, listed when the walk reached it, the next to encode, and the
+    /// next part.
     xattr_inos: Vec<InodeId>,
     xattr_at: usize,
+    xattr_part: usize,
 }
 
 /// The vectors an [`Encoder`] lists the hash tables' keys into, and the
@@ -142,7 +143,6 @@ impl Encoder {
         parents.clear();
         inos.clear();
         xattr_inos.clear();
-        xattr_inos.extend(s.xattrs.keys().copied());
         Encoder {
             out,
             section: 0,
@@ -161,6 +161,7 @@ impl Encoder {
             after_key: None,
             xattr_inos,
             xattr_at: 0,
+            xattr_part: 0,
         }
     }
 
@@ -331,7 +332,19 @@ impl Encoder {
     }
 
     fn xattrs<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
-        while let Some(ino) = self.xattr_inos.get(self.xattr_at) {
+        loop {
+            let Some(ino) = self.xattr_inos.get(self.xattr_at) else {
+                // The next part's inodes as they are now (as the inodes'
+                // parts above).
+                if self.xattr_part == crate::slots::SPLIT {
+                    return true;
+                }
+                self.xattr_inos.clear();
+                self.xattr_inos.extend(s.xattrs.part_keys(self.xattr_part));
+                self.xattr_part += 1;
+                self.xattr_at = 0;
+                continue;
+            };
             if *left == 0 {
                 return false;
             }
@@ -345,7 +358,6 @@ impl Encoder {
                 *left = left.saturating_sub(1);
             }
         }
-        true
     }
 
     /// Walks an ordered table from the key after the last one encoded.
@@ -461,7 +473,7 @@ impl<D: Device> Shard<D> {
             let len = take_u32(b)? as usize;
             let value = take(b, len)?.to_vec();
             self.table_bytes += xattr_bytes(&name, &value);
-            self.xattrs.entry(ino).or_default().insert(name, value);
+            self.xattrs.get_or_default(ino).insert(name, value);
         }
         for _ in 0..count(b, 12)? {
             let id = take_u64(b)?;
