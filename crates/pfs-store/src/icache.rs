@@ -55,6 +55,10 @@ struct CacheBlock {
     /// the block itself is not written back meanwhile, so the two writes of
     /// the page never race.
     copy_lsn: Option<u64>,
+    /// The checkpoint under way needs this block as of its snapshot and no
+    /// copy was taken yet: the first change after it takes one first
+    /// (`freeze`).
+    frozen: bool,
     prev: u32,
     next: u32,
 }
@@ -111,6 +115,10 @@ pub struct Icache {
     /// Pages whose read in the background failed: the next load of one reads
     /// it blocking, so the operation gets the error.
     read_errors: Vec<u64>,
+    /// Copies of frozen blocks taken before their first change after the
+    /// snapshot, waiting to be written (at most one per block).
+    taken: Vec<(u32, AlignedBuf)>,
+    frozen_count: usize,
     stats: IcacheStats,
 }
 
@@ -128,6 +136,7 @@ impl Icache {
                 dirty_lsn: 0,
                 first_dirty_lsn: 0,
                 copy_lsn: None,
+                frozen: false,
                 prev: NIL,
                 next: NIL,
             })
@@ -146,6 +155,8 @@ impl Icache {
             durable_lsn: 0,
             last_write_back_lsn: 0,
             read_errors: Vec::new(),
+            taken: Vec::new(),
+            frozen_count: 0,
             stats: IcacheStats::default(),
         }
     }
@@ -322,6 +333,14 @@ impl Icache {
     ) -> Result<(), StoreError> {
         let b = self.load(io, slot / INODES_PER_BLOCK)?;
         let block = &mut self.blocks[b as usize];
+        if block.frozen {
+            // The checkpoint's copy, as of its snapshot, before this change.
+            block.frozen = false;
+            self.frozen_count -= 1;
+            let data = block.data.as_ref().expect("a frozen block is dirty");
+            self.taken.push((b, AlignedBuf::from_slice(data)));
+        }
+        let block = &mut self.blocks[b as usize];
         let at = (slot % INODES_PER_BLOCK) as usize * INODE_SLOT_SIZE;
         block.data.as_mut().expect("loaded block has data")[at..at + INODE_SLOT_SIZE]
             .copy_from_slice(image);
@@ -425,19 +444,60 @@ impl Icache {
         })
     }
 
-    /// Copies of the dirty blocks among `blocks`, as they are now (a
-    /// checkpoint's snapshot): written with [`write_copy`](Self::write_copy)
-    /// once the records up to now are durable, while the blocks themselves go
-    /// on changing.
-    pub fn copy_dirty(&self, blocks: &[u32]) -> Vec<(u32, AlignedBuf)> {
-        blocks
-            .iter()
-            .filter(|&&b| self.blocks[b as usize].state == BlockState::Dirty)
-            .map(|&b| {
-                let data = self.blocks[b as usize].data.as_ref().expect("a dirty block has data");
-                (b, AlignedBuf::from_slice(data))
-            })
-            .collect()
+    /// Marks the dirty blocks among `blocks` as a checkpoint's snapshot needs
+    /// them, copy-on-write: the first change to one after this takes a copy
+    /// of it first, and [`take_copies`](Self::take_copies) copies the others
+    /// when the checkpoint writes them. Nothing is copied now (copying every
+    /// dirty block at the snapshot stopped the worker 1-1.6 ms at a million
+    /// files).
+    pub fn freeze(&mut self, blocks: &[u32]) {
+        self.thaw();
+        for &b in blocks {
+            let block = &mut self.blocks[b as usize];
+            if block.state == BlockState::Dirty {
+                block.frozen = true;
+                self.frozen_count += 1;
+            }
+        }
+    }
+
+    /// Drops what [`freeze`](Self::freeze) marked and the copies not written
+    /// (the checkpoint ended).
+    pub fn thaw(&mut self) {
+        if self.frozen_count > 0 {
+            for block in &mut self.blocks {
+                block.frozen = false;
+            }
+            self.frozen_count = 0;
+        }
+        self.taken.clear();
+    }
+
+    /// Whether copies of frozen blocks are left to write.
+    pub fn copies_left(&self) -> bool {
+        self.frozen_count > 0 || !self.taken.is_empty()
+    }
+
+    /// Up to `max` copies of frozen blocks as of the snapshot, to write with
+    /// [`write_copy`](Self::write_copy) once the records up to it are
+    /// durable: those taken before a change first, then copies of blocks
+    /// among `blocks` not changed since (their content is the snapshot's).
+    pub fn take_copies(&mut self, blocks: &[u32], max: usize) -> Vec<(u32, AlignedBuf)> {
+        let n = self.taken.len().min(max);
+        let mut out: Vec<(u32, AlignedBuf)> = self.taken.drain(..n).collect();
+        for &b in blocks {
+            if out.len() == max || self.frozen_count == 0 {
+                break;
+            }
+            let block = &mut self.blocks[b as usize];
+            if block.frozen {
+                block.frozen = false;
+                self.frozen_count -= 1;
+                let data = block.data.as_ref().expect("a frozen block is dirty");
+                out.push((b, AlignedBuf::from_slice(data)));
+            }
+        }
+        out
     }
 
     /// Writes `copy` of block `b`, taken when every change up to `lsn` was in
@@ -555,6 +615,12 @@ impl Icache {
         let block = &mut self.blocks[b as usize];
         assert_eq!(block.state, BlockState::Dirty);
         assert!(block.copy_lsn.is_none(), "a block written while a copy of it is");
+        if block.frozen {
+            // Its whole content goes to the device: the snapshot's changes
+            // with it, no copy needed.
+            block.frozen = false;
+            self.frozen_count -= 1;
+        }
         block.state = BlockState::Writing;
         self.dirty_count -= 1;
         self.writing_count += 1;
@@ -636,6 +702,10 @@ impl Icache {
         let block = &mut self.blocks[b as usize];
         if block.state == BlockState::Dirty {
             self.dirty_count -= 1;
+        }
+        if block.frozen {
+            block.frozen = false;
+            self.frozen_count -= 1;
         }
         block.state = BlockState::Free;
         self.index.remove(&block.page);
@@ -776,5 +846,43 @@ mod tests {
         c.flush_all(&mut io).unwrap();
         assert_eq!(c.dirty_count(), 0);
         assert_eq!(&dev.peek(0, INODE_SLOT_SIZE)[..], &image(1)[..]);
+    }
+
+    /// A checkpoint's snapshot freezes the dirty blocks instead of copying
+    /// them: the first change to one takes its copy first (once), the others
+    /// are copied when the checkpoint writes them, and a block written back
+    /// whole needs no copy.
+    #[test]
+    fn a_frozen_block_is_copied_before_its_first_change_and_only_once() {
+        let (mut c, mut io, _dev) = setup(4, 1.0);
+        c.write_slot(&mut io, 0, &image(1), 1).unwrap();
+        c.write_slot(&mut io, INODES_PER_BLOCK, &image(2), 2).unwrap();
+        let blocks = c.unwritten_blocks();
+        assert_eq!(blocks.len(), 2);
+        c.freeze(&blocks);
+        assert!(c.copies_left());
+        c.write_slot(&mut io, 0, &image(3), 3).unwrap();
+        c.write_slot(&mut io, 1, &image(4), 4).unwrap();
+        assert_eq!(c.taken.len(), 1, "one copy, at the first change");
+        let copies = c.take_copies(&blocks, 8);
+        assert!(!c.copies_left());
+        assert_eq!(copies.len(), 2);
+        let slot = |buf: &AlignedBuf, i: usize| {
+            buf[i * INODE_SLOT_SIZE..(i + 1) * INODE_SLOT_SIZE].to_vec()
+        };
+        let of_page =
+            |p: u64| &copies.iter().find(|(b, _)| c.blocks[*b as usize].page == p).unwrap().1;
+        assert_eq!(slot(of_page(0), 0), image(1).to_vec(), "page 0 as of the snapshot");
+        assert_eq!(slot(of_page(0), 1), vec![0u8; INODE_SLOT_SIZE], "without the later change");
+        assert_eq!(slot(of_page(1), 0), image(2).to_vec(), "page 1, unchanged since, copied now");
+        // Frozen again, then written back whole: no copy left to write.
+        c.freeze(&blocks);
+        assert!(c.copies_left());
+        c.set_durable_lsn(4);
+        c.flush_all(&mut io).unwrap();
+        assert!(!c.copies_left(), "the write-backs carried the snapshot's changes");
+        assert!(c.take_copies(&blocks, 8).is_empty());
+        c.thaw();
+        assert!(!c.copies_left());
     }
 }

@@ -46,7 +46,7 @@ use std::time::Instant;
 use super::tables::{self, Encoder};
 use super::{geometry::CheckpointHeader, opts_group, sync_req, write_req, Shard};
 use super::{MAX_RECORD_BYTES, PAGE_SIZE};
-use crate::device::{AlignedBuf, Device};
+use crate::device::Device;
 use crate::error::StoreError;
 use crate::icache::WriteBack;
 use crate::wal::Wal;
@@ -87,12 +87,12 @@ pub(super) struct Checkpointing {
     /// The commit that makes durable every record logged before the image
     /// was complete (set when it is).
     image_commit: u64,
+    /// The Icache blocks unwritten at the snapshot; the dirty ones are frozen
+    /// (`Icache::freeze`) and copies of them as of the snapshot are written
+    /// once its commit finished: a block that changes with every operation
+    /// (a directory's inode in a create storm) never waits for a moment its
+    /// newest change is durable.
     blocks: Vec<u32>,
-    /// Copies of the dirty ones as of the snapshot, written once its commit
-    /// finished: a block that changes with every operation (a directory's
-    /// inode in a create storm) never waits for a moment its newest change
-    /// is durable.
-    copies: Vec<(u32, AlignedBuf)>,
     /// Failpoint `checkpoint.hold_ms`: the header is not written before this.
     hold_until: Option<Instant>,
 }
@@ -145,7 +145,6 @@ impl<D: Device> Shard<D> {
             commit: 0,
             image_commit: 0,
             blocks: Vec::new(),
-            copies: Vec::new(),
             hold_until: hold,
         });
         self.step_checkpoint(false);
@@ -178,7 +177,7 @@ impl<D: Device> Shard<D> {
             c.step == Step::Encode
                 || (c.step == Step::Writes
                     && ((c.submitted < c.tables.len() && self.io.ckpt_in_flight() < TABLE_WRITES)
-                        || (self.commits_done >= c.commit && !c.copies.is_empty())))
+                        || (self.commits_done >= c.commit && self.icache.copies_left())))
         })
     }
 
@@ -236,6 +235,7 @@ impl<D: Device> Shard<D> {
         while let Some(c) = &self.ckpt {
             if self.failed.is_some() {
                 self.ckpt = None;
+                self.icache.thaw();
                 return;
             }
             let step = c.step;
@@ -291,7 +291,7 @@ impl<D: Device> Shard<D> {
         let retired = std::mem::replace(&mut self.wal, fresh);
         self.log_moves += 1;
         let blocks = self.icache.unwritten_blocks();
-        let copies = self.icache.copy_dirty(&blocks);
+        self.icache.freeze(&blocks);
         // A failure is the shard's: `poll_checkpoint` drops the checkpoint.
         let _ = self.start_commit_of(Some(retired));
         let us = at.elapsed().as_micros() as u64;
@@ -304,7 +304,6 @@ impl<D: Device> Shard<D> {
         c.encoder = Some(encoder);
         c.commit = commit;
         c.blocks = blocks;
-        c.copies = copies;
     }
 
     /// Encodes one slice of the image; once it is complete, fills in the
@@ -411,10 +410,9 @@ impl<D: Device> Shard<D> {
         }
         let c = self.ckpt.as_mut().expect("a checkpoint under way");
         let (lsn, commit) = (c.header.expect("snapshot taken").first_lsn, c.commit);
-        if self.commits_done >= commit && !c.copies.is_empty() {
+        if self.commits_done >= commit && self.icache.copies_left() {
             // Everything the copies hold is durable now.
-            let mut now = std::mem::take(&mut c.copies);
-            c.copies = now.split_off(now.len().min(*starts));
+            let now = self.icache.take_copies(&c.blocks, *starts);
             *starts -= now.len();
             for (b, copy) in now {
                 self.icache.write_copy(&mut self.io, b, copy, lsn - 1);
@@ -485,6 +483,7 @@ impl<D: Device> Shard<D> {
             }
             _ => {
                 let c = self.ckpt.take().expect("a checkpoint under way");
+                self.icache.thaw();
                 let us = c.started.elapsed().as_micros() as u64;
                 self.stats.last_checkpoint_us = us;
                 self.stats.max_checkpoint_us = self.stats.max_checkpoint_us.max(us);
@@ -521,6 +520,7 @@ impl<D: Device> Shard<D> {
 
     fn fail_checkpoint(&mut self, why: String) {
         self.ckpt = None;
+        self.icache.thaw();
         self.fail(format!("checkpoint failed, the shard must be recovered from its log: {why}"));
     }
 
