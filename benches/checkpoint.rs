@@ -47,6 +47,20 @@ struct Outcome {
     log_full_waits: u64,
 }
 
+/// What a worker does after the `i`-th create: a group commit every
+/// `COMMIT_EVERY`, the commit and checkpoint polled; `waited` waits for a
+/// checkpoint the create started.
+fn after_create(s: &mut Shard<UringDevice>, i: u64, waited: bool) {
+    if waited && s.checkpointing() {
+        s.finish_checkpoint().unwrap();
+    }
+    if i % COMMIT_EVERY == 0 {
+        s.start_commit().unwrap();
+    }
+    s.poll_commit();
+    s.poll_checkpoint();
+}
+
 fn run(dir: &std::path::Path, files: u64, dirs: u64, wal_mib: u64, waited: bool) -> Outcome {
     let zone = 4u64 << 30;
     let path = dir.join(if waited { "waited.img" } else { "beside.img" });
@@ -75,14 +89,7 @@ fn run(dir: &std::path::Path, files: u64, dirs: u64, wal_mib: u64, waited: bool)
         for d in 0..dirs {
             let name = format!("dir.mdtest.{d}");
             parents.push(s.create(top, name.as_bytes(), CreateArgs::dir(0o755)).unwrap().ino);
-            if waited && s.checkpointing() {
-                s.finish_checkpoint().unwrap();
-            }
-            if d % COMMIT_EVERY == 0 {
-                s.start_commit().unwrap();
-            }
-            s.poll_commit();
-            s.poll_checkpoint();
+            after_create(&mut s, d, waited);
         }
     }
     s.commit().unwrap();
@@ -94,14 +101,7 @@ fn run(dir: &std::path::Path, files: u64, dirs: u64, wal_mib: u64, waited: bool)
         let op = Instant::now();
         let parent = parents[(i % parents.len() as u64) as usize];
         s.create(parent, name.as_bytes(), CreateArgs::file(0o644)).unwrap();
-        if waited && s.checkpointing() {
-            s.finish_checkpoint().unwrap();
-        }
-        if i % COMMIT_EVERY == 0 {
-            s.start_commit().unwrap();
-        }
-        s.poll_commit();
-        s.poll_checkpoint();
+        after_create(&mut s, i, waited);
         lat.push(op.elapsed());
     }
     s.commit().unwrap();

@@ -9,6 +9,7 @@ use pfs_core::{BlockIndex, InodeId};
 use super::Shard;
 use crate::device::Device;
 use crate::error::StoreError;
+use crate::slots::SPLIT;
 use crate::wal::record::{
     put_bytes8, put_run, put_u32, put_u64, take, take_bytes8, take_run, take_u32, take_u64, Extent,
 };
@@ -73,27 +74,56 @@ pub(super) struct Encoder {
     crc: u32,
     entries_crc: u32,
     crc_at: usize,
-    /// Section 0: the directories with names of one part of cART's table of
-    /// directories, listed when the walk reached it (a 64th of them), the
-    /// one being encoded, the last name encoded in it, and the next part.
-    parents: Vec<InodeId>,
-    parent_at: usize,
+    /// Section 0: the directories with names (cART's table of directories),
+    /// and the last name encoded in the one the walk is at.
+    parents: PartWalk,
     after_name: Option<Vec<u8>>,
-    parent_part: usize,
-    /// Section 1: the inodes of one part of the inode table, listed when the
-    /// walk reached it (`slots.rs`: a 64th of them, so listing is a slice's
-    /// work too), the next of them to encode, and the next part.
-    inos: Vec<InodeId>,
-    ino_at: usize,
-    part_at: usize,
+    /// Section 1: the inodes (the inode table).
+    inos: PartWalk,
     /// Sections 2, 3, 5 and 6: the last key encoded.
     after_key: Option<(u64, u64)>,
-    /// Section 4: the inodes with extended attributes of one part of their
-    /// table, listed when the walk reached it, the next to encode, and the
-    /// next part.
-    xattr_inos: Vec<InodeId>,
-    xattr_at: usize,
-    xattr_part: usize,
+    /// Section 4: the inodes with extended attributes.
+    xattr_inos: PartWalk,
+}
+
+/// The walk over the keys of a table split in [`SPLIT`] parts (`slots.rs`):
+/// one part's keys are listed, as they are then, when the walk reaches it (a
+/// 64th of them, so listing is a slice's work too). A key there since the
+/// snapshot and unchanged is listed; one made or removed since is the log's.
+#[derive(Debug)]
+struct PartWalk {
+    keys: Vec<InodeId>,
+    at: usize,
+    part: usize,
+}
+
+impl PartWalk {
+    /// A walk from the first part, listing into `keys` (a vector kept from
+    /// one checkpoint to the next).
+    fn new(mut keys: Vec<InodeId>) -> PartWalk {
+        keys.clear();
+        PartWalk { keys, at: 0, part: 0 }
+    }
+
+    /// The key the walk is at; the next parts' keys are listed by `list` as
+    /// needed. `None` once every part is walked.
+    fn peek(&mut self, mut list: impl FnMut(usize, &mut Vec<InodeId>)) -> Option<InodeId> {
+        while self.at == self.keys.len() {
+            if self.part == SPLIT {
+                return None;
+            }
+            self.keys.clear();
+            list(self.part, &mut self.keys);
+            self.part += 1;
+            self.at = 0;
+        }
+        Some(self.keys[self.at])
+    }
+
+    /// On to the next key.
+    fn advance(&mut self) {
+        self.at += 1;
+    }
 }
 
 /// The vectors an [`Encoder`] lists the hash tables' keys into, and the
@@ -136,13 +166,10 @@ impl Encoder {
     /// the vectors `lists` holds (given back by [`finish`](Self::finish)).
     pub(super) fn new<D: Device>(s: &Shard<D>, lists: KeyLists) -> Encoder {
         let room = image_room(s);
-        let KeyLists { mut parents, mut inos, mut xattr_inos, image: mut out } = lists;
+        let KeyLists { parents, inos, xattr_inos, image: mut out } = lists;
         out.clear();
         out.reserve(room);
         put_u64(&mut out, 0);
-        parents.clear();
-        inos.clear();
-        xattr_inos.clear();
         Encoder {
             out,
             section: 0,
@@ -151,17 +178,11 @@ impl Encoder {
             crc: 0,
             entries_crc: 0,
             crc_at: 8,
-            parents,
-            parent_at: 0,
+            parents: PartWalk::new(parents),
             after_name: None,
-            parent_part: 0,
-            inos,
-            ino_at: 0,
-            part_at: 0,
+            inos: PartWalk::new(inos),
             after_key: None,
-            xattr_inos,
-            xattr_at: 0,
-            xattr_part: 0,
+            xattr_inos: PartWalk::new(xattr_inos),
         }
     }
 
@@ -184,9 +205,9 @@ impl Encoder {
     /// for the next.
     pub(super) fn finish(self) -> (Vec<u8>, KeyLists) {
         let lists = KeyLists {
-            parents: self.parents,
-            inos: self.inos,
-            xattr_inos: self.xattr_inos,
+            parents: self.parents.keys,
+            inos: self.inos.keys,
+            xattr_inos: self.xattr_inos.keys,
             image: Vec::new(),
         };
         (self.out, lists)
@@ -261,19 +282,9 @@ impl Encoder {
 
     fn dentries<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
         loop {
-            let Some(&parent) = self.parents.get(self.parent_at) else {
-                // The next part's directories as they are now (as the
-                // inodes' parts below): one with names since the snapshot has
-                // them encoded and in the log too, one emptied since is the
-                // log's.
-                if self.parent_part == crate::slots::SPLIT {
-                    return true;
-                }
-                self.parents.clear();
-                self.parents.extend(s.dentries.part_parents(self.parent_part));
-                self.parent_part += 1;
-                self.parent_at = 0;
-                continue;
+            let Some(parent) = self.parents.peek(|p, out| out.extend(s.dentries.part_parents(p)))
+            else {
+                return true;
             };
             if *left == 0 {
                 return false;
@@ -295,7 +306,7 @@ impl Encoder {
             match stopped_at {
                 Some(name) => self.after_name = Some(name),
                 None => {
-                    self.parent_at += 1;
+                    self.parents.advance();
                     self.after_name = None;
                 }
             }
@@ -304,25 +315,14 @@ impl Encoder {
 
     fn inodes<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
         loop {
-            if self.ino_at == self.inos.len() {
-                // The next part's inodes as they are now: one there since
-                // the snapshot and unchanged is listed, one made or removed
-                // since is the log's.
-                if self.part_at == crate::slots::SPLIT {
-                    return true;
-                }
-                self.inos.clear();
-                self.inos.extend(s.inode_slots.part_keys(self.part_at));
-                self.part_at += 1;
-                self.ino_at = 0;
-                continue;
-            }
+            let Some(ino) = self.inos.peek(|p, out| out.extend(s.inode_slots.part_keys(p))) else {
+                return true;
+            };
             if *left == 0 {
                 return false;
             }
-            let ino = &self.inos[self.ino_at];
-            self.ino_at += 1;
-            if let Some(slot) = s.inode_slots.get(ino) {
+            self.inos.advance();
+            if let Some(slot) = s.inode_slots.get(&ino) {
                 put_u64(&mut self.out, ino.0);
                 put_u64(&mut self.out, *slot);
                 self.count += 1;
@@ -333,23 +333,14 @@ impl Encoder {
 
     fn xattrs<D: Device>(&mut self, s: &Shard<D>, left: &mut usize) -> bool {
         loop {
-            let Some(ino) = self.xattr_inos.get(self.xattr_at) else {
-                // The next part's inodes as they are now (as the inodes'
-                // parts above).
-                if self.xattr_part == crate::slots::SPLIT {
-                    return true;
-                }
-                self.xattr_inos.clear();
-                self.xattr_inos.extend(s.xattrs.part_keys(self.xattr_part));
-                self.xattr_part += 1;
-                self.xattr_at = 0;
-                continue;
+            let Some(ino) = self.xattr_inos.peek(|p, out| out.extend(s.xattrs.part_keys(p))) else {
+                return true;
             };
             if *left == 0 {
                 return false;
             }
-            self.xattr_at += 1;
-            for (name, value) in s.xattrs.get(ino).into_iter().flatten() {
+            self.xattr_inos.advance();
+            for (name, value) in s.xattrs.get(&ino).into_iter().flatten() {
                 put_u64(&mut self.out, ino.0);
                 put_bytes8(&mut self.out, name);
                 put_u32(&mut self.out, value.len() as u32);

@@ -2406,15 +2406,7 @@ fn a_trim_step_stops_at_a_cold_inode_page_when_asked() {
     let ino = many_block_file(&mut s, b"f", FileLayout::Block);
     s.setattr(ino, SetAttr { size: Some(10), ..SetAttr::default() }).unwrap();
     assert!(s.has_trims());
-    // 40 pages of other inodes, more than the Icache's 32 blocks.
-    let mut others = Vec::new();
-    for i in 0..640 {
-        others.push(s.create(ROOT, format!("o{i}").as_bytes(), CreateArgs::file(0o644)).unwrap());
-    }
-    let mut s = reopen(s);
-    for o in &others[40..] {
-        s.getattr(o.ino).unwrap();
-    }
+    let mut s = cold_reopened(s);
     assert!(!s.icache.resident(s.inode_slots[&ino]), "the file's inode page is cold");
     let free = s.statfs().blocks_free;
     let done = s.icache_reads_done();
@@ -2434,13 +2426,10 @@ fn a_trim_step_stops_at_a_cold_inode_page_when_asked() {
     assert_eq!(s.getattr(ino).unwrap().size, 10);
 }
 
-/// A shard whose `names` (files in the root) were made first, then 640 other
-/// inodes (40 pages, more than the Icache's 16 blocks) read after a reopen,
-/// so the names' inode pages are out of memory.
-fn shard_with_cold(names: &[&[u8]]) -> (Shard<MemDevice>, Vec<FileAttr>) {
-    let (mut s, _) = fresh_sized(BIG_ZONE);
-    let made: Vec<FileAttr> =
-        names.iter().map(|n| s.create(ROOT, n, CreateArgs::file(0o644)).unwrap()).collect();
+/// `s` reopened after 640 more inodes (40 pages, more than the Icache's 16
+/// blocks), the last 600 read after the reopen: the pages of the inodes made
+/// before are out of memory.
+fn cold_reopened(mut s: Shard<MemDevice>) -> Shard<MemDevice> {
     let mut others = Vec::new();
     for i in 0..640 {
         others.push(s.create(ROOT, format!("o{i}").as_bytes(), CreateArgs::file(0o644)).unwrap());
@@ -2449,6 +2438,16 @@ fn shard_with_cold(names: &[&[u8]]) -> (Shard<MemDevice>, Vec<FileAttr>) {
     for o in &others[40..] {
         s.getattr(o.ino).unwrap();
     }
+    s
+}
+
+/// A shard whose `names` (files in the root) were made first, their inode
+/// pages out of memory (`cold_reopened`).
+fn shard_with_cold(names: &[&[u8]]) -> (Shard<MemDevice>, Vec<FileAttr>) {
+    let (mut s, _) = fresh_sized(BIG_ZONE);
+    let made: Vec<FileAttr> =
+        names.iter().map(|n| s.create(ROOT, n, CreateArgs::file(0o644)).unwrap()).collect();
+    let s = cold_reopened(s);
     for d in &made {
         assert!(!s.icache.resident(s.inode_slots[&d.ino]), "{:?}'s inode page is cold", d.ino);
     }
