@@ -151,6 +151,9 @@ pub(super) fn device_reads(
 #[derive(Debug)]
 struct Ahead {
     pages: u64,
+    /// Bytes of memory its buffer holds (the device may round a read up to
+    /// a whole buffer of its own): what the read-ahead bound counts.
+    held: u64,
     buf: Option<AlignedBuf>,
     /// Bytes reads took from it: once every byte was taken, the readers
     /// went past it and it is dropped. (Several readers of one file take
@@ -644,7 +647,7 @@ impl<D: Device> Shard<D> {
     /// has none yet).
     fn ahead_drop(&mut self, start: u64) {
         let a = self.writes.ahead.remove(&start).expect("a read-ahead run");
-        self.writes.ahead_bytes -= a.pages * PAGE_SIZE;
+        self.writes.ahead_bytes -= a.held;
         if let Some(buf) = a.buf {
             self.io.device_mut().free_buf(buf);
         }
@@ -1020,12 +1023,24 @@ impl<D: Device> Shard<D> {
             !self.writes.ahead_overlaps(first, pages),
             "a read-ahead of {pages} pages at {first} would overlap another"
         );
+        // Counted as the memory its buffer takes, not the bytes it reads: a
+        // run of 300 KiB in a buffer of 1 MiB counted as 300 KiB let
+        // read-ahead hold three times its bound (and map new buffers for it
+        // all along a read of a shared file, zeroing them: a third of the
+        // workers' time, docs/benchmarks.md).
         let buf = self.io.device_mut().alloc_buf((pages * PAGE_SIZE) as usize);
+        let held = buf.capacity() as u64;
+        if held > pages * PAGE_SIZE && !self.ahead_room(held) {
+            self.io.device_mut().free_buf(buf);
+            return;
+        }
         let offset = self.geo.data_offset(first);
         let req = IoRequest { tag: 0, kind: IoKind::Read, offset, buf };
         let tag = self.writes.start(first, pages, Purpose::ReadAhead);
-        self.writes.ahead.insert(first, Ahead { pages, buf: None, taken: 0, waiting: Vec::new() });
-        self.writes.ahead_bytes += pages * PAGE_SIZE;
+        self.writes
+            .ahead
+            .insert(first, Ahead { pages, held, buf: None, taken: 0, waiting: Vec::new() });
+        self.writes.ahead_bytes += held;
         self.writes.ahead_order.push_back(first);
         self.stats.read_aheads += 1;
         self.io.submit_data(req, tag);
