@@ -153,10 +153,8 @@ fn uring_options(cfg: &ServerConfig, size_bytes: u64) -> UringOptions {
         registered_buffers: 16,
         registered_buffer_size: 1 << 20,
         // Read-ahead keeps its device buffers and staged writes theirs: past
-        // the 16 registered, as many of 1 MiB as read-ahead may hold (half the
-        // read cache) and 32 more are kept for reuse, so a worker that read
-        // ahead once maps no new buffer for it again.
-        spare_buffers: 32 + (cfg.read_cache_bytes(memory_bytes()) / 2 >> 20) as usize,
+        // the 16 registered, 32 more of 1 MiB are kept for reuse.
+        spare_buffers: 32,
         size_bytes: Some(size_bytes),
         preallocate: cfg.preallocate,
         submit_below: cfg.io_submit_below as usize,

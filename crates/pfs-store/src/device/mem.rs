@@ -109,6 +109,8 @@ struct State {
     reorder: Option<Rng>,
     /// Requests touching these bytes stay in flight (`hold`).
     held: Option<Range<u64>>,
+    /// Buffers are lent in whole multiples of this many bytes (`round_bufs`).
+    buf_round: usize,
 }
 
 impl MemDevice {
@@ -137,6 +139,7 @@ impl MemDevice {
             cut_at_write: None,
             reorder: None,
             held: None,
+            buf_round: 0,
         };
         MemDevice { state: Arc::new(Mutex::new(state)) }
     }
@@ -161,6 +164,14 @@ impl MemDevice {
     /// hang). `None` lets them finish.
     pub fn hold(&self, range: Option<Range<u64>>) {
         self.lock().held = range;
+    }
+
+    /// With `to > 0`, buffers are lent in whole multiples of `to` bytes, the
+    /// length asked for set inside them (as `UringDevice` lends a buffer of 1
+    /// MiB for a read of over 256 KiB, so it can keep it); 0 lends exactly
+    /// what is asked for.
+    pub fn round_bufs(&self, to: usize) {
+        self.lock().buf_round = to;
     }
 
     /// Adds a fault rule; rules are checked in the order added, and the first match
@@ -402,7 +413,15 @@ impl Device for MemDevice {
     /// real device holds whatever its last use left, and code that counts on
     /// zeros must fail here too.
     fn alloc_buf(&mut self, len: usize) -> AlignedBuf {
-        let mut buf = AlignedBuf::zeroed(len);
+        let round = self.lock().buf_round;
+        let mut buf = match round {
+            0 => AlignedBuf::zeroed(len),
+            r => {
+                let mut b = AlignedBuf::zeroed(len.div_ceil(r).max(1) * r);
+                b.set_len(len.div_ceil(SECTOR_SIZE) * SECTOR_SIZE);
+                b
+            }
+        };
         buf[..].fill(STALE_BYTE);
         buf
     }

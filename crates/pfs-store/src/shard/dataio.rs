@@ -683,6 +683,12 @@ impl<D: Device> Shard<D> {
         self.writes.ahead_bytes
     }
 
+    /// Read-ahead runs held, in flight or read (tests).
+    #[cfg(test)]
+    pub(super) fn ahead_runs(&self) -> usize {
+        self.writes.ahead.len()
+    }
+
     /// Makes room for `bytes` more of read-ahead, dropping the oldest runs
     /// already read; `false` if the runs in flight leave no room.
     fn ahead_room(&mut self, bytes: u64) -> bool {

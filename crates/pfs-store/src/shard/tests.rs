@@ -1186,6 +1186,68 @@ fn read_in_background(
     got
 }
 
+/// Read-ahead is bounded by the memory its buffers take, not by the bytes
+/// it reads into them: a device that lends whole 1 MiB buffers for runs of
+/// 320 KiB (as `UringDevice` lends them past 256 KiB) holds at most half the
+/// read cache in read-ahead buffers. Counted by bytes read, the runs held
+/// three times their bound, and on the real device each new one mapped and
+/// zeroed a fresh buffer (docs/benchmarks.md, twenty-ninth session).
+#[test]
+fn read_ahead_counts_the_memory_of_its_buffers() {
+    use super::dataio::{ReadShape, ReadStart};
+    let (mut s, handle) = fresh_sized(BIG_ZONE);
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+    let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 247) as u8).collect();
+    s.write(f.ino, 0, &data).unwrap();
+    s.commit().unwrap();
+    // 1024 pages: read-ahead may hold 2 MiB.
+    let opts = ShardOptions { read_cache_pages: 1024, ..small_opts() };
+    let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+    let buf = 1usize << 20;
+    handle.round_bufs(buf);
+    let cap = s.ahead_cap();
+    // Reads of 32 KiB, 4 KiB apart: every run keeps bytes no read takes, so
+    // runs stay held until the bound drops them (as two readers of a shared
+    // file leave a run's edge pages to each other).
+    let piece = 32 << 10;
+    let mut pending = HashMap::new();
+    let mut most = 0;
+    let shape = ReadShape { prefix: 0, pad: 0, background: true, gather: false };
+    for at in (0..data.len() - piece).step_by(piece + 4096) {
+        match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, shape).unwrap() {
+            ReadStart::Done(bytes) => assert!(bytes == data[at..at + piece], "bytes at {at}"),
+            ReadStart::Gather(_) => unreachable!("gather was not asked for"),
+            ReadStart::Pending(id) => {
+                pending.insert(id, at);
+            }
+        }
+        most = most.max(s.ahead_runs());
+        assert!(
+            (s.ahead_runs() * buf) as u64 <= cap,
+            "at {at}: {} read-ahead runs in buffers of {buf} bytes, bound {cap}",
+            s.ahead_runs()
+        );
+        s.poll_data_writes();
+        for (id, r) in s.take_finished_reads() {
+            let at = pending.remove(&id).expect("a read asked for");
+            assert!(r.unwrap() == data[at..at + piece], "bytes at {at}");
+        }
+    }
+    for _ in 0..10_000 {
+        if !s.reads_under_way() {
+            break;
+        }
+        s.poll_data_writes();
+        for (id, r) in s.take_finished_reads() {
+            let at = pending.remove(&id).expect("a read asked for");
+            assert!(r.unwrap() == data[at..at + piece], "bytes at {at}");
+        }
+    }
+    assert!(pending.is_empty(), "reads never answered");
+    let st = s.stats();
+    assert!(most >= 1 && st.ahead_hits + st.ahead_joins > 100, "read ahead all along: {st:?}");
+}
+
 /// A sequential reader in the background (as the worker reads) is served by
 /// read-ahead: its reads copy from the read-ahead buffers or join a
 /// read-ahead still in flight, never reading a page twice or waiting inline,
