@@ -51,6 +51,14 @@ const MAX_RECORD_BYTES: u64 = 128 << 10;
 /// Icache blocks one operation may touch (rename: two parents, source, target).
 const OP_ICACHE_BLOCKS: usize = 8;
 
+/// Pending log bytes past two groups that an operation which cannot stop (its
+/// request changed something already, or it is not a request) may still
+/// add before it waits for a commit: a request that stops for its commit does
+/// so at two groups, before its first change, so the later operations of a
+/// request that went on (a write that settles a truncation first, a rename's
+/// steps) find room for two records of the largest size instead of waiting.
+const UNSTOPPABLE_ROOM: usize = 2 * MAX_RECORD_BYTES as usize;
+
 /// Run-time choices of an open shard.
 #[derive(Clone, Debug)]
 pub struct ShardOptions {
@@ -598,7 +606,9 @@ impl<D: Device> Shard<D> {
         self.step_checkpoint(self.wal.free_bytes() < short);
         if self.wal.free_bytes() < MAX_RECORD_BYTES {
             self.make_log_room()?;
-        } else if self.wal.group_overfull() || self.icache.clean_blocks() < OP_ICACHE_BLOCKS {
+        } else if self.wal.group_overfull_past(self.unstoppable_room())
+            || self.icache.clean_blocks() < OP_ICACHE_BLOCKS
+        {
             // Dirty blocks can be written back (and so evicted) only once their
             // records are durable: a commit before the Icache runs out of
             // clean ones, or when the pending records reach two groups.
@@ -609,6 +619,17 @@ impl<D: Device> Shard<D> {
             self.start_commit()?;
         }
         Ok(())
+    }
+
+    /// How far past two groups the pending records may grow before this
+    /// operation waits for a commit: not at all for a request that can still
+    /// stop (it changed nothing yet), [`UNSTOPPABLE_ROOM`] for others.
+    fn unstoppable_room(&self) -> usize {
+        if self.defer_misses && self.op_changes == 0 {
+            0
+        } else {
+            UNSTOPPABLE_ROOM
+        }
     }
 
     /// Makes what was logged so far durable before the operation goes on.

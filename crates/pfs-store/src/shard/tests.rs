@@ -2196,6 +2196,67 @@ fn a_request_stops_for_the_commit_it_needs_instead_of_waiting() {
     }
 }
 
+/// A request of two operations (two creates here, as a write that settles a
+/// truncation first, or a rename's steps) that meets two groups of pending
+/// records stops at its first one, before it changed anything; once it went
+/// on, its second finds room past the two groups instead of waiting for the
+/// commit (the log's writes are held in flight: a blocking commit would panic
+/// in `MemDevice`). Before, the second waited whenever the first filled the
+/// second group.
+#[test]
+fn a_request_that_went_on_finds_room_for_its_next_operation() {
+    let (mut s, handle) = fresh();
+    s.create(ROOT, b"first", CreateArgs::file(0o644)).unwrap();
+    s.commit().unwrap();
+    // An Icache with room for every inode here: the log alone asks for commits.
+    let opts = ShardOptions { icache_blocks: 4096, ..small_opts() };
+    let mut s = Shard::open(s.into_device(), 0, opts).unwrap();
+    s.create(ROOT, b"second", CreateArgs::file(0o644)).unwrap();
+    s.commit().unwrap();
+    let (offset, bytes) = s.geo.wal_half(s.wal.gen());
+    let log_writes = offset..offset + bytes;
+    handle.hold(Some(log_writes.clone()));
+    // The first create after the open waited for its inode number floor.
+    let forced = s.stats().forced_commits;
+    let name = |i: u32| format!("{i:0>200}");
+    let mut made = 0;
+    let mut stops = 0;
+    while stops < 3 {
+        s.set_defer_misses(true);
+        let lsn = s.wal.next_lsn();
+        match s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)) {
+            Ok(_) => made += 1,
+            Err(e) => {
+                assert_eq!(e, FsError::TryAgain);
+                assert_eq!(s.take_deferred(), Some(DeferredOn::Commit));
+                assert_eq!(s.wal.next_lsn(), lsn, "stopped before its first change");
+                // Run the commit under way with the log's writes let through.
+                let done = s.commits_done();
+                handle.hold(None);
+                while s.commits_done() == done {
+                    s.poll_device();
+                    s.poll_commit();
+                }
+                handle.hold(Some(log_writes.clone()));
+                stops += 1;
+                continue;
+            }
+        }
+        // The request's second operation, after a change.
+        s.create(ROOT, name(made).as_bytes(), CreateArgs::file(0o644)).unwrap();
+        made += 1;
+        assert_eq!(s.take_deferred(), None);
+        assert!(made < 20_000, "two groups never filled");
+    }
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().forced_commits, forced, "nobody waited for a commit");
+    handle.hold(None);
+    let mut s = reopen(s);
+    for i in 0..made {
+        s.lookup(ROOT, name(i).as_bytes()).unwrap();
+    }
+}
+
 /// A small file's data for a lookup comes from memory only: staged or in the
 /// read cache it is there (holes as zeros), only on the device it is not (no
 /// read is made), and a file larger than asked, an empty one or a directory

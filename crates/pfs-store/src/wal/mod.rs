@@ -157,7 +157,13 @@ impl Wal {
     /// one a commit under way is writing): the next operation waits for a
     /// commit, so pending records stay within two groups.
     pub fn group_overfull(&self) -> bool {
-        self.pending.len() >= 2 * self.pending_max
+        self.group_overfull_past(0)
+    }
+
+    /// True if the pending records reached twice the bound and `extra` bytes
+    /// more (the room an operation that cannot stop may still take).
+    pub fn group_overfull_past(&self, extra: usize) -> bool {
+        self.pending.len() >= 2 * self.pending_max + extra
     }
 
     /// The generation of this log.
