@@ -1156,6 +1156,17 @@ fn read_in_background(
     ino: InodeId,
     reads: impl Iterator<Item = (usize, usize)>,
 ) -> Vec<(usize, FsResult<Vec<u8>>)> {
+    read_in_background_checked(s, ino, reads, |_, _| {})
+}
+
+/// [`read_in_background`], calling `check(shard, offset)` after each read
+/// started.
+fn read_in_background_checked(
+    s: &mut Shard<MemDevice>,
+    ino: InodeId,
+    reads: impl Iterator<Item = (usize, usize)>,
+    mut check: impl FnMut(&Shard<MemDevice>, usize),
+) -> Vec<(usize, FsResult<Vec<u8>>)> {
     use super::dataio::{ReadShape, ReadStart};
     let mut want = HashMap::new();
     let mut got = Vec::new();
@@ -1173,6 +1184,7 @@ fn read_in_background(
                 want.insert(id, at);
             }
         }
+        check(s, at);
         s.poll_data_writes();
         got.extend(s.take_finished_reads().into_iter().map(|(id, r)| (want[&id], r)));
     }
@@ -1194,7 +1206,6 @@ fn read_in_background(
 /// zeroed a fresh buffer (docs/benchmarks.md, twenty-ninth session).
 #[test]
 fn read_ahead_counts_the_memory_of_its_buffers() {
-    use super::dataio::{ReadShape, ReadStart};
     let (mut s, handle) = fresh_sized(BIG_ZONE);
     let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap();
     let data: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 247) as u8).collect();
@@ -1210,40 +1221,20 @@ fn read_ahead_counts_the_memory_of_its_buffers() {
     // runs stay held until the bound drops them (as two readers of a shared
     // file leave a run's edge pages to each other).
     let piece = 32 << 10;
-    let mut pending = HashMap::new();
+    let reads = (0..data.len() - piece).step_by(piece + 4096).map(|at| (at, piece));
     let mut most = 0;
-    let shape = ReadShape { prefix: 0, pad: 0, background: true, gather: false };
-    for at in (0..data.len() - piece).step_by(piece + 4096) {
-        match s.read_start(f.ino, at as u64, piece, ALL_BLOCKS, shape).unwrap() {
-            ReadStart::Done(bytes) => assert!(bytes == data[at..at + piece], "bytes at {at}"),
-            ReadStart::Gather(_) => unreachable!("gather was not asked for"),
-            ReadStart::Pending(id) => {
-                pending.insert(id, at);
-            }
-        }
+    let got = read_in_background_checked(&mut s, f.ino, reads.clone(), |s, at| {
         most = most.max(s.ahead_runs());
         assert!(
             (s.ahead_runs() * buf) as u64 <= cap,
             "at {at}: {} read-ahead runs in buffers of {buf} bytes, bound {cap}",
             s.ahead_runs()
         );
-        s.poll_data_writes();
-        for (id, r) in s.take_finished_reads() {
-            let at = pending.remove(&id).expect("a read asked for");
-            assert!(r.unwrap() == data[at..at + piece], "bytes at {at}");
-        }
+    });
+    assert_eq!(got.len(), reads.count(), "every read answered");
+    for (at, r) in got {
+        assert!(r.unwrap() == data[at..at + piece], "bytes at {at}");
     }
-    for _ in 0..10_000 {
-        if !s.reads_under_way() {
-            break;
-        }
-        s.poll_data_writes();
-        for (id, r) in s.take_finished_reads() {
-            let at = pending.remove(&id).expect("a read asked for");
-            assert!(r.unwrap() == data[at..at + piece], "bytes at {at}");
-        }
-    }
-    assert!(pending.is_empty(), "reads never answered");
     let st = s.stats();
     assert!(most >= 1 && st.ahead_hits + st.ahead_joins > 100, "read ahead all along: {st:?}");
 }
@@ -2115,6 +2106,22 @@ fn whole_blocks_of_a_write_share_one_staged_buffer() {
     assert_eq!(s.read(f, 0, all.len() + 10).unwrap(), all);
 }
 
+/// Runs the commit under way with the log's writes (`log_writes`, held in
+/// flight by the test) let through, then holds them again.
+fn finish_held_commit(
+    s: &mut Shard<MemDevice>,
+    handle: &MemDevice,
+    log_writes: &std::ops::Range<u64>,
+) {
+    let done = s.commits_done();
+    handle.hold(None);
+    while s.commits_done() == done {
+        s.poll_device();
+        s.poll_commit();
+    }
+    handle.hold(Some(log_writes.clone()));
+}
+
 /// A request that needs a commit first and changed nothing yet
 /// (`set_defer_misses`) does not wait for it: the first create of a shard
 /// (inode numbers up to their durable floor) and a create that finds two
@@ -2126,16 +2133,7 @@ fn a_request_stops_for_the_commit_it_needs_instead_of_waiting() {
     let (mut s, handle) = fresh();
     let (offset, bytes) = s.geo.wal_half(s.wal.gen());
     let log_writes = offset..offset + bytes;
-    // Runs the commit under way with the log's writes let through.
-    let finish_commit = |s: &mut Shard<MemDevice>| {
-        let done = s.commits_done();
-        handle.hold(None);
-        while s.commits_done() == done {
-            s.poll_device();
-            s.poll_commit();
-        }
-        handle.hold(Some(log_writes.clone()));
-    };
+    let finish_commit = |s: &mut Shard<MemDevice>| finish_held_commit(s, &handle, &log_writes);
     handle.hold(Some(log_writes.clone()));
     // The first create: no inode number is durable yet.
     s.set_defer_misses(true);
@@ -2230,14 +2228,7 @@ fn a_request_that_went_on_finds_room_for_its_next_operation() {
                 assert_eq!(e, FsError::TryAgain);
                 assert_eq!(s.take_deferred(), Some(DeferredOn::Commit));
                 assert_eq!(s.wal.next_lsn(), lsn, "stopped before its first change");
-                // Run the commit under way with the log's writes let through.
-                let done = s.commits_done();
-                handle.hold(None);
-                while s.commits_done() == done {
-                    s.poll_device();
-                    s.poll_commit();
-                }
-                handle.hold(Some(log_writes.clone()));
+                finish_held_commit(&mut s, &handle, &log_writes);
                 stops += 1;
                 continue;
             }
