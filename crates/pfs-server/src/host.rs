@@ -6,7 +6,7 @@
 //! worker's shard, its clock, its way to other shards (over the worker rings
 //! inside this server, over a connection to another), and its way back to a
 //! waiting client. So the machines never see the worker, and the worker
-//! (`worker.rs`) is the only file that knows them all: nothing imports it back.
+//! (`worker/`) is the only module that knows them all: nothing imports it back.
 
 use std::time::Instant;
 

@@ -1,0 +1,579 @@
+//! One RingSched worker: a pinned thread that owns one shard and some client
+//! connections, and exchanges requests with the other workers through SPSC rings.
+//!
+//! A request arrives on the connection of its communicating worker (the one that
+//! accepted the client). The frame header names the processing worker (the
+//! client's routing result); if that is this worker the request runs here at
+//! once, otherwise the raw frame travels through the ring to its owner, which runs
+//! it to completion on its shard, encodes the reply into the same buffer and sends
+//! it back through the ring the other way. The buffer thus returns to the thread
+//! that allocated it.
+//!
+//! Replies to `fsync` and `close` wait for the shard's next commit, which is taken
+//! once per loop round for all of them (group commit); other changes are committed
+//! at least every `commit_interval`.
+//!
+//! The loop is [`Worker::serve`] (rounds, an adaptive spin, a park) and one
+//! round is [`Worker::round`], both here; each part it calls lives in one file:
+//! `conns.rs` (connections and the first checks on a request), `requests.rs`
+//! (running a request on the shard), `reads.rs` (data reads and their replies),
+//! `rings.rs` (requests and replies between workers), `commit.rs` (group
+//! commit and held replies), `park.rs` (sleeping when idle), `inline.rs`
+//! (rounds run by client threads of the same process) and `host.rs` (the
+//! worker as the host of multi-shard steps).
+
+mod commit;
+mod conns;
+mod host;
+mod inline;
+mod park;
+mod reads;
+mod requests;
+mod rings;
+
+pub use rings::ring_mesh;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pfs_core::config::PollMode;
+use pfs_core::{ClientId, FsError};
+use pfs_net::poller::READ;
+use pfs_net::{Completion, Epoll, Link};
+use pfs_store::device::Device;
+use pfs_store::Shard;
+
+use crate::cross::Renames;
+use crate::memcpy::MemcpyPort;
+use crate::msg::{ConnRef, Doorbell, Task};
+use crate::peers::Peers;
+use crate::rmdir::Rmdirs;
+use crate::stopped::Stopped;
+use crate::tokens::Tokens;
+
+use conns::{error_reply, ConnState};
+use inline::Shared;
+use reads::PendingRead;
+
+/// Usage a worker publishes for the heartbeat (bytes and inode slots).
+#[derive(Debug, Default)]
+pub struct UsageCell {
+    /// Data bytes of the zone.
+    pub total_bytes: AtomicU64,
+    /// Data bytes in use.
+    pub used_bytes: AtomicU64,
+    /// Inode slots.
+    pub inodes_total: AtomicU64,
+    /// Inode slots in use.
+    pub inodes_used: AtomicU64,
+}
+
+/// How a worker behaves.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Spin forever, or park after an adaptive spin of at most `idle_spin`
+    /// (`crate::spin`).
+    pub poll_mode: PollMode,
+    /// Longest time an idle worker spins before it parks (adaptive: it spins
+    /// less, or not at all, while spinning does not pay).
+    pub idle_spin: Duration,
+    /// Longest time a change waits for its commit when nobody asks.
+    pub commit_interval: Duration,
+    /// Lease of a dentry-cache token.
+    pub token_lease: Duration,
+    /// Whether client threads of this process may run the worker's rounds
+    /// while it is parked ([`pfs_net::inline`]; `pfs up`).
+    pub inline_rounds: bool,
+}
+
+/// Which worker and connection serve each client, for messages the server sends
+/// unasked (token invalidations). Written once per connection, read rarely.
+pub type ClientRegistry =
+    Arc<std::sync::Mutex<std::collections::HashMap<ClientId, (u16, ConnRef)>>>;
+
+/// Why the server fail-stopped, set by the first worker that had to: its shard
+/// stopped acknowledging (a failed sync, an operation cut by a device error) or
+/// the worker panicked. The whole server stops, without checkpointing that
+/// shard, and exits non-zero so systemd restarts it and recovery runs.
+#[derive(Clone, Debug, Default)]
+pub struct FailStop {
+    why: Arc<std::sync::Mutex<Option<String>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl FailStop {
+    /// A fail-stop that sets `stop`.
+    pub fn new(stop: Arc<AtomicBool>) -> FailStop {
+        FailStop { why: Arc::default(), stop }
+    }
+
+    /// Records `why` (the first reason wins), logs it and stops the server.
+    pub fn trip(&self, why: String) {
+        let mut slot = self.why.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            log::error!(
+                "fail-stop: {why}; the server stops without checkpointing that shard, \
+                 and recovery from its log runs at the next start"
+            );
+            *slot = Some(why);
+        }
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// The reason, once tripped.
+    pub fn reason(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// One worker; [`run`](Worker::run) is its thread's body.
+pub struct Worker<D: Device> {
+    pub(crate) id: u16,
+    pub(crate) shard: Shard<D>,
+    opts: WorkerOptions,
+    conns: Vec<Option<ConnState>>,
+    next_gen: u32,
+    new_conns: Receiver<Link>,
+    ring_out: Vec<Option<rtrb::Producer<Task>>>,
+    ring_in: Vec<Option<rtrb::Consumer<Task>>>,
+    backlog: VecDeque<(u16, Task)>,
+    bells: Arc<Vec<Doorbell>>,
+    usage: Arc<UsageCell>,
+    stop: Arc<AtomicBool>,
+    epoll: Epoll,
+    completions: Vec<Completion>,
+    /// Replies held until their commit (`Shard::next_commit` when they were
+    /// made) finished: (commit, origin worker, connection, frame).
+    after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    /// Checkpoints of the shard, and waits for a full log, already logged
+    /// (`log_checkpoint`).
+    checkpoints_seen: u64,
+    log_full_waits_seen: u64,
+    /// Trim steps that stopped in a row (`TRIM_STOPS_MAX`).
+    trim_stops: u8,
+    /// Whether the last round saw a checkpoint under way (its start is logged).
+    checkpoint_seen_running: bool,
+    /// Reads waiting for the device, by the shard's read id; at most as many
+    /// as the device queue holds (each has a device read in flight).
+    reads: HashMap<u64, PendingRead>,
+    /// Requests that stopped before they changed anything, to run again once
+    /// what they wait for finished (`stopped.rs`).
+    stopped: Stopped,
+    dirty_since: Option<Instant>,
+    now: Instant,
+    /// Cross-shard renames this worker coordinates.
+    cross: Renames,
+    /// `bigdir` rmdirs this worker coordinates.
+    rmdirs: Rmdirs,
+    peers: Peers,
+    /// This worker's end of the memcpy pool (none: copies stay on the worker).
+    memcpy: Option<MemcpyPort>,
+    /// Follow-ups logged on this shard, on their way to their targets.
+    outbox: crate::follow::Outbox,
+    /// The sweep of data whose file is gone.
+    sweep: crate::sweep::Sweep,
+    tokens: Tokens,
+    clients: ClientRegistry,
+    fail_stop: FailStop,
+    /// The key client threads of this process find this worker under, when it
+    /// serves inline (`WorkerOptions::inline_rounds`).
+    inline_key: Option<u64>,
+}
+
+impl<D: Device> std::fmt::Debug for Worker<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+/// Token of the worker's own eventfd in its epoll set; connections use slot + 1.
+const TOKEN_BELL: u64 = 0;
+/// Token of the device's completion descriptor (`Device::completion_fd`).
+const TOKEN_DEVICE: u64 = u64::MAX;
+
+/// Trim steps that may stop in a row (for an inode page, a commit, room in the
+/// log) before one waits: an evicted page cannot hold a trim back for ever.
+const TRIM_STOPS_MAX: u8 = 4;
+
+impl<D: Device> Worker<D> {
+    /// A worker over `shard` with its ring ends; call [`run`](Self::run) on its thread.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: u16,
+        shard: Shard<D>,
+        opts: WorkerOptions,
+        new_conns: Receiver<Link>,
+        ring_out: Vec<Option<rtrb::Producer<Task>>>,
+        ring_in: Vec<Option<rtrb::Consumer<Task>>>,
+        bells: Arc<Vec<Doorbell>>,
+        usage: Arc<UsageCell>,
+        stop: Arc<AtomicBool>,
+        peers: Peers,
+        clients: ClientRegistry,
+        memcpy: Option<MemcpyPort>,
+        fail_stop: FailStop,
+    ) -> std::io::Result<Worker<D>> {
+        let epoll = Epoll::new()?;
+        epoll.add(bells[id as usize].wake.raw(), READ, TOKEN_BELL)?;
+        if let Some(fd) = shard.completion_fd() {
+            // A commit step that finishes wakes a parked worker.
+            epoll.add(fd, READ, TOKEN_DEVICE)?;
+        }
+        let checkpoints_seen = shard.checkpoints();
+        let mut w = Worker {
+            id,
+            shard,
+            opts: opts.clone(),
+            conns: Vec::new(),
+            next_gen: 1,
+            new_conns,
+            ring_out,
+            ring_in,
+            backlog: VecDeque::new(),
+            bells,
+            usage,
+            stop,
+            epoll,
+            completions: Vec::with_capacity(pfs_net::POLL_BATCH),
+            after_commit: Vec::new(),
+            checkpoints_seen,
+            log_full_waits_seen: 0,
+            trim_stops: 0,
+            checkpoint_seen_running: false,
+            reads: HashMap::new(),
+            stopped: Stopped::default(),
+            dirty_since: None,
+            now: Instant::now(),
+            cross: Renames::default(),
+            rmdirs: Rmdirs::default(),
+            peers,
+            memcpy,
+            outbox: crate::follow::Outbox::default(),
+            sweep: crate::sweep::Sweep::new(Instant::now()),
+            tokens: Tokens::new(opts.token_lease),
+            clients,
+            fail_stop,
+            inline_key: None,
+        };
+        w.publish_usage();
+        w.recover_intents();
+        Ok(w)
+    }
+
+    /// Picks up the intents a previous run left in the shard's transaction
+    /// table (after a crash): cross-shard renames and bigdir rmdirs resume.
+    fn recover_intents(&mut self) {
+        for (txn, data) in self.shard.txns() {
+            if txn & pfs_store::shard::txn::PARTICIPANT_BIT != 0 {
+                continue;
+            }
+            if pfs_store::shard::follow::decode_follow(txn, &data).is_some() {
+                continue; // Sent by the outbox (follow.rs).
+            }
+            if matches!(
+                data.first(),
+                Some(&(crate::rmdir::RMDIR_INTENT | crate::rmdir::RMDIR_DECIDED))
+            ) {
+                self.rmdirs.recover(self.id, txn, &data);
+            } else {
+                self.cross.recover(self.id, self.now, txn, &data);
+            }
+        }
+    }
+
+    /// Serves until the stop flag is set, then commits and checkpoints the shard.
+    pub fn run(self) -> Result<Shard<D>, String>
+    where
+        D: Send + 'static,
+    {
+        let inline = self.opts.inline_rounds;
+        let shared = Arc::new(Shared {
+            worker: Mutex::new(self),
+            idle: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            runs: AtomicU64::new(0),
+        });
+        let key = inline.then(|| {
+            let as_inline: Arc<dyn pfs_net::inline::Inline> = shared.clone();
+            pfs_net::inline::register(&as_inline)
+        });
+        let mut w = shared.lock();
+        w.inline_key = key;
+        w = Self::serve(&shared, w);
+        shared.closed.store(true, Ordering::SeqCst);
+        if let Some(k) = key {
+            pfs_net::inline::unregister(k);
+        }
+        let result = if shared.panicked.load(Ordering::SeqCst) {
+            Err(w.fail_stop.reason().unwrap_or_else(|| "a round panicked".into()))
+        } else {
+            let runs = shared.runs.load(Ordering::Relaxed);
+            if runs > 0 {
+                log::info!(
+                    "worker {}: client threads of this process ran its rounds {runs} times",
+                    w.id
+                );
+            }
+            w.finish()
+        };
+        drop(w);
+        // A client thread may still hold the worker for the one attempt it
+        // began before `closed` was set; it lets go at once.
+        let mut shared = shared;
+        let shared = loop {
+            match Arc::try_unwrap(shared) {
+                Ok(s) => break s,
+                Err(s) => {
+                    shared = s;
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let worker = shared.worker.into_inner().unwrap_or_else(|p| p.into_inner());
+        result.map(|()| worker.shard)
+    }
+
+    /// The loop: rounds while there is work, an adaptive spin, then a park
+    /// that lets go of the worker's lock while it sleeps in the epoll set (a
+    /// client thread of this process may run rounds meanwhile, `Shared`).
+    fn serve<'a>(
+        shared: &'a Shared<D>,
+        mut w: MutexGuard<'a, Worker<D>>,
+    ) -> MutexGuard<'a, Worker<D>> {
+        // The idle period under way: when it began, and whether the worker
+        // parked in it (then it parks again at once after a wake-up that
+        // brought no work, instead of spinning again).
+        let mut idle_from: Option<Instant> = None;
+        let mut parked = false;
+        let mut spin = crate::spin::Spin::new(w.opts.idle_spin);
+        // When the spin last polled (its gaps tell whether the core is shared).
+        let mut last_poll: Option<Instant> = None;
+        while !w.stop.load(Ordering::Acquire) {
+            w.now = Instant::now();
+            w.shard.set_now(wall_clock_ns());
+            let work = w.round();
+            if let Some(why) = w.shard.failure() {
+                w.fail_stop.trip(format!("worker {}: {why}", w.id));
+                break;
+            }
+            if w.shard.checkpoints() != w.checkpoints_seen {
+                w.log_checkpoint();
+            }
+            if w.shard.checkpointing() != w.checkpoint_seen_running {
+                w.checkpoint_seen_running = w.shard.checkpointing();
+                if w.checkpoint_seen_running {
+                    log::info!(
+                        "worker {}: checkpoint started beside the requests (a quarter of the \
+                         log's half is left)",
+                        w.id
+                    );
+                }
+            }
+            if work > 0 {
+                if let Some(since) = idle_from.take().filter(|_| parked) {
+                    spin.woke_after(w.now.duration_since(since));
+                }
+                parked = false;
+                last_poll = None;
+                continue;
+            }
+            if w.opts.poll_mode == PollMode::Busy {
+                std::hint::spin_loop();
+                continue;
+            }
+            let since = *idle_from.get_or_insert(w.now);
+            // Replies from peer servers arrive on connections the epoll set does
+            // not watch: while a transaction waits for one, stay awake (yielding
+            // the core) instead of parking up to PARK_MAX per step.
+            if w.awaiting_peers() {
+                std::thread::yield_now();
+                continue;
+            }
+            // With only a commit step or reads to wait for, wait on the device
+            // at once (`park`): spinning would only poll for the same completion.
+            // While client threads run the rounds (inline rounds, callers
+            // interleaving), spinning would only keep them from finding it parked.
+            let spins = !(w.opts.inline_rounds && pfs_net::inline::skip_spin());
+            if spins && !parked && w.now.duration_since(since) < spin.window() && !w.awaits_device()
+            {
+                if let Some(last) = last_poll.replace(w.now) {
+                    spin.polled(w.now, w.now.duration_since(last));
+                }
+                if spin.yields(w.now) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+                continue;
+            }
+            last_poll = None;
+            if let Some(timeout) = w.park_begin() {
+                let fd = w.epoll.raw();
+                shared.idle.store(true, Ordering::SeqCst);
+                drop(w);
+                let _ = pfs_net::wait_readable(fd, Some(timeout));
+                w = shared.lock();
+                shared.idle.store(false, Ordering::SeqCst);
+                if shared.panicked.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            w.park_end();
+            parked = true;
+        }
+        w
+    }
+
+    /// After the loop: answers what already arrived, makes everything
+    /// durable and checkpoints the shard (or reports why it cannot).
+    fn finish(&mut self) -> Result<(), String> {
+        if let Some(why) = self.shard.failure() {
+            // Nothing more is acknowledged: held replies fail, and the shard is
+            // left as the log has it for recovery.
+            let why = format!("worker {}: {why}", self.id);
+            self.fail_stop.trip(why.clone());
+            self.commit_and_release();
+            return Err(why);
+        }
+        // Drain: answer what already arrived (and what the memcpy pool still
+        // copies), then make everything durable.
+        let drain_end = Instant::now() + Duration::from_secs(2);
+        for _ in 0..1000 {
+            let copying = self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0);
+            let busy = copying || !self.reads.is_empty() || !self.stopped.is_empty();
+            if self.round() == 0 && (!busy || Instant::now() > drain_end) {
+                break;
+            }
+        }
+        self.commit_and_release();
+        // The commit waited for every device read: answer them.
+        self.send_finished_reads();
+        if let Some(why) = self.shard.failure() {
+            let why = format!("worker {}: {why}", self.id);
+            self.fail_stop.trip(why.clone());
+            return Err(why);
+        }
+        self.shard.checkpoint().map_err(|e| format!("worker {}: checkpoint: {e}", self.id))?;
+        log::info!("worker {}: checkpointed, stopping; {:?}", self.id, self.shard.stats());
+        Ok(())
+    }
+
+    /// One pass over new connections, connections, rings and the commit; returns
+    /// the work done.
+    fn round(&mut self) -> usize {
+        let mut work = self.take_new_conns();
+        for slot in 0..self.conns.len() {
+            work += self.serve_conn(slot);
+        }
+        work += self.serve_rings();
+        if self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0) {
+            work += self.take_copied();
+        }
+        if !self.cross.is_empty() {
+            let mut cross = std::mem::take(&mut self.cross);
+            work += cross.poll(self);
+            self.cross = cross;
+        }
+        if !self.rmdirs.is_empty() {
+            let mut rmdirs = std::mem::take(&mut self.rmdirs);
+            work += rmdirs.poll(self);
+            self.rmdirs = rmdirs;
+        }
+        if !self.outbox.is_idle() || self.shard.has_ready_follow_ups() {
+            let mut outbox = std::mem::take(&mut self.outbox);
+            work += outbox.poll(self);
+            self.outbox = outbox;
+        }
+        let mut sweep = std::mem::replace(&mut self.sweep, crate::sweep::Sweep::new(self.now));
+        work += sweep.poll(self);
+        self.sweep = sweep;
+        work += self.flush_backlog();
+        // Finished data writes give back their buffers (a failed one fails
+        // the shard, seen below); finished reads are answered.
+        self.shard.poll_data_writes();
+        if !self.reads.is_empty() {
+            work += self.send_finished_reads();
+        }
+        if !self.stopped.is_empty() {
+            work += self.run_stopped();
+        }
+        if work == 0 && self.shard.has_trims() {
+            // Free a removed or truncated file's data one bounded record at a
+            // time, only when no request waits. A step that needs an inode
+            // page read, a commit or room in the log first stops, as requests
+            // do, and runs again in a later round; after TRIM_STOPS_MAX stops
+            // in a row it waits instead.
+            self.shard.set_defer_misses(self.trim_stops < TRIM_STOPS_MAX);
+            let stepped = self.shard.trim_step();
+            self.shard.set_defer_misses(false);
+            match stepped {
+                Ok(n) => {
+                    work += n;
+                    self.trim_stops = 0;
+                }
+                Err(FsError::TryAgain) if self.shard.take_deferred().is_some() => {
+                    self.trim_stops += 1;
+                }
+                Err(e) => log::error!("worker {}: freeing file data: {e}", self.id),
+            }
+            self.mark_dirty();
+        }
+        // Cross-shard steps and trims run shard operations outside `exec`.
+        self.shard.end_request();
+        work + self.drive_commit()
+    }
+
+    /// Workers per server: this server's, which every server shares (the
+    /// cluster refuses a server whose count differs), known before the view.
+    fn workers(&self) -> u32 {
+        self.ring_out.len() as u32
+    }
+
+    /// Tells the operator about a checkpoint taken while serving (the log
+    /// was filling): how long it took beside the requests, and how long the
+    /// snapshot stopped them; warns when operations waited for a full log.
+    fn log_checkpoint(&mut self) {
+        self.checkpoints_seen = self.shard.checkpoints();
+        let st = self.shard.stats();
+        log::info!(
+            "worker {}: checkpointed beside the requests: {:.1} MiB of tables in {} ms; \
+             the snapshot stopped serving for {} us (longest so far {} us), each slice of \
+             the tables' encoding for at most {} us",
+            self.id,
+            st.last_checkpoint_bytes as f64 / (1 << 20) as f64,
+            st.last_checkpoint_us / 1000,
+            st.last_snapshot_us,
+            st.max_snapshot_us,
+            st.max_encode_slice_us
+        );
+        if st.log_full_waits != self.log_full_waits_seen {
+            self.log_full_waits_seen = st.log_full_waits;
+            log::warn!(
+                "worker {}: the log filled before a checkpoint finished, and operations \
+                 waited for it ({} times so far); a larger wal_size gives checkpoints more time",
+                self.id,
+                st.log_full_waits
+            );
+        }
+    }
+
+    fn publish_usage(&self) {
+        let s = self.shard.statfs();
+        let page = u64::from(s.block_size);
+        self.usage.total_bytes.store(s.blocks * page, Ordering::Relaxed);
+        self.usage.used_bytes.store((s.blocks - s.blocks_free) * page, Ordering::Relaxed);
+        self.usage.inodes_total.store(s.files, Ordering::Relaxed);
+        self.usage.inodes_used.store(s.files - s.files_free, Ordering::Relaxed);
+    }
+}
+
+fn wall_clock_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
