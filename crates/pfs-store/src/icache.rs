@@ -80,6 +80,9 @@ pub struct IcacheStats {
     pub background_reads: u64,
     /// See `background_reads`.
     pub background_reads_done: u64,
+    /// Write-backs that finished (written, or failed and the block dirty
+    /// again).
+    pub writebacks_done: u64,
 }
 
 /// What [`Icache::write_back_older`] still waits for.
@@ -161,6 +164,11 @@ impl Icache {
         }
     }
 
+    /// Blocks, each caching one metadata page.
+    pub fn capacity(&self) -> usize {
+        self.blocks.len()
+    }
+
     /// Counters.
     pub fn stats(&self) -> IcacheStats {
         self.stats
@@ -239,21 +247,27 @@ impl Icache {
 
     /// Starts reading the page of slot `slot` in the background, unless it is
     /// resident, already being read, or its last such read failed; `true`
-    /// when the page is (now) being read: the caller tries again once it is
-    /// resident. `false` when it must load the page itself (blocking): the
-    /// read failed before (then the load reports the error), or no block is
-    /// free without waiting for a write-back.
+    /// when the page is (now) being read, or must wait for a write-back in
+    /// flight (its own, or one that frees a block for it): the caller tries
+    /// again once a background read or write-back finished
+    /// (`background_reads_done`, `writebacks_done`). `false` when it must
+    /// load the page itself (blocking): the read failed before (then the
+    /// load reports the error), or no block is free and none is being
+    /// written.
     pub fn start_read<D: Device>(&mut self, io: &mut DevIo<D>, slot: u64) -> bool {
         let page = slot / INODES_PER_BLOCK;
         assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
         if let Some(&b) = self.index.get(&page) {
-            return self.blocks[b as usize].state == BlockState::Reading;
+            return matches!(
+                self.blocks[b as usize].state,
+                BlockState::Reading | BlockState::Writing
+            );
         }
         if let Some(i) = self.read_errors.iter().position(|&p| p == page) {
             self.read_errors.swap_remove(i);
             return false;
         }
-        let Some(b) = self.free_block_now() else { return false };
+        let Some(b) = self.free_block_now() else { return self.writing_count > 0 };
         let req = self.read_request(b, page);
         self.index.insert(page, b);
         io.submit_async(req, u64::from(b) | READ_TAG);
@@ -683,6 +697,7 @@ impl Icache {
             assert_eq!(block.state, BlockState::Writing, "write-back completion for idle block");
             block.data = Some(c.buf);
             self.writing_count -= 1;
+            self.stats.writebacks_done += 1;
             match c.result {
                 Ok(()) => block.state = BlockState::Ready,
                 Err(e) => {
@@ -798,6 +813,35 @@ mod tests {
         assert_eq!(c.read_slot(&mut io, 3).unwrap(), image(7));
         assert_eq!(c.page_state(0), Some(BlockState::Ready));
         assert_eq!(&dev.peek(3 * INODE_SLOT_SIZE as u64, INODE_SLOT_SIZE)[..], &image(7)[..]);
+    }
+
+    /// A page whose write-back is in flight, and a page for which no block is
+    /// free until a write-back lands, are not read waiting: `start_read`
+    /// answers `true` (try again once `writebacks_done` moved) and starts
+    /// nothing; after the write-back, the read starts.
+    #[test]
+    fn start_read_waits_for_a_write_back_in_flight_instead_of_reading() {
+        let (mut c, mut io, dev) = setup(2, 0.5);
+        c.write_slot(&mut io, 0, &image(1), 1).unwrap();
+        c.write_slot(&mut io, INODES_PER_BLOCK, &image(2), 2).unwrap();
+        c.set_durable_lsn(2);
+        let misses = c.stats().misses;
+        dev.hold(Some(0..SECTOR_SIZE as u64));
+        c.write_back_over_cap(&mut io).unwrap();
+        assert_eq!(c.page_state(0), Some(BlockState::Writing));
+        assert_eq!(c.page_state(1), Some(BlockState::Dirty));
+        let later = 2 * INODES_PER_BLOCK;
+        assert!(c.start_read(&mut io, 3), "its own write-back in flight");
+        assert!(c.start_read(&mut io, later), "no block free until the write-back lands");
+        assert_eq!(c.stats().background_reads, 0, "nothing read");
+        assert_eq!(c.stats().writebacks_done, 0);
+        dev.hold(None);
+        c.poll(&mut io).unwrap();
+        assert_eq!(c.stats().writebacks_done, 1);
+        assert_eq!(c.page_state(0), Some(BlockState::Ready));
+        assert!(c.start_read(&mut io, later));
+        assert_eq!(c.stats().background_reads, 1, "the read started in the freed block");
+        assert_eq!(c.stats().misses, misses, "no page read waiting");
     }
 
     #[test]

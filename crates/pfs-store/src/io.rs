@@ -50,6 +50,8 @@ pub struct DevIo<D> {
     /// out, and the reads finished and held until then.
     read_hold: Option<std::time::Duration>,
     held_reads: Vec<(std::time::Instant, IoCompletion)>,
+    /// Times a caller waited for the device (`waits`).
+    waits: u64,
 }
 
 impl<D: Device> DevIo<D> {
@@ -66,6 +68,7 @@ impl<D: Device> DevIo<D> {
             commit_ready_at: None,
             read_hold,
             held_reads: Vec::new(),
+            waits: 0,
         }
     }
 
@@ -77,6 +80,14 @@ impl<D: Device> DevIo<D> {
     /// The device, mutably (buffer allocation).
     pub fn device_mut(&mut self) -> &mut D {
         &mut self.dev
+    }
+
+    /// Times a caller waited for the device to finish requests: each
+    /// [`run`](Self::run), each wait for one request or for all of a kind.
+    /// The wait of an idle worker ([`wait_one_idle`](Self::wait_one_idle)) is
+    /// not counted: it serves nobody meanwhile anyway.
+    pub fn waits(&self) -> u64 {
+        self.waits
     }
 
     /// Gives the device back.
@@ -105,6 +116,9 @@ impl<D: Device> DevIo<D> {
                 }
                 Err(failed) => injected.push(Some(failed)),
             }
+        }
+        if !submit.is_empty() {
+            self.waits += 1;
         }
         let kinds = &mut self.kinds;
         let done = run_batch(&mut self.dev, submit, |c| kinds.route(c));
@@ -231,6 +245,7 @@ impl<D: Device> DevIo<D> {
     /// kind. `false` when there was nothing to wait for.
     pub fn wait_any(&mut self) -> bool {
         if let Some(at) = self.commit_ready_at.filter(|_| !self.kinds.commit.done.is_empty()) {
+            self.waits += 1;
             std::thread::sleep(at.saturating_duration_since(std::time::Instant::now()));
             self.commit_ready_at = None;
             return true;
@@ -241,6 +256,16 @@ impl<D: Device> DevIo<D> {
     /// Waits for one request in flight to finish and files it under its kind;
     /// `false` if none is in flight.
     pub fn wait_one(&mut self) -> bool {
+        if self.dev.in_flight() == 0 {
+            return false;
+        }
+        self.waits += 1;
+        self.wait_one_idle()
+    }
+
+    /// [`wait_one`](Self::wait_one) for a worker with nothing else to do: not
+    /// counted in [`waits`](Self::waits).
+    pub fn wait_one_idle(&mut self) -> bool {
         if self.dev.in_flight() == 0 {
             return false;
         }
@@ -325,6 +350,9 @@ impl<D: Device> DevIo<D> {
     /// completions.
     fn wait_all(&mut self, kind: fn(&mut Kinds) -> &mut AsyncKind) -> Vec<IoCompletion> {
         let mut out = Vec::new();
+        if kind(&mut self.kinds).in_flight > 0 {
+            self.waits += 1;
+        }
         while kind(&mut self.kinds).in_flight > 0 {
             self.dev.wait(&mut out, 1);
             self.absorb(&mut out);

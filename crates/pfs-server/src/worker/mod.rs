@@ -156,6 +156,10 @@ pub struct Worker<D: Device> {
     trim_stops: u8,
     /// Whether the last round saw a checkpoint under way (its start is logged).
     checkpoint_seen_running: bool,
+    /// The shard's device waits and forced commits when the worker began to
+    /// serve (after recovery): the log tells at the stop how many were the
+    /// requests' (`ShardStats::device_waits`).
+    waits_before_serving: (u64, u64),
     /// Reads waiting for the device, by the shard's read id; at most as many
     /// as the device queue holds (each has a device read in flight).
     reads: HashMap<u64, PendingRead>,
@@ -243,6 +247,7 @@ impl<D: Device> Worker<D> {
             log_full_waits_seen: 0,
             trim_stops: 0,
             checkpoint_seen_running: false,
+            waits_before_serving: (0, 0),
             reads: HashMap::new(),
             stopped: Stopped::default(),
             dirty_since: None,
@@ -260,6 +265,8 @@ impl<D: Device> Worker<D> {
         };
         w.publish_usage();
         w.recover_intents();
+        let st = w.shard.stats();
+        w.waits_before_serving = (st.device_waits, st.forced_commits);
         Ok(w)
     }
 
@@ -439,6 +446,14 @@ impl<D: Device> Worker<D> {
             self.commit_and_release();
             return Err(why);
         }
+        let st = self.shard.stats();
+        log::info!(
+            "worker {}: while serving, waited for the device {} times ({} of them forced \
+             commits)",
+            self.id,
+            st.device_waits - self.waits_before_serving.0,
+            st.forced_commits - self.waits_before_serving.1
+        );
         // Drain: answer what already arrived (and what the memcpy pool still
         // copies), then make everything durable.
         let drain_end = Instant::now() + Duration::from_secs(2);

@@ -381,5 +381,6 @@ fn deferrable(req: &Request) -> bool {
             | Request::TxnForget { .. }
             | Request::SealDir { .. }
             | Request::DropInode { .. }
+            | Request::FollowUps { .. }
     )
 }

@@ -247,7 +247,7 @@ impl<D: Device> Shard<D> {
     /// if none is (a held commit step, failpoint `commit.hold_ms`, is not
     /// waited for).
     pub fn wait_device(&mut self) -> bool {
-        self.io.wait_one()
+        self.io.wait_one_idle()
     }
 
     /// The device's completion descriptor (`Device::completion_fd`).

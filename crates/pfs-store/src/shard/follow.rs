@@ -348,6 +348,19 @@ impl<D: Device> Shard<D> {
     ) -> FsResult<(u64, Vec<String>)> {
         let key = mark_key(from);
         let mut mark = self.follow_mark(from);
+        // The inodes the new ones change, their pages read before the first
+        // change (with misses deferred the request stops until they are in
+        // memory), so none is missed afterwards, where a miss waits.
+        let inos: Vec<InodeId> = ops
+            .iter()
+            .filter(|&&(id, _)| id > mark)
+            .filter_map(|&(_, op)| match op {
+                FollowOp::Drop { ino } | FollowOp::AddLink { ino } => Some(ino),
+                FollowOp::AdjustDir { dir, .. } => Some(dir),
+                _ => None,
+            })
+            .collect();
+        self.warm_inodes(&inos)?;
         let mut notes = Vec::new();
         for &(id, op) in ops {
             if id & PARTICIPANT_BIT != 0 || id >> 48 != u64::from(from.0) {
@@ -518,6 +531,73 @@ mod tests {
             b.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"again"),
             Err(FsError::NotFound)
         );
+    }
+
+    /// Follow-ups for inodes whose pages are not in memory do not wait for
+    /// the device: with misses deferred the request reads the pages in the
+    /// background and stops before it changed anything, and applies them
+    /// from memory when run again.
+    #[test]
+    fn follow_ups_for_cold_inodes_stop_instead_of_waiting() {
+        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let f = FormatOptions::new(ShardId(0), 64 << 20);
+        let mut b = Shard::format(dev, &f, opts()).unwrap();
+        let files: Vec<InodeId> = (0..1000)
+            .map(|i| {
+                let name = format!("f{i}");
+                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
+            })
+            .collect();
+        b.commit().unwrap();
+        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
+        // Written back, then the later inodes read: the pages of the first
+        // ones leave the Icache.
+        b.checkpoint().unwrap();
+        for &ino in &files[500..] {
+            b.getattr(ino).unwrap();
+        }
+        // Two cold inodes on different pages: the second is changed after
+        // the first, where a miss could no longer stop.
+        let page = |b: &Shard<MemDevice>, ino: &InodeId| {
+            b.inode_slots[ino] / crate::icache::INODES_PER_BLOCK
+        };
+        let cold: Vec<InodeId> =
+            files.iter().copied().filter(|ino| !b.icache.resident(b.inode_slots[ino])).collect();
+        let (one, two) = (cold[0], *cold.last().unwrap());
+        assert_ne!(page(&b, &one), page(&b, &two), "1,000 inodes in 32 Icache blocks");
+        let from = ShardId(2);
+        let ops = [
+            ((2u64 << 48) | 1, FollowOp::AddLink { ino: one }),
+            ((2u64 << 48) | 2, FollowOp::AddLink { ino: two }),
+        ];
+        let waits = b.stats().device_waits;
+        let mut stops = 0;
+        loop {
+            b.set_defer_misses(true);
+            let r = b.apply_follow_ups(from, &ops);
+            b.set_defer_misses(false);
+            match r {
+                Err(FsError::TryAgain) => {
+                    assert_eq!(b.take_deferred(), Some(crate::shard::DeferredOn::InodePage));
+                    assert_eq!(b.follow_mark(from), 0, "nothing applied before the stop");
+                    stops += 1;
+                    assert!(stops < 4, "stops once");
+                    while b.icache_reading() {
+                        b.icache_reads_done();
+                    }
+                }
+                Ok((through, _)) => {
+                    assert_eq!(through, ops[1].0);
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(stops, 1);
+        assert_eq!(b.stats().device_waits, waits, "the follow-ups waited for the device");
+        assert_eq!(b.getattr(one).unwrap().nlink, 2);
+        assert_eq!(b.getattr(two).unwrap().nlink, 2);
     }
 
     #[test]

@@ -143,6 +143,10 @@ pub struct ShardStats {
     /// groups, the Icache was short of clean blocks (`begin`), or a create
     /// used inode numbers up to their durable floor.
     pub forced_commits: u64,
+    /// Times the shard waited for the device (`DevIo::waits`): blocking
+    /// reads and writes, commits waited for, waits for requests in flight;
+    /// since it opened, recovery included, an idle worker's wait not.
+    pub device_waits: u64,
     /// Requests that stopped for such a commit instead, to run again once it
     /// finished (`Shard::set_defer_misses`).
     pub commits_deferred: u64,
@@ -549,6 +553,7 @@ impl<D: Device> Shard<D> {
             icache: self.icache.stats(),
             read_cache_hits: self.read_cache.hits,
             read_cache_misses: self.read_cache.misses,
+            device_waits: self.io.waits(),
             ..self.stats
         }
     }
@@ -988,28 +993,59 @@ impl<D: Device> Shard<D> {
         self.defer_misses = on;
     }
 
-    /// The attributes of each of `inos` that lives on this shard, `None` for
-    /// the others: a `ReadDir` with attributes. With misses deferred
-    /// (`set_defer_misses`), the pages not in memory are read together in the
-    /// background first (at most 64), and the request stops as a miss does
-    /// (`TryAgain`) to run again once they are in.
+    /// The attributes of the first of `inos`, in order, `None` for one that
+    /// lives on another shard: a `ReadDir` with attributes.
+    ///
+    /// Without misses deferred, of all of them. With misses deferred
+    /// (`set_defer_misses`) it never waits for the device: when the first
+    /// inode of this shard is not in memory, the pages of the first ones are
+    /// read together in the background (at most 64, and a quarter of the
+    /// Icache, so they are still there when the request runs again) and the
+    /// request stops as a miss does (`TryAgain`); otherwise it answers up to
+    /// the first inode not in memory, and starts reading the pages of the
+    /// next ones for the call that lists on from there. Only when no read can
+    /// start (no clean Icache block) is the first page read waiting, and the
+    /// answer is that one inode's.
     pub fn attrs_of(&mut self, inos: &[InodeId]) -> FsResult<Vec<Option<FileAttr>>> {
         let slots: Vec<Option<u64>> =
             inos.iter().map(|ino| self.inode_slots.get(ino).copied()).collect();
-        if self.defer_misses
-            && self.op_changes == 0
-            && slots.iter().flatten().any(|&s| !self.icache.resident(s))
-        {
-            self.prefetch_slots(slots.iter().flatten().copied().collect())?;
+        let mut answer = slots.len();
+        if self.defer_misses && self.op_changes == 0 {
+            let cold = slots.iter().position(|s| s.is_some_and(|s| !self.icache.resident(s)));
+            match cold {
+                None => {}
+                Some(0) => {
+                    let later = slots.iter().flatten().copied().collect();
+                    let max = self.listing_prefetch_max();
+                    if self.start_page_reads(later, max) > 0 {
+                        self.deferred = Some(DeferredOn::InodePage);
+                        return Err(FsError::TryAgain);
+                    }
+                    answer = 1;
+                }
+                Some(cold) => answer = cold,
+            }
         }
-        let mut attrs = Vec::with_capacity(inos.len());
-        for (slot, &ino) in slots.into_iter().zip(inos) {
-            attrs.push(match slot {
+        let mut attrs = Vec::with_capacity(answer);
+        for (slot, &ino) in slots.iter().zip(inos).take(answer) {
+            attrs.push(match *slot {
                 Some(slot) => Some(self.load_inode_at(slot, ino)?.attr(PAGE_SIZE)),
                 None => None,
             });
         }
+        if answer < slots.len() {
+            let later = slots[answer..].iter().flatten().copied().collect();
+            let max = self.listing_prefetch_max();
+            self.start_page_reads(later, max);
+        }
         Ok(attrs)
+    }
+
+    /// Inode pages a listing reads ahead at once: at most 64, and a quarter
+    /// of the Icache, so the pages read for a request that stopped are still
+    /// in memory when it runs again.
+    fn listing_prefetch_max(&self) -> usize {
+        (self.icache.capacity() / 4).clamp(1, 64)
     }
 
     /// With misses deferred (`set_defer_misses`) and nothing changed yet,
@@ -1032,9 +1068,20 @@ impl<D: Device> Shard<D> {
 
     /// Starts background reads of the pages of `slots` not in memory (at
     /// most 64 pages), and stops the request as a miss does when any of them
-    /// is being read ([`attrs_of`](Self::attrs_of)).
+    /// is being read ([`warm_inodes`](Self::warm_inodes)).
     fn prefetch_slots(&mut self, slots: Vec<u64>) -> FsResult<()> {
-        const PREFETCH_MAX: usize = 64;
+        if self.start_page_reads(slots, 64) > 0 {
+            self.deferred = Some(DeferredOn::InodePage);
+            return Err(FsError::TryAgain);
+        }
+        Ok(())
+    }
+
+    /// Starts background reads of the pages of `slots` not in memory, in
+    /// order, at most `max` pages; returns how many are being read. One that
+    /// cannot start (no clean block, or its last read failed) is loaded
+    /// waiting when its turn comes.
+    fn start_page_reads(&mut self, slots: Vec<u64>, max: usize) -> usize {
         // The resident ones first, so reading the others does not evict them.
         for &slot in &slots {
             self.icache.touch_slot(slot);
@@ -1045,19 +1092,14 @@ impl<D: Device> Shard<D> {
             if self.icache.resident(slot) || pages.contains(&page) {
                 continue;
             }
-            if pages.len() == PREFETCH_MAX {
+            if pages.len() == max {
                 break;
             }
-            // `false`: this one is loaded blocking when its turn comes.
             if self.icache.start_read(&mut self.io, slot) {
                 pages.push(page);
             }
         }
-        if !pages.is_empty() {
-            self.deferred = Some(DeferredOn::InodePage);
-            return Err(FsError::TryAgain);
-        }
-        Ok(())
+        pages.len()
     }
 
     /// Whether the last operation stopped at an inode page or data pages
@@ -1072,14 +1114,17 @@ impl<D: Device> Shard<D> {
         self.deferred.take()
     }
 
-    /// Collects finished background reads of inode pages (and write-backs);
-    /// returns how many reads finished so far, in all. A failed write-back
-    /// fails the shard, as after a commit.
+    /// Collects finished background reads of inode pages and write-backs;
+    /// returns how many of both finished so far, in all: a request stopped
+    /// at an inode page (`DeferredOn::InodePage`) waits for a read, or for a
+    /// write-back of the page or of a block it can then take. A failed
+    /// write-back fails the shard, as after a commit.
     pub fn icache_reads_done(&mut self) -> u64 {
         if let Err(e) = self.icache.poll(&mut self.io) {
             self.fail(format!("writing back inodes: {e}"));
         }
-        self.icache.stats().background_reads_done
+        let st = self.icache.stats();
+        st.background_reads_done + st.writebacks_done
     }
 
     /// The counts of background requests finished so far, as last collected
@@ -1088,8 +1133,9 @@ impl<D: Device> Shard<D> {
     /// request that stops (`set_defer_misses`) runs again once the count it
     /// waits for moved past what it was before the request ran.
     pub fn background_progress(&self) -> (u64, u64, u64, u64) {
-        let reads = self.icache.stats().background_reads_done;
-        (reads, self.writes.done, self.commits_done, self.log_moves)
+        let st = self.icache.stats();
+        let icache = st.background_reads_done + st.writebacks_done;
+        (icache, self.writes.done, self.commits_done, self.log_moves)
     }
 
     /// Times a checkpoint's snapshot moved the log to a fresh half: room for
