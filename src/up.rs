@@ -90,8 +90,12 @@ impl LocalCluster {
         self.servers.iter().map(|s| s.fail_stop()).collect()
     }
 
-    /// Stops the servers (drain, checkpoint), then the master.
-    pub fn stop(mut self) -> Result<(), String> {
+    /// Stops the servers (drain, checkpoint), then the master. Returns how
+    /// often their workers waited for the device while they served
+    /// (`ShardStats::device_waits`: 0 when nothing blocked a worker).
+    pub fn stop(mut self) -> Result<u64, String> {
+        let waits: Vec<pfs_server::DeviceWaits> =
+            self.servers.iter().map(|s| s.device_waits()).collect();
         let mut first = Ok(());
         for s in self.servers.drain(..) {
             let id = s.id();
@@ -103,7 +107,7 @@ impl LocalCluster {
         if let Some(m) = self.master.take() {
             m.stop();
         }
-        first
+        first.map(|()| waits.iter().map(|w| w.total()).sum())
     }
 }
 
@@ -310,7 +314,10 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     }
     let stopped = cluster.stop();
     served?;
-    stopped?;
+    let waits = stopped?;
+    // Issue 15's "a worker never waits", as an operator sees it: a worker
+    // waiting for the device serves nobody meanwhile.
+    println!("pfs up: the workers waited for the device {waits} times while serving");
     println!("pfs up: stopped cleanly");
     Ok(())
 }

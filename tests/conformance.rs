@@ -334,6 +334,16 @@ fn inline_rounds(base: &Path) {
         .expect("pfs up reported how often the mount's threads ran rounds");
     println!("the mount's threads ran the workers' rounds {runs} times");
     assert!(runs > 100, "the mount's threads ran rounds only {runs} times");
+    // How often a worker blocked on the device meanwhile (docs/cluster.md
+    // "Known gaps": 0 in every workload counted on these defaults).
+    let waits: u64 = lines
+        .iter()
+        .find_map(|l| {
+            let rest = l.strip_prefix("pfs up: the workers waited for the device ")?;
+            rest.split(' ').next()?.parse().ok()
+        })
+        .expect("pfs up reported how often its workers waited for the device");
+    println!("the workers waited for the device {waits} times while serving");
 }
 
 /// `-o uring` on a kernel that does not allow it: a warning, and /dev/fuse.

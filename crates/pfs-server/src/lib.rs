@@ -37,7 +37,7 @@ pub mod tokens;
 pub mod worker;
 
 pub use master::{start_master, MasterHandle, MasterState};
-pub use server::{mkfs, start, ServerHandle};
+pub use server::{mkfs, start, DeviceWaits, ServerHandle};
 pub use worker::FailStop;
 
 /// Why a server or master could not start or stopped with an error.

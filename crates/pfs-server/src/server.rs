@@ -53,6 +53,20 @@ pub struct ServerHandle {
     helpers: Vec<JoinHandle<()>>,
     /// Stops once the workers (its only users) are gone.
     memcpy: Option<MemcpyPool>,
+    /// What each worker publishes (`UsageCell`).
+    usage: Vec<Arc<UsageCell>>,
+}
+
+/// The device waits of a server's workers while they served, readable after
+/// the server stopped ([`ServerHandle::device_waits`]).
+#[derive(Clone, Debug)]
+pub struct DeviceWaits(Vec<Arc<UsageCell>>);
+
+impl DeviceWaits {
+    /// The sum over the workers that stopped so far.
+    pub fn total(&self) -> u64 {
+        self.0.iter().map(|u| u.device_waits.load(Ordering::Relaxed)).sum()
+    }
 }
 
 impl ServerHandle {
@@ -81,6 +95,13 @@ impl ServerHandle {
     /// A handle on the fail-stop state, for a supervisor thread to watch.
     pub fn fail_stop(&self) -> FailStop {
         self.fail_stop.clone()
+    }
+
+    /// How often its workers waited for the device while they served, in
+    /// all (`ShardStats::device_waits`); counted when each stops, so read it
+    /// through a clone taken before [`stop`](Self::stop).
+    pub fn device_waits(&self) -> DeviceWaits {
+        DeviceWaits(self.usage.clone())
     }
 
     /// Stops accepting, drains, commits and checkpoints every shard, and waits.
@@ -678,6 +699,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             .spawn(move || accept_loop(listener, senders, bells, stop))
             .map_err(|e| ServerError::Worker(format!("cannot start the acceptor: {e}")))?
     };
+    let usage_cells = usage.clone();
     let heartbeat = {
         let stop = stop.clone();
         let advertise = advertise.clone();
@@ -710,6 +732,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         memcpy,
         clean_mark,
         boot,
+        usage: usage_cells,
     })
 }
 

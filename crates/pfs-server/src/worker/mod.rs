@@ -69,6 +69,10 @@ pub struct UsageCell {
     pub inodes_total: AtomicU64,
     /// Inode slots in use.
     pub inodes_used: AtomicU64,
+    /// Times the worker waited for the device while it served
+    /// (`ShardStats::device_waits` from its start to its stop), set at the
+    /// stop.
+    pub device_waits: AtomicU64,
 }
 
 /// How a worker behaves.
@@ -447,11 +451,12 @@ impl<D: Device> Worker<D> {
             return Err(why);
         }
         let st = self.shard.stats();
+        let waits = st.device_waits - self.waits_before_serving.0;
+        self.usage.device_waits.store(waits, Ordering::Relaxed);
         log::info!(
-            "worker {}: while serving, waited for the device {} times ({} of them forced \
+            "worker {}: while serving, waited for the device {waits} times ({} of them forced \
              commits)",
             self.id,
-            st.device_waits - self.waits_before_serving.0,
             st.forced_commits - self.waits_before_serving.1
         );
         // Drain: answer what already arrived (and what the memcpy pool still
