@@ -4,7 +4,7 @@
 //! the worker, the memcpy pool and the cross-shard operations depend on it
 //! rather than on each other.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use pfs_core::wire::Sum;
@@ -57,6 +57,54 @@ pub enum Task {
         /// The reply frame.
         buf: Vec<u8>,
     },
+    /// A frame the server sends `client` unasked (a token invalidation), for
+    /// whichever worker serves a connection of it; the others drop it.
+    Notify {
+        /// The client.
+        client: ClientId,
+        /// The request frame.
+        buf: Vec<u8>,
+    },
+}
+
+/// Which connection each worker's slots hold, published by the worker that
+/// owns them and read by any (is the client a multi-shard step answers still
+/// connected?): the slot's generation, 0 when empty. No lock: each slot has
+/// one writer.
+#[derive(Debug)]
+pub struct LiveConns {
+    gens: Box<[AtomicU32]>,
+    per_worker: usize,
+}
+
+impl LiveConns {
+    /// Room for `per_worker` connections in each of `workers` workers.
+    pub fn new(workers: usize, per_worker: usize) -> LiveConns {
+        let gens = (0..workers * per_worker).map(|_| AtomicU32::new(0)).collect();
+        LiveConns { gens, per_worker }
+    }
+
+    /// Connections one worker may hold.
+    pub fn per_worker(&self) -> usize {
+        self.per_worker
+    }
+
+    /// Worker `worker`'s slot `slot` now holds the connection of generation
+    /// `gen` (0: none).
+    pub fn set(&self, worker: u16, slot: usize, gen: u32) {
+        assert!(slot < self.per_worker, "connection slot {slot} beyond the table");
+        self.gens[worker as usize * self.per_worker + slot].store(gen, Ordering::Release);
+    }
+
+    /// Whether `conn` of worker `worker` is still open.
+    pub fn is_live(&self, worker: u16, conn: ConnRef) -> bool {
+        let slot = conn.slot as usize;
+        slot < self.per_worker
+            && self.gens.get(worker as usize * self.per_worker + slot).is_some_and(|g| {
+                let gen = g.load(Ordering::Acquire);
+                gen != 0 && gen == conn.gen
+            })
+    }
 }
 
 /// What other threads see of a worker: its wake-up eventfd and whether it sleeps.
@@ -99,4 +147,35 @@ pub struct Waiter {
     pub client: ClientId,
     /// When the client stops being told to wait.
     pub give_up: Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(slot: u32, gen: u32) -> ConnRef {
+        ConnRef { slot, gen, sum: Sum::Full }
+    }
+
+    /// A connection is live from its worker's `set` until the slot is
+    /// emptied or reused, only in its own worker's table, and a slot beyond
+    /// the table (a worker's own messages, `LOCAL_SLOT`) is no connection.
+    #[test]
+    fn a_connection_is_live_while_its_slot_holds_its_generation() {
+        let live = LiveConns::new(2, 4);
+        assert!(!live.is_live(0, conn(1, 7)), "an empty slot holds nothing");
+        live.set(0, 1, 7);
+        assert!(live.is_live(0, conn(1, 7)));
+        assert!(!live.is_live(1, conn(1, 7)), "the other worker's slot 1 is empty");
+        assert!(!live.is_live(0, conn(1, 6)), "an older connection of the slot");
+        live.set(0, 1, 8);
+        assert!(!live.is_live(0, conn(1, 7)), "the slot now holds another connection");
+        live.set(0, 1, 0);
+        assert!(!live.is_live(0, conn(1, 8)), "closed");
+        live.set(1, 3, 9);
+        assert!(live.is_live(1, conn(3, 9)));
+        assert!(!live.is_live(1, conn(4, 9)), "beyond the table");
+        assert!(!live.is_live(1, conn(u32::MAX, 9)), "beyond the table");
+        assert!(!live.is_live(2, conn(0, 9)), "no such worker");
+    }
 }

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::{sync_channel, Receiver, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Body, Frame, Reply, Request, Sum, View};
@@ -103,10 +103,17 @@ impl std::fmt::Debug for Link {
     }
 }
 
+/// Views that may wait for a worker to take them ([`Peers::take_view`]); the
+/// heartbeat sends again at its next beat when a worker's queue is full.
+pub const VIEW_QUEUE: usize = 2;
+
 /// Connections to other servers (and this one), made on first use.
 pub struct Peers {
     key: ClusterKey,
-    view: Arc<Mutex<Option<View>>>,
+    /// The cluster view as the heartbeat last sent it.
+    view: Option<View>,
+    /// New views from the heartbeat (no lock between it and the worker).
+    feed: Receiver<View>,
     links: Vec<Link>,
     wake: Option<Wake>,
     /// Messages to other workers of this server in flight (by the id in
@@ -122,16 +129,24 @@ impl std::fmt::Debug for Peers {
 }
 
 impl Peers {
-    /// Peers found through `view`, proving `key`; `wake` is called when a
-    /// connect made in the background finishes.
-    pub fn new(key: ClusterKey, view: Arc<Mutex<Option<View>>>, wake: Option<Wake>) -> Peers {
-        Peers { key, view, links: Vec::new(), wake, local: HashMap::new(), next_local: 0 }
+    /// Peers found through the views `feed` brings, proving `key`; `wake` is
+    /// called when a connect made in the background finishes.
+    pub fn new(key: ClusterKey, feed: Receiver<View>, wake: Option<Wake>) -> Peers {
+        let links = Vec::new();
+        Peers { key, view: None, feed, links, wake, local: HashMap::new(), next_local: 0 }
+    }
+
+    /// Takes the newest view the heartbeat sent, if one came (a worker calls
+    /// it at the start of each round).
+    pub(crate) fn take_view(&mut self) {
+        while let Ok(v) = self.feed.try_recv() {
+            self.view = Some(v);
+        }
     }
 
     /// Servers and workers per server in the view, once it is complete.
     pub(crate) fn shape(&self) -> Option<(u32, u32)> {
-        let view = self.view.lock().expect("view lock");
-        let v = view.as_ref()?;
+        let v = self.view.as_ref()?;
         if !v.is_complete() {
             return None;
         }
@@ -146,8 +161,7 @@ impl Peers {
     }
 
     fn addr_of(&self, server: ServerId) -> Result<SocketAddr, String> {
-        let view = self.view.lock().expect("view lock");
-        let v = view.as_ref().ok_or("no cluster view yet")?;
+        let v = self.view.as_ref().ok_or("no cluster view yet")?;
         let info = v
             .servers
             .iter()
@@ -333,7 +347,7 @@ mod tests {
     use std::net::TcpListener;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    fn view_with(addr: SocketAddr) -> Arc<Mutex<Option<View>>> {
+    fn view_with(addr: SocketAddr) -> Receiver<View> {
         let info = pfs_core::wire::ServerInfo {
             id: ServerId(0),
             addr: addr.to_string(),
@@ -342,7 +356,9 @@ mod tests {
             last_report_ms: 0,
             usage: pfs_core::wire::Usage::default(),
         };
-        Arc::new(Mutex::new(Some(View { epoch: 1, servers_expected: 1, servers: vec![info] })))
+        let (tx, rx) = sync_channel(VIEW_QUEUE);
+        tx.send(View { epoch: 1, servers_expected: 1, servers: vec![info] }).unwrap();
+        rx
     }
 
     /// A server that accepts connections and never answers the handshake:
@@ -364,6 +380,7 @@ mod tests {
         ClusterKey::generate(&key_path).unwrap();
         let key = ClusterKey::load(&key_path).unwrap();
         let mut peers = Peers::new(key, view_with(addr), Some(wake));
+        peers.take_view();
         let send = |p: &mut Peers| p.send(ServerId(0), WorkerId(0), Request::StatFs);
         assert_eq!(send(&mut peers), Err(PeerError::Connecting));
         // Again while the helper waits for the handshake: still no wait here.

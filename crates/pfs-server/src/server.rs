@@ -6,7 +6,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,9 +20,9 @@ use pfs_store::{FormatOptions, Shard, ShardOptions, Zone};
 use crate::cleanstop;
 
 use crate::memcpy::MemcpyPool;
-use crate::msg::Doorbell;
-use crate::peers::{Peers, Wake};
-use crate::worker::{ring_mesh, ClientRegistry, FailStop, UsageCell, Worker, WorkerOptions};
+use crate::msg::{Doorbell, LiveConns};
+use crate::peers::{Peers, Wake, VIEW_QUEUE};
+use crate::worker::{ring_mesh, FailStop, UsageCell, Worker, WorkerOptions};
 use crate::ServerError;
 
 /// Zones start at multiples of this, so `O_DIRECT` alignment always holds.
@@ -556,6 +556,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     // find it at the next start.
     let clean_mark = cleanstop::mark_path(&cfg.data_path);
     let kept = clean_mark.as_deref().and_then(cleanstop::take);
+    let max_connections = lcfg.max_connections;
     let mut listener = Listener::bind(lcfg).map_err(|e| ServerError::Net(e.to_string()))?;
     let addr = listener.local_addr();
     let advertise = if !cfg.advertise.is_empty() {
@@ -646,13 +647,15 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     } else {
         (None, (0..workers).map(|_| None).collect())
     };
-    let clients: ClientRegistry = Arc::new(Mutex::new(std::collections::HashMap::new()));
-    let view: SharedView = Arc::new(Mutex::new(None));
+    let live = Arc::new(LiveConns::new(workers, max_connections));
+    let mut feeds = Vec::with_capacity(workers);
     let mut senders = Vec::with_capacity(workers);
     let mut handles = Vec::with_capacity(workers);
     for (w, shard) in shards.into_iter().enumerate().rev() {
         let (tx, rx) = sync_channel::<Link>(NEW_CONN_QUEUE);
         senders.push(tx);
+        let (feed, views) = sync_channel::<View>(VIEW_QUEUE);
+        feeds.push(feed);
         let worker = Worker::new(
             w as u16,
             shard,
@@ -663,8 +666,8 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
             bells.clone(),
             usage[w].clone(),
             stop.clone(),
-            Peers::new(key.clone(), view.clone(), Some(wake_worker(&bells, w))),
-            clients.clone(),
+            Peers::new(key.clone(), views, Some(wake_worker(&bells, w))),
+            live.clone(),
             ports.pop().expect("one per worker"),
             fail_stop.clone(),
         )
@@ -690,6 +693,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     }
     senders.reverse();
     handles.reverse();
+    feeds.reverse();
 
     let acceptor = {
         let stop = stop.clone();
@@ -704,10 +708,11 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         let stop = stop.clone();
         let advertise = advertise.clone();
         let workers = cfg.workers;
+        let views = ViewFeeds { feeds, bells: bells.clone() };
         std::thread::Builder::new()
             .name("pfs-heartbeat".into())
             .spawn(move || {
-                heartbeat_loop(master, key, id, advertise, workers, usage, view, stop, heartbeat)
+                heartbeat_loop(master, key, id, advertise, workers, usage, views, stop, heartbeat)
             })
             .map_err(|e| ServerError::Worker(format!("cannot start the heartbeat: {e}")))?
     };
@@ -774,9 +779,25 @@ fn accept_loop(
     }
 }
 
-/// The cluster view as the heartbeat last fetched it (workers read it to reach
-/// other servers).
-pub type SharedView = Arc<Mutex<Option<View>>>;
+/// Where the heartbeat sends each new cluster view: one queue per worker
+/// (workers read it to reach other servers; no lock between them).
+struct ViewFeeds {
+    feeds: Vec<SyncSender<View>>,
+    bells: Arc<Vec<Doorbell>>,
+}
+
+impl ViewFeeds {
+    /// Sends `v` to every worker and wakes it; false when a worker's queue
+    /// was full (it has not taken the views before: send again later).
+    fn send(&self, v: &View) -> bool {
+        let mut all = true;
+        for (w, feed) in self.feeds.iter().enumerate() {
+            all &= feed.try_send(v.clone()).is_ok();
+            self.bells[w].ring_always();
+        }
+        all
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 fn heartbeat_loop(
@@ -786,7 +807,7 @@ fn heartbeat_loop(
     advertise: String,
     workers: u32,
     usage: Vec<Arc<UsageCell>>,
-    view: SharedView,
+    views: ViewFeeds,
     stop: Arc<AtomicBool>,
     every: Duration,
 ) {
@@ -833,8 +854,11 @@ fn heartbeat_loop(
                     if let Ok(Frame { body: Body::Reply(Reply::GetView(v)), .. }) =
                         rpc_ref.call(&get, Duration::from_secs(2))
                     {
-                        view_epoch = v.epoch;
-                        *view.lock().expect("view lock") = Some(v);
+                        // A worker that did not take the last views yet
+                        // gets this one at the next beat.
+                        if views.send(&v) {
+                            view_epoch = v.epoch;
+                        }
                     }
                 }
             }
@@ -890,4 +914,34 @@ fn pin_to_core(n: usize) {
 fn wake_worker(bells: &Arc<Vec<Doorbell>>, w: usize) -> Wake {
     let bells = bells.clone();
     Arc::new(move || bells[w].ring_always())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(epoch: u64) -> View {
+        View { epoch, servers_expected: 1, servers: Vec::new() }
+    }
+
+    /// The heartbeat hands each new view to every worker without a lock; a
+    /// worker whose queue is full makes it report false, so the heartbeat
+    /// keeps its old epoch and sends the view again at the next beat.
+    #[test]
+    fn a_view_reaches_every_worker_or_is_sent_again() {
+        let bells: Arc<Vec<Doorbell>> =
+            Arc::new((0..2).map(|_| Doorbell::new().unwrap()).collect());
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..2).map(|_| sync_channel(VIEW_QUEUE)).unzip();
+        let feeds = ViewFeeds { feeds: txs, bells };
+        assert!(feeds.send(&view(1)));
+        assert!(feeds.send(&view(2)));
+        assert!(!feeds.send(&view(3)), "two views wait in each queue: the third does not fit");
+        let taken: Vec<u64> = rxs[0].try_iter().map(|v| v.epoch).collect();
+        assert_eq!(taken, vec![1, 2]);
+        assert!(!feeds.send(&view(3)), "worker 1 took nothing yet");
+        let _ = rxs[1].try_iter().count();
+        assert!(feeds.send(&view(3)));
+        assert_eq!(rxs[0].try_iter().map(|v| v.epoch).last(), Some(3));
+        assert_eq!(rxs[1].try_iter().map(|v| v.epoch).last(), Some(3));
+    }
 }

@@ -237,6 +237,45 @@ fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
     });
 }
 
+/// A token invalidation reaches its client whichever worker serves the
+/// client's connection: the directories live on both shards, and A's one
+/// connection is served by one worker, so for one of them the worker that
+/// revokes A's token hands the invalidation to the other.
+#[test]
+fn an_invalidation_reaches_a_client_whichever_worker_serves_it() {
+    use std::sync::{Arc, Mutex};
+
+    with_two_long_ttl_clients("tokens-workers", |a, b| {
+        // Told only by a server's invalidation, not when a lease runs out.
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+        let mut dirs = Vec::new();
+        for i in 0..64 {
+            let d = b.mkdir(InodeId::ROOT, format!("p{i}").as_bytes(), 0o755, 0, 0).unwrap();
+            if !dirs.iter().any(|(_, s)| *s == d.ino.shard()) {
+                dirs.push((d.ino, d.ino.shard()));
+            }
+        }
+        assert_eq!(dirs.len(), 2, "64 directories all on one shard: {dirs:?}");
+        for (dir, shard) in dirs {
+            let x = b.mkdir(dir, b"x", 0o755, 0, 0).unwrap();
+            assert_eq!(a.lookup(dir, b"x").unwrap().ino, x.ino);
+            b.rename(dir, b"x", dir, b"y", RenameFlags::empty()).unwrap();
+            let told = pfs_client::Invalidation::Inode { ino: dir };
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !seen.lock().unwrap().contains(&told) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "A was never told of the rename in the directory on {shard:?}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert_eq!(a.lookup(dir, b"x"), Err(FsError::NotFound));
+        }
+    });
+}
+
 /// One master and one server of 2 workers, and two clients A and B whose cached
 /// names outlive the test (only an invalidation can end one): runs `body(A, B)`.
 fn with_two_long_ttl_clients(

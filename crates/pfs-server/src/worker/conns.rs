@@ -67,9 +67,19 @@ impl<D: Device> Worker<D> {
             }
             let slot = match self.conns.iter().position(Option::is_none) {
                 Some(s) => s,
-                None => {
+                None if self.conns.len() < self.live.per_worker() => {
                     self.conns.push(None);
                     self.conns.len() - 1
+                }
+                None => {
+                    // The listener admits no more than that many in all.
+                    log::warn!(
+                        "worker {}: refused {}: it already serves {} connections",
+                        self.id,
+                        qp.peer(),
+                        self.conns.len()
+                    );
+                    continue;
                 }
             };
             if let Err(e) = self.epoll.add(qp.wait_fd(), READ, slot as u64 + 1) {
@@ -85,6 +95,7 @@ impl<D: Device> Worker<D> {
             let peer_is_server = qp.peer_is_server();
             self.conns[slot] =
                 Some(ConnState { qp, gen, client: None, peer_is_server, refused_internal: 0 });
+            self.live.set(self.id, slot, gen);
         }
         n
     }
@@ -120,12 +131,12 @@ impl<D: Device> Worker<D> {
     pub(super) fn drop_conn(&mut self, slot: usize, reason: &str) {
         if let Some(conn) = self.conns[slot].take() {
             let _ = self.epoll.delete(conn.qp.wait_fd());
+            self.live.set(self.id, slot, 0);
             if let Some(client) = conn.client {
-                let mut reg = self.clients.lock().expect("client registry lock");
                 let sum = link_sum(conn.qp.backend());
                 let me = ConnRef { slot: slot as u32, gen: conn.gen, sum };
-                if reg.get(&client) == Some(&(self.id, me)) {
-                    reg.remove(&client);
+                if self.clients.get(&client) == Some(&me) {
+                    self.clients.remove(&client);
                 }
             }
             log::info!("worker {}: connection from {} ended: {reason}", self.id, conn.qp.peer());
@@ -142,8 +153,7 @@ impl<D: Device> Worker<D> {
             if let Some(state) = self.conns[conn.slot as usize].as_mut() {
                 if state.client.is_none() {
                     state.client = Some(header.client);
-                    let mut reg = self.clients.lock().expect("client registry lock");
-                    reg.insert(header.client, (self.id, conn));
+                    self.clients.insert(header.client, conn);
                 }
             }
         }
@@ -186,27 +196,34 @@ impl<D: Device> Worker<D> {
         self.push(target as u16, task);
     }
 
-    /// Whether the connection `waiter` came on is still open (the registry
-    /// forgets a client's connection when it ends). A caller without a client
-    /// id is not in the registry: it counts as connected.
+    /// Whether the connection `waiter` came on is still open. A caller
+    /// without a client id has no connection to lose: it counts as connected.
     pub(super) fn is_connected(&self, waiter: &Waiter) -> bool {
-        if waiter.client.0 == 0 {
-            return true;
-        }
-        let reg = self.clients.lock().expect("client registry lock");
-        reg.get(&waiter.client) == Some(&(waiter.origin, waiter.conn))
+        waiter.client.0 == 0 || self.live.is_live(waiter.origin, waiter.conn)
     }
 
-    /// Sends `req` unasked to `client` on its connection, wherever it is served.
+    /// Sends `req` unasked to `client` on its connection, wherever it is
+    /// served: on this worker's, or through every other worker (the one that
+    /// serves it sends it; a client connected nowhere here lets its lease run
+    /// out by itself).
     pub(super) fn notify(&mut self, client: ClientId, req: Request) {
-        let Some((worker, conn)) =
-            self.clients.lock().expect("client registry lock").get(&client).copied()
-        else {
-            return; // Not connected here: its lease runs out by itself.
-        };
         let frame = Frame { request_id: RequestId(0), client, body: Body::Request(req) };
         let buf = frame.to_bytes().expect("a notification always encodes");
-        self.route_reply(worker, conn, buf);
+        if let Some(&conn) = self.clients.get(&client) {
+            return self.send_reply(conn, buf);
+        }
+        for w in 0..self.ring_out.len() as u16 {
+            if w != self.id {
+                self.push(w, Task::Notify { client, buf: buf.clone() });
+            }
+        }
+    }
+
+    /// A notification another worker could not deliver itself.
+    pub(super) fn deliver_notify(&mut self, client: ClientId, buf: Vec<u8>) {
+        if let Some(&conn) = self.clients.get(&client) {
+            self.send_reply(conn, buf);
+        }
     }
 
     pub(super) fn send_reply(&mut self, conn: ConnRef, buf: Vec<u8>) {

@@ -48,7 +48,7 @@ use pfs_store::Shard;
 
 use crate::cross::Renames;
 use crate::memcpy::MemcpyPort;
-use crate::msg::{ConnRef, Doorbell, Task};
+use crate::msg::{ConnRef, Doorbell, LiveConns, Task};
 use crate::peers::Peers;
 use crate::rmdir::Rmdirs;
 use crate::stopped::Stopped;
@@ -92,11 +92,6 @@ pub struct WorkerOptions {
     /// while it is parked ([`pfs_net::inline`]; `pfs up`).
     pub inline_rounds: bool,
 }
-
-/// Which worker and connection serve each client, for messages the server sends
-/// unasked (token invalidations). Written once per connection, read rarely.
-pub type ClientRegistry =
-    Arc<std::sync::Mutex<std::collections::HashMap<ClientId, (u16, ConnRef)>>>;
 
 /// Why the server fail-stopped, set by the first worker that had to: its shard
 /// stopped acknowledging (a failed sync, an operation cut by a device error) or
@@ -184,7 +179,12 @@ pub struct Worker<D: Device> {
     /// The sweep of data whose file is gone.
     sweep: crate::sweep::Sweep,
     tokens: Tokens,
-    clients: ClientRegistry,
+    /// The connection of each client this worker serves, for messages the
+    /// server sends unasked (token invalidations): at most one entry per
+    /// connection in `conns`.
+    clients: HashMap<ClientId, ConnRef>,
+    /// Which connection every worker's slots hold (this worker writes its own).
+    live: Arc<LiveConns>,
     fail_stop: FailStop,
     /// The key client threads of this process find this worker under, when it
     /// serves inline (`WorkerOptions::inline_rounds`).
@@ -220,7 +220,7 @@ impl<D: Device> Worker<D> {
         usage: Arc<UsageCell>,
         stop: Arc<AtomicBool>,
         peers: Peers,
-        clients: ClientRegistry,
+        live: Arc<LiveConns>,
         memcpy: Option<MemcpyPort>,
         fail_stop: FailStop,
     ) -> std::io::Result<Worker<D>> {
@@ -263,7 +263,8 @@ impl<D: Device> Worker<D> {
             outbox: crate::follow::Outbox::default(),
             sweep: crate::sweep::Sweep::new(Instant::now()),
             tokens: Tokens::new(opts.token_lease),
-            clients,
+            clients: HashMap::new(),
+            live,
             fail_stop,
             inline_key: None,
         };
@@ -485,6 +486,7 @@ impl<D: Device> Worker<D> {
     /// One pass over new connections, connections, rings and the commit; returns
     /// the work done.
     fn round(&mut self) -> usize {
+        self.peers.take_view();
         let mut work = self.take_new_conns();
         for slot in 0..self.conns.len() {
             work += self.serve_conn(slot);

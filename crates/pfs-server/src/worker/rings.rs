@@ -48,6 +48,7 @@ impl<D: Device> Worker<D> {
                         }
                     }
                     Task::Reply { conn, buf } => self.send_reply(conn, buf),
+                    Task::Notify { client, buf } => self.deliver_notify(client, buf),
                 }
             }
         }
