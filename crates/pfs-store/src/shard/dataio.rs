@@ -998,7 +998,47 @@ impl<D: Device> Shard<D> {
                 return true;
             }
         }
-        self.writes.read(first, skip, out) || self.read_cache.read(first, skip, out)
+        self.writes.read(first, skip, out)
+            || self.read_cache.read(first, skip, out)
+            || self.gather_data_memory(first, skip, out)
+    }
+
+    /// [`read_data_memory`](Self::read_data_memory) of bytes no one place
+    /// holds whole: page by page, each from the read-ahead run, staged run or
+    /// read cache that holds it (in that order, as for the whole). A write
+    /// merging a block that two read-ahead windows share found its old bytes
+    /// in memory this way rather than reading them blocking.
+    fn gather_data_memory(&mut self, first: u64, skip: usize, out: &mut [u8]) -> bool {
+        let page_size = PAGE_SIZE as usize;
+        let (len, mut done) = (out.len(), 0);
+        while done < len {
+            let at = skip + done;
+            let page = first + (at / page_size) as u64;
+            let in_page = at % page_size;
+            let part = &mut out[done..(done + page_size - in_page).min(len)];
+            let ahead = self.writes.ahead_at(page, 1).and_then(|s| {
+                let buf = self.writes.ahead[&s].buf.as_ref()?;
+                Some(((page - s) * PAGE_SIZE) as usize + in_page).map(|from| (buf, from))
+            });
+            let found = match ahead {
+                Some((buf, from)) => {
+                    part.copy_from_slice(&buf[from..from + part.len()]);
+                    true
+                }
+                // A page the cache does not hold is not counted as a miss
+                // again (the whole already was).
+                None => {
+                    self.writes.read(page, in_page, part)
+                        || (self.read_cache.holds(page, 1)
+                            && self.read_cache.read(page, in_page, part))
+                }
+            };
+            if !found {
+                return false;
+            }
+            done += part.len();
+        }
+        true
     }
 
     /// Reads `pages` data pages from `first` into the read cache in the
@@ -1071,9 +1111,10 @@ impl<D: Device> Shard<D> {
     /// reading them blocking. It waits while a write or read-ahead of them is
     /// in flight (its completion leaves them in memory), or when memory does
     /// not hold them and a read of them into the read-ahead runs could start.
-    /// `false`: memory holds them, or no background read could start (a full
-    /// device queue or read-ahead budget, or read-ahead runs that hold some of
-    /// them): the merge reads them now.
+    /// Read-ahead runs that hold some of them have the rest read beside them.
+    /// `false`: memory holds them (maybe in pieces), or no background read
+    /// could start (a full device queue or read-ahead budget): the merge reads
+    /// them now.
     pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
         let in_memory = self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
@@ -1086,10 +1127,16 @@ impl<D: Device> Shard<D> {
         if !in_memory && self.writes.busy_overlaps(first, pages) {
             return true;
         }
-        // Read-ahead runs never overlap: when some hold part of these pages,
-        // no run of all of them can start.
-        if in_memory || self.writes.ahead_overlaps(first, pages) {
+        if in_memory {
             return false;
+        }
+        // Read-ahead runs never overlap: when some hold part of these pages
+        // (none in flight: checked above), no run of all of them can start.
+        // Read the pages they leave out; with none left out, memory holds
+        // them all (`gather_data_memory`).
+        if self.writes.ahead_overlaps(first, pages) {
+            self.prefetch(first, pages);
+            return self.writes.busy_overlaps(first, pages);
         }
         self.prefetch_pages(first, pages);
         self.ahead_in_flight(first, pages)

@@ -1814,6 +1814,62 @@ fn a_block_filled_end_first_merges_from_memory_while_its_write_is_in_flight() {
     assert!(back[..half as usize] == start[..] && back[half as usize..] == end[..], "reopened");
 }
 
+/// A partial write into a block whose old bytes two read-ahead windows hold
+/// between them (each a part, both read: a reader's windows end at byte
+/// offsets, not at blocks) merges them from memory. With a gap between the
+/// windows it stops once while the gap is read beside them; without one it
+/// does not stop. Either way the shard never waits for the device. Before,
+/// such a merge read the whole block blocking: 16 waits of the 18 in one
+/// conformance run of `pfs fsx`.
+#[test]
+fn a_partial_write_merges_old_bytes_that_two_read_ahead_windows_hold() {
+    for gap in [0u64, 4] {
+        let (mut s, _handle) = fresh();
+        let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+        let bs = s.geo.block_size as usize;
+        let old: Vec<u8> = (0..bs).map(|i| (i * 7 + 3) as u8).collect();
+        s.write(f, 0, &old).unwrap();
+        let mut s = reopen(s);
+        s.create(ROOT, b"before", CreateArgs::file(0o644)).unwrap();
+        let inode = s.inode(f).unwrap();
+        let run = s.block_run(&inode, BlockIndex(0)).expect("block 0 written");
+        let pages = run.pages as u64;
+        let left = (pages - gap) / 2;
+        s.prefetch(run.page, left);
+        s.prefetch(run.page + left + gap, pages - left - gap);
+        let settle = |s: &mut Shard<MemDevice>| {
+            for _ in 0..100 {
+                s.data_requests_done();
+                if !s.data_busy() {
+                    return;
+                }
+            }
+            panic!("gap {gap}: the reads never finished");
+        };
+        settle(&mut s);
+        let waits = s.stats().device_waits;
+        s.set_defer_misses(true);
+        let wrote = s.write(f, 100, b"new bytes");
+        if gap == 0 {
+            assert_eq!(wrote, Ok(9), "no gap: merged at once");
+        } else {
+            assert_eq!(wrote, Err(FsError::TryAgain), "gap {gap}: stops while it is read");
+            assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+            settle(&mut s);
+            s.set_defer_misses(true);
+            assert_eq!(s.write(f, 100, b"new bytes"), Ok(9), "gap {gap}: run again");
+        }
+        assert_eq!(s.take_deferred(), None);
+        s.set_defer_misses(false);
+        assert_eq!(s.stats().device_waits, waits, "gap {gap}: waited for the device");
+        let mut want = old.clone();
+        want[100..109].copy_from_slice(b"new bytes");
+        assert!(s.read(f, 0, bs).unwrap() == want, "gap {gap}: the merged block");
+        let mut s = reopen(s);
+        assert!(s.read(f, 0, bs).unwrap() == want, "gap {gap}: reopened");
+    }
+}
+
 /// A partial block write whose old bytes memory does not hold stops before
 /// it changed anything, reads them into the read-ahead runs in the
 /// background (once, however often it is asked again meanwhile), and merges
