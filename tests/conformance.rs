@@ -330,7 +330,7 @@ fn inline_rounds(base: &Path) {
     println!("the mount's threads ran the workers' rounds {runs} times");
     assert!(runs > 100, "the mount's threads ran rounds only {runs} times");
     // How often a worker blocked on the device meanwhile (docs/cluster.md
-    // "Known gaps": a few reads of pages two fsx processes keep rewriting).
+    // "Known gaps": 0 in the last traced runs, not guaranteed).
     let waits = reported(&lines, "pfs up: the workers waited for the device ")
         .expect("pfs up reported how often its workers waited for the device");
     println!("the workers waited for the device {waits} times while serving");

@@ -34,8 +34,11 @@ pub(crate) struct Waiting {
     /// Times it stopped before.
     pub(crate) tries: u8,
     /// What it waits for and the count of those finished when it stopped:
-    /// it runs again once that count moved. `None`: it waits only for an
-    /// earlier request of its connection.
+    /// it runs again once that count moved (for data pages in flight: once
+    /// every data request in flight at the stop finished, so a stop counted
+    /// against [`TRIES_MAX`] is one for a later write of those pages, not for
+    /// another request's completion). `None`: it waits only for an earlier
+    /// request of its connection.
     waits: Option<(DeferredOn, u64)>,
 }
 
@@ -45,7 +48,7 @@ impl Waiting {
         match self.waits {
             None => true,
             Some((DeferredOn::InodePage, at)) => now.0 != at,
-            Some((DeferredOn::Data, at)) => now.1 != at,
+            Some((DeferredOn::Data, issued)) => now.1 >= issued,
             Some((DeferredOn::Commit, at)) => now.2 != at,
             Some((DeferredOn::LogRoom, at)) => now.3 != at,
         }
@@ -102,6 +105,9 @@ impl Stopped {
     /// A request that stopped at what `on` says, after `tries` stops before,
     /// having started when the counts were `before`: the read, write or
     /// commit it waits for finishes after that, so the count moves past it.
+    /// Data requests are numbered: `issued` is the next number at the stop
+    /// (`Shard::data_issued`), and the one it waits for is below it.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn stopped(
         &mut self,
         origin: u16,
@@ -110,10 +116,11 @@ impl Stopped {
         tries: u8,
         on: DeferredOn,
         before: Progress,
+        issued: u64,
     ) {
         let at = match on {
             DeferredOn::InodePage => before.0,
-            DeferredOn::Data => before.1,
+            DeferredOn::Data => issued,
             DeferredOn::Commit => before.2,
             DeferredOn::LogRoom => before.3,
         };
@@ -165,8 +172,8 @@ mod tests {
         let mut s = Stopped::default();
         assert!(s.may_stop(0));
         assert!(!s.may_stop(TRIES_MAX), "a request stops at most TRIES_MAX times");
-        s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9, 1));
-        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9, 1));
+        s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9, 1), 7);
+        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9, 1), 7);
         assert!(s.holds(0, conn(1)) && !s.holds(1, conn(1)) && !s.holds(0, conn(3)));
         s.queue_behind(0, conn(1), b"behind".to_vec());
         assert!(s.moved((5, 8, 9, 1)));
@@ -187,11 +194,21 @@ mod tests {
         assert_eq!(s.take_tries(), 3);
         assert_eq!(s.take_tries(), 0, "the next request starts from 0");
         // A request waiting for room in the log runs again once it moved.
-        s.stopped(0, conn(4), b"room".to_vec(), 0, DeferredOn::LogRoom, (5, 8, 10, 1));
+        s.stopped(0, conn(4), b"room".to_vec(), 0, DeferredOn::LogRoom, (5, 8, 10, 1), 8);
         let taken = s.take_all((5, 9, 11, 1)).expect("moved");
         let room = taken.iter().find(|w| w.buf == b"room").unwrap();
         assert!(!room.ready((5, 9, 11, 1)), "reads and commits are not room in the log");
         assert!(room.ready((5, 9, 11, 2)));
+        // A request at data pages in flight runs again once every data
+        // request in flight at its stop (numbered below 12) finished, not
+        // when another one did.
+        s.stopped(0, conn(5), b"data".to_vec(), 1, DeferredOn::Data, (5, 9, 11, 2), 12);
+        let taken = s.take_all((5, 10, 11, 2)).expect("moved");
+        let data = taken.iter().find(|w| w.buf == b"data").unwrap();
+        assert!(!data.ready((5, 10, 11, 2)), "requests 10 and 11 are still in flight");
+        assert!(!data.ready((5, 11, 11, 2)), "request 11 is still in flight");
+        assert!(data.ready((5, 12, 11, 2)));
+        assert!(data.ready((5, 15, 11, 2)));
     }
 
     #[test]
@@ -199,7 +216,7 @@ mod tests {
         let mut s = Stopped::default();
         for i in 0..STOPPED_MAX {
             assert!(s.may_stop(0), "room for {i}");
-            s.stopped(0, conn(i as u32), Vec::new(), 0, DeferredOn::Data, (0, 0, 0, 0));
+            s.stopped(0, conn(i as u32), Vec::new(), 0, DeferredOn::Data, (0, 0, 0, 0), 1);
         }
         assert!(!s.may_stop(0));
     }

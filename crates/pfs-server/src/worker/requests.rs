@@ -113,7 +113,8 @@ impl<D: Device> Worker<D> {
             Ok(started) => {
                 self.stopped.take_tries();
                 if let Some(on) = self.shard.take_deferred() {
-                    self.stopped.stopped(origin, conn, buf, tries, on, before);
+                    let issued = self.shard.data_issued();
+                    self.stopped.stopped(origin, conn, buf, tries, on, before, issued);
                     return None;
                 }
                 let p = PendingRead {
@@ -155,7 +156,8 @@ impl<D: Device> Worker<D> {
         let (result, durability) = execute(&mut self.shard, req);
         self.shard.set_defer_misses(false);
         if let Some(on) = self.shard.take_deferred() {
-            self.stopped.stopped(origin, conn, buf, tries, on, before);
+            let issued = self.shard.data_issued();
+            self.stopped.stopped(origin, conn, buf, tries, on, before, issued);
             return None;
         }
         let reply = (frame.request_id, frame.client, op, result);
@@ -242,7 +244,8 @@ impl<D: Device> Worker<D> {
                 let result = execute_write(&mut self.shard, &w);
                 self.shard.set_defer_misses(false);
                 if let Some(on) = self.shard.take_deferred() {
-                    self.stopped.stopped(origin, conn, buf, tries, on, before);
+                    let issued = self.shard.data_issued();
+                    self.stopped.stopped(origin, conn, buf, tries, on, before, issued);
                     return None;
                 }
                 (request_id, client, w.opcode(), result)
@@ -301,7 +304,8 @@ impl<D: Device> Worker<D> {
     /// The background requests finished so far.
     pub(super) fn progress(&mut self) -> Progress {
         let reads = self.shard.icache_reads_done();
-        (reads, self.shard.data_requests_done(), self.shard.commits_done(), self.shard.log_moves())
+        self.shard.data_requests_done();
+        (reads, self.shard.data_settled(), self.shard.commits_done(), self.shard.log_moves())
     }
 
     /// Runs again the requests that stopped, once what each waits for moved

@@ -561,6 +561,22 @@ impl<D: Device> Shard<D> {
         self.writes.next_seq
     }
 
+    /// Every data request numbered below it finished (as last collected, no
+    /// polling): the number of the oldest in flight, or the next number when
+    /// none is. It only grows. A request stopped at data pages in flight
+    /// ([`DeferredOn::Data`](crate::DeferredOn)) runs again once it reached
+    /// [`data_issued`](Self::data_issued) as it was at the stop: every request
+    /// in flight then, the one it waits for among them, finished.
+    pub fn data_settled(&self) -> u64 {
+        self.writes.in_flight.keys().next().copied().unwrap_or(self.writes.next_seq)
+    }
+
+    /// The number the next data request gets: every one submitted so far is
+    /// numbered below it.
+    pub fn data_issued(&self) -> u64 {
+        self.writes.next_seq
+    }
+
     /// Whether a data request numbered below `seq` is still in flight (after
     /// collecting the finished ones). Reads count too: a commit frees the
     /// pages its operations unmapped only once no read of them is in flight,

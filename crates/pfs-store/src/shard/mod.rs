@@ -1128,14 +1128,16 @@ impl<D: Device> Shard<D> {
     }
 
     /// The counts of background requests finished so far, as last collected
-    /// (no polling): inode page reads ([`icache_reads_done`](Self::icache_reads_done))
-    /// and data requests ([`data_requests_done`](Self::data_requests_done)). A
+    /// (no polling): inode page reads ([`icache_reads_done`](Self::icache_reads_done)),
+    /// the data requests all finished below a number
+    /// ([`data_settled`](Self::data_settled)), commits and the log's moves. A
     /// request that stops (`set_defer_misses`) runs again once the count it
-    /// waits for moved past what it was before the request ran.
+    /// waits for moved past what it was before the request ran (for data:
+    /// once it reached [`data_issued`](Self::data_issued) at the stop).
     pub fn background_progress(&self) -> (u64, u64, u64, u64) {
         let st = self.icache.stats();
         let icache = st.background_reads_done + st.writebacks_done;
-        (icache, self.writes.done, self.commits_done, self.log_moves)
+        (icache, self.data_settled(), self.commits_done, self.log_moves)
     }
 
     /// Times a checkpoint's snapshot moved the log to a fresh half: room for

@@ -1814,6 +1814,44 @@ fn a_block_filled_end_first_merges_from_memory_while_its_write_is_in_flight() {
     assert!(back[..half as usize] == start[..] && back[half as usize..] == end[..], "reopened");
 }
 
+/// Data requests are numbered, and `data_settled` is the number below which
+/// all finished: it stays at the oldest in flight while a later one finishes,
+/// and reaches `data_issued` once none is in flight. A request stopped at data
+/// pages in flight runs again when it reached the `data_issued` of its stop,
+/// not at each other completion (which used up its four stops while its own
+/// pages were still being written, then made it wait for the device).
+#[test]
+fn data_settled_stays_at_the_oldest_request_in_flight() {
+    let (mut s, handle) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    let g = s.create(ROOT, b"g", CreateArgs::file(0o644)).unwrap().ino;
+    s.submit_data_writes();
+    assert_eq!(s.data_settled(), s.data_issued(), "nothing in flight");
+    let done = s.data_requests_done();
+    s.write(f, 0, &[1u8; 4096]).unwrap();
+    let inode = s.inode(f).unwrap();
+    let run = s.block_run(&inode, BlockIndex(0)).expect("block 0 written");
+    let at = s.geo.data_offset(run.page);
+    handle.hold(Some(at..at + run.pages as u64 * PAGE_SIZE));
+    let first = s.data_issued();
+    s.submit_data_writes();
+    s.write(g, 0, &[2u8; 4096]).unwrap();
+    s.submit_data_writes();
+    let issued = s.data_issued();
+    assert_eq!(issued, first + 2, "one request each");
+    for _ in 0..100 {
+        if s.data_requests_done() > done {
+            break;
+        }
+    }
+    assert_eq!(s.data_requests_done(), done + 1, "g's write finished");
+    assert_eq!(s.data_settled(), first, "f's write, older, is still in flight");
+    assert_eq!(s.background_progress().1, first);
+    release_data_requests(&mut s, &handle, "f's write finished");
+    assert_eq!(s.data_settled(), issued);
+    assert_eq!(s.data_settled(), s.data_issued());
+}
+
 /// A partial write into a block whose old bytes two read-ahead windows hold
 /// between them (each a part, both read: a reader's windows end at byte
 /// offsets, not at blocks) merges them from memory. With a gap between the
