@@ -195,12 +195,8 @@ fn a_two_server_cluster_serves_files_and_survives_a_restart() {
 
 #[test]
 fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
-    use std::sync::{Arc, Mutex};
-
     with_two_long_ttl_clients("tokens", |a, b| {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
-        a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+        let seen = record_invalidations(&a);
 
         let d = b.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
         assert_eq!(a.lookup(InodeId::ROOT, b"d").unwrap().ino, d.ino);
@@ -243,13 +239,9 @@ fn a_cached_directory_name_is_invalidated_when_another_client_changes_it() {
 /// revokes A's token hands the invalidation to the other.
 #[test]
 fn an_invalidation_reaches_a_client_whichever_worker_serves_it() {
-    use std::sync::{Arc, Mutex};
-
     with_two_long_ttl_clients("tokens-workers", |a, b| {
         // Told only by a server's invalidation, not when a lease runs out.
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let s = seen.clone();
-        a.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+        let seen = record_invalidations(&a);
         let mut dirs = Vec::new();
         for i in 0..64 {
             let d = b.mkdir(InodeId::ROOT, format!("p{i}").as_bytes(), 0o755, 0, 0).unwrap();
@@ -274,6 +266,16 @@ fn an_invalidation_reaches_a_client_whichever_worker_serves_it() {
             assert_eq!(a.lookup(dir, b"x"), Err(FsError::NotFound));
         }
     });
+}
+
+/// What the servers' invalidations tell `client`'s kernel callback, as it is told.
+fn record_invalidations(
+    client: &pfs_client::Cluster,
+) -> std::sync::Arc<std::sync::Mutex<Vec<pfs_client::Invalidation>>> {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    client.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv)));
+    seen
 }
 
 /// One master and one server of 2 workers, and two clients A and B whose cached

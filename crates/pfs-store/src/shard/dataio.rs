@@ -1034,7 +1034,7 @@ impl<D: Device> Shard<D> {
             let part = &mut out[done..(done + page_size - in_page).min(len)];
             let ahead = self.writes.ahead_at(page, 1).and_then(|s| {
                 let buf = self.writes.ahead[&s].buf.as_ref()?;
-                Some(((page - s) * PAGE_SIZE) as usize + in_page).map(|from| (buf, from))
+                Some((buf, ((page - s) * PAGE_SIZE) as usize + in_page))
             });
             let found = match ahead {
                 Some((buf, from)) => {
