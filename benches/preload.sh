@@ -6,17 +6,26 @@
 #   native  pfs://MASTER/nN             (the native client, no kernel)
 #   preload /pfs-preload-bench/pN       (LD_PRELOAD=libpfs_preload.so, PFS_MOUNT=/pfs-preload-bench)
 #   mount   MOUNTPOINT/mN               (the FUSE mount of pfs up)
-# Prints, per workload and phase, the mean rate of each, preload/native and
-# preload/mount, and the CPU time per operation (the pfs up process, with its
+# Prints, per workload and phase, the median rate of each, preload/native and
+# preload/mount (the ratio of the medians, and the median of each round's own
+# ratio: "paired", whose two runs ran seconds apart, so a slow spell of this VM
+# moves both), and the CPU time per operation (the pfs up process, with its
 # FUSE threads, and the bench processes); then `tar xf` and `rm -rf` of
 # /usr/include through the library and through the mount.
+#
+# md-easy runs 20,000 files per process and md-hard 10,000 by default: with
+# 5,000 and 2,000 a native remove phase lasted 0.1 s, and the same binary's
+# rate moved 0.45-1.36x between runs.
 #
 #   cargo build --release -p pfs -p pfs-preload
 #   benches/preload.sh                 # as root; ROUNDS=2, WORKLOADS="md-easy md-hard io-easy"
 #   WORKERS=1 benches/preload.sh       # pfs up's workers (2 by default here)
 #   UP_ARGS="--idle-spin-us 1000" benches/preload.sh   # more pfs up options
 #   TARGETS="preload native mount" benches/preload.sh   # the targets (each round
-#                                      # starts one further along the list)
+#                                      # starts one further along the list; any two
+#                                      # of them, or one, e.g. TARGETS="native preload")
+#   TAR=0 benches/preload.sh           # no tar xf / rm -rf (it runs only with both
+#                                      # preload and mount among the targets)
 #   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
 #   STAT=mean benches/preload.sh       # rates as the mean of the rounds (default: the
 #                                      # median, which a round caught in this VM's slow
@@ -34,7 +43,7 @@ case $STAT in
 esac
 WORK=${WORK:-/tmp/pfs-preload-bench}
 PFS_AT=/pfs-preload-bench
-declare -A OPTS=([md-easy]="--files 5000" [md-hard]="--files 2000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
+declare -A OPTS=([md-easy]="--files 20000" [md-hard]="--files 10000" [io-easy]="--segments 512" [io-hard]="--segments 2048" [ckpt]="--particles 1048576")
 WORKLOADS=${WORKLOADS:-"md-easy md-hard io-easy"}
 # A workload's options from the environment: OPTS_md_hard="--files 20000".
 for w in "${!OPTS[@]}"; do
@@ -42,6 +51,15 @@ for w in "${!OPTS[@]}"; do
     if [ -n "${!v:-}" ]; then OPTS[$w]=${!v}; fi
 done
 TARGETS=${TARGETS:-"native preload mount"}
+for t in $TARGETS; do
+    case $t in
+        native | preload | mount) ;;
+        *) echo "error: TARGETS: unknown target $t (native, preload, mount)" >&2; exit 1 ;;
+    esac
+done
+# tar xf and rm -rf run when both the library and the mount are targets (TAR=0: never).
+TAR=${TAR:-1}
+[[ " $TARGETS " == *" preload "* && " $TARGETS " == *" mount "* ]] || TAR=0
 for f in "$BIN" "$LIB"; do
     [ -e "$f" ] || { echo "error: $f not found (cargo build --release -p pfs -p pfs-preload)" >&2; exit 1; }
 done
@@ -85,7 +103,7 @@ for r in $(seq "$ROUNDS"); do
         done
     done
     # tar xf and rm -rf of /usr/include, through the library and through the mount.
-    for t in preload mount; do
+    [ "$TAR" = 1 ] && for t in preload mount; do
         env=()
         case $t in
             preload) dir="$PFS_AT/tar"; env=(LD_PRELOAD="$LIB" PFS_MOUNT="$PFS_AT" PFS_MASTER="$master" PFS_KEY="$d/data/cluster.key") ;;
@@ -105,18 +123,36 @@ for r in $(seq "$ROUNDS"); do
     up=
 done
 hz=$(getconf CLK_TCK)
+has() { [[ " $TARGETS " == *" $1 "* ]]; }
+first=${TARGETS%% *}
+# The statistic over the rounds of numbers given one per line.
+stat() { jq -s "$jq_stat"; }
+# Target $1's rate of phase $2 of workload $3 in each round, one per line.
+rates() { for d in "$WORK"/*/; do jq ".phases[] | select(.name==\"$2\") | .rate" "$d/$1-$3.json"; done; }
+# Per round, target $1's rate over target $2's (runs minutes apart at most).
+paired() { paste <(rates "$1" "$3" "$4") <(rates "$2" "$3" "$4") | awk '{ printf "%.6f\n", $1 / $2 }'; }
+fmt() { if [ -n "$2" ]; then printf "$1" "$2"; else printf -- '-'; fi; }
 for w in $WORKLOADS; do
     echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), rates the $STAT of $ROUNDS runs each"
     echo
-    echo "| phase | native | preload | mount | preload/native | preload/mount |"
-    echo "|---|---|---|---|---|---|"
-    for phase in $(jq -r '.phases[].name' "$WORK/1/native-$w.json"); do
-        mean() { cat "$WORK"/*/"$1-$w".json | jq -s "[.[].phases[] | select(.name==\"$phase\") | .rate] | $jq_stat"; }
-        n=$(mean native)
-        p=$(mean preload)
-        m=$(mean mount)
-        printf '| %s | %.0f | %.0f | %.0f | %.2f | %.2f |\n' "$phase" "$n" "$p" "$m" \
-            "$(echo "$p / $n" | bc -l)" "$(echo "$p / $m" | bc -l)"
+    echo "Ratios: of the ${STAT}s, then (paired) the $STAT of each round's own ratio."
+    echo
+    echo "| phase | native | preload | mount | preload/native | paired | preload/mount | paired |"
+    echo "|---|---|---|---|---|---|---|---|"
+    for phase in $(jq -r '.phases[].name' "$WORK/1/$first-$w.json"); do
+        n= p= m= pn= ppn= pm= ppm=
+        has native && n=$(rates native "$phase" "$w" | stat)
+        has preload && p=$(rates preload "$phase" "$w" | stat)
+        has mount && m=$(rates mount "$phase" "$w" | stat)
+        if [ -n "$p" ] && [ -n "$n" ]; then
+            pn=$(echo "$p / $n" | bc -l)
+            ppn=$(paired preload native "$phase" "$w" | stat)
+        fi
+        if [ -n "$p" ] && [ -n "$m" ]; then
+            pm=$(echo "$p / $m" | bc -l)
+            ppm=$(paired preload mount "$phase" "$w" | stat)
+        fi
+        echo "| $phase | $(fmt %.0f "$n") | $(fmt %.0f "$p") | $(fmt %.0f "$m") | $(fmt %.2f "$pn") | $(fmt %.2f "$ppn") | $(fmt %.2f "$pm") | $(fmt %.2f "$ppm") |"
     done
     cpu() { # microseconds of CPU per operation, server and bench processes
         local total=0 ops=0
@@ -127,27 +163,32 @@ for w in $WORKLOADS; do
         done
         echo "$total * 1000000 / $ops" | bc -l
     }
-    n=$(cpu native)
-    p=$(cpu preload)
-    m=$(cpu mount)
-    printf '| CPU µs/op (all phases) | %.1f | %.1f | %.1f | %.2f | %.2f |\n\n' "$n" "$p" "$m" \
-        "$(echo "$p / $n" | bc -l)" "$(echo "$p / $m" | bc -l)"
+    n= p= m= pn= pm=
+    has native && n=$(cpu native)
+    has preload && p=$(cpu preload)
+    has mount && m=$(cpu mount)
+    [ -n "$p" ] && [ -n "$n" ] && pn=$(echo "$p / $n" | bc -l)
+    [ -n "$p" ] && [ -n "$m" ] && pm=$(echo "$p / $m" | bc -l)
+    echo "| CPU µs/op (all phases) | $(fmt %.1f "$n") | $(fmt %.1f "$p") | $(fmt %.1f "$m") | $(fmt %.2f "$pn") | | $(fmt %.2f "$pm") | |"
+    echo
 done
-echo "### tar xf and rm -rf of /usr/include ($entries entries), mean of $ROUNDS runs each"
-echo
-echo "| step | preload s | mount s | preload/mount speed | preload CPU µs/entry | mount CPU µs/entry |"
-echo "|---|---|---|---|---|---|"
-for step in tar rm; do
-    avg() { # wall seconds, CPU seconds (tool + server), over the rounds
-        local wall=0 cpu=0
-        for d in "$WORK"/*/; do
-            read -r r u s < "$d/$1-$step.time"
-            wall=$(echo "$wall + $r" | bc -l)
-            cpu=$(echo "$cpu + $u + $s + $(cat "$d/$1-$step.server_ticks") / $hz" | bc -l)
-        done
-        echo "$(echo "$wall / $ROUNDS" | bc -l) $(echo "$cpu * 1000000 / $ROUNDS / $entries" | bc -l)"
-    }
-    read -r pw pc < <(avg preload)
-    read -r mw mc < <(avg mount)
-    printf '| %s | %.2f | %.2f | %.2f | %.0f | %.0f |\n' "$step" "$pw" "$mw" "$(echo "$mw / $pw" | bc -l)" "$pc" "$mc"
-done
+if [ "$TAR" = 1 ]; then
+    echo "### tar xf and rm -rf of /usr/include ($entries entries), mean of $ROUNDS runs each"
+    echo
+    echo "| step | preload s | mount s | preload/mount speed | preload CPU µs/entry | mount CPU µs/entry |"
+    echo "|---|---|---|---|---|---|"
+    for step in tar rm; do
+        avg() { # wall seconds, CPU seconds (tool + server), over the rounds
+            local wall=0 cpu=0
+            for d in "$WORK"/*/; do
+                read -r r u s < "$d/$1-$step.time"
+                wall=$(echo "$wall + $r" | bc -l)
+                cpu=$(echo "$cpu + $u + $s + $(cat "$d/$1-$step.server_ticks") / $hz" | bc -l)
+            done
+            echo "$(echo "$wall / $ROUNDS" | bc -l) $(echo "$cpu * 1000000 / $ROUNDS / $entries" | bc -l)"
+        }
+        read -r pw pc < <(avg preload)
+        read -r mw mc < <(avg mount)
+        printf '| %s | %.2f | %.2f | %.2f | %.0f | %.0f |\n' "$step" "$pw" "$mw" "$(echo "$mw / $pw" | bc -l)" "$pc" "$mc"
+    done
+fi

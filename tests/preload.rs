@@ -498,6 +498,72 @@ fn files_closed_without_writes_are_answered_from_their_create() {
     assert!(answered >= 300, "answered {answered}: {stderr}");
 }
 
+/// Small files written through the mount (argv[2]), read through the library
+/// (argv[1]): each open for reading brings the file's bytes with its lookup,
+/// and its first read (whole, at an offset, past the end) is answered from
+/// them; a change through this process between the open and the read is
+/// seen, and so is another client's change closed before the open. An
+/// `fstat` soon after the open is answered from its lookup, unless this
+/// process changed the file or a name since.
+const PYTHON_SMALL_READS: &str = r#"
+import os, sys
+lib, mnt = sys.argv[1] + '/small', sys.argv[2] + '/small'
+os.mkdir(mnt)
+def body(i, gen=0):
+    return (f'{gen}:{i}:'.encode() * 600)[:3901 - i]
+for i in range(200):
+    with open(f'{mnt}/f{i}', 'wb') as f:
+        f.write(body(i))
+for i in range(200):
+    with open(f'{lib}/f{i}', 'rb') as f:
+        assert f.read() == body(i), i
+fd = os.open(f'{lib}/f7', os.O_RDONLY)
+assert os.pread(fd, 10, 100) == body(7)[100:110]
+os.close(fd)
+fd = os.open(f'{lib}/f8', os.O_RDONLY)
+assert os.pread(fd, 10, 5000) == b''
+os.close(fd)
+# Changed through this process after the open: the first read sees it.
+fd = os.open(f'{lib}/f9', os.O_RDONLY)
+with open(f'{lib}/f9', 'wb') as f:
+    f.write(body(9, 1))
+assert os.read(fd, 8192) == body(9, 1)
+os.close(fd)
+# Changed through the mount (another client) and closed before the open.
+with open(f'{mnt}/f10', 'wb') as f:
+    f.write(body(10, 2))
+with open(f'{lib}/f10', 'rb') as f:
+    assert f.read() == body(10, 2)
+# fstat soon after the open answers from its lookup: changes through this
+# process since are seen.
+os.link(f'{lib}/f11', f'{lib}/f11b')
+fd = os.open(f'{lib}/f11', os.O_RDONLY)
+assert os.fstat(fd).st_nlink == 2
+os.unlink(f'{lib}/f11b')
+assert os.fstat(fd).st_nlink == 1
+os.chmod(f'{lib}/f11', 0o600)
+assert os.fstat(fd).st_mode & 0o777 == 0o600
+os.close(fd)
+print('small reads ok')
+"#;
+
+#[test]
+fn small_files_are_read_with_their_lookup() {
+    let c = Cluster::start("small-reads");
+    let args = [c.pfs.to_str().unwrap(), c.mnt.to_str().unwrap()];
+    let stderr = python_stats(&c, PYTHON_SMALL_READS, &args, "small reads ok");
+    let count = |after: &str| -> u64 {
+        let n = stderr.split(after).next().and_then(|s| s.rsplit(' ').next());
+        n.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no {after:?} in {stderr}"))
+    };
+    let (read, sent) =
+        (count(" small files read with their lookup"), count(" requests to the servers"));
+    // The 200 reads, f7, f8 and f10; f9's was changed after its open.
+    assert!(read >= 203, "{read} read with their lookup: {stderr}");
+    // A lookup and a read each without it: 400 and more.
+    assert!(sent < 300, "{sent} requests: {stderr}");
+}
+
 /// A file unlinked while this process has it open stays readable and
 /// writable through the open descriptor, out of listings, until its last
 /// close; a file unlinked while another file is open goes at once.

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pfs_client::{DirListing, FileSystem};
-use pfs_core::{FileHandle, FileType, InodeId};
+use pfs_core::{FileAttr, FileHandle, FileType, InodeId};
 
 use crate::client::{self, Errno, Res};
 use crate::paths::AbsPath;
@@ -90,6 +90,32 @@ pub struct EofHint {
     pub at: std::time::Instant,
 }
 
+/// A small file's bytes that came with the lookup of its open
+/// ([`OpenFile::small`]).
+#[derive(Debug)]
+pub struct SmallBytes {
+    /// The whole file, as its lookup found it.
+    pub data: Vec<u8>,
+    /// The process's count of data changes before the lookup was sent.
+    pub changes: u64,
+    /// When the lookup's reply came.
+    pub at: std::time::Instant,
+}
+
+/// The attributes the lookup of an open found ([`OpenFile::looked`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Looked {
+    /// The attributes.
+    pub attr: FileAttr,
+    /// The process's count of data changes before the lookup was sent.
+    pub changes: u64,
+    /// And its count of name changes (an unlink or rename changes a file's
+    /// links or times).
+    pub names: u64,
+    /// When the lookup's reply came.
+    pub at: std::time::Instant,
+}
+
 /// An open file description of a pfs file.
 #[derive(Debug)]
 pub struct OpenFile {
@@ -110,6 +136,11 @@ pub struct OpenFile {
     pub closed: AtomicBool,
     /// The end of the file a short read found.
     pub eof_hint: Mutex<Option<EofHint>>,
+    /// The bytes of a small file opened for reading, from its lookup, for the
+    /// description's first read (taken by it).
+    pub small: Mutex<Option<SmallBytes>>,
+    /// What the lookup of the open found, for `fstat`s soon after it.
+    pub looked: Mutex<Option<Looked>>,
     /// A write or `fallocate` went through it: its last close publishes a
     /// change (a description that changed nothing leaves the attributes a
     /// create returned usable).
@@ -128,6 +159,8 @@ impl OpenFile {
             hidden: Mutex::new(None),
             closed: AtomicBool::new(false),
             eof_hint: Mutex::new(None),
+            small: Mutex::new(None),
+            looked: Mutex::new(None),
             wrote: AtomicBool::new(false),
         };
         if f.may_write() {

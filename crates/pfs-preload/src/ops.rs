@@ -170,6 +170,9 @@ pub struct Found {
     path: Option<AbsPath>,
     /// What the name is, `None` when it does not exist.
     pub attr: Option<FileAttr>,
+    /// A small regular file's bytes, from a [`Last::Read`] lookup whose
+    /// server held them in memory.
+    pub data: Option<Vec<u8>>,
 }
 
 impl Found {
@@ -246,6 +249,9 @@ enum Last {
     Lookup,
     /// Looks it up for a `stat`: statahead may answer ([`lookup_for_stat`]).
     Stat,
+    /// Looks it up for an open for reading: a small file's bytes come along
+    /// ([`FileSystem::lookup_data`]) for the first read ([`read_with`]).
+    Read,
 }
 
 /// Statahead's lifetime: the mount's default attribute lifetime, so a `stat`
@@ -298,6 +304,7 @@ fn lookup_for_stat(fs: &Fs, dir: InodeId, name: &[u8]) -> Result<FileAttr, FsErr
 
 /// `name` in `dir` changed here (created, removed, renamed): statahead drops it.
 fn name_changed(dir: InodeId, name: &[u8]) {
+    NAMES.fetch_add(1, Ordering::AcqRel);
     statahead().forget_name(dir.0, name);
 }
 
@@ -335,7 +342,7 @@ fn walk_pass(fs: &Fs, path: &[u8], follow: bool, look: Last, links: &mut usize) 
     let cfg = client::config().ok_or(libc::EIO)?;
     let rel = mount_rel(path)?;
     let found = |parent, name: &[u8], attr| {
-        Pass::Found(Found { parent, name: Name::new(name), path: None, attr })
+        Pass::Found(Found { parent, name: Name::new(name), path: None, attr, data: None })
     };
     let n = paths::components(rel).count();
     if n == 0 {
@@ -356,10 +363,14 @@ fn walk_pass(fs: &Fs, path: &[u8], follow: bool, look: Last, links: &mut usize) 
         if last && look == Last::Skip {
             return Ok(found(dir, c, None));
         }
-        let looked = if last && look == Last::Stat {
-            lookup_for_stat(fs, dir, c)
-        } else {
-            fs.fs.lookup(dir, c)
+        let mut data = None;
+        let looked = match look {
+            Last::Stat if last => lookup_for_stat(fs, dir, c),
+            Last::Read if last => fs.fs.lookup_data(dir, c).map(|(a, d)| {
+                data = d;
+                a
+            }),
+            _ => fs.fs.lookup(dir, c),
         };
         let attr = match looked {
             Ok(a) => a,
@@ -384,7 +395,11 @@ fn walk_pass(fs: &Fs, path: &[u8], follow: bool, look: Last, links: &mut usize) 
             return Ok(Pass::Restart(next));
         }
         if last {
-            return Ok(found(dir, c, Some(attr)));
+            let mut f = found(dir, c, Some(attr));
+            if let Pass::Found(f) = &mut f {
+                f.data = data;
+            }
+            return Ok(f);
         }
         if attr.kind != FileType::Directory {
             return Err(libc::ENOTDIR);
@@ -604,6 +619,9 @@ pub fn drop_kept(fd: i32) {
     }
 }
 
+/// First reads answered from the bytes their open's lookup brought.
+static SMALL_READS: AtomicU64 = AtomicU64::new(0);
+
 /// Opens that reused a kept descriptor instead of reserving one.
 pub fn kept_reused() -> u64 {
     KEPT_REUSED.load(Ordering::Relaxed)
@@ -726,7 +744,14 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
             }
         }
     }
-    let found = resolve(&fs, &abs, flags & libc::O_NOFOLLOW == 0 || flags & libc::O_PATH != 0)?;
+    let follow = flags & libc::O_NOFOLLOW == 0 || flags & libc::O_PATH != 0;
+    // An open for reading only asks for a small file's bytes with its lookup:
+    // its first read then needs no request of its own.
+    let reads_only = flags & libc::O_ACCMODE == libc::O_RDONLY
+        && flags & (libc::O_CREAT | libc::O_TRUNC | libc::O_PATH | libc::O_DIRECTORY) == 0;
+    let (changes, names) = (CHANGES.load(Ordering::Acquire), NAMES.load(Ordering::Acquire));
+    let mut found = walk(&fs, &abs, follow, if reads_only { Last::Read } else { Last::Lookup })?;
+    let data = found.data.take();
     let attr = found.attr.ok_or(libc::ENOENT)?;
     if flags & libc::O_PATH == 0 {
         match attr.kind {
@@ -751,6 +776,13 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
             set_size(&fs, attr.ino, 0)?;
         }
         fs.handle(&file)?;
+        let at = Instant::now();
+        *file.looked.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(fds::Looked { attr, changes, names, at });
+        if let Some(data) = data {
+            let small = fds::SmallBytes { data, changes, at };
+            *file.small.lock().unwrap_or_else(|p| p.into_inner()) = Some(small);
+        }
     }
     install(file, cloexec)
 }
@@ -849,6 +881,10 @@ const EOF_HINT_TTL: Duration = Duration::from_secs(1);
 /// used.
 static CHANGES: AtomicU64 = AtomicU64::new(0);
 
+/// Names this process created, removed or renamed (any directory): the
+/// attributes an open's lookup found are not used for an `fstat` after one.
+static NAMES: AtomicU64 = AtomicU64::new(0);
+
 /// File `ino` changed here: counted, and its statahead entry goes (the table
 /// is per inode: other files' entries stay usable).
 fn changed(ino: InodeId) {
@@ -865,6 +901,23 @@ fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8])
         if h.changes == changes && offset >= h.end && h.at.elapsed() < EOF_HINT_TTL {
             return Ok(0);
         }
+    }
+    // The first read of a small file opened for reading: from the bytes its
+    // lookup brought, unless this process changed a file since or they are
+    // older than a cached size would be.
+    let small = f.small.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(s) = small.filter(|s| s.changes == changes && s.at.elapsed() < EOF_HINT_TTL) {
+        let start = offset.min(s.data.len() as u64) as usize;
+        let n = (s.data.len() - start).min(buf.len());
+        buf[..n].copy_from_slice(&s.data[start..start + n]);
+        if start + n == s.data.len() {
+            // The end of the file as the lookup found it: the read after
+            // (`cat`, `read_to_end`) needs no request either.
+            let hint = EofHint { end: s.data.len() as u64, changes, at: s.at };
+            *f.eof_hint.lock().unwrap_or_else(|p| p.into_inner()) = Some(hint);
+        }
+        SMALL_READS.fetch_add(1, Ordering::Relaxed);
+        return Ok(n);
     }
     let mut done = 0;
     while done < buf.len() {
@@ -1007,9 +1060,18 @@ fn visible(f: Option<&OpenFile>, mut a: FileAttr) -> FileAttr {
     a
 }
 
-/// `fstat(2)`.
+/// `fstat(2)`: soon after the open, and with no change through this process
+/// since, from what the open's lookup found (as the mount's kernel answers
+/// from the attributes it caches for their lifetime: Python's `open` and
+/// `read()` ask twice); otherwise from the file's home.
 pub fn fstat(fd: i32) -> Res<FileAttr> {
     let f = file(fd)?;
+    let looked = *f.looked.lock().unwrap_or_else(|p| p.into_inner());
+    let (changes, names) = (CHANGES.load(Ordering::Acquire), NAMES.load(Ordering::Acquire));
+    let fresh = |l: &fds::Looked| l.at.elapsed() < EOF_HINT_TTL;
+    if let Some(l) = looked.filter(|l| l.changes == changes && l.names == names && fresh(l)) {
+        return Ok(visible(Some(&f), l.attr));
+    }
     let fs = Fs::get()?;
     let a = fs.fs.getattr(f.ino).map_err(errno)?;
     Ok(visible(Some(&f), a))
@@ -1460,9 +1522,10 @@ pub fn flush_all_at_exit() {
         let (hits, misses) = fs.dentry_cache_stats();
         let (fetches, _, answered) = statahead().counts();
         eprintln!(
-            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses, statahead {answered} answered ({fetches} batches), {} closed descriptors reused",
+            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses, statahead {answered} answered ({fetches} batches), {} closed descriptors reused, {} small files read with their lookup",
             std::process::id(),
-            kept_reused()
+            kept_reused(),
+            SMALL_READS.load(Ordering::Relaxed)
         );
     }
     for f in fds::all() {
