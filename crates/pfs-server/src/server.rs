@@ -104,6 +104,15 @@ impl ServerHandle {
         DeviceWaits(self.usage.clone())
     }
 
+    /// The backlog of full rings between its workers: the most tasks one
+    /// worker's held at once, and the rounds in which workers took no new
+    /// requests because theirs was at its bound (`worker::BACKLOG_RINGS`).
+    pub fn backlog(&self) -> (u64, u64) {
+        let high = self.usage.iter().map(|u| u.backlog_high.load(Ordering::Relaxed)).max();
+        let pauses = self.usage.iter().map(|u| u.backlog_pauses.load(Ordering::Relaxed)).sum();
+        (high.unwrap_or(0), pauses)
+    }
+
     /// Stops accepting, drains, commits and checkpoints every shard, and waits.
     pub fn stop(self) -> Result<(), ServerError> {
         self.stop.store(true, Ordering::Release);

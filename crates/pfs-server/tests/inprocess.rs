@@ -442,6 +442,51 @@ fn pipelined_writes_of_a_parked_handle_leave_credits_for_others() {
     fs.release(attr.ino, fh).unwrap();
 }
 
+/// A worker keeps the tasks its full rings to a peer refuse in a backlog;
+/// at the backlog's bound it takes no new requests from its connections
+/// until its peers took the backlog down. With rings of two tasks, four
+/// clients writing pipelined blocks across both workers fill it at once:
+/// the workers pause, nothing deadlocks (each serves its rings every round),
+/// and every byte lands where it belongs.
+#[test]
+fn a_full_backlog_pauses_new_requests_and_every_write_lands() {
+    let dir = test_dir("backlog");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let mut cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+    cfg.ring_depth = 2;
+    // Client threads of this test must not run the workers' rounds for
+    // them: the rings' traffic is the workers' own.
+    cfg.inline_rounds = false;
+    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let block = |t: u64, k: u64| vec![(t * 31 + k) as u8; 65536];
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (key, addr) = (key.clone(), master.addr());
+            s.spawn(move || {
+                let fs = client(addr, &key);
+                let name = format!("f{t}");
+                let (attr, fh) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+                for k in 0..96u64 {
+                    fs.write(attr.ino, fh, k * 65536, &block(t, k)).unwrap();
+                }
+                fs.release(attr.ino, fh).unwrap();
+                let fh = fs.open(attr.ino, 0).unwrap();
+                for k in 0..96u64 {
+                    let got = fs.read(attr.ino, fh, k * 65536, 65536).unwrap();
+                    assert!(got == block(t, k), "file {t}, block {k}");
+                }
+                fs.release(attr.ino, fh).unwrap();
+            });
+        }
+    });
+    let (high, pauses) = server.backlog();
+    println!("backlog: peaked at {high} tasks, new requests paused in {pauses} rounds");
+    assert!(pauses > 0, "the backlog (peak {high}) never reached its bound");
+    server.stop().unwrap();
+    master.stop();
+}
+
 /// Slot RPC (the RDMA protocol: replies written one-sided into the client's
 /// inbox) carries the whole client over tcp and over shm: data of every size,
 /// metadata, and token invalidations (which still come by SEND) in between.

@@ -73,6 +73,11 @@ pub struct UsageCell {
     /// (`ShardStats::device_waits` from its start to its stop), set at the
     /// stop.
     pub device_waits: AtomicU64,
+    /// The most tasks the backlog of full rings held at once (live).
+    pub backlog_high: AtomicU64,
+    /// Rounds in which the worker took no new requests from its connections
+    /// because the backlog was at its bound (live).
+    pub backlog_pauses: AtomicU64,
 }
 
 /// How a worker behaves.
@@ -138,7 +143,11 @@ pub struct Worker<D: Device> {
     new_conns: Receiver<Link>,
     ring_out: Vec<Option<rtrb::Producer<Task>>>,
     ring_in: Vec<Option<rtrb::Consumer<Task>>>,
+    /// Tasks a full ring refused, in order ([`BACKLOG_RINGS`]).
     backlog: VecDeque<(u16, Task)>,
+    /// Past this many, no new requests are taken from the connections.
+    backlog_max: usize,
+    backlog_high: usize,
     bells: Arc<Vec<Doorbell>>,
     usage: Arc<UsageCell>,
     stop: Arc<AtomicBool>,
@@ -206,6 +215,20 @@ const TOKEN_DEVICE: u64 = u64::MAX;
 /// log) before one waits: an evicted page cannot hold a trim back for ever.
 const TRIM_STOPS_MAX: u8 = 4;
 
+/// A worker's backlog of tasks that full rings refused holds up to this many
+/// rings' worth (of the deepest ring out) before it takes no new requests
+/// from its connections (`round`). What it still adds while paused are the
+/// replies to requests its peers forwarded (at most what their clients have
+/// in flight: connections times receive buffers) and token notices, while
+/// the peers, which serve their rings every round, take it down.
+pub const BACKLOG_RINGS: usize = 4;
+
+/// The backlog's bound for rings out of these depths ([`BACKLOG_RINGS`]); a
+/// worker without peers has no backlog.
+fn backlog_bound(depths: &[usize]) -> usize {
+    BACKLOG_RINGS * depths.iter().copied().max().unwrap_or(0).max(1)
+}
+
 impl<D: Device> Worker<D> {
     /// A worker over `shard` with its ring ends; call [`run`](Self::run) on its thread.
     #[allow(clippy::too_many_arguments)]
@@ -231,6 +254,8 @@ impl<D: Device> Worker<D> {
             epoll.add(fd, READ, TOKEN_DEVICE)?;
         }
         let checkpoints_seen = shard.checkpoints();
+        let ring_out_depths: Vec<usize> =
+            ring_out.iter().flatten().map(|p| p.buffer().capacity()).collect();
         let mut w = Worker {
             id,
             shard,
@@ -241,6 +266,8 @@ impl<D: Device> Worker<D> {
             ring_out,
             ring_in,
             backlog: VecDeque::new(),
+            backlog_max: backlog_bound(&ring_out_depths),
+            backlog_high: 0,
             bells,
             usage,
             stop,
@@ -456,9 +483,13 @@ impl<D: Device> Worker<D> {
         self.usage.device_waits.store(waits, Ordering::Relaxed);
         log::info!(
             "worker {}: while serving, waited for the device {waits} times ({} of them forced \
-             commits)",
+             commits); the backlog of full rings peaked at {} tasks (bound {}), new requests \
+             paused for it in {} rounds",
             self.id,
-            st.forced_commits - self.waits_before_serving.1
+            st.forced_commits - self.waits_before_serving.1,
+            self.backlog_high,
+            self.backlog_max,
+            self.usage.backlog_pauses.load(Ordering::Relaxed)
         );
         // Drain: answer what already arrived (and what the memcpy pool still
         // copies), then make everything durable.
@@ -488,8 +519,15 @@ impl<D: Device> Worker<D> {
     fn round(&mut self) -> usize {
         self.peers.take_view();
         let mut work = self.take_new_conns();
-        for slot in 0..self.conns.len() {
-            work += self.serve_conn(slot);
+        if self.backlog.len() < self.backlog_max {
+            for slot in 0..self.conns.len() {
+                work += self.serve_conn(slot);
+            }
+        } else {
+            // Back-pressure: the peers take the backlog first (rings are
+            // served below either way, so they drain it), and the clients
+            // wait meanwhile with their requests unread.
+            self.usage.backlog_pauses.fetch_add(1, Ordering::Relaxed);
         }
         work += self.serve_rings();
         if self.memcpy.as_ref().is_some_and(|m| m.in_flight > 0) {

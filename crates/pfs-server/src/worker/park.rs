@@ -76,10 +76,19 @@ impl<D: Device> Worker<D> {
                 None => PARK_MAX,
             };
             return Some(timeout.min(PARK_MAX));
-        } else if device_polled {
+        } else if device_polled || self.waits_for_peers_rings(rings_busy, conns_busy, copied) {
             std::thread::yield_now();
         }
         None
+    }
+
+    /// Whether the only work left is the backlog, which waits for the peers
+    /// to take tasks from their full rings (connections with requests do not
+    /// count while the backlog is at its bound: they wait for it): yield the
+    /// core, which a peer may need to do so.
+    fn waits_for_peers_rings(&self, rings_busy: bool, conns_busy: bool, copied: bool) -> bool {
+        let paused = self.backlog.len() >= self.backlog_max;
+        !self.backlog.is_empty() && !rings_busy && !copied && (paused || !conns_busy)
     }
 
     /// Ends a park begun by [`park_begin`](Self::park_begin).

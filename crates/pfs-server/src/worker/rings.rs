@@ -2,6 +2,8 @@
 //! worker's shard and their replies, with a bounded backlog for a full ring,
 //! and the memcpy pool's finished replies.
 
+use std::sync::atomic::Ordering;
+
 use pfs_store::device::Device;
 
 use crate::memcpy::MemcpyPort;
@@ -66,13 +68,23 @@ impl<D: Device> Worker<D> {
 
     pub(super) fn push(&mut self, target: u16, task: Task) {
         if !self.backlog.is_empty() {
-            self.backlog.push_back((target, task));
+            self.keep_in_backlog(target, task);
             return;
         }
         let ring = self.ring_out[target as usize].as_mut().expect("no ring to self");
         match ring.push(task) {
             Ok(()) => self.bells[target as usize].ring(),
-            Err(rtrb::PushError::Full(task)) => self.backlog.push_back((target, task)),
+            Err(rtrb::PushError::Full(task)) => self.keep_in_backlog(target, task),
+        }
+    }
+
+    /// Keeps a task for a full ring (in order behind the others), noting the
+    /// backlog's high-water mark.
+    fn keep_in_backlog(&mut self, target: u16, task: Task) {
+        self.backlog.push_back((target, task));
+        if self.backlog.len() > self.backlog_high {
+            self.backlog_high = self.backlog.len();
+            self.usage.backlog_high.store(self.backlog_high as u64, Ordering::Relaxed);
         }
     }
 
