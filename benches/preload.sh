@@ -24,6 +24,8 @@
 #   TARGETS="preload native mount" benches/preload.sh   # the targets (each round
 #                                      # starts one further along the list; any two
 #                                      # of them, or one, e.g. TARGETS="native preload")
+#   WARMUP=20000 benches/preload.sh    # an unmeasured native md-easy of that many files
+#                                      # per process after each pfs up starts
 #   TAR=0 benches/preload.sh           # no tar xf / rm -rf (it runs only with both
 #                                      # preload and mount among the targets)
 #   OPTS_md_hard="--files 20000" benches/preload.sh   # a workload's options
@@ -80,6 +82,12 @@ for r in $(seq "$ROUNDS"); do
     up=$!
     for _ in $(seq 300); do grep -q "mounted on" "$d/up.log" && break; sleep 0.1; done
     master=$(sed -n 's/^pfs up: master on \([^,]*\),.*/\1/p' "$d/up.log")
+    if [ "${WARMUP:-0}" -gt 0 ]; then
+        # Not measured: the device file's inode and log pages written once.
+        mkdir "$d/mnt/warmup"
+        "$BIN" bench md-easy --procs 2 --files "$WARMUP" --key "$d/data/cluster.key" \
+            "pfs://$master/warmup" > "$d/warmup.out" 2>&1
+    fi
     for w in $WORKLOADS; do
         # Each round starts at another target: the first run after `pfs up`
         # starts is the slowest (in a fixed order native md-easy always ran
