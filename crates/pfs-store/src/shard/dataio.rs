@@ -1128,8 +1128,12 @@ impl<D: Device> Shard<D> {
     /// in flight (its completion leaves them in memory), or when memory does
     /// not hold them and a read of them into the read-ahead runs could start.
     /// Read-ahead runs that hold some of them have the rest read beside them.
-    /// `false`: memory holds them (maybe in pieces), or no background read
-    /// could start (a full device queue or read-ahead budget): the merge reads
+    /// When no such read could start because the device queue is full while
+    /// data requests are in flight, it waits for those too (their room lets
+    /// the read start when it runs again; a blocking read would only queue
+    /// behind them). `false`: memory holds them (maybe in pieces), or no
+    /// background read could start otherwise (a read-ahead budget held by
+    /// runs not yet read, or a queue full of other requests): the merge reads
     /// them now.
     pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
         let in_memory = self.writes.staged_overlaps(first, pages)
@@ -1152,10 +1156,18 @@ impl<D: Device> Shard<D> {
         // them all (`gather_data_memory`).
         if self.writes.ahead_overlaps(first, pages) {
             self.prefetch(first, pages);
-            return self.writes.busy_overlaps(first, pages);
+            return self.writes.busy_overlaps(first, pages) || self.queue_full_of_data();
         }
         self.prefetch_pages(first, pages);
-        self.ahead_in_flight(first, pages)
+        self.ahead_in_flight(first, pages) || self.queue_full_of_data()
+    }
+
+    /// Whether the device queue is full and data requests are among what
+    /// fills it: a stop on [`DeferredOn::Data`](crate::DeferredOn) then runs again once they
+    /// finished, with room in the queue.
+    fn queue_full_of_data(&self) -> bool {
+        let dev = self.io.device();
+        dev.in_flight() >= dev.queue_depth() && self.data_settled() < self.data_issued()
     }
 
     /// Before reading `pieces` from the device or from memory: waits for the

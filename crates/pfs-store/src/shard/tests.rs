@@ -1908,6 +1908,68 @@ fn a_partial_write_merges_old_bytes_that_two_read_ahead_windows_hold() {
     }
 }
 
+/// A partial block write whose old bytes memory does not hold, met while
+/// the device queue is full of data writes (so no background read of them
+/// can start), stops until those writes finished instead of reading the
+/// block blocking behind them; run again it starts the read and stops once
+/// more, then merges from memory, never waiting for the device.
+#[test]
+fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting() {
+    let depth = 4;
+    let dev = MemDevice::new(ZONE, depth);
+    let mut s = Shard::format(dev, &FormatOptions::new(ShardId(0), ZONE), small_opts()).unwrap();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    let others: Vec<_> = (0..depth)
+        .map(|i| s.create(ROOT, format!("g{i}").as_bytes(), CreateArgs::file(0o644)).unwrap().ino)
+        .collect();
+    let old: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    s.write(f, 0, &old).unwrap();
+    let mut s = reopen(s);
+    // The first create after an open commits the inode number floor, and a
+    // commit waits for the data requests before it: taken now.
+    s.create(ROOT, b"before", CreateArgs::file(0o644)).unwrap();
+    let settle = |s: &mut Shard<MemDevice>| {
+        for _ in 0..100 {
+            s.data_requests_done();
+            if !s.data_busy() {
+                return;
+            }
+        }
+        panic!("the data requests never finished");
+    };
+    // Each write submitted alone: one request each, the queue full.
+    for (i, &g) in others.iter().enumerate() {
+        s.write(g, 0, &[i as u8; 4096]).unwrap();
+        s.submit_data_writes();
+    }
+    assert_eq!(s.io.device().in_flight(), depth, "the queue is full of data writes");
+    let waits = s.stats().device_waits;
+    let mut stops = 0;
+    let wrote = loop {
+        s.set_defer_misses(true);
+        let wrote = s.write(f, 100, b"new bytes");
+        if wrote != Err(FsError::TryAgain) {
+            break wrote;
+        }
+        assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+        stops += 1;
+        assert!(stops <= 2, "stopped {stops} times");
+        settle(&mut s);
+    };
+    s.set_defer_misses(false);
+    assert_eq!(wrote, Ok(9));
+    assert_eq!(stops, 2, "behind the full queue, then while its old bytes were read");
+    assert_eq!(s.stats().device_waits, waits, "waited for the device");
+    let mut want = old.clone();
+    want[100..109].copy_from_slice(b"new bytes");
+    assert!(s.read(f, 0, 3000).unwrap() == want, "the merged block");
+    for (i, &g) in others.iter().enumerate() {
+        assert!(s.read(g, 0, 4096).unwrap() == vec![i as u8; 4096], "file g{i}");
+    }
+    let mut s = reopen(s);
+    assert!(s.read(f, 0, 3000).unwrap() == want, "reopened");
+}
+
 /// A partial block write whose old bytes memory does not hold stops before
 /// it changed anything, reads them into the read-ahead runs in the
 /// background (once, however often it is asked again meanwhile), and merges
