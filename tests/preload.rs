@@ -19,7 +19,7 @@ fn library() -> PathBuf {
     let lib = std::env::current_exe().unwrap().with_file_name("libpfs_preload.so");
     assert!(
         lib.exists(),
-        "{} is missing: run the tests with `cargo test --workspace`, which builds it",
+        "{} is missing: `cargo test` builds it (pfs-preload is a dev-dependency of pfs)",
         lib.display()
     );
     lib
