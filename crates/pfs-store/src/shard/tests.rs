@@ -1859,6 +1859,18 @@ fn data_settled_stays_at_the_oldest_request_in_flight() {
 /// does not stop. Either way the shard never waits for the device. Before,
 /// such a merge read the whole block blocking: 16 waits of the 18 in one
 /// conformance run of `pfs fsx`.
+/// Collects data requests until none is in flight (a memory device finishes
+/// them when polled); `what` names the case in the panic.
+fn settle_data(s: &mut Shard<MemDevice>, what: &str) {
+    for _ in 0..100 {
+        s.data_requests_done();
+        if !s.data_busy() {
+            return;
+        }
+    }
+    panic!("{what}: the data requests never finished");
+}
+
 #[test]
 fn a_partial_write_merges_old_bytes_that_two_read_ahead_windows_hold() {
     for gap in [0u64, 4] {
@@ -1875,15 +1887,7 @@ fn a_partial_write_merges_old_bytes_that_two_read_ahead_windows_hold() {
         let left = (pages - gap) / 2;
         s.prefetch(run.page, left);
         s.prefetch(run.page + left + gap, pages - left - gap);
-        let settle = |s: &mut Shard<MemDevice>| {
-            for _ in 0..100 {
-                s.data_requests_done();
-                if !s.data_busy() {
-                    return;
-                }
-            }
-            panic!("gap {gap}: the reads never finished");
-        };
+        let settle = |s: &mut Shard<MemDevice>| settle_data(s, &format!("gap {gap}"));
         settle(&mut s);
         let waits = s.stats().device_waits;
         s.set_defer_misses(true);
@@ -1928,15 +1932,7 @@ fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting()
     // The first create after an open commits the inode number floor, and a
     // commit waits for the data requests before it: taken now.
     s.create(ROOT, b"before", CreateArgs::file(0o644)).unwrap();
-    let settle = |s: &mut Shard<MemDevice>| {
-        for _ in 0..100 {
-            s.data_requests_done();
-            if !s.data_busy() {
-                return;
-            }
-        }
-        panic!("the data requests never finished");
-    };
+    let settle = |s: &mut Shard<MemDevice>| settle_data(s, "the merge");
     // Each write submitted alone: one request each, the queue full.
     for (i, &g) in others.iter().enumerate() {
         s.write(g, 0, &[i as u8; 4096]).unwrap();
