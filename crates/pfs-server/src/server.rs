@@ -67,6 +67,13 @@ impl DeviceWaits {
     pub fn total(&self) -> u64 {
         self.0.iter().map(|u| u.device_waits.load(Ordering::Relaxed)).sum()
     }
+
+    /// Device requests that found a worker's device queue full and waited
+    /// in its shard's queue instead of the worker waiting, summed over the
+    /// workers that stopped so far.
+    pub fn held_back(&self) -> u64 {
+        self.0.iter().map(|u| u.held_back.load(Ordering::Relaxed)).sum()
+    }
 }
 
 impl ServerHandle {

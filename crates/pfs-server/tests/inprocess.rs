@@ -487,6 +487,56 @@ fn a_full_backlog_pauses_new_requests_and_every_write_lands() {
     master.stop();
 }
 
+/// A device queue of two requests, four clients writing large files and
+/// small ones across both workers: requests that find the queue full wait in
+/// the shard's queue, data writes stop while too many wait, and no worker
+/// ever waits for the device while it serves. Every byte reads back.
+#[test]
+fn a_full_device_queue_never_stops_a_worker() {
+    let dir = test_dir("full-queue");
+    let (key_file, key) = key(&dir);
+    let master = pfs_server::start_master(&master_config(&dir, &key_file, 1)).unwrap();
+    let mut cfg = server_config(&dir, &key_file, master.addr(), 0, 2, 0);
+    cfg.io_queue_depth = 2;
+    let server = pfs_server::start(&cfg, Duration::from_secs(10)).unwrap();
+    let waits = server.device_waits();
+    let big = |t: u64, k: u64| vec![(t * 37 + k) as u8; 256 << 10];
+    let small = |t: u64, k: u64| vec![(t * 11 + k) as u8 ^ 0x5a; 3901];
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (key, addr) = (key.clone(), master.addr());
+            s.spawn(move || {
+                let fs = client(addr, &key);
+                let name = format!("big{t}");
+                let (attr, fh) = fs.create(InodeId::ROOT, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
+                for k in 0..24u64 {
+                    fs.write(attr.ino, fh, k * (256 << 10), &big(t, k)).unwrap();
+                }
+                fs.fsync(attr.ino, fh, false).unwrap();
+                fs.release(attr.ino, fh).unwrap();
+                let mut files = Vec::new();
+                for k in 0..200u64 {
+                    files.push(write_file(&fs, InodeId::ROOT, &format!("s{t}.{k}"), &small(t, k)));
+                }
+                let fh = fs.open(attr.ino, 0).unwrap();
+                for k in 0..24u64 {
+                    let got = fs.read(attr.ino, fh, k * (256 << 10), 256 << 10).unwrap();
+                    assert!(got == big(t, k), "file {t}, piece {k}");
+                }
+                fs.release(attr.ino, fh).unwrap();
+                for (k, ino) in files.into_iter().enumerate() {
+                    assert_eq!(read_file(&fs, ino), small(t, k as u64), "small file {t}.{k}");
+                }
+            });
+        }
+    });
+    server.stop().unwrap();
+    master.stop();
+    println!("waits while serving {}, requests held for room {}", waits.total(), waits.held_back());
+    assert!(waits.held_back() > 0, "the queue of two was never full");
+    assert_eq!(waits.total(), 0, "a worker waited for the device while serving");
+}
+
 /// Slot RPC (the RDMA protocol: replies written one-sided into the client's
 /// inbox) carries the whole client over tcp and over shm: data of every size,
 /// metadata, and token invalidations (which still come by SEND) in between.

@@ -3,6 +3,19 @@
 //! Icache write-backs, data writes and reads (`shard/dataio.rs`), the steps of
 //! a group commit (`shard/commit.rs`), and the writes and syncs of a checkpoint
 //! (`shard/checkpoint.rs`).
+//!
+//! **A full device queue never blocks a submission.** An asynchronous request
+//! that finds `queue_depth` requests on the device waits in `held`, in order,
+//! and goes to the device as completions make room (every collection of
+//! completions moves what fits). It counts as in flight for its kind all the
+//! same, so whoever waits for a kind's requests waits for it too. What bounds
+//! `held` is what bounds each kind: one commit step, a checkpoint's few table
+//! writes, one write-back per Icache block, reads per client request, and data
+//! writes, whose producers stop while [`DevIo::held_data_bytes`] is over their
+//! bound (`shard/dataio.rs`). Before, such a submission waited for the device,
+//! and no counter saw it.
+
+use std::collections::VecDeque;
 
 use crate::device::{run_batch, Device, DeviceError, IoCompletion, IoKind, IoRequest};
 
@@ -52,6 +65,13 @@ pub struct DevIo<D> {
     held_reads: Vec<(std::time::Instant, IoCompletion)>,
     /// Times a caller waited for the device (`waits`).
     waits: u64,
+    /// Asynchronous requests submitted while the device queue was full, in
+    /// submission order, tagged as they go to the device.
+    held: VecDeque<IoRequest>,
+    /// Bytes of the data writes among `held` (`held_data_bytes`).
+    held_data_bytes: usize,
+    /// Requests ever held (`held_back`).
+    held_total: u64,
 }
 
 impl<D: Device> DevIo<D> {
@@ -69,6 +89,9 @@ impl<D: Device> DevIo<D> {
             read_hold,
             held_reads: Vec::new(),
             waits: 0,
+            held: VecDeque::new(),
+            held_data_bytes: 0,
+            held_total: 0,
         }
     }
 
@@ -88,6 +111,24 @@ impl<D: Device> DevIo<D> {
     /// not counted: it serves nobody meanwhile anyway.
     pub fn waits(&self) -> u64 {
         self.waits
+    }
+
+    /// Asynchronous requests that found the device queue full and waited
+    /// for room in the shard's own queue instead of the caller waiting, in
+    /// all (`ShardStats::held_back`).
+    pub fn held_back(&self) -> u64 {
+        self.held_total
+    }
+
+    /// Bytes of data writes waiting for room in the device queue: a data
+    /// write that can still stop does while they are over its bound.
+    pub fn held_data_bytes(&self) -> usize {
+        self.held_data_bytes
+    }
+
+    /// Requests waiting for room in the device queue.
+    pub fn held(&self) -> usize {
+        self.held.len()
     }
 
     /// Gives the device back.
@@ -122,6 +163,8 @@ impl<D: Device> DevIo<D> {
         }
         let kinds = &mut self.kinds;
         let done = run_batch(&mut self.dev, submit, |c| kinds.route(c));
+        // Completions of asynchronous requests made room meanwhile.
+        self.refill();
         if injected.iter().all(Option::is_none) {
             return done;
         }
@@ -151,17 +194,17 @@ impl<D: Device> DevIo<D> {
         Ok(out)
     }
 
-    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^60); waits
-    /// for room if full.
+    /// Submits an asynchronous Icache write-back tagged `tag` (< 2^60); held
+    /// until there is room if the queue is full.
     pub fn submit_async(&mut self, mut req: IoRequest, tag: u64) {
         assert!(tag & KIND_BITS == 0, "async tag {tag} too large");
         req.tag = tag | ASYNC_TAG;
-        self.submit_waiting(req);
+        self.submit_or_hold(req);
         self.kinds.meta.in_flight += 1;
     }
 
-    /// Submits an asynchronous data write or read tagged `tag` (< 2^60); waits
-    /// for room if full. Failpoints `device.write` and `device.read` fail it as
+    /// Submits an asynchronous data write or read tagged `tag` (< 2^60); held
+    /// until there is room if the queue is full. Failpoints `device.write` and `device.read` fail it as
     /// [`run`](Self::run) would.
     pub fn submit_data(&mut self, mut req: IoRequest, tag: u64) {
         assert!(tag & KIND_BITS == 0, "data tag {tag} too large");
@@ -169,7 +212,7 @@ impl<D: Device> DevIo<D> {
         match failpoint(req) {
             Ok(mut req) => {
                 req.tag = tag | ASYNC_TAG | DATA_TAG;
-                self.submit_waiting(req);
+                self.submit_or_hold(req);
                 self.kinds.data.in_flight += 1;
             }
             Err(failed) => self.kinds.data.done.push(failed),
@@ -186,7 +229,7 @@ impl<D: Device> DevIo<D> {
         match failpoint(req) {
             Ok(mut req) => {
                 req.tag = ASYNC_TAG | COMMIT_TAG;
-                self.submit_waiting(req);
+                self.submit_or_hold(req);
                 self.kinds.commit.in_flight += 1;
                 self.poll();
             }
@@ -203,7 +246,7 @@ impl<D: Device> DevIo<D> {
         match failpoint(req) {
             Ok(mut req) => {
                 req.tag = tag | ASYNC_TAG | CKPT_TAG;
-                self.submit_waiting(req);
+                self.submit_or_hold(req);
                 self.kinds.ckpt.in_flight += 1;
                 self.poll();
             }
@@ -256,6 +299,7 @@ impl<D: Device> DevIo<D> {
     /// Waits for one request in flight to finish and files it under its kind;
     /// `false` if none is in flight.
     pub fn wait_one(&mut self) -> bool {
+        self.refill();
         if self.dev.in_flight() == 0 {
             return false;
         }
@@ -266,36 +310,67 @@ impl<D: Device> DevIo<D> {
     /// [`wait_one`](Self::wait_one) for a worker with nothing else to do: not
     /// counted in [`waits`](Self::waits).
     pub fn wait_one_idle(&mut self) -> bool {
+        self.refill();
         if self.dev.in_flight() == 0 {
             return false;
         }
         let mut out = Vec::new();
         self.dev.wait(&mut out, 1);
         self.absorb(&mut out);
+        self.refill();
         true
     }
 
     /// Collects finished requests into their kinds without waiting, so the
     /// device's completion descriptor (`Device::completion_fd`) reads empty.
+    /// Held requests moved to the device go to the kernel on the next
+    /// device poll, which may collect more completions: bounded by `held`.
     pub fn poll(&mut self) {
         let mut out = Vec::new();
-        self.dev.poll(&mut out);
-        self.absorb(&mut out);
+        loop {
+            self.dev.poll(&mut out);
+            self.absorb(&mut out);
+            if !self.refill() {
+                break;
+            }
+        }
     }
 
-    /// Submits `req`, reaping completions while the device is full.
-    fn submit_waiting(&mut self, mut req: IoRequest) {
-        let mut out = Vec::new();
-        loop {
+    /// Submits `req`, or holds it behind the others when the device queue is
+    /// full (or requests are held already: they keep their order).
+    fn submit_or_hold(&mut self, req: IoRequest) {
+        let req = if self.held.is_empty() {
             match self.dev.submit(req) {
-                Ok(()) => break,
+                Ok(()) => return,
+                Err(back) => back,
+            }
+        } else {
+            req
+        };
+        if is_data_write(&req) {
+            self.held_data_bytes += req.buf.len();
+        }
+        self.held_total += 1;
+        self.held.push_back(req);
+    }
+
+    /// Moves held requests to the device while it has room; whether any moved.
+    fn refill(&mut self) -> bool {
+        let mut moved = false;
+        while let Some(req) = self.held.pop_front() {
+            let bytes = if is_data_write(&req) { req.buf.len() } else { 0 };
+            match self.dev.submit(req) {
+                Ok(()) => {
+                    self.held_data_bytes -= bytes;
+                    moved = true;
+                }
                 Err(back) => {
-                    req = back;
-                    self.dev.wait(&mut out, 1);
-                    self.absorb(&mut out);
+                    self.held.push_front(back);
+                    break;
                 }
             }
         }
+        moved
     }
 
     /// Asynchronous Icache completions so far (tags without the async bit),
@@ -354,6 +429,7 @@ impl<D: Device> DevIo<D> {
             self.waits += 1;
         }
         while kind(&mut self.kinds).in_flight > 0 {
+            self.refill();
             self.dev.wait(&mut out, 1);
             self.absorb(&mut out);
         }
@@ -366,6 +442,12 @@ impl<D: Device> DevIo<D> {
             self.kinds.route(c);
         }
     }
+}
+
+/// Whether `req` (tagged for the device) is a data write: what
+/// [`DevIo::held_data_bytes`] counts.
+fn is_data_write(req: &IoRequest) -> bool {
+    req.kind == IoKind::Write && req.tag & DATA_TAG != 0
 }
 
 impl Kinds {
@@ -401,4 +483,49 @@ fn failpoint(req: IoRequest) -> Result<IoRequest, IoCompletion> {
     let result = Err(DeviceError::Io { offset: req.offset, errno: libc::EIO });
     let IoRequest { tag, kind, offset, buf } = req;
     Err(IoCompletion { tag, kind, offset, buf, result })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{AlignedBuf, MemDevice};
+
+    fn write(offset: u64, byte: u8) -> IoRequest {
+        let buf = AlignedBuf::from_slice(&[byte; 4096]);
+        IoRequest { tag: 0, kind: IoKind::Write, offset, buf }
+    }
+
+    /// Requests that find the device queue full wait in the shard's queue, in
+    /// order, without the caller waiting; collecting completions moves them
+    /// to the device, and waiting for a kind waits for its held ones too.
+    #[test]
+    fn a_full_queue_holds_requests_instead_of_waiting() {
+        let dev = MemDevice::new(1 << 20, 2);
+        let mut io = DevIo::new(dev);
+        for i in 0..5u64 {
+            io.submit_data(write(i * 4096, i as u8 + 1), i);
+        }
+        io.submit_async(write(5 * 4096, 9), 7);
+        assert_eq!(io.waits(), 0, "a submission waited for the device");
+        assert_eq!((io.device().in_flight(), io.held()), (2, 4));
+        assert_eq!(io.held_data_bytes(), 3 * 4096, "the Icache write is not data");
+        assert_eq!(io.held_back(), 4);
+        let mut tags: Vec<u64> = io.take_data().iter().map(|c| c.tag).collect();
+        assert_eq!(io.held(), 0, "one collection moves what fits, then collects it");
+        assert_eq!(io.held_data_bytes(), 0);
+        tags.sort_unstable();
+        assert_eq!(tags, [0, 1, 2, 3, 4]);
+        assert_eq!(io.take_async().iter().map(|c| c.tag).collect::<Vec<_>>(), [7]);
+        // A wait for a kind waits for its held requests too.
+        io.submit_data(write(0, 11), 0);
+        io.submit_data(write(4096, 12), 1);
+        io.submit_data(write(8192, 13), 2);
+        assert_eq!(io.held(), 1);
+        let done = io.wait_data_all();
+        assert_eq!(done.len(), 3, "the held write was waited for too");
+        assert_eq!(io.waits(), 1);
+        let mut back = io.read_bytes(0, 3 * 4096).unwrap();
+        back.dedup();
+        assert_eq!(back, [11, 12, 13], "each write landed, in place");
+    }
 }

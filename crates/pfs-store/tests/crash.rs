@@ -218,11 +218,16 @@ struct Outcome {
     /// Whether recovery opened from a checkpoint whose image was encoded
     /// while operations changed the tables.
     from_fuzzy: bool,
+    /// Whether device requests met a full queue and waited in the shard's.
+    held: bool,
 }
 
 fn run_seed(seed: u64) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
-    let dev = MemDevice::new(ZONE, 32);
+    // One seed in three on a queue of two requests: commits, checkpoints and
+    // write-backs then wait in the shard's queue for room.
+    let depth = if seed % 3 == 0 { 2 } else { 32 };
+    let dev = MemDevice::new(ZONE, depth);
     let handle = dev.handle();
     if seed % 2 == 1 {
         // Complete requests out of order, as a real queue may.
@@ -278,6 +283,7 @@ fn run_seed(seed: u64) -> Outcome {
     }
     let checkpointing = shard.checkpointing();
     let fuzzy_gen = shard.stats().last_fuzzy_gen;
+    let held = shard.stats().held_back > 0;
     drop(shard);
     let crashed = handle.crash(seed ^ 0x5eed);
     let mut shard = match Shard::open(crashed, 0, opts()) {
@@ -294,6 +300,7 @@ fn run_seed(seed: u64) -> Outcome {
                     replayed: shard.stats().replayed,
                     checkpointing,
                     from_fuzzy: fuzzy_gen > 0 && shard.stats().opened_gen == fuzzy_gen,
+                    held,
                 }
             }
             Some(why) => reasons.push(why),
@@ -316,7 +323,7 @@ fn random_crashes_never_lose_durable_work() {
     let seeds: u64 =
         std::env::var("PFS_CRASH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
     let (mut lost_some, mut kept_some, mut replayed, mut mid_checkpoint) = (0, 0, 0, 0);
-    let mut from_fuzzy = 0;
+    let (mut from_fuzzy, mut held) = (0, 0);
     for seed in 0..seeds {
         match std::panic::catch_unwind(|| run_seed(seed)) {
             Ok(o) => {
@@ -325,6 +332,7 @@ fn random_crashes_never_lose_durable_work() {
                 replayed += (o.replayed > 0) as u64;
                 mid_checkpoint += o.checkpointing as u64;
                 from_fuzzy += o.from_fuzzy as u64;
+                held += o.held as u64;
             }
             Err(_) => {
                 panic!("crash test failed for seed {seed}; replay with PFS_CRASH_SEED={seed}")
@@ -334,7 +342,8 @@ fn random_crashes_never_lose_durable_work() {
     eprintln!(
         "{seeds} seeds: {lost_some} lost uncommitted work, {kept_some} kept some, {replayed} \
          replayed the WAL, {mid_checkpoint} crashed during a checkpoint taken beside the operations, \
-         {from_fuzzy} recovered from a checkpoint encoded while operations ran"
+         {from_fuzzy} recovered from a checkpoint encoded while operations ran, {held} held \
+         requests behind a full device queue"
     );
     // The test must exercise every outcome, or it proves nothing.
     if seeds >= 100 {
@@ -349,5 +358,6 @@ fn random_crashes_never_lose_durable_work() {
             from_fuzzy > seeds / 100,
             "too few recoveries from a checkpoint encoded while operations ran: {from_fuzzy}"
         );
+        assert!(held > seeds / 20, "too few runs met a full device queue: {held}");
     }
 }

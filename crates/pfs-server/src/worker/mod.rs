@@ -73,6 +73,9 @@ pub struct UsageCell {
     /// (`ShardStats::device_waits` from its start to its stop), set at the
     /// stop.
     pub device_waits: AtomicU64,
+    /// Device requests that found the device queue full and waited for room
+    /// in the shard's queue instead (`ShardStats::held_back`), set at the stop.
+    pub held_back: AtomicU64,
     /// The most tasks the backlog of full rings held at once (live).
     pub backlog_high: AtomicU64,
     /// Rounds in which the worker took no new requests from its connections
@@ -481,12 +484,16 @@ impl<D: Device> Worker<D> {
         let st = self.shard.stats();
         let waits = st.device_waits - self.waits_before_serving.0;
         self.usage.device_waits.store(waits, Ordering::Relaxed);
+        self.usage.held_back.store(st.held_back, Ordering::Relaxed);
         log::info!(
             "worker {}: while serving, waited for the device {waits} times ({} of them forced \
-             commits); the backlog of full rings peaked at {} tasks (bound {}), new requests \
-             paused for it in {} rounds",
+             commits); {} device requests waited for room in a full device queue and {} data \
+             writes stopped for them; the backlog of full rings peaked at {} tasks (bound {}), \
+             new requests paused for it in {} rounds",
             self.id,
             st.forced_commits - self.waits_before_serving.1,
+            st.held_back,
+            st.writes_deferred,
             self.backlog_high,
             self.backlog_max,
             self.usage.backlog_pauses.load(Ordering::Relaxed)

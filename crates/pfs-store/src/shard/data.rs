@@ -57,6 +57,7 @@ impl<D: Device> Shard<D> {
             FileType::Directory => return Err(FsError::IsDir),
             _ => return Err(FsError::Invalid(format!("write to a {:?}", inode.kind))),
         }
+        self.data_write_room()?;
         self.settle(ino)?;
         if inode.file_layout == FileLayout::Io {
             self.pretrim(ino, offset, data.len() as u64)?;
@@ -83,6 +84,7 @@ impl<D: Device> Shard<D> {
         if self.has_inode(ino) {
             return self.write(ino, offset, data);
         }
+        self.data_write_room()?;
         self.settle(ino)?;
         if layout == FileLayout::Io {
             self.pretrim(ino, offset, data.len() as u64)?;
@@ -521,6 +523,7 @@ impl<D: Device> Shard<D> {
         if data.is_empty() {
             return Ok(());
         }
+        self.data_write_room()?;
         if inode.file_layout == FileLayout::Io {
             self.write_io(inode, offset, data)?;
         } else {

@@ -57,13 +57,19 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use super::data::Piece;
-use super::{Shard, PAGE_SIZE};
+use super::{DeferredOn, Shard, PAGE_SIZE};
 use crate::device::{AlignedBuf, Device, IoCompletion, IoKind, IoRequest};
 use pfs_core::{FsError, FsResult};
 
 /// Staged bytes that start a submission, and the longest write one submission
 /// makes of neighbouring runs.
 pub const BATCH_BYTES: usize = 1 << 20;
+
+/// Bytes of data writes that may wait for room in a full device queue
+/// (`DevIo::held_data_bytes`) before a data write that can still stop does:
+/// the memory a slow device lets writes take beyond its queue, plus the one
+/// write of a request that can no longer stop.
+pub(super) const HELD_DATA_MAX: usize = 4 * BATCH_BYTES;
 
 /// Data pages reserved on the device at a time (64 MiB).
 const RESERVE_CHUNK_PAGES: u64 = (64 << 20) / PAGE_SIZE;
@@ -1071,12 +1077,20 @@ impl<D: Device> Shard<D> {
 
     /// [`prefetch`](Self::prefetch) of pages no read-ahead holds.
     fn prefetch_pages(&mut self, first: u64, pages: u64) {
+        if self.io.device().in_flight() < self.io.device().queue_depth() {
+            self.read_ahead_pages(first, pages);
+        }
+    }
+
+    /// Starts the read of pages no read-ahead holds into a read-ahead run,
+    /// full device queue or not (it waits for room in the shard's queue
+    /// then): a partial write's merge needs them.
+    fn read_ahead_pages(&mut self, first: u64, pages: u64) {
         // Not a page that is staged (the device holds its old bytes) or being
         // written: a read-ahead spans several runs, some may be.
         if self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
             || self.writes.busy_overlaps(first, pages)
-            || self.io.device().in_flight() >= self.io.device().queue_depth()
             || !self.ahead_room(pages * PAGE_SIZE)
         {
             return;
@@ -1126,15 +1140,14 @@ impl<D: Device> Shard<D> {
     /// merge of the old run's `pages` pages from `first` must wait instead of
     /// reading them blocking. It waits while a write or read-ahead of them is
     /// in flight (its completion leaves them in memory), or when memory does
-    /// not hold them and a read of them into the read-ahead runs could start.
-    /// Read-ahead runs that hold some of them have the rest read beside them.
-    /// When no such read could start because the device queue is full while
-    /// data requests are in flight, it waits for those too (their room lets
-    /// the read start when it runs again; a blocking read would only queue
-    /// behind them). `false`: memory holds them (maybe in pieces), or no
-    /// background read could start otherwise (a read-ahead budget held by
-    /// runs not yet read, or a queue full of other requests): the merge reads
-    /// them now.
+    /// not hold them and a read of them into the read-ahead runs started (a
+    /// full device queue holds it until there is room). Read-ahead runs that
+    /// hold some of them have the rest read beside them. When no such read
+    /// could start because read-ahead runs in flight hold the read-ahead
+    /// budget, it waits for the data requests in flight (once they finished
+    /// the runs are read and make room). `false`: memory holds them (maybe
+    /// in pieces), or no background read could start and no data request is
+    /// in flight (a budget smaller than one block): the merge reads them now.
     pub(super) fn merge_waits(&mut self, first: u64, pages: u64) -> bool {
         let in_memory = self.writes.staged_overlaps(first, pages)
             || self.read_cache.holds(first, pages)
@@ -1154,20 +1167,35 @@ impl<D: Device> Shard<D> {
         // (none in flight: checked above), no run of all of them can start.
         // Read the pages they leave out; with none left out, memory holds
         // them all (`gather_data_memory`).
+        let data_in_flight = |s: &Self| s.data_settled() < s.data_issued();
         if self.writes.ahead_overlaps(first, pages) {
-            self.prefetch(first, pages);
-            return self.writes.busy_overlaps(first, pages) || self.queue_full_of_data();
+            for (first, pages) in self.writes.ahead_gaps(first, pages) {
+                self.read_ahead_pages(first, pages);
+            }
+            return self.writes.busy_overlaps(first, pages) || data_in_flight(self);
         }
-        self.prefetch_pages(first, pages);
-        self.ahead_in_flight(first, pages) || self.queue_full_of_data()
+        self.read_ahead_pages(first, pages);
+        self.ahead_in_flight(first, pages) || data_in_flight(self)
     }
 
-    /// Whether the device queue is full and data requests are among what
-    /// fills it: a stop on [`DeferredOn::Data`](crate::DeferredOn) then runs again once they
-    /// finished, with room in the queue.
-    fn queue_full_of_data(&self) -> bool {
-        let dev = self.io.device();
-        dev.in_flight() >= dev.queue_depth() && self.data_settled() < self.data_issued()
+    /// With misses deferred (`set_defer_misses`), before a data write changes
+    /// anything: stops it ([`DeferredOn::Data`](crate::DeferredOn)) while
+    /// the data writes waiting for room in a full device queue are over
+    /// [`HELD_DATA_MAX`], to run again once the data requests in flight
+    /// finished. So a device slower than its writers holds their replies
+    /// back instead of letting held writes grow, and the worker serves the
+    /// others meanwhile.
+    pub(super) fn data_write_room(&mut self) -> FsResult<()> {
+        if self.defer_misses
+            && self.op_changes == 0
+            && self.io.held_data_bytes() >= HELD_DATA_MAX
+            && self.data_settled() < self.data_issued()
+        {
+            self.stats.writes_deferred += 1;
+            self.deferred = Some(DeferredOn::Data);
+            return Err(FsError::TryAgain);
+        }
+        Ok(())
     }
 
     /// Before reading `pieces` from the device or from memory: waits for the

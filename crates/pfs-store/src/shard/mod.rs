@@ -186,6 +186,14 @@ pub struct ShardStats {
     /// Data reads that stopped at pages whose write was in flight, to run
     /// again once it finished instead of waiting for it.
     pub reads_deferred: u64,
+    /// Asynchronous device requests that found the device queue full and
+    /// waited in the shard's own queue for room (`DevIo::held_back`), where
+    /// the worker waited for the device before.
+    pub held_back: u64,
+    /// Data writes that stopped while the data writes so held were over
+    /// their bound (4 MiB, `HELD_DATA_MAX` in `shard/dataio.rs`), to run
+    /// again once the data requests in flight finished.
+    pub writes_deferred: u64,
 }
 
 /// One shard over its zone of device `D`.
@@ -554,6 +562,7 @@ impl<D: Device> Shard<D> {
             read_cache_hits: self.read_cache.hits,
             read_cache_misses: self.read_cache.misses,
             device_waits: self.io.waits(),
+            held_back: self.io.held_back(),
             ..self.stats
         }
     }

@@ -1913,12 +1913,12 @@ fn a_partial_write_merges_old_bytes_that_two_read_ahead_windows_hold() {
 }
 
 /// A partial block write whose old bytes memory does not hold, met while
-/// the device queue is full of data writes (so no background read of them
-/// can start), stops until those writes finished instead of reading the
-/// block blocking behind them; run again it starts the read and stops once
-/// more, then merges from memory, never waiting for the device.
+/// the device queue is full of data writes, starts the read of them all the
+/// same (it waits in the shard's queue for room) and stops, instead of
+/// reading the block blocking behind the queue; run again once the requests
+/// finished, it merges from memory, never waiting for the device.
 #[test]
-fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting() {
+fn a_partial_write_behind_a_full_queue_reads_its_old_bytes_behind_it_instead_of_waiting() {
     let depth = 4;
     let dev = MemDevice::new(ZONE, depth);
     let mut s = Shard::format(dev, &FormatOptions::new(ShardId(0), ZONE), small_opts()).unwrap();
@@ -1939,7 +1939,7 @@ fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting()
         s.submit_data_writes();
     }
     assert_eq!(s.io.device().in_flight(), depth, "the queue is full of data writes");
-    let waits = s.stats().device_waits;
+    let (waits, held) = (s.stats().device_waits, s.stats().held_back);
     let mut stops = 0;
     let wrote = loop {
         s.set_defer_misses(true);
@@ -1950,11 +1950,13 @@ fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting()
         assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
         stops += 1;
         assert!(stops <= 2, "stopped {stops} times");
+        assert_eq!(s.io.held(), 1, "the read of the old bytes waits for room");
         settle(&mut s);
     };
     s.set_defer_misses(false);
     assert_eq!(wrote, Ok(9));
-    assert_eq!(stops, 2, "behind the full queue, then while its old bytes were read");
+    assert_eq!(stops, 1, "while its old bytes were read behind the full queue");
+    assert_eq!(s.stats().held_back, held + 1);
     assert_eq!(s.stats().device_waits, waits, "waited for the device");
     let mut want = old.clone();
     want[100..109].copy_from_slice(b"new bytes");
@@ -1964,6 +1966,58 @@ fn a_partial_write_behind_a_full_queue_of_data_writes_stops_instead_of_waiting()
     }
     let mut s = reopen(s);
     assert!(s.read(f, 0, 3000).unwrap() == want, "reopened");
+}
+
+/// Data writes that find the device queue full wait in the shard's queue
+/// instead of the worker waiting for the device; once `HELD_DATA_MAX` of
+/// them wait, a write that can still stop does, and runs again once the data
+/// requests in flight finished. Nothing written is lost or reordered.
+#[test]
+fn data_writes_behind_a_full_device_queue_stop_instead_of_waiting() {
+    use super::dataio::{BATCH_BYTES, HELD_DATA_MAX};
+    let dev = MemDevice::new(ZONE, 2);
+    let mut s = Shard::format(dev, &FormatOptions::new(ShardId(0), ZONE), small_opts()).unwrap();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    s.commit().unwrap();
+    let chunk = BATCH_BYTES;
+    let fill = |at: u64| vec![(at / chunk as u64) as u8 + 1; chunk];
+    let (waits, held) = (s.stats().device_waits, s.stats().held_back);
+    let mut written = 0u64;
+    loop {
+        s.set_defer_misses(true);
+        let wrote = s.write(f, written, &fill(written));
+        s.set_defer_misses(false);
+        match wrote {
+            Ok(n) => {
+                assert_eq!(n, chunk);
+                written += chunk as u64;
+            }
+            Err(FsError::TryAgain) => break,
+            Err(e) => panic!("write at {written}: {e:?}"),
+        }
+        assert!(written <= 16 << 20, "no write stopped: held writes grew past their bound");
+    }
+    assert_eq!(s.take_deferred(), Some(DeferredOn::Data));
+    assert_eq!(s.stats().writes_deferred, 1);
+    assert_eq!(s.stats().device_waits, waits, "a write waited for the device");
+    let bytes = s.io.held_data_bytes();
+    assert!((HELD_DATA_MAX..HELD_DATA_MAX + chunk).contains(&bytes), "{bytes} bytes held");
+    assert!(s.stats().held_back > held);
+    settle_data(&mut s, "the held writes");
+    assert_eq!(s.io.held(), 0);
+    // Run again once they finished, it goes through.
+    s.set_defer_misses(true);
+    assert_eq!(s.write(f, written, &fill(written)), Ok(chunk));
+    s.set_defer_misses(false);
+    written += chunk as u64;
+    let check = |s: &mut Shard<MemDevice>, what: &str| {
+        for at in (0..written).step_by(chunk) {
+            assert!(s.read(f, at, chunk).unwrap() == fill(at), "{what}: the MiB at {at}");
+        }
+    };
+    check(&mut s, "read back");
+    let mut s = reopen(s);
+    check(&mut s, "reopened");
 }
 
 /// A partial block write whose old bytes memory does not hold stops before
