@@ -35,8 +35,9 @@
 //! ordering with writes: pages a mapped run holds are never rewritten in place,
 //! and the pages a later write or truncate unmaps are freed only after a commit,
 //! which first waits for every data request submitted before it, reads
-//! included. At most `io_queue_depth` device requests are in flight; each
-//! pending read has one, so they are bounded too.
+//! included. At most `io_queue_depth` device requests are on the device, the
+//! others wait in the shard's queue (`io.rs`); each pending read has one, so
+//! they are bounded by the clients' requests.
 //!
 //! **Read-ahead.** Pages a sequential reader will want next are read
 //! asynchronously ([`Shard::prefetch`]), in device reads of at most the
