@@ -14,7 +14,7 @@ set -euo pipefail
 QD=${QD:-8}
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
 WORK=${WORK:-/tmp/pfs-small-queue}
-rm -rf "$WORK"
+[ -n "${KEEP:-}" ] || rm -rf "$WORK"
 mkdir -p "$WORK"
 "$BIN/pfs-server" keygen "$WORK/key" > /dev/null
 cat > "$WORK/master.toml" <<T
@@ -56,4 +56,4 @@ wait "$master" || true
 trap - EXIT
 echo "io_queue_depth = $QD:"
 grep "waited for the device" "$WORK/server.log" | sed 's/.*pfs_server::worker\] //; s/; the backlog.*//'
-rm -rf "$WORK"
+[ -n "${KEEP:-}" ] || rm -rf "$WORK"

@@ -149,7 +149,7 @@ impl<D: Device> Worker<D> {
         // memory. Metadata requests only (a data request's pieces are read
         // in the background anyway), and those whose reads all come before
         // their changes.
-        let deferrable = deferrable(&req);
+        let deferrable = crate::exec::deferrable(&req);
         let tries = self.stopped.take_tries();
         self.shard.set_defer_misses(deferrable && self.stopped.may_stop(tries));
         let before = self.shard.background_progress();
@@ -352,39 +352,4 @@ impl<D: Device> Worker<D> {
             Err(_) => false,
         }
     }
-}
-
-/// Whether a request may stop before it changed anything when an inode page
-/// it needs is not in memory, and run again once it is: metadata requests
-/// whose reads all come before their changes (a data request's pieces are
-/// read in the background anyway).
-fn deferrable(req: &Request) -> bool {
-    matches!(
-        req,
-        Request::Lookup { .. }
-            | Request::LookupData { .. }
-            | Request::GetAttr { .. }
-            | Request::Open { .. }
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-            | Request::ReadLink { .. }
-            | Request::LayoutGet { .. }
-            | Request::GetParent { .. }
-            | Request::SetAttr { .. }
-            | Request::Create { .. }
-            | Request::Mkdir { .. }
-            | Request::Mknod { .. }
-            | Request::Symlink { .. }
-            | Request::Unlink { .. }
-            | Request::Rmdir { .. }
-            | Request::Rename { .. }
-            | Request::SetXattr { .. }
-            | Request::RemoveXattr { .. }
-            | Request::ReadDir { .. }
-            | Request::XRenameTarget { .. }
-            | Request::TxnForget { .. }
-            | Request::SealDir { .. }
-            | Request::DropInode { .. }
-            | Request::FollowUps { .. }
-    )
 }
