@@ -10,11 +10,12 @@
 #   benches/small-queue.sh                 # as root; QD=8, WORK=/tmp/pfs-small-queue
 #   QD=1 benches/small-queue.sh
 #   EXTRA='icache_blocks = 64' benches/small-queue.sh   # more server config lines
+#   KEEP=1 benches/small-queue.sh          # keep $WORK (server.log) afterwards
 set -euo pipefail
 QD=${QD:-8}
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
 WORK=${WORK:-/tmp/pfs-small-queue}
-[ -n "${KEEP:-}" ] || rm -rf "$WORK"
+rm -rf "$WORK"
 mkdir -p "$WORK"
 "$BIN/pfs-server" keygen "$WORK/key" > /dev/null
 cat > "$WORK/master.toml" <<T
