@@ -5,7 +5,7 @@
 //! "Inode pages read in the background").
 //!
 //! Bounded: at most [`STOPPED_MAX`] wait; past that, and for a request that
-//! stopped [`TRIES_MAX`] times, the shard waits for the device instead. Later
+//! spent its [`TRIES_MAX`] (four stops), the shard waits for the device instead. Later
 //! requests of a connection with one waiting queue behind it, so one
 //! connection's requests keep their order.
 
@@ -16,9 +16,23 @@ use crate::msg::ConnRef;
 /// Most requests waiting; past it, a request waits for the device blocking.
 const STOPPED_MAX: usize = 4096;
 
-/// Times one request stops; then it waits for the device blocking (a page
-/// can be evicted again before its request runs).
-const TRIES_MAX: u8 = 4;
+/// What one stop weighs in a request's tries.
+const TRY: u8 = 16;
+
+/// Tries one request spends stopping: four stops; then it waits for the
+/// device blocking (a page can be evicted again before its request runs). A
+/// stop at [`DeferredOn::ReadRoom`] (its read could not even start) weighs a
+/// sixteenth of one ([`stop_weight`]): it lost nothing, and a request waits
+/// its turn among many such for up to 63 of them.
+const TRIES_MAX: u8 = 4 * TRY;
+
+/// What a stop at `on` adds to the request's tries.
+fn stop_weight(on: DeferredOn) -> u8 {
+    match on {
+        DeferredOn::ReadRoom => 1,
+        _ => TRY,
+    }
+}
 
 /// Background requests finished so far: inode page reads, data requests,
 /// commits, and the log's moves to a fresh half
@@ -31,7 +45,7 @@ pub(crate) struct Waiting {
     pub(crate) origin: u16,
     pub(crate) conn: ConnRef,
     pub(crate) buf: Vec<u8>,
-    /// Times it stopped before.
+    /// Tries it spent stopping before ([`TRIES_MAX`]).
     pub(crate) tries: u8,
     /// What it waits for and the count of those finished when it stopped:
     /// it runs again once that count moved (for data pages in flight: once
@@ -47,7 +61,7 @@ impl Waiting {
     pub(crate) fn ready(&self, now: Progress) -> bool {
         match self.waits {
             None => true,
-            Some((DeferredOn::InodePage, at)) => now.0 != at,
+            Some((DeferredOn::InodePage | DeferredOn::ReadRoom, at)) => now.0 != at,
             Some((DeferredOn::Data, issued)) => now.1 >= issued,
             Some((DeferredOn::Commit, at)) => now.2 != at,
             Some((DeferredOn::LogRoom, at)) => now.3 != at,
@@ -61,7 +75,7 @@ pub(crate) struct Stopped {
     waiting: Vec<Waiting>,
     /// The counts when they last ran.
     seen: Progress,
-    /// Times the request being run again stopped before
+    /// Tries the request being run again spent stopping before
     /// ([`Stopped::take_tries`]).
     running_tries: u8,
 }
@@ -72,19 +86,19 @@ impl Stopped {
         self.waiting.is_empty()
     }
 
-    /// Whether a request that stopped `tries` times may stop again (room,
+    /// Whether a request that spent `tries` stopping may stop again (room,
     /// and tries left).
     pub(crate) fn may_stop(&self, tries: u8) -> bool {
         self.waiting.len() < STOPPED_MAX && tries < TRIES_MAX
     }
 
-    /// Times the request now running stopped before (0 for a new one); the
+    /// Tries the request now running spent stopping (0 for a new one); the
     /// next request starts from 0.
     pub(crate) fn take_tries(&mut self) -> u8 {
         std::mem::take(&mut self.running_tries)
     }
 
-    /// Times the request now running stopped before, kept for the rest of it.
+    /// Tries the request now running spent stopping, kept for the rest of it.
     pub(crate) fn tries(&self) -> u8 {
         self.running_tries
     }
@@ -102,7 +116,7 @@ impl Stopped {
         self.waiting.push(Waiting { origin, conn, buf, tries, waits: None });
     }
 
-    /// A request that stopped at what `on` says, after `tries` stops before,
+    /// A request that stopped at what `on` says, having spent `tries` before,
     /// having started when the counts were `before`: the read, write or
     /// commit it waits for finishes after that, so the count moves past it.
     /// Data requests are numbered: `issued` is the next number at the stop
@@ -119,12 +133,12 @@ impl Stopped {
         issued: u64,
     ) {
         let at = match on {
-            DeferredOn::InodePage => before.0,
+            DeferredOn::InodePage | DeferredOn::ReadRoom => before.0,
             DeferredOn::Data => issued,
             DeferredOn::Commit => before.2,
             DeferredOn::LogRoom => before.3,
         };
-        let tries = tries + 1;
+        let tries = tries.saturating_add(stop_weight(on));
         self.waiting.push(Waiting { origin, conn, buf, tries, waits: Some((on, at)) });
     }
 
@@ -173,7 +187,7 @@ mod tests {
         assert!(s.may_stop(0));
         assert!(!s.may_stop(TRIES_MAX), "a request stops at most TRIES_MAX times");
         s.stopped(0, conn(1), b"page".to_vec(), 0, DeferredOn::InodePage, (5, 7, 9, 1), 7);
-        s.stopped(0, conn(2), b"commit".to_vec(), 2, DeferredOn::Commit, (5, 7, 9, 1), 7);
+        s.stopped(0, conn(2), b"commit".to_vec(), 2 * TRY, DeferredOn::Commit, (5, 7, 9, 1), 7);
         assert!(s.holds(0, conn(1)) && !s.holds(1, conn(1)) && !s.holds(0, conn(3)));
         s.queue_behind(0, conn(1), b"behind".to_vec());
         assert!(s.moved((5, 8, 9, 1)));
@@ -190,8 +204,8 @@ mod tests {
         let taken = s.take_all((5, 8, 10, 1)).expect("moved");
         let w = taken.into_iter().find(|w| w.ready((5, 8, 10, 1)) && w.buf == b"commit").unwrap();
         s.running(&w);
-        assert_eq!(s.tries(), 3, "stopped twice before, and once more");
-        assert_eq!(s.take_tries(), 3);
+        assert_eq!(s.tries(), 2 * TRY + TRY, "stopped twice before, and once more");
+        assert_eq!(s.take_tries(), 3 * TRY);
         assert_eq!(s.take_tries(), 0, "the next request starts from 0");
         // A request waiting for room in the log runs again once it moved.
         s.stopped(0, conn(4), b"room".to_vec(), 0, DeferredOn::LogRoom, (5, 8, 10, 1), 8);
@@ -202,13 +216,42 @@ mod tests {
         // A request at data pages in flight runs again once every data
         // request in flight at its stop (numbered below 12) finished, not
         // when another one did.
-        s.stopped(0, conn(5), b"data".to_vec(), 1, DeferredOn::Data, (5, 9, 11, 2), 12);
+        s.stopped(0, conn(5), b"data".to_vec(), TRY, DeferredOn::Data, (5, 9, 11, 2), 12);
         let taken = s.take_all((5, 10, 11, 2)).expect("moved");
         let data = taken.iter().find(|w| w.buf == b"data").unwrap();
         assert!(!data.ready((5, 10, 11, 2)), "requests 10 and 11 are still in flight");
         assert!(!data.ready((5, 11, 11, 2)), "request 11 is still in flight");
         assert!(data.ready((5, 12, 11, 2)));
         assert!(data.ready((5, 15, 11, 2)));
+    }
+
+    /// A stop whose page read could not start weighs a sixteenth of a stop:
+    /// a request among many such keeps its four real stops.
+    #[test]
+    fn a_stop_for_room_to_read_weighs_a_sixteenth() {
+        let mut s = Stopped::default();
+        let mut tries = 0;
+        for i in 0..TRIES_MAX - 1 {
+            assert!(s.may_stop(tries), "stop {i}");
+            s.stopped(0, conn(1), Vec::new(), tries, DeferredOn::ReadRoom, (i as u64, 0, 0, 0), 0);
+            let w = s.take_all((i as u64 + 1, 0, 0, 0)).unwrap().pop().unwrap();
+            assert!(w.ready((i as u64 + 1, 0, 0, 0)), "a page read finished: run again");
+            s.running(&w);
+            tries = s.take_tries();
+        }
+        assert_eq!(tries, TRIES_MAX - 1);
+        assert!(s.may_stop(tries), "63 stops for room are not four stops");
+        s.stopped(0, conn(1), Vec::new(), tries, DeferredOn::ReadRoom, (0, 0, 0, 0), 0);
+        let w = s.take_all((1, 0, 0, 0)).unwrap().pop().unwrap();
+        s.running(&w);
+        let tries = s.take_tries();
+        assert!(!s.may_stop(tries), "but 64 are");
+        let mut tries = 0;
+        for _ in 0..4 {
+            assert!(s.may_stop(tries));
+            tries += stop_weight(DeferredOn::InodePage);
+        }
+        assert!(!s.may_stop(tries), "four stops at a page");
     }
 
     #[test]

@@ -63,6 +63,19 @@ struct CacheBlock {
     next: u32,
 }
 
+/// What [`Icache::start_read`] did for a page that is not in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageRead {
+    /// The page is being read (now or already), or waits for a write-back in
+    /// flight (its own, or one that frees a block for it).
+    UnderWay,
+    /// Nothing started: [`Icache::read_cap`] background reads are in flight.
+    NoRoom,
+    /// The caller must load the page itself, waiting: it is resident, its
+    /// last read failed, or no block is free and none is being written.
+    Load,
+}
+
 /// Hit, miss and write-back counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IcacheStats {
@@ -80,6 +93,9 @@ pub struct IcacheStats {
     pub background_reads: u64,
     /// See `background_reads`.
     pub background_reads_done: u64,
+    /// Background reads not started because [`Icache::read_cap`] of them
+    /// were in flight (the request stops for one to finish instead).
+    pub read_room_stops: u64,
     /// Write-backs that finished (written, or failed and the block dirty
     /// again).
     pub writebacks_done: u64,
@@ -245,34 +261,48 @@ impl Icache {
             .is_some_and(|&b| self.blocks[b as usize].state != BlockState::Reading)
     }
 
+    /// Background reads in flight at most: a quarter of the blocks. Pages
+    /// read for requests that stopped are evicted by later reads before
+    /// those requests run again when more are read at once than the Icache
+    /// keeps (a small Icache under many such requests: each then stopped
+    /// four times and read its page waiting).
+    pub fn read_cap(&self) -> u64 {
+        (self.blocks.len() as u64 / 4).max(1)
+    }
+
     /// Starts reading the page of slot `slot` in the background, unless it is
-    /// resident, already being read, or its last such read failed; `true`
-    /// when the page is (now) being read, or must wait for a write-back in
-    /// flight (its own, or one that frees a block for it): the caller tries
-    /// again once a background read or write-back finished
-    /// (`background_reads_done`, `writebacks_done`). `false` when it must
-    /// load the page itself (blocking): the read failed before (then the
-    /// load reports the error), or no block is free and none is being
-    /// written.
-    pub fn start_read<D: Device>(&mut self, io: &mut DevIo<D>, slot: u64) -> bool {
+    /// resident, already being read, or its last such read failed
+    /// ([`PageRead`]). The caller tries again once a background read or
+    /// write-back finished (`background_reads_done`, `writebacks_done`),
+    /// unless it must load the page itself (blocking): the read failed
+    /// before (then the load reports the error), or no block is free and
+    /// none is being written.
+    pub fn start_read<D: Device>(&mut self, io: &mut DevIo<D>, slot: u64) -> PageRead {
         let page = slot / INODES_PER_BLOCK;
         assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
         if let Some(&b) = self.index.get(&page) {
-            return matches!(
-                self.blocks[b as usize].state,
-                BlockState::Reading | BlockState::Writing
-            );
+            return match self.blocks[b as usize].state {
+                BlockState::Reading | BlockState::Writing => PageRead::UnderWay,
+                _ => PageRead::Load,
+            };
         }
         if let Some(i) = self.read_errors.iter().position(|&p| p == page) {
             self.read_errors.swap_remove(i);
-            return false;
+            return PageRead::Load;
         }
-        let Some(b) = self.free_block_now() else { return self.writing_count > 0 };
+        let st = &self.stats;
+        if st.background_reads - st.background_reads_done >= self.read_cap() {
+            self.stats.read_room_stops += 1;
+            return PageRead::NoRoom;
+        }
+        let Some(b) = self.free_block_now() else {
+            return if self.writing_count > 0 { PageRead::UnderWay } else { PageRead::Load };
+        };
         let req = self.read_request(b, page);
         self.index.insert(page, b);
         io.submit_async(req, u64::from(b) | READ_TAG);
         self.stats.background_reads += 1;
-        true
+        PageRead::UnderWay
     }
 
     /// Collects finished background reads and write-backs without waiting.
@@ -831,15 +861,19 @@ mod tests {
         assert_eq!(c.page_state(0), Some(BlockState::Writing));
         assert_eq!(c.page_state(1), Some(BlockState::Dirty));
         let later = 2 * INODES_PER_BLOCK;
-        assert!(c.start_read(&mut io, 3), "its own write-back in flight");
-        assert!(c.start_read(&mut io, later), "no block free until the write-back lands");
+        assert_eq!(c.start_read(&mut io, 3), PageRead::UnderWay, "its own write-back in flight");
+        assert_eq!(
+            c.start_read(&mut io, later),
+            PageRead::UnderWay,
+            "no block free until the write-back lands"
+        );
         assert_eq!(c.stats().background_reads, 0, "nothing read");
         assert_eq!(c.stats().writebacks_done, 0);
         dev.hold(None);
         c.poll(&mut io).unwrap();
         assert_eq!(c.stats().writebacks_done, 1);
         assert_eq!(c.page_state(0), Some(BlockState::Ready));
-        assert!(c.start_read(&mut io, later));
+        assert_eq!(c.start_read(&mut io, later), PageRead::UnderWay);
         assert_eq!(c.stats().background_reads, 1, "the read started in the freed block");
         assert_eq!(c.stats().misses, misses, "no page read waiting");
     }

@@ -35,7 +35,7 @@ use crate::bitmap::Bitmap;
 use crate::cart::Cart;
 use crate::device::{AlignedBuf, Device, IoKind, IoRequest};
 use crate::error::StoreError;
-use crate::icache::{Icache, IcacheStats};
+use crate::icache::{Icache, IcacheStats, PageRead};
 use crate::inode::{Inode, Run, INODE_SLOT_SIZE};
 use crate::io::DevIo;
 use crate::wal::record::Extent;
@@ -91,6 +91,12 @@ impl Default for ShardOptions {
 pub enum DeferredOn {
     /// An inode page being read: again once `Shard::icache_reads_done` moved.
     InodePage,
+    /// An inode page not in memory whose read could not start: as many
+    /// background reads as the Icache allows were in flight
+    /// (`Icache::read_cap`). Again once `Shard::icache_reads_done` moved; the
+    /// request made no progress it could lose, so the worker counts such a
+    /// stop as a fraction of one.
+    ReadRoom,
     /// Data pages being read or written: again once
     /// `Shard::data_requests_done` moved.
     Data,
@@ -909,8 +915,8 @@ impl<D: Device> Shard<D> {
                 if self.defer_misses && self.op_changes == 0 {
                     // Not in memory: read it in the background and have the
                     // request run again once it is (`set_defer_misses`).
-                    if self.icache.start_read(&mut self.io, slot) {
-                        self.deferred = Some(DeferredOn::InodePage);
+                    if let Some(on) = self.page_read_stop(slot) {
+                        self.deferred = Some(on);
                         return Err(StoreError::Fs(FsError::TryAgain));
                     }
                 }
@@ -953,15 +959,16 @@ impl<D: Device> Shard<D> {
         let loaded = if page_free {
             self.icache.load_blank(&mut self.io, slot)
         } else {
-            if self.defer_misses
-                && self.op_changes == 0
-                && self.icache.start_read(&mut self.io, slot)
-            {
+            let stop = match self.defer_misses && self.op_changes == 0 {
+                true => self.page_read_stop(slot),
+                false => None,
+            };
+            if let Some(on) = stop {
                 // Its page holds other inodes and is not in memory: read it in
                 // the background and have the request run again once it is
                 // (`set_defer_misses`), the slot given back meanwhile.
                 self.slot_bitmap.clear_run(slot, 1);
-                self.deferred = Some(DeferredOn::InodePage);
+                self.deferred = Some(on);
                 return Err(FsError::TryAgain);
             }
             self.icache.read_slot(&mut self.io, slot).map(|_| ())
@@ -1026,8 +1033,8 @@ impl<D: Device> Shard<D> {
                 Some(0) => {
                     let later = slots.iter().flatten().copied().collect();
                     let max = self.listing_prefetch_max();
-                    if self.start_page_reads(later, max) > 0 {
-                        self.deferred = Some(DeferredOn::InodePage);
+                    if let Some(on) = self.start_page_reads(later, max) {
+                        self.deferred = Some(on);
                         return Err(FsError::TryAgain);
                     }
                     answer = 1;
@@ -1075,27 +1082,41 @@ impl<D: Device> Shard<D> {
         self.prefetch_slots(slots)
     }
 
+    /// Starts the background read of the page of `slot`, not in memory:
+    /// what the request stops at, or `None` if it must load it waiting
+    /// (`Icache::start_read`).
+    fn page_read_stop(&mut self, slot: u64) -> Option<DeferredOn> {
+        match self.icache.start_read(&mut self.io, slot) {
+            PageRead::UnderWay => Some(DeferredOn::InodePage),
+            PageRead::NoRoom => Some(DeferredOn::ReadRoom),
+            PageRead::Load => None,
+        }
+    }
+
     /// Starts background reads of the pages of `slots` not in memory (at
     /// most 64 pages), and stops the request as a miss does when any of them
-    /// is being read ([`warm_inodes`](Self::warm_inodes)).
+    /// is being read, or could not start for the reads in flight
+    /// ([`warm_inodes`](Self::warm_inodes)).
     fn prefetch_slots(&mut self, slots: Vec<u64>) -> FsResult<()> {
-        if self.start_page_reads(slots, 64) > 0 {
-            self.deferred = Some(DeferredOn::InodePage);
+        if let Some(on) = self.start_page_reads(slots, 64) {
+            self.deferred = Some(on);
             return Err(FsError::TryAgain);
         }
         Ok(())
     }
 
     /// Starts background reads of the pages of `slots` not in memory, in
-    /// order, at most `max` pages; returns how many are being read. One that
-    /// cannot start (no clean block, or its last read failed) is loaded
-    /// waiting when its turn comes.
-    fn start_page_reads(&mut self, slots: Vec<u64>, max: usize) -> usize {
+    /// order, at most `max` pages; returns what the request stops at: some
+    /// are being read (`InodePage`), or none could start for the reads in
+    /// flight (`ReadRoom`). One that cannot start otherwise (no clean block,
+    /// or its last read failed) is loaded waiting when its turn comes.
+    fn start_page_reads(&mut self, slots: Vec<u64>, max: usize) -> Option<DeferredOn> {
         // The resident ones first, so reading the others does not evict them.
         for &slot in &slots {
             self.icache.touch_slot(slot);
         }
         let mut pages: Vec<u64> = Vec::new();
+        let mut no_room = false;
         for slot in slots {
             let page = slot / crate::icache::INODES_PER_BLOCK;
             if self.icache.resident(slot) || pages.contains(&page) {
@@ -1104,11 +1125,20 @@ impl<D: Device> Shard<D> {
             if pages.len() == max {
                 break;
             }
-            if self.icache.start_read(&mut self.io, slot) {
-                pages.push(page);
+            match self.icache.start_read(&mut self.io, slot) {
+                PageRead::UnderWay => pages.push(page),
+                PageRead::NoRoom => {
+                    no_room = true;
+                    break;
+                }
+                PageRead::Load => {}
             }
         }
-        pages.len()
+        match (pages.is_empty(), no_room) {
+            (false, _) => Some(DeferredOn::InodePage),
+            (true, true) => Some(DeferredOn::ReadRoom),
+            (true, false) => None,
+        }
     }
 
     /// Whether the last operation stopped at an inode page or data pages

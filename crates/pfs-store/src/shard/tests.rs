@@ -2911,3 +2911,72 @@ fn the_image_buffer_is_reused_and_a_replaced_one_given_back_in_steps() {
     assert_eq!(caps.len(), 5, "{caps:?}");
     s.finish_checkpoint().unwrap();
 }
+
+/// Requests for more cold inode pages than a quarter of the Icache start
+/// that many background reads and stop; the others stop without starting
+/// one (`DeferredOn::ReadRoom`), so the pages read are not evicted by more
+/// reads before their requests run again. Run again as the worker does (in
+/// order, after reads finished), every request is answered and no page is
+/// read waiting.
+#[test]
+fn background_page_reads_are_bounded_by_a_quarter_of_the_icache() {
+    let (mut s, handle) = fresh();
+    let per_page = crate::icache::INODES_PER_BLOCK as usize;
+    let mut inos = Vec::new();
+    for i in 0..96 * per_page {
+        let a = s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+        inos.push(a.ino);
+    }
+    s.commit().unwrap();
+    s.checkpoint().unwrap();
+    let mut s = Shard::open(handle.crash(3), 0, small_opts()).unwrap();
+    let cap = s.icache.read_cap() as usize;
+    assert_eq!(cap, s.icache.capacity() / 4);
+    // One inode of each page: three times what the Icache holds.
+    let n = 96;
+    assert_eq!(s.icache.capacity(), 32);
+    let mut waiting: Vec<InodeId> = (0..n).map(|p| inos[p * per_page + 1]).collect();
+    // A page a request stopped at is evicted before it runs again only by
+    // reads started meanwhile; pages none of these requests needs stay out
+    // of the way, as a worker's other requests would.
+    let (misses, reads) = (s.stats().icache.misses, s.stats().icache.background_reads);
+    let mut stops: Vec<DeferredOn> = Vec::new();
+    let mut cold = std::collections::HashSet::new();
+    let mut rounds = 0;
+    while !waiting.is_empty() {
+        rounds += 1;
+        assert!(rounds <= 40, "{} requests still waiting", waiting.len());
+        let mut still = Vec::new();
+        for ino in waiting {
+            s.set_defer_misses(true);
+            let got = s.getattr(ino);
+            s.set_defer_misses(false);
+            match got {
+                Ok(attr) => assert_eq!(attr.ino, ino),
+                Err(FsError::TryAgain) => {
+                    stops.push(s.take_deferred().expect("a stop says why"));
+                    cold.insert(ino);
+                    still.push(ino);
+                }
+                Err(e) => panic!("{ino}: {e:?}"),
+            }
+            let st = s.stats().icache;
+            assert!(st.background_reads - st.background_reads_done <= cap as u64);
+        }
+        waiting = still;
+        if rounds == 1 {
+            let first: Vec<DeferredOn> = stops.clone();
+            assert!(first[..cap].iter().all(|&on| on == DeferredOn::InodePage), "{first:?}");
+            assert!(first[cap..].iter().all(|&on| on == DeferredOn::ReadRoom), "{first:?}");
+        }
+        while s.icache_reading() {
+            s.icache_reads_done();
+        }
+    }
+    let st = s.stats().icache;
+    assert_eq!(st.misses, misses, "a page was read waiting");
+    assert!(cold.len() > s.icache.capacity(), "{} cold pages", cold.len());
+    let read = st.background_reads - reads;
+    assert_eq!(read, cold.len() as u64, "each page read once, none evicted before its request ran");
+    assert!(st.read_room_stops >= 2 * cap as u64, "{st:?}");
+}
