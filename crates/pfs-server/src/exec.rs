@@ -259,6 +259,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::ReadLink { ino } => Reply::ReadLink(shard.readlink(ino)?),
         Request::Unlink { parent, name } => {
             let found = shard.lookup(parent, &name)?;
+            // The pages of both inodes read together (`Shard::warm_inodes`).
+            shard.warm_inodes(&[found.ino, parent])?;
             let remote = !shard.has_inode(found.ino);
             let (mut size, layout) = match shard.getattr(found.ino) {
                 Ok(a) if a.kind == FileType::Regular => (a.size, shard.layouts(found.ino)?.1),
@@ -273,6 +275,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         }
         Request::Rmdir { parent, name } => {
             let found = shard.lookup(parent, &name)?;
+            shard.warm_inodes(&[found.ino, parent])?;
             let remote = !shard.has_inode(found.ino);
             shard.rmdir(parent, &name)?;
             Reply::Rmdir { ino: found.ino, remote }
@@ -726,6 +729,73 @@ mod tests {
             assert_eq!(s.take_deferred(), None, "{req:?}");
             assert_eq!(s.stats().icache.misses, misses, "{req:?} read a page waiting");
             assert!(check(&mut s, dir, f), "{req:?}: not done exactly once");
+        }
+    }
+
+    /// An `Unlink` and an `Rmdir` whose name's inode and directory are on two
+    /// pages, neither in memory: one stop that reads both, not two.
+    #[test]
+    fn unlink_and_rmdir_read_both_their_pages_at_one_stop() {
+        let opts = ShardOptions { icache_blocks: 16, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let handle = dev.handle();
+        let mut s =
+            Shard::format(dev, &FormatOptions::new(ShardId(0), 64 << 20), opts.clone()).unwrap();
+        let mkdir = |s: &mut Shard<MemDevice>, parent: InodeId, name: &str| {
+            let req = Request::Mkdir {
+                parent,
+                name: name.into(),
+                perm: 0o755,
+                uid: 0,
+                gid: 0,
+                layout: Default::default(),
+            };
+            match ok(s, req) {
+                Reply::Mkdir(e) => e.attr.ino,
+                other => panic!("{other:?}"),
+            }
+        };
+        let d = mkdir(&mut s, InodeId::ROOT, "d");
+        // Two pages' worth of inodes between the directory and its entries.
+        for i in 0..40 {
+            create(&mut s, &format!("a{i:02}"));
+        }
+        let file = Request::Create {
+            parent: d,
+            name: b"x".to_vec(),
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            flags: 0,
+            layout: FileLayout::Block,
+        };
+        ok(&mut s, file);
+        mkdir(&mut s, d, "e");
+        for i in 0..2000 {
+            create(&mut s, &format!("g{i:04}"));
+        }
+        s.commit().unwrap();
+        s.checkpoint().unwrap();
+        drop(s);
+        let unlink = Request::Unlink { parent: d, name: b"x".to_vec() };
+        let rmdir = Request::Rmdir { parent: d, name: b"e".to_vec() };
+        for req in [unlink, rmdir] {
+            let mut s = Shard::open(handle.crash(1), 0, opts.clone()).unwrap();
+            let st = s.stats().icache;
+            s.set_defer_misses(true);
+            assert_eq!(execute(&mut s, req.clone()).0, Err(FsError::TryAgain), "{req:?}");
+            s.set_defer_misses(false);
+            assert_eq!(s.take_deferred(), Some(pfs_store::DeferredOn::InodePage));
+            assert_eq!(s.stats().icache.background_reads - st.background_reads, 2, "{req:?}");
+            while s.icache_reading() {
+                s.icache_reads_done();
+            }
+            s.set_defer_misses(true);
+            let result = execute(&mut s, req.clone()).0;
+            s.set_defer_misses(false);
+            assert!(result.is_ok(), "{req:?} run again: {result:?}");
+            assert_eq!(s.take_deferred(), None, "{req:?} stopped a second time");
+            assert_eq!(s.stats().icache.misses, st.misses, "{req:?} read a page waiting");
         }
     }
 

@@ -21,15 +21,16 @@ const TRY: u8 = 16;
 
 /// Tries one request spends stopping: four stops; then it waits for the
 /// device blocking (a page can be evicted again before its request runs). A
-/// stop at [`DeferredOn::ReadRoom`] (its read could not even start) weighs a
-/// sixteenth of one ([`stop_weight`]): it lost nothing, and a request waits
-/// its turn among many such for up to 63 of them.
+/// stop at [`DeferredOn::InodePageWait`] (its page is still being read, or
+/// its read could not start yet) weighs a sixteenth of one
+/// ([`stop_weight`]): it lost nothing, and it is run again at any page's
+/// read, its own or not, so many such stops are no sign of eviction.
 const TRIES_MAX: u8 = 4 * TRY;
 
 /// What a stop at `on` adds to the request's tries.
 fn stop_weight(on: DeferredOn) -> u8 {
     match on {
-        DeferredOn::ReadRoom => 1,
+        DeferredOn::InodePageWait => 1,
         _ => TRY,
     }
 }
@@ -61,7 +62,7 @@ impl Waiting {
     pub(crate) fn ready(&self, now: Progress) -> bool {
         match self.waits {
             None => true,
-            Some((DeferredOn::InodePage | DeferredOn::ReadRoom, at)) => now.0 != at,
+            Some((DeferredOn::InodePage | DeferredOn::InodePageWait, at)) => now.0 != at,
             Some((DeferredOn::Data, issued)) => now.1 >= issued,
             Some((DeferredOn::Commit, at)) => now.2 != at,
             Some((DeferredOn::LogRoom, at)) => now.3 != at,
@@ -133,7 +134,7 @@ impl Stopped {
         issued: u64,
     ) {
         let at = match on {
-            DeferredOn::InodePage | DeferredOn::ReadRoom => before.0,
+            DeferredOn::InodePage | DeferredOn::InodePageWait => before.0,
             DeferredOn::Data => issued,
             DeferredOn::Commit => before.2,
             DeferredOn::LogRoom => before.3,
@@ -225,23 +226,32 @@ mod tests {
         assert!(data.ready((5, 15, 11, 2)));
     }
 
-    /// A stop whose page read could not start weighs a sixteenth of a stop:
-    /// a request among many such keeps its four real stops.
+    /// A stop at a page still being read, or whose read could not start,
+    /// weighs a sixteenth of a stop: a request among many such keeps its
+    /// four real stops.
     #[test]
-    fn a_stop_for_room_to_read_weighs_a_sixteenth() {
+    fn a_stop_at_a_page_in_flight_weighs_a_sixteenth() {
         let mut s = Stopped::default();
         let mut tries = 0;
         for i in 0..TRIES_MAX - 1 {
             assert!(s.may_stop(tries), "stop {i}");
-            s.stopped(0, conn(1), Vec::new(), tries, DeferredOn::ReadRoom, (i as u64, 0, 0, 0), 0);
+            s.stopped(
+                0,
+                conn(1),
+                Vec::new(),
+                tries,
+                DeferredOn::InodePageWait,
+                (i as u64, 0, 0, 0),
+                0,
+            );
             let w = s.take_all((i as u64 + 1, 0, 0, 0)).unwrap().pop().unwrap();
             assert!(w.ready((i as u64 + 1, 0, 0, 0)), "a page read finished: run again");
             s.running(&w);
             tries = s.take_tries();
         }
         assert_eq!(tries, TRIES_MAX - 1);
-        assert!(s.may_stop(tries), "63 stops for room are not four stops");
-        s.stopped(0, conn(1), Vec::new(), tries, DeferredOn::ReadRoom, (0, 0, 0, 0), 0);
+        assert!(s.may_stop(tries), "63 stops at pages in flight are not four stops");
+        s.stopped(0, conn(1), Vec::new(), tries, DeferredOn::InodePageWait, (0, 0, 0, 0), 0);
         let w = s.take_all((1, 0, 0, 0)).unwrap().pop().unwrap();
         s.running(&w);
         let tries = s.take_tries();

@@ -66,9 +66,11 @@ struct CacheBlock {
 /// What [`Icache::start_read`] did for a page that is not in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageRead {
-    /// The page is being read (now or already), or waits for a write-back in
-    /// flight (its own, or one that frees a block for it).
-    UnderWay,
+    /// Its read started now.
+    Started,
+    /// It is being read or written back already, or no block is free until a
+    /// write-back in flight lands: nothing started.
+    InFlight,
     /// Nothing started: [`Icache::read_cap`] background reads are in flight.
     NoRoom,
     /// The caller must load the page itself, waiting: it is resident, its
@@ -282,7 +284,7 @@ impl Icache {
         assert!(page < self.area_pages, "metadata page {page} outside {}", self.area_pages);
         if let Some(&b) = self.index.get(&page) {
             return match self.blocks[b as usize].state {
-                BlockState::Reading | BlockState::Writing => PageRead::UnderWay,
+                BlockState::Reading | BlockState::Writing => PageRead::InFlight,
                 _ => PageRead::Load,
             };
         }
@@ -296,13 +298,13 @@ impl Icache {
             return PageRead::NoRoom;
         }
         let Some(b) = self.free_block_now() else {
-            return if self.writing_count > 0 { PageRead::UnderWay } else { PageRead::Load };
+            return if self.writing_count > 0 { PageRead::InFlight } else { PageRead::Load };
         };
         let req = self.read_request(b, page);
         self.index.insert(page, b);
         io.submit_async(req, u64::from(b) | READ_TAG);
         self.stats.background_reads += 1;
-        PageRead::UnderWay
+        PageRead::Started
     }
 
     /// Collects finished background reads and write-backs without waiting.
@@ -861,10 +863,10 @@ mod tests {
         assert_eq!(c.page_state(0), Some(BlockState::Writing));
         assert_eq!(c.page_state(1), Some(BlockState::Dirty));
         let later = 2 * INODES_PER_BLOCK;
-        assert_eq!(c.start_read(&mut io, 3), PageRead::UnderWay, "its own write-back in flight");
+        assert_eq!(c.start_read(&mut io, 3), PageRead::InFlight, "its own write-back in flight");
         assert_eq!(
             c.start_read(&mut io, later),
-            PageRead::UnderWay,
+            PageRead::InFlight,
             "no block free until the write-back lands"
         );
         assert_eq!(c.stats().background_reads, 0, "nothing read");
@@ -873,7 +875,7 @@ mod tests {
         c.poll(&mut io).unwrap();
         assert_eq!(c.stats().writebacks_done, 1);
         assert_eq!(c.page_state(0), Some(BlockState::Ready));
-        assert_eq!(c.start_read(&mut io, later), PageRead::UnderWay);
+        assert_eq!(c.start_read(&mut io, later), PageRead::Started);
         assert_eq!(c.stats().background_reads, 1, "the read started in the freed block");
         assert_eq!(c.stats().misses, misses, "no page read waiting");
     }

@@ -292,6 +292,9 @@ impl<D: Device> Shard<D> {
         if entry.kind == FileType::Directory {
             return Err(FsError::IsDir);
         }
+        // Both pages read at once when neither is in memory: one stop, not
+        // two (and with a small Icache, not one evicted while the other is read).
+        self.warm_inodes(&[entry.ino, parent])?;
         self.follow_room(2)?;
         self.begin()?;
         self.remove_entry(parent, &entry)?;
@@ -412,6 +415,7 @@ impl<D: Device> Shard<D> {
         if entry.kind != FileType::Directory {
             return Err(FsError::NotDir);
         }
+        self.warm_inodes(&[entry.ino, parent])?;
         if self.dentries.child_count(entry.ino) > 0 {
             return Err(FsError::NotEmpty);
         }

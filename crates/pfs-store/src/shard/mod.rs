@@ -89,14 +89,17 @@ impl Default for ShardOptions {
 /// What an operation stopped at, to run again later (`Shard::set_defer_misses`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeferredOn {
-    /// An inode page being read: again once `Shard::icache_reads_done` moved.
+    /// An inode page whose read the request started: again once
+    /// `Shard::icache_reads_done` moved.
     InodePage,
-    /// An inode page not in memory whose read could not start: as many
-    /// background reads as the Icache allows were in flight
-    /// (`Icache::read_cap`). Again once `Shard::icache_reads_done` moved; the
-    /// request made no progress it could lose, so the worker counts such a
-    /// stop as a fraction of one.
-    ReadRoom,
+    /// An inode page already being read or written back, or whose read could
+    /// not start (as many background reads as the Icache allows were in
+    /// flight, `Icache::read_cap`; or no block is free until a write-back
+    /// lands): again once `Shard::icache_reads_done` moved. The request lost
+    /// nothing it had (a page it read is not evicted by such a stop), so the
+    /// worker counts it as a fraction of a stop: run again at another
+    /// page's read, a request whose own read is still in flight stops again.
+    InodePageWait,
     /// Data pages being read or written: again once
     /// `Shard::data_requests_done` moved.
     Data,
@@ -1070,7 +1073,7 @@ impl<D: Device> Shard<D> {
     /// when any is being read: an operation calls it with the inodes it will
     /// change, before its first change, so none of them misses afterwards
     /// (where a miss can no longer stop and waits for the device).
-    pub(super) fn warm_inodes(&mut self, inos: &[InodeId]) -> FsResult<()> {
+    pub fn warm_inodes(&mut self, inos: &[InodeId]) -> FsResult<()> {
         if !self.defer_misses || self.op_changes != 0 {
             return Ok(());
         }
@@ -1087,8 +1090,8 @@ impl<D: Device> Shard<D> {
     /// (`Icache::start_read`).
     fn page_read_stop(&mut self, slot: u64) -> Option<DeferredOn> {
         match self.icache.start_read(&mut self.io, slot) {
-            PageRead::UnderWay => Some(DeferredOn::InodePage),
-            PageRead::NoRoom => Some(DeferredOn::ReadRoom),
+            PageRead::Started => Some(DeferredOn::InodePage),
+            PageRead::InFlight | PageRead::NoRoom => Some(DeferredOn::InodePageWait),
             PageRead::Load => None,
         }
     }
@@ -1106,17 +1109,18 @@ impl<D: Device> Shard<D> {
     }
 
     /// Starts background reads of the pages of `slots` not in memory, in
-    /// order, at most `max` pages; returns what the request stops at: some
-    /// are being read (`InodePage`), or none could start for the reads in
-    /// flight (`ReadRoom`). One that cannot start otherwise (no clean block,
-    /// or its last read failed) is loaded waiting when its turn comes.
+    /// order, at most `max` pages; returns what the request stops at: it
+    /// started reading some (`InodePage`), or they are being read already or
+    /// could not start for the reads in flight (`InodePageWait`). One that
+    /// cannot start otherwise (its last read failed, no clean block and none
+    /// being written) is loaded waiting when its turn comes.
     fn start_page_reads(&mut self, slots: Vec<u64>, max: usize) -> Option<DeferredOn> {
         // The resident ones first, so reading the others does not evict them.
         for &slot in &slots {
             self.icache.touch_slot(slot);
         }
         let mut pages: Vec<u64> = Vec::new();
-        let mut no_room = false;
+        let (mut started, mut waits) = (false, false);
         for slot in slots {
             let page = slot / crate::icache::INODES_PER_BLOCK;
             if self.icache.resident(slot) || pages.contains(&page) {
@@ -1126,18 +1130,25 @@ impl<D: Device> Shard<D> {
                 break;
             }
             match self.icache.start_read(&mut self.io, slot) {
-                PageRead::UnderWay => pages.push(page),
+                PageRead::Started => {
+                    started = true;
+                    pages.push(page);
+                }
+                PageRead::InFlight => {
+                    waits = true;
+                    pages.push(page);
+                }
                 PageRead::NoRoom => {
-                    no_room = true;
+                    waits = true;
                     break;
                 }
                 PageRead::Load => {}
             }
         }
-        match (pages.is_empty(), no_room) {
-            (false, _) => Some(DeferredOn::InodePage),
-            (true, true) => Some(DeferredOn::ReadRoom),
-            (true, false) => None,
+        match (started, waits) {
+            (true, _) => Some(DeferredOn::InodePage),
+            (false, true) => Some(DeferredOn::InodePageWait),
+            (false, false) => None,
         }
     }
 

@@ -2117,7 +2117,11 @@ fn attributes_of_a_listing_never_wait_for_the_device() {
         s.set_defer_misses(false);
         match r {
             Err(FsError::TryAgain) => {
-                assert_eq!(s.take_deferred(), Some(DeferredOn::InodePage));
+                let on = s.take_deferred();
+                assert!(
+                    matches!(on, Some(DeferredOn::InodePage | DeferredOn::InodePageWait)),
+                    "{on:?}"
+                );
                 stops += 1;
                 assert!(stops <= 400, "stops once per batch of pages at most");
                 while s.icache_reading() {
@@ -2914,7 +2918,7 @@ fn the_image_buffer_is_reused_and_a_replaced_one_given_back_in_steps() {
 
 /// Requests for more cold inode pages than a quarter of the Icache start
 /// that many background reads and stop; the others stop without starting
-/// one (`DeferredOn::ReadRoom`), so the pages read are not evicted by more
+/// one (`DeferredOn::InodePageWait`), so the pages read are not evicted by more
 /// reads before their requests run again. Run again as the worker does (in
 /// order, after reads finished), every request is answered and no page is
 /// read waiting.
@@ -2967,7 +2971,7 @@ fn background_page_reads_are_bounded_by_a_quarter_of_the_icache() {
         if rounds == 1 {
             let first: Vec<DeferredOn> = stops.clone();
             assert!(first[..cap].iter().all(|&on| on == DeferredOn::InodePage), "{first:?}");
-            assert!(first[cap..].iter().all(|&on| on == DeferredOn::ReadRoom), "{first:?}");
+            assert!(first[cap..].iter().all(|&on| on == DeferredOn::InodePageWait), "{first:?}");
         }
         while s.icache_reading() {
             s.icache_reads_done();
