@@ -151,8 +151,19 @@ fn a_hundred_thousand_mutated_frames_leave_the_server_serving() {
             let id = i as u64;
             stamp(&mut f, ClientId(3), RequestId(id), (next() % 2) as u16);
             if header_too {
-                let at = (next() % 28) as usize;
-                f[at] ^= 1 << (next() % 8);
+                let (at, bit) = ((next() % 28) as usize, 1u8 << (next() % 8));
+                if (24..28).contains(&at) && f[at] & bit == 0 {
+                    // A length raised to more bytes than follow, yet under
+                    // the frame bound, is a frame still arriving: the server
+                    // rightly waits for the rest, and the test waited out its
+                    // 10 s read timeout (about ten times a run: 105 of its
+                    // 108 s). The length's top bit instead: past any bound,
+                    // the connection is closed. (A length lowered reads the
+                    // rest as the next header, which fails its checks.)
+                    f[27] ^= 0x80;
+                } else {
+                    f[at] ^= bit;
+                }
             }
             ids.insert(id);
             batch.extend_from_slice(&f);
