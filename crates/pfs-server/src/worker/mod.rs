@@ -488,8 +488,8 @@ impl<D: Device> Worker<D> {
         log::info!(
             "worker {}: while serving, waited for the device {waits} times ({} of them forced \
              commits); {} device requests waited for room in a full device queue and {} data \
-             writes stopped for them; {} stops for room to read an inode page; the backlog of full rings peaked at {} tasks (bound {}), \
-             new requests paused for it in {} rounds",
+             writes stopped for them; {} stops for room to read an inode page; the backlog of \
+             full rings peaked at {} tasks (bound {}), new requests paused for it in {} rounds",
             self.id,
             st.forced_commits - self.waits_before_serving.1,
             st.held_back,
