@@ -119,7 +119,7 @@ struct CrossOp {
     /// runs again in a later round.
     answered: Option<Result<Reply, FsError>>,
     /// Times in a row that step stopped (`Host::step`).
-    stops: u8,
+    stops: crate::host::StepStops,
 }
 
 /// The cross-shard renames a worker coordinates, each a state machine its
@@ -195,7 +195,7 @@ impl Renames {
             durable_at,
             resume: false,
             answered: None,
-            stops: 0,
+            stops: Default::default(),
         });
         Ok(())
     }
@@ -215,7 +215,7 @@ impl Renames {
                     durable_at: 0,
                     resume: true,
                     answered: None,
-                    stops: 0,
+                    stops: Default::default(),
                 });
             }
             None => log::error!(

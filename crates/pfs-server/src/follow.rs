@@ -71,7 +71,7 @@ pub struct Outbox {
     /// runs again in a later round. At most one per finished entry.
     finished: Vec<u64>,
     /// Times in a row that delete stopped (`Host::step`).
-    stops: u8,
+    stops: crate::host::StepStops,
 }
 
 impl Outbox {

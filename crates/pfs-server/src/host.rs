@@ -23,6 +23,24 @@ use crate::peers::PeerError;
 /// step runs).
 pub(crate) const STEP_STOPS_MAX: u8 = 4;
 
+/// The stops in a row of one machine's step, and the shard's background
+/// progress from before the last one (`Shard::background_progress`): the
+/// step runs again only once that moved. Before, it ran again in the next
+/// round, a few microseconds later, found its page read still in flight,
+/// and after four such rounds read it waiting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StepStops {
+    count: u8,
+    at: Option<(u64, u64, u64, u64)>,
+}
+
+impl StepStops {
+    /// Whether the step stopped and has not run through since.
+    pub(crate) fn any(&self) -> bool {
+        self.count > 0
+    }
+}
+
 /// The worker as a multi-shard step sees it.
 pub(crate) trait Host<D: Device> {
     /// The worker's number in its server (for log lines).
@@ -67,25 +85,35 @@ pub(crate) trait Host<D: Device> {
     /// Runs `step` on the shard so that it stops, as a request does, instead
     /// of waiting for the device: at an inode page not in memory, a commit it
     /// needs first, or a full log, before it changed anything
-    /// (`Shard::set_defer_misses`). `None`: it stopped and changed nothing;
-    /// the machine runs it again in a later round. `stops` counts the stops in
-    /// a row: after [`STEP_STOPS_MAX`] the step waits for the device instead.
+    /// (`Shard::set_defer_misses`). `None`: it stopped and changed nothing,
+    /// or stopped before and what it waits for has not moved yet (it does not
+    /// run); the machine asks again in a later round. `stops` counts the stops
+    /// in a row: after [`STEP_STOPS_MAX`] the step waits for the device instead.
     fn step<T>(
         &mut self,
-        stops: &mut u8,
+        stops: &mut StepStops,
         step: impl FnOnce(&mut Shard<D>) -> FsResult<T>,
     ) -> Option<FsResult<T>> {
         let shard = self.shard();
-        shard.set_defer_misses(*stops < STEP_STOPS_MAX);
+        // Collected here: nothing else may collect them in a round with no
+        // stopped request.
+        shard.icache_reads_done();
+        shard.data_requests_done();
+        let before = shard.background_progress();
+        if stops.at == Some(before) {
+            return None;
+        }
+        shard.set_defer_misses(stops.count < STEP_STOPS_MAX);
         let result = step(shard);
         shard.set_defer_misses(false);
         match result {
             Err(FsError::TryAgain) if shard.take_deferred().is_some() => {
-                *stops += 1;
+                stops.count += 1;
+                stops.at = Some(before);
                 None
             }
             result => {
-                *stops = 0;
+                *stops = StepStops::default();
                 Some(result)
             }
         }
@@ -147,11 +175,9 @@ mod tests {
         }
     }
 
-    /// A step whose inode page is not in memory stops with nothing changed,
-    /// again while the read is under way, and after `STEP_STOPS_MAX` stops
-    /// in a row waits for the device and runs.
-    #[test]
-    fn a_step_stops_at_a_cold_page_then_waits_after_four_stops() {
+    /// A shard whose first file's inode page is not in memory, and its
+    /// device's handle.
+    fn cold_shard() -> (Shard<MemDevice>, MemDevice, Vec<InodeId>) {
         let opts = ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
         let dev = MemDevice::new(64 << 20, 64);
         let handle = dev.handle();
@@ -167,32 +193,64 @@ mod tests {
         s.commit().unwrap();
         s.checkpoint().unwrap();
         drop(s);
-        let mut shard = Shard::open(handle.crash(1), 0, opts).unwrap();
+        let dev = handle.crash(1);
+        let handle = dev.handle();
+        let mut shard = Shard::open(dev, 0, opts).unwrap();
         // The last 1,000 inodes (63 pages) read after the open: the first
         // file's page (32 resident at most) is not in memory.
         for &ino in &inos[1000..] {
             shard.getattr(ino).unwrap();
         }
+        (shard, handle, inos)
+    }
+
+    fn rename(s: &mut Shard<MemDevice>) -> FsResult<bool> {
+        s.rename(
+            InodeId::ROOT,
+            b"f0000",
+            InodeId::ROOT,
+            b"moved",
+            pfs_store::RenameFlags::default(),
+        )
+        .map(|replaced| replaced.is_some())
+    }
+
+    /// A step whose inode page is not in memory stops with nothing changed;
+    /// asked again while the read is in flight it does not run (it runs
+    /// again once a background request finished, not in the next round);
+    /// then it runs without waiting.
+    #[test]
+    fn a_step_stops_at_a_cold_page_and_runs_again_once_its_read_finished() {
+        let (shard, handle, inos) = cold_shard();
         let mut h = ShardOnly { shard, now: Instant::now() };
-        let rename = |s: &mut Shard<MemDevice>| {
-            s.rename(
-                InodeId::ROOT,
-                b"f0000",
-                InodeId::ROOT,
-                b"moved",
-                pfs_store::RenameFlags::default(),
-            )
-        };
-        let mut stops = 0;
-        for n in 1..=STEP_STOPS_MAX {
-            assert!(h.step(&mut stops, rename).is_none(), "stop {n}");
-            assert_eq!(stops, n);
+        handle.hold(Some(0..u64::MAX));
+        let mut stops = StepStops::default();
+        for round in 0..10 {
+            assert!(h.step(&mut stops, rename).is_none(), "round {round}");
+            assert_eq!(stops.count, 1, "asked again before its read finished: not run");
             assert_eq!(h.shard.lookup(InodeId::ROOT, b"f0000").unwrap().ino, inos[0]);
             assert!(h.shard.take_deferred().is_none(), "step took what it stopped at");
         }
+        handle.hold(None);
+        let misses = h.shard.stats().icache.misses;
+        let ran = h.step(&mut stops, rename).expect("its read finished: it runs");
+        assert!(!ran.unwrap(), "nothing replaced");
+        assert_eq!(stops, StepStops::default(), "a step that ran starts the count again");
+        assert_eq!(h.shard.stats().icache.misses, misses, "read its page waiting");
+        assert_eq!(h.shard.lookup(InodeId::ROOT, b"moved").unwrap().kind, FileType::Regular);
+    }
+
+    /// After `STEP_STOPS_MAX` stops in a row a step waits for the device and
+    /// runs, so none stops for ever.
+    #[test]
+    fn a_step_waits_after_four_stops() {
+        let (shard, _handle, _) = cold_shard();
+        let mut h = ShardOnly { shard, now: Instant::now() };
+        let mut stops = StepStops { count: STEP_STOPS_MAX, at: None };
+        let misses = h.shard.stats().icache.misses;
         let ran = h.step(&mut stops, rename).expect("the fifth time it waits and runs");
-        assert!(ran.unwrap().is_none(), "nothing replaced");
-        assert_eq!(stops, 0, "a step that ran starts the count again");
+        assert!(!ran.unwrap(), "nothing replaced");
+        assert!(h.shard.stats().icache.misses > misses, "it read its page waiting");
         assert_eq!(h.shard.lookup(InodeId::ROOT, b"moved").unwrap().kind, FileType::Regular);
     }
 }

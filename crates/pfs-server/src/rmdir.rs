@@ -62,7 +62,7 @@ struct RmdirOp {
     /// finished (`Shard::commits_done`).
     durable_at: u64,
     /// Times in a row its step on this shard stopped (`Host::step`).
-    stops: u8,
+    stops: crate::host::StepStops,
 }
 
 impl RmdirOp {
@@ -78,7 +78,7 @@ impl RmdirOp {
             shards: Vec::new(),
             unsealing: false,
             durable_at: 0,
-            stops: 0,
+            stops: Default::default(),
         }
     }
 
@@ -144,7 +144,7 @@ impl Rmdirs {
 
     /// Whether a step of one stopped and runs again in a later round.
     pub(crate) fn has_stopped(&self) -> bool {
-        self.ops.iter().any(|op| op.stops > 0)
+        self.ops.iter().any(|op| op.stops.any())
     }
 
     /// Whether one waits for a reply from another server.

@@ -32,7 +32,7 @@ pub struct Sweep {
     /// most a batch.
     to_free: Vec<InodeId>,
     /// Times in a row that free stopped (`Host::step`).
-    stops: u8,
+    stops: crate::host::StepStops,
 }
 
 impl Sweep {
@@ -43,7 +43,7 @@ impl Sweep {
             next_at: now + EVERY,
             asked: Vec::new(),
             to_free: Vec::new(),
-            stops: 0,
+            stops: Default::default(),
         }
     }
 
