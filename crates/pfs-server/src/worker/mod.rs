@@ -40,13 +40,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pfs_core::config::PollMode;
-use pfs_core::{ClientId, FsError};
+use pfs_core::ClientId;
 use pfs_net::poller::READ;
 use pfs_net::{Completion, Epoll, Link};
 use pfs_store::device::Device;
 use pfs_store::Shard;
 
 use crate::cross::Renames;
+use crate::host::Host;
 use crate::memcpy::MemcpyPort;
 use crate::msg::{ConnRef, Doorbell, LiveConns, Task};
 use crate::peers::Peers;
@@ -163,8 +164,9 @@ pub struct Worker<D: Device> {
     /// (`log_checkpoint`).
     checkpoints_seen: u64,
     log_full_waits_seen: u64,
-    /// Trim steps that stopped in a row (`TRIM_STOPS_MAX`).
-    trim_stops: u8,
+    /// Trim steps that stopped in a row, and what they wait for
+    /// (`Host::step`).
+    trim_stops: crate::host::StepStops,
     /// Whether the last round saw a checkpoint under way (its start is logged).
     checkpoint_seen_running: bool,
     /// The shard's device waits and forced commits when the worker began to
@@ -213,10 +215,6 @@ impl<D: Device> std::fmt::Debug for Worker<D> {
 const TOKEN_BELL: u64 = 0;
 /// Token of the device's completion descriptor (`Device::completion_fd`).
 const TOKEN_DEVICE: u64 = u64::MAX;
-
-/// Trim steps that may stop in a row (for an inode page, a commit, room in the
-/// log) before one waits: an evicted page cannot hold a trim back for ever.
-const TRIM_STOPS_MAX: u8 = 4;
 
 /// A worker's backlog of tasks that full rings refused holds up to this many
 /// rings' worth (of the deepest ring out) before it takes no new requests
@@ -279,7 +277,7 @@ impl<D: Device> Worker<D> {
             after_commit: Vec::new(),
             checkpoints_seen,
             log_full_waits_seen: 0,
-            trim_stops: 0,
+            trim_stops: Default::default(),
             checkpoint_seen_running: false,
             waits_before_serving: (0, 0),
             reads: HashMap::new(),
@@ -573,21 +571,16 @@ impl<D: Device> Worker<D> {
             // Free a removed or truncated file's data one bounded record at a
             // time, only when no request waits. A step that needs an inode
             // page read, a commit or room in the log first stops, as requests
-            // do, and runs again in a later round; after TRIM_STOPS_MAX stops
-            // in a row it waits instead.
-            self.shard.set_defer_misses(self.trim_stops < TRIM_STOPS_MAX);
-            let stepped = self.shard.trim_step();
-            self.shard.set_defer_misses(false);
-            match stepped {
-                Ok(n) => {
-                    work += n;
-                    self.trim_stops = 0;
-                }
-                Err(FsError::TryAgain) if self.shard.take_deferred().is_some() => {
-                    self.trim_stops += 1;
-                }
-                Err(e) => log::error!("worker {}: freeing file data: {e}", self.id),
+            // do, and runs again once one of the shard's background requests
+            // finished; after four stops in a row it waits instead
+            // (`Host::step`, as the multi-shard machines' steps).
+            let mut stops = std::mem::take(&mut self.trim_stops);
+            match self.step(&mut stops, |s| s.trim_step()) {
+                Some(Ok(n)) => work += n,
+                Some(Err(e)) => log::error!("worker {}: freeing file data: {e}", self.id),
+                None => {}
             }
+            self.trim_stops = stops;
             self.mark_dirty();
         }
         // Cross-shard steps and trims run shard operations outside `exec`.
