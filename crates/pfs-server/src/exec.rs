@@ -496,6 +496,25 @@ mod tests {
         execute(shard, req).0.unwrap()
     }
 
+    /// `req` run as the worker runs it, with misses deferred: its result and
+    /// what it stopped at.
+    fn run_deferred(
+        s: &mut Shard<MemDevice>,
+        req: &Request,
+    ) -> (FsResult<Reply>, Option<pfs_store::DeferredOn>) {
+        s.set_defer_misses(true);
+        let result = execute(s, req.clone()).0;
+        s.set_defer_misses(false);
+        (result, s.take_deferred())
+    }
+
+    /// Waits for the inode pages being read in the background.
+    fn finish_page_reads(s: &mut Shard<MemDevice>) {
+        while s.icache_reading() {
+            s.icache_reads_done();
+        }
+    }
+
     fn create(shard: &mut Shard<MemDevice>, name: &str) -> InodeId {
         let req = Request::Create {
             parent: InodeId::ROOT,
@@ -714,19 +733,13 @@ mod tests {
             assert!(deferrable(&req), "{req:?} is not let stop");
             let mut s = Shard::open(handle.crash(1), 0, opts.clone()).unwrap();
             let misses = s.stats().icache.misses;
-            s.set_defer_misses(true);
-            let result = execute(&mut s, req.clone()).0;
-            s.set_defer_misses(false);
+            let (result, stop) = run_deferred(&mut s, &req);
             assert_eq!(result, Err(FsError::TryAgain), "{req:?}");
-            assert_eq!(s.take_deferred(), Some(pfs_store::DeferredOn::InodePage), "{req:?}");
-            while s.icache_reading() {
-                s.icache_reads_done();
-            }
-            s.set_defer_misses(true);
-            let result = execute(&mut s, req.clone()).0;
-            s.set_defer_misses(false);
+            assert_eq!(stop, Some(pfs_store::DeferredOn::InodePage), "{req:?}");
+            finish_page_reads(&mut s);
+            let (result, stop) = run_deferred(&mut s, &req);
             assert!(result.is_ok(), "{req:?} run again: {result:?}");
-            assert_eq!(s.take_deferred(), None, "{req:?}");
+            assert_eq!(stop, None, "{req:?}");
             assert_eq!(s.stats().icache.misses, misses, "{req:?} read a page waiting");
             assert!(check(&mut s, dir, f), "{req:?}: not done exactly once");
         }
@@ -782,19 +795,14 @@ mod tests {
         for req in [unlink, rmdir] {
             let mut s = Shard::open(handle.crash(1), 0, opts.clone()).unwrap();
             let st = s.stats().icache;
-            s.set_defer_misses(true);
-            assert_eq!(execute(&mut s, req.clone()).0, Err(FsError::TryAgain), "{req:?}");
-            s.set_defer_misses(false);
-            assert_eq!(s.take_deferred(), Some(pfs_store::DeferredOn::InodePage));
+            let (result, stop) = run_deferred(&mut s, &req);
+            assert_eq!(result, Err(FsError::TryAgain), "{req:?}");
+            assert_eq!(stop, Some(pfs_store::DeferredOn::InodePage));
             assert_eq!(s.stats().icache.background_reads - st.background_reads, 2, "{req:?}");
-            while s.icache_reading() {
-                s.icache_reads_done();
-            }
-            s.set_defer_misses(true);
-            let result = execute(&mut s, req.clone()).0;
-            s.set_defer_misses(false);
+            finish_page_reads(&mut s);
+            let (result, stop) = run_deferred(&mut s, &req);
             assert!(result.is_ok(), "{req:?} run again: {result:?}");
-            assert_eq!(s.take_deferred(), None, "{req:?} stopped a second time");
+            assert_eq!(stop, None, "{req:?} stopped a second time");
             assert_eq!(s.stats().icache.misses, st.misses, "{req:?} read a page waiting");
         }
     }
