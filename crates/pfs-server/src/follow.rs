@@ -168,7 +168,7 @@ impl Outbox {
         for (target, req) in busy {
             let outcome = match h.poll(target.0, req) {
                 Ok(None) => continue,
-                Ok(Some(Ok(Reply::FollowUps { .. }))) => Ok(()),
+                Ok(Some(Ok(Reply::FollowUps { through }))) => Ok(through),
                 Ok(Some(Ok(other))) => Err(format!("answered {:?}", other.opcode())),
                 Ok(Some(Err(e))) => Err(e.to_string()),
                 Err(e) => {
@@ -180,8 +180,10 @@ impl Outbox {
             let stream = self.streams.get_mut(&target).expect("polled above");
             let (_, ids) = stream.sent.take().expect("in flight");
             match outcome {
-                Ok(()) => {
-                    for id in ids {
+                // Those past `through` are sent again (the target applied
+                // those whose inodes were in memory, `apply_follow_ups`).
+                Ok(through) => {
+                    for id in ids.into_iter().filter(|&id| id <= through) {
                         let Some(p) = self.entries.get_mut(&id) else { continue };
                         if let Some(left) = p.left.as_mut() {
                             left.retain(|t| *t != target);

@@ -28,7 +28,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::procs::{child_client, kill, spawn_child, ClusterProcs, CHILD_ROLE};
+use common::procs::{child_client, kill, spawn_child, ClusterProcs, Sizing, CHILD_ROLE};
 use common::read_all;
 use pfs_client::{Cluster, FileSystem};
 use pfs_core::wire::{RenameFlags, XattrSetMode};
@@ -458,7 +458,10 @@ fn main() {
         .unwrap_or_else(|| rand::thread_rng().gen());
     println!("soak: {rounds} rounds, seed {seed} (PFS_SOAK_SEED={seed} replays the choices)");
     let dir = common::test_dir("soak");
-    let mut c = ClusterProcs::start(&dir, SERVERS, WORKERS);
+    // Server 1 at the smallest sizes: its pages are evicted, written back
+    // and read again all the time, and its device queue is full.
+    let sizing = |n| if n == 1 { Sizing::SMALL } else { Sizing::DEFAULT };
+    let mut c = ClusterProcs::start_sized(&dir, SERVERS, WORKERS, sizing);
     setup(&c);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut model: BTreeMap<String, Name> = BTreeMap::new();
@@ -552,8 +555,21 @@ fn main() {
         lost_creates.len()
     );
     c.stop();
-    if std::env::var_os("PFS_SOAK_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
+    for n in 0..SERVERS {
+        let log = std::fs::read_to_string(dir.join(format!("server-{n}.log"))).unwrap_or_default();
+        let (stops, waits) = serving_waits(&log);
+        println!(
+            "soak: server {n} ({} MiB log, {} Icache blocks, device queue {}): while serving, its \
+             workers waited for the device {waits} times over {stops} stops that were not kills",
+            sizing(n).wal_size_bytes >> 20,
+            sizing(n).icache_blocks,
+            sizing(n).io_queue_depth,
+        );
+    }
+    if std::env::var_os("PFS_SOAK_KEEP").is_some() {
+        println!("soak: kept {} (PFS_SOAK_KEEP)", dir.display());
+        // The directory removes itself when dropped.
+        std::mem::forget(dir);
     }
     println!(
         "soak: {rounds} rounds, {kills} server kills, {durable_ops} durable operations \
@@ -563,6 +579,18 @@ fn main() {
         started.elapsed(),
         lost_creates.len()
     );
+}
+
+/// From a server's log: how many times a worker stopped (not killed) and
+/// logged how often it waited for the device while serving, and the sum.
+fn serving_waits(log: &str) -> (usize, u64) {
+    const AT: &str = "while serving, waited for the device ";
+    let waits: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split_once(AT))
+        .filter_map(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .collect();
+    (waits.len(), waits.iter().sum())
 }
 
 /// Runs `pfs fsck` (no repairs) on the stopped servers; its report.

@@ -256,11 +256,22 @@ impl Icache {
         }
     }
 
-    /// Whether the page of slot `slot` is resident (not being read).
+    /// Whether the page of slot `slot` is in memory and free to use: not
+    /// being read, and not being written back (the device holds its buffer
+    /// then, and a load of it waits for the write to land, as
+    /// [`resident_slot`](Self::resident_slot) says).
     pub fn resident(&self, slot: u64) -> bool {
-        self.index
-            .get(&(slot / INODES_PER_BLOCK))
-            .is_some_and(|&b| self.blocks[b as usize].state != BlockState::Reading)
+        self.index.get(&(slot / INODES_PER_BLOCK)).is_some_and(|&b| {
+            !matches!(self.blocks[b as usize].state, BlockState::Reading | BlockState::Writing)
+        })
+    }
+
+    /// Starts the write-back of the page of `slot`, dirty and durable (tests).
+    #[cfg(test)]
+    pub(crate) fn start_write_back_of<D: Device>(&mut self, io: &mut DevIo<D>, slot: u64) {
+        let b = self.index[&(slot / INODES_PER_BLOCK)];
+        assert!(self.writable(b), "the page of slot {slot} is not dirty and durable");
+        self.start_write(io, b);
     }
 
     /// Background reads in flight at most: a quarter of the blocks. Pages
@@ -344,6 +355,32 @@ impl Icache {
         self.stats.evictions += 1;
         self.release(b);
         self.free.pop()
+    }
+
+    /// Whether [`load_blank`](Self::load_blank) of `slot` would wait for the
+    /// device: its page is being read or written back, or it is not in
+    /// memory and no block is free or ready to evict until a write-back in
+    /// flight lands. (With none in flight it must write one back and wait:
+    /// that is not a wait a caller can stop for.)
+    pub fn blank_busy(&self, slot: u64) -> bool {
+        match self.index.get(&(slot / INODES_PER_BLOCK)) {
+            Some(&b) => {
+                matches!(self.blocks[b as usize].state, BlockState::Reading | BlockState::Writing)
+            }
+            None => self.free.is_empty() && self.writing_count > 0 && !self.has_ready_block(),
+        }
+    }
+
+    /// Whether some block is ready to be evicted without a write.
+    fn has_ready_block(&self) -> bool {
+        let mut b = self.lru_head;
+        while b != NIL {
+            if self.blocks[b as usize].state == BlockState::Ready {
+                return true;
+            }
+            b = self.blocks[b as usize].next;
+        }
+        false
     }
 
     /// Makes the page of slot `slot` resident without reading it when it is

@@ -179,8 +179,10 @@ pub enum Reply {
     AddLink(FileAttr),
     /// The directory's count and times are updated.
     AdjustDir,
-    /// Every follow-up of the request is applied and durable; `through` is the
-    /// watermark kept for the sending shard.
+    /// The follow-ups of the request up to `through`, the watermark kept for
+    /// the sending shard, are applied and durable; the sender sends those past
+    /// it again (a target applies a batch up to the first whose inode page is
+    /// not in memory).
     FollowUps {
         /// The highest follow-up id applied from that shard.
         through: u64,

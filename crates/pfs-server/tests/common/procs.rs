@@ -20,6 +20,37 @@ pub fn free_port(ip: &str) -> u16 {
     TcpListener::bind(format!("{ip}:0")).unwrap().local_addr().unwrap().port()
 }
 
+/// How a server's memory and device queue are sized.
+#[derive(Clone, Copy, Debug)]
+pub struct Sizing {
+    pub wal_size_bytes: u64,
+    pub icache_blocks: u32,
+    pub io_queue_depth: u32,
+    /// `None`: the server's default (from the machine's memory).
+    pub read_cache_mib: Option<u64>,
+}
+
+impl Sizing {
+    /// What the tests use unless they ask otherwise: an 8 MiB log, 4,096
+    /// inodes in the Icache per worker.
+    pub const DEFAULT: Sizing = Sizing {
+        wal_size_bytes: 8 << 20,
+        icache_blocks: 256,
+        io_queue_depth: 256,
+        read_cache_mib: None,
+    };
+
+    /// Everything at its smallest useful size: a 4 MiB log, 256 inodes in the
+    /// Icache, an 8 MiB read cache, two requests on the device at once. Pages
+    /// are evicted, written back and read again all the time.
+    pub const SMALL: Sizing = Sizing {
+        wal_size_bytes: 4 << 20,
+        icache_blocks: 16,
+        io_queue_depth: 2,
+        read_cache_mib: Some(8),
+    };
+}
+
 pub struct ClusterProcs {
     pub dir: PathBuf,
     pub master_addr: SocketAddr,
@@ -32,7 +63,17 @@ impl ClusterProcs {
     /// A master and `servers` servers of `workers` workers each, server n on
     /// 127.0.0.(n+2).
     pub fn start(dir: &Path, servers: u32, workers: u32) -> ClusterProcs {
-        let mut c = ClusterProcs::configure(dir, servers, workers);
+        ClusterProcs::start_sized(dir, servers, workers, |_| Sizing::DEFAULT)
+    }
+
+    /// As [`start`](Self::start), server n sized `sizing(n)`.
+    pub fn start_sized(
+        dir: &Path,
+        servers: u32,
+        workers: u32,
+        sizing: impl Fn(u32) -> Sizing,
+    ) -> ClusterProcs {
+        let mut c = ClusterProcs::configure_sized(dir, servers, workers, sizing);
         for n in 0..servers {
             // One after the other, so server n gets id n.
             let before = c.serving_lines(n);
@@ -50,6 +91,16 @@ impl ClusterProcs {
     /// The master running and the configs of `servers` servers written, none
     /// started (`servers` is empty).
     pub fn configure(dir: &Path, servers: u32, workers: u32) -> ClusterProcs {
+        ClusterProcs::configure_sized(dir, servers, workers, |_| Sizing::DEFAULT)
+    }
+
+    /// As [`configure`](Self::configure), server n sized `sizing(n)`.
+    pub fn configure_sized(
+        dir: &Path,
+        servers: u32,
+        workers: u32,
+        sizing: impl Fn(u32) -> Sizing,
+    ) -> ClusterProcs {
         let key = dir.join("cluster.key");
         ClusterKey::generate(&key).unwrap();
         let master_addr: SocketAddr =
@@ -72,14 +123,19 @@ impl ClusterProcs {
         );
         for n in 0..servers {
             let ip = format!("127.0.0.{}", n + 2);
+            let z = sizing(n);
             let cfg = format!(
                 "listen = \"{ip}:{}\"\ndata_path = \"{}\"\ndevice_size_bytes = {}\npreallocate = false\nworkers = {workers}\n\
-                 key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = 8388608\nicache_blocks = 256\n\
-                 idle_spin_us = 50\n",
+                 key_file = \"{}\"\nmaster = \"{master_addr}\"\nwal_size_bytes = {}\nicache_blocks = {}\n\
+                 io_queue_depth = {}\n{}idle_spin_us = 50\n",
                 free_port(&ip),
                 dir.join(format!("server-{n}.img")).display(),
                 super::DEVICE_BYTES,
-                key.display()
+                key.display(),
+                z.wal_size_bytes,
+                z.icache_blocks,
+                z.io_queue_depth,
+                z.read_cache_mib.map_or(String::new(), |m| format!("read_cache_mib = {m}\n")),
             );
             std::fs::write(dir.join(format!("server-{n}.toml")), cfg).unwrap();
         }

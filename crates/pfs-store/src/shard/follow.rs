@@ -341,33 +341,61 @@ impl<D: Device> Shard<D> {
     /// note for each follow-up that found nothing to do (already gone), for the
     /// log. A transient failure (a full table, a device error) stops there: the
     /// sender sends the rest again.
+    ///
+    /// With misses deferred (`set_defer_misses`), none waits for an inode
+    /// page: when the first new one's page is not in memory, the pages of all
+    /// of them start being read (`warm_inodes`) and the request stops before
+    /// it changed anything; otherwise they apply up to the first whose page
+    /// is not in memory, the later ones' pages start being read, and the
+    /// watermark returned tells the sender which to send again. (Each stop
+    /// of a batch of 256 over more pages than the Icache reads at once read
+    /// some of them; after four, it read the rest waiting.)
     pub fn apply_follow_ups(
         &mut self,
         from: ShardId,
         ops: &[(u64, FollowOp)],
     ) -> FsResult<(u64, Vec<String>)> {
+        if let Some(&(id, _)) =
+            ops.iter().find(|&&(id, _)| id & PARTICIPANT_BIT != 0 || id >> 48 != u64::from(from.0))
+        {
+            return Err(FsError::Invalid(format!(
+                "follow-up id {id:#x} is not one of shard {from}"
+            )));
+        }
         let key = mark_key(from);
         let mut mark = self.follow_mark(from);
-        // The inodes the new ones change, their pages read before the first
-        // change (with misses deferred the request stops until they are in
-        // memory), so none is missed afterwards, where a miss waits.
-        let inos: Vec<InodeId> = ops
-            .iter()
-            .filter(|&&(id, _)| id > mark)
-            .filter_map(|&(_, op)| match op {
-                FollowOp::Drop { ino } | FollowOp::AddLink { ino } => Some(ino),
-                FollowOp::AdjustDir { dir, .. } => Some(dir),
-                _ => None,
-            })
-            .collect();
-        self.warm_inodes(&inos)?;
+        let new = ops.iter().position(|&(id, _)| id > mark).unwrap_or(ops.len());
+        let ops = &ops[new..];
+        let cold = match self.defer_misses && self.op_changes == 0 {
+            true => ops.iter().position(|(_, op)| {
+                changed_inode(op)
+                    .and_then(|ino| self.inode_slots.get(&ino))
+                    .is_some_and(|&slot| !self.icache.resident(slot))
+            }),
+            false => None,
+        };
+        let inos = |ops: &[(u64, FollowOp)]| -> Vec<InodeId> {
+            ops.iter().filter_map(|(_, op)| changed_inode(op)).collect()
+        };
+        let ops = match cold {
+            // The inodes they change, their pages read before the first change
+            // (the request stops until they are in memory), so none is missed
+            // afterwards, where a miss waits.
+            Some(0) => {
+                self.warm_inodes(&inos(ops))?;
+                ops
+            }
+            Some(cold) => {
+                let later = inos(&ops[cold..]);
+                let slots = later.iter().filter_map(|i| self.inode_slots.get(i).copied());
+                self.start_page_reads(slots.collect(), 64);
+                &ops[..cold]
+            }
+            None => ops,
+        };
         let mut notes = Vec::new();
         for &(id, op) in ops {
-            if id & PARTICIPANT_BIT != 0 || id >> 48 != u64::from(from.0) {
-                return Err(FsError::Invalid(format!(
-                    "follow-up id {id:#x} is not one of shard {from}"
-                )));
-            }
+            // Out of order: applied already.
             if id <= mark {
                 continue;
             }
@@ -471,6 +499,17 @@ impl<D: Device> Shard<D> {
     }
 }
 
+/// The inode of this shard a follow-up changes, if it changes one.
+fn changed_inode(op: &FollowOp) -> Option<InodeId> {
+    match *op {
+        FollowOp::Drop { ino } | FollowOp::AddLink { ino } | FollowOp::Reparent { ino, .. } => {
+            Some(ino)
+        }
+        FollowOp::AdjustDir { dir, .. } => Some(dir),
+        FollowOp::FreeData { .. } | FollowOp::CutData { .. } | FollowOp::Forget { .. } => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,6 +570,87 @@ mod tests {
             b.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"again"),
             Err(FsError::NotFound)
         );
+    }
+
+    /// A batch of follow-ups over more cold pages than the Icache reads at
+    /// once applies up to the first whose page is not in memory, and the
+    /// watermark tells the sender to send the rest again: each request
+    /// stops at most once, and none waits for the device. (A request that
+    /// read all the pages before its first change stopped once per few
+    /// pages read, and the worker runs a request at most four times
+    /// stopped: the rest were read waiting.)
+    #[test]
+    fn follow_ups_over_many_cold_pages_apply_a_part_at_a_time_without_waiting() {
+        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let f = FormatOptions::new(ShardId(0), 64 << 20);
+        let mut b = Shard::format(dev, &f, opts()).unwrap();
+        let files: Vec<InodeId> = (0..1000)
+            .map(|i| {
+                let name = format!("f{i}");
+                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
+            })
+            .collect();
+        b.commit().unwrap();
+        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
+        b.checkpoint().unwrap();
+        for &ino in &files[500..] {
+            b.getattr(ino).unwrap();
+        }
+        // One cold inode on each of 20 pages: more than the 8 reads (a
+        // quarter of the Icache) that run at once.
+        let mut pages = Vec::new();
+        let mut cold = Vec::new();
+        for &ino in &files {
+            let slot = b.inode_slots[&ino];
+            let page = slot / crate::icache::INODES_PER_BLOCK;
+            if !b.icache.resident(slot) && !pages.contains(&page) && cold.len() < 20 {
+                pages.push(page);
+                cold.push(ino);
+            }
+        }
+        assert_eq!(cold.len(), 20, "20 cold pages");
+        let from = ShardId(2);
+        let mut ops: Vec<(u64, FollowOp)> = cold
+            .iter()
+            .enumerate()
+            .map(|(k, &ino)| ((2u64 << 48) | (k as u64 + 1), FollowOp::AddLink { ino }))
+            .collect();
+        let waits = b.stats().device_waits;
+        let (mut requests, mut stops_in_a_row) = (0, 0);
+        while !ops.is_empty() {
+            b.set_defer_misses(true);
+            let r = b.apply_follow_ups(from, &ops);
+            b.set_defer_misses(false);
+            match r {
+                Err(FsError::TryAgain) => {
+                    assert!(b.take_deferred().is_some());
+                    stops_in_a_row += 1;
+                    assert!(
+                        stops_in_a_row < 2,
+                        "a request of {} follow-ups stopped twice",
+                        ops.len()
+                    );
+                    while b.icache_reading() {
+                        b.icache_reads_done();
+                    }
+                }
+                Ok((through, _)) => {
+                    // What the sender does with the answer.
+                    requests += 1;
+                    stops_in_a_row = 0;
+                    assert!(through >= ops[0].0, "no progress");
+                    ops.retain(|&(id, _)| id > through);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        println!("20 follow-ups over 20 cold pages applied in {requests} requests");
+        assert!(requests > 1, "the batch applied at once: the pages fit the reads");
+        assert_eq!(b.stats().device_waits, waits, "the follow-ups waited for the device");
+        for ino in cold {
+            assert_eq!(b.getattr(ino).unwrap().nlink, 2, "{ino}: applied once");
+        }
     }
 
     /// Follow-ups for inodes whose pages are not in memory do not wait for

@@ -959,21 +959,25 @@ impl<D: Device> Shard<D> {
         let page_free = (first..first + crate::icache::INODES_PER_BLOCK)
             .filter(|&s| s != slot && s < self.geo.inode_slots)
             .all(|s| !self.slot_bitmap.get(s));
+        let stop = match self.defer_misses && self.op_changes == 0 {
+            // A fresh page is not read, but it may be being written back or
+            // read, or take a block only once a write-back lands.
+            true if page_free => self.icache.blank_busy(slot).then_some(DeferredOn::InodePageWait),
+            true => self.page_read_stop(slot),
+            false => None,
+        };
+        if let Some(on) = stop {
+            // Its page is not in memory (and holds other inodes), or cannot
+            // be made so without waiting: read it in the background and have
+            // the request run again once it is (`set_defer_misses`), the
+            // slot given back meanwhile (the next allocation takes it again).
+            self.slot_bitmap.clear_run(slot, 1);
+            self.deferred = Some(on);
+            return Err(FsError::TryAgain);
+        }
         let loaded = if page_free {
             self.icache.load_blank(&mut self.io, slot)
         } else {
-            let stop = match self.defer_misses && self.op_changes == 0 {
-                true => self.page_read_stop(slot),
-                false => None,
-            };
-            if let Some(on) = stop {
-                // Its page holds other inodes and is not in memory: read it in
-                // the background and have the request run again once it is
-                // (`set_defer_misses`), the slot given back meanwhile.
-                self.slot_bitmap.clear_run(slot, 1);
-                self.deferred = Some(on);
-                return Err(FsError::TryAgain);
-            }
             self.icache.read_slot(&mut self.io, slot).map(|_| ())
         };
         if let Err(e) = loaded {
@@ -1080,6 +1084,11 @@ impl<D: Device> Shard<D> {
         let slots: Vec<u64> =
             inos.iter().filter_map(|ino| self.inode_slots.get(ino).copied()).collect();
         if slots.iter().all(|&s| self.icache.resident(s)) {
+            // Most recently used: a new inode's page taken later in the
+            // operation evicts another.
+            for &slot in &slots {
+                self.icache.touch_slot(slot);
+            }
             return Ok(());
         }
         self.prefetch_slots(slots)

@@ -2843,6 +2843,78 @@ fn a_rename_stops_at_a_cold_inode_page_before_it_changes_anything() {
     assert_eq!(s.lookup(ROOT, b"f").unwrap_err(), FsError::NotFound);
 }
 
+/// A page being written back is not in memory for an operation about to
+/// change it: the device holds its buffer, and using it waits for the write
+/// to land. A rename whose inodes' page is being written back stops before
+/// its first change (it waited for the write-back after it, in the SIGKILL
+/// soak with a 16-block Icache) and runs once the write-back finished.
+#[test]
+fn a_rename_stops_at_a_page_being_written_back_before_it_changes_anything() {
+    let (mut s, _) = fresh();
+    let f = s.create(ROOT, b"f", CreateArgs::file(0o644)).unwrap().ino;
+    s.commit().unwrap();
+    let slot = s.inode_slots[&f];
+    s.icache.start_write_back_of(&mut s.io, slot);
+    assert!(!s.icache.resident(slot), "a page being written back is not free to use");
+    let (waits, pending) = (s.stats().device_waits, s.wal.pending_bytes());
+    let written = s.icache.stats().writebacks_done;
+    s.set_defer_misses(true);
+    let renamed = s.rename(ROOT, b"f", ROOT, b"h", RenameFlags::default());
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().device_waits, waits, "the rename waited for the write-back");
+    assert_eq!(renamed.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePageWait));
+    assert_eq!(s.wal.pending_bytes(), pending, "nothing logged");
+    s.icache_reads_done();
+    assert_eq!(s.icache.stats().writebacks_done, written + 1, "the write-back finished");
+    assert!(s.icache.resident(slot));
+    s.set_defer_misses(true);
+    s.rename(ROOT, b"f", ROOT, b"h", RenameFlags::default()).unwrap();
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().device_waits, waits, "the rename waited for the device");
+    assert_eq!(s.lookup(ROOT, b"h").unwrap().ino, f);
+    assert_eq!(s.getattr(f).unwrap().kind, FileType::Regular);
+}
+
+/// A create whose new inode takes a page of free slots does not read it,
+/// but when that page is being written back (its last inode removed) it
+/// stops instead of waiting for the write to land, and runs once it did.
+#[test]
+fn a_create_stops_at_a_fresh_page_being_written_back() {
+    let (mut s, _) = fresh();
+    // Files until one is the first of its page, then that one removed: a
+    // page of free slots, dirty.
+    let mut i = 0;
+    let slot = loop {
+        let f = s.create(ROOT, format!("f{i}").as_bytes(), CreateArgs::file(0o644)).unwrap();
+        i += 1;
+        let slot = s.inode_slots[&f.ino];
+        if slot % crate::icache::INODES_PER_BLOCK == 0 {
+            s.unlink(ROOT, format!("f{}", i - 1).as_bytes()).unwrap();
+            break slot;
+        }
+    };
+    s.commit().unwrap();
+    s.icache.start_write_back_of(&mut s.io, slot);
+    let (waits, pending) = (s.stats().device_waits, s.wal.pending_bytes());
+    let written = s.icache.stats().writebacks_done;
+    s.set_defer_misses(true);
+    let made = s.create(ROOT, b"g", CreateArgs::file(0o644));
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().device_waits, waits, "the create waited for the write-back");
+    assert_eq!(made.unwrap_err(), FsError::TryAgain);
+    assert_eq!(s.take_deferred(), Some(DeferredOn::InodePageWait));
+    assert_eq!(s.wal.pending_bytes(), pending, "nothing logged");
+    s.icache_reads_done();
+    assert_eq!(s.icache.stats().writebacks_done, written + 1, "the write-back finished");
+    s.set_defer_misses(true);
+    let g = s.create(ROOT, b"g", CreateArgs::file(0o644)).unwrap();
+    s.set_defer_misses(false);
+    assert_eq!(s.stats().device_waits, waits, "the create waited for the device");
+    assert_eq!(s.inode_slots[&g.ino], slot, "the slot given back was taken again");
+    assert_eq!(s.lookup(ROOT, b"g").unwrap().ino, g.ino);
+}
+
 #[test]
 fn a_cross_rename_finish_stops_at_a_cold_inode_page_before_it_changes_anything() {
     let (mut s, made) = shard_with_cold(&[b"f"]);
