@@ -366,7 +366,9 @@ impl<D: Device> Shard<D> {
         let mut mark = self.follow_mark(from);
         let new = ops.iter().position(|&(id, _)| id > mark).unwrap_or(ops.len());
         let ops = &ops[new..];
-        let cold = match self.defer_misses && self.op_changes == 0 {
+        // Set now: the first change clears `defer_misses`.
+        let may_stop = self.defer_misses && self.op_changes == 0;
+        let cold = match may_stop {
             true => ops.iter().position(|(_, op)| {
                 changed_inode(op)
                     .and_then(|ino| self.inode_slots.get(&ino))
@@ -394,10 +396,24 @@ impl<D: Device> Shard<D> {
             None => ops,
         };
         let mut notes = Vec::new();
+        let mut applied = 0;
         for &(id, op) in ops {
             // Out of order: applied already.
             if id <= mark {
                 continue;
+            }
+            // Past the first, one that would wait (for its page, evicted or
+            // being written back since, or for a commit or room in the log)
+            // is left for the sender to send again, where it can stop.
+            if may_stop && applied > 0 {
+                let slot = changed_inode(&op).and_then(|ino| self.inode_slots.get(&ino).copied());
+                if let Some(slot) = slot.filter(|&s| !self.icache.resident(s)) {
+                    self.start_page_reads(vec![slot], 1);
+                    break;
+                }
+                if self.begin_may_wait() {
+                    break;
+                }
             }
             if !self.txns.contains_key(&key) {
                 if self.txns.len() >= super::txn::TXN_TABLE_MAX {
@@ -420,6 +436,7 @@ impl<D: Device> Shard<D> {
             self.log(Change::TxnPut { id: key, data: id.to_le_bytes().to_vec() })?;
             self.finish()?;
             mark = id;
+            applied += 1;
         }
         Ok((mark, notes))
     }
@@ -649,6 +666,72 @@ mod tests {
         assert!(requests > 1, "the batch applied at once: the pages fit the reads");
         assert_eq!(b.stats().device_waits, waits, "the follow-ups waited for the device");
         for ino in cold {
+            assert_eq!(b.getattr(ino).unwrap().nlink, 2, "{ino}: applied once");
+        }
+    }
+
+    /// A batch whose follow-ups dirty more Icache blocks than stay clean
+    /// stops applying when the next one would have to wait for a commit
+    /// (the first change ended the request's right to stop, so `begin` would
+    /// commit waiting), and the sender sends the rest again, where a request
+    /// can stop for the commit instead.
+    #[test]
+    fn follow_ups_stop_applying_before_a_commit_they_would_wait_for() {
+        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let handle = dev.handle();
+        let f = FormatOptions::new(ShardId(0), 64 << 20);
+        let mut b = Shard::format(dev, &f, opts()).unwrap();
+        let files: Vec<InodeId> = (0..16 * 30)
+            .map(|i| {
+                let name = format!("f{i}");
+                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
+            })
+            .collect();
+        b.commit().unwrap();
+        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
+        b.checkpoint().unwrap();
+        // One inode of each of 28 pages, all in memory and clean.
+        let one_per_page: Vec<InodeId> =
+            files.iter().copied().step_by(16).skip(1).take(28).collect();
+        for &ino in &one_per_page {
+            b.getattr(ino).unwrap();
+        }
+        for ino in &one_per_page {
+            assert!(b.icache.resident(b.inode_slots[ino]));
+        }
+        let from = ShardId(2);
+        let mut ops: Vec<(u64, FollowOp)> = one_per_page
+            .iter()
+            .enumerate()
+            .map(|(k, &ino)| ((2u64 << 48) | (k as u64 + 1), FollowOp::AddLink { ino }))
+            .collect();
+        let forced = b.stats().forced_commits;
+        let mut requests = 0;
+        while !ops.is_empty() {
+            // Every commit stays in flight until the batch stopped (a wait
+            // for one panics): the blocks its follow-ups dirty stay dirty.
+            handle.hold(Some(0..u64::MAX));
+            b.set_defer_misses(true);
+            let r = b.apply_follow_ups(from, &ops);
+            b.set_defer_misses(false);
+            handle.hold(None);
+            assert_eq!(b.stats().forced_commits, forced, "a follow-up waited for a commit");
+            match r {
+                Err(FsError::TryAgain) => {
+                    assert_eq!(b.take_deferred(), Some(crate::shard::DeferredOn::Commit));
+                    b.commit().unwrap();
+                }
+                Ok((through, _)) => {
+                    requests += 1;
+                    assert!(through >= ops[0].0, "no progress");
+                    ops.retain(|&(id, _)| id > through);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(requests > 1, "the batch applied at once: the Icache kept enough clean blocks");
+        for ino in one_per_page {
             assert_eq!(b.getattr(ino).unwrap().nlink, 2, "{ino}: applied once");
         }
     }

@@ -644,6 +644,16 @@ impl<D: Device> Shard<D> {
         Ok(())
     }
 
+    /// Whether [`begin`](Self::begin) may wait now, for an operation that
+    /// cannot stop: for room in the log, or for a commit (the pending records
+    /// at two groups, the Icache short of clean blocks). A request that
+    /// applies several operations checks it before each after the first.
+    pub(super) fn begin_may_wait(&self) -> bool {
+        self.wal.free_bytes() < MAX_RECORD_BYTES
+            || self.wal.group_overfull()
+            || self.icache.clean_blocks() < OP_ICACHE_BLOCKS
+    }
+
     /// How far past two groups the pending records may grow before this
     /// operation waits for a commit: not at all for a request that can still
     /// stop (it changed nothing yet), [`UNSTOPPABLE_ROOM`] for others.
