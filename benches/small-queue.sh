@@ -11,6 +11,9 @@
 #   QD=1 benches/small-queue.sh
 #   EXTRA='icache_blocks = 64' benches/small-queue.sh   # more server config lines
 #   KEEP=1 benches/small-queue.sh          # keep $WORK (server.log) afterwards
+#   MOUNT=1 benches/small-queue.sh         # then, through a pfs-fuse mount: `pfs fsx`
+#                                          # on the three data layouts, `tar xf` of
+#                                          # /usr/include checked with `diff -r`, `rm -rf`
 set -euo pipefail
 QD=${QD:-8}
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
@@ -50,6 +53,19 @@ for wl in "md-easy --files 5000" "md-hard --files 3000" "io-easy --segments 512"
     # shellcheck disable=SC2086
     "$BIN/pfs" bench $wl --key "$WORK/key" pfs://127.0.0.1:7300/ 2>&1 | grep -v "^$"
 done
+if [ -n "${MOUNT:-}" ]; then
+    mkdir -p "$WORK/mnt"
+    "$BIN/pfs-fuse" 127.0.0.1:7300 "$WORK/mnt" -o "key=$WORK/key,log=$WORK/fuse.log"
+    for layout in block file io; do
+        mkdir "$WORK/mnt/fsx-$layout"
+        "$BIN/pfs" fsx --ops 3000 --layout "$layout" "$WORK/mnt/fsx-$layout" 2>&1 | tail -1
+    done
+    mkdir "$WORK/mnt/tar"
+    tar -C "$WORK/mnt/tar" -xf <(tar -C /usr -cf - include)
+    diff -r /usr/include "$WORK/mnt/tar/include" > /dev/null && echo "tar xf of /usr/include: same as the source"
+    rm -rf "$WORK/mnt/tar" "$WORK/mnt"/fsx-*
+    umount "$WORK/mnt"
+fi
 kill -TERM "$server"
 wait "$server" || true
 kill -TERM "$master"
