@@ -62,7 +62,7 @@ if [ -n "${MOUNT:-}" ]; then
     done
     mkdir "$WORK/mnt/tar"
     tar -C "$WORK/mnt/tar" -xf <(tar -C /usr -cf - include)
-    diff -r /usr/include "$WORK/mnt/tar/include" > /dev/null && echo "tar xf of /usr/include: same as the source"
+    diff -r --no-dereference /usr/include "$WORK/mnt/tar/include" && echo "tar xf of /usr/include: same as the source"
     rm -rf "$WORK/mnt/tar" "$WORK/mnt"/fsx-*
     umount "$WORK/mnt"
 fi

@@ -434,7 +434,7 @@ impl<D: Device> Shard<D> {
     /// Where the `len` bytes at `offset` of `inode` lie on this shard: `(run,
     /// first page in run, pages, where in the output, skip bytes in the first
     /// page, bytes)`; holes have none.
-    fn data_pieces(&self, inode: &Inode, offset: u64, len: usize) -> Vec<Piece> {
+    pub(super) fn data_pieces(&self, inode: &Inode, offset: u64, len: usize) -> Vec<Piece> {
         let mut pieces = Vec::new();
         self.data_pieces_into(inode, offset, len, 0, &mut pieces);
         pieces

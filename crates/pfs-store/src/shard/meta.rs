@@ -223,6 +223,21 @@ impl<D: Device> Shard<D> {
         if inode.kind != FileType::Symlink {
             return Err(FsError::Invalid(format!("inode {ino} is not a symbolic link")));
         }
+        // With misses deferred, the target is not read waiting: when memory
+        // does not hold its bytes, their pages start being read ahead and
+        // the request stops until they are in (`set_defer_misses`).
+        if self.defer_misses && self.op_changes == 0 {
+            let pieces = self.data_pieces(&inode, 0, inode.size as usize);
+            let mut stop = false;
+            for (run, first, pages, ..) in pieces {
+                stop |= self.merge_waits(run.page + first, pages);
+            }
+            if stop {
+                self.stats.reads_deferred += 1;
+                self.deferred = Some(super::DeferredOn::Data);
+                return Err(FsError::TryAgain);
+            }
+        }
         self.read(ino, 0, inode.size as usize)
     }
 
