@@ -14,6 +14,8 @@
 #   MOUNT=1 benches/small-queue.sh         # then, through a pfs-fuse mount: `pfs fsx`
 #                                          # on the three data layouts, `tar xf` of
 #                                          # /usr/include checked with `diff -r`, `rm -rf`
+#   MOUNT=1 PJDFSTEST=/tmp/pjd benches/small-queue.sh  # and pjdfstest (built in that
+#                                          # directory: see tests/conformance.rs), its summary
 set -euo pipefail
 QD=${QD:-8}
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
@@ -55,7 +57,7 @@ for wl in "md-easy --files 5000" "md-hard --files 3000" "io-easy --segments 512"
 done
 if [ -n "${MOUNT:-}" ]; then
     mkdir -p "$WORK/mnt"
-    "$BIN/pfs-fuse" 127.0.0.1:7300 "$WORK/mnt" -o "key=$WORK/key,log=$WORK/fuse.log"
+    "$BIN/pfs-fuse" 127.0.0.1:7300 "$WORK/mnt" -o "key=$WORK/key,log=$WORK/fuse.log,allow_other"
     for layout in block file io; do
         mkdir "$WORK/mnt/fsx-$layout"
         "$BIN/pfs" fsx --ops 3000 --layout "$layout" "$WORK/mnt/fsx-$layout" 2>&1 | tail -1
@@ -64,6 +66,10 @@ if [ -n "${MOUNT:-}" ]; then
     tar -C "$WORK/mnt/tar" -xf <(tar -C /usr -cf - include)
     diff -r --no-dereference /usr/include "$WORK/mnt/tar/include" && echo "tar xf of /usr/include: same as the source"
     rm -rf "$WORK/mnt/tar" "$WORK/mnt"/fsx-*
+    if [ -n "${PJDFSTEST:-}" ]; then
+        mkdir "$WORK/mnt/pjd"
+        (cd "$WORK/mnt/pjd" && prove -r -j4 "$PJDFSTEST/tests" 2>&1 | grep -E "^(Files=|Result:)|\.t +\(Wstat" || true)
+    fi
     umount "$WORK/mnt"
 fi
 kill -TERM "$server"

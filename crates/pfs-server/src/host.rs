@@ -18,10 +18,12 @@ use pfs_store::Shard;
 use crate::msg::{ConnRef, Waiter};
 use crate::peers::PeerError;
 
-/// Times in a row one step of a machine stops (below); then it waits for
-/// the device, so none stops for ever (a page can be evicted again before the
-/// step runs).
-pub(crate) const STEP_STOPS_MAX: u8 = 4;
+/// Stops in a row of one step of a machine (below), weighed as a request's
+/// (`stopped::stop_weight`: four stops, a stop at a page still being read or
+/// written back, or with no room to read it, a sixteenth of one); then it
+/// waits for the device, so none stops for ever (a page can be evicted again
+/// before the step runs).
+pub(crate) const STEP_STOPS_MAX: u8 = crate::stopped::TRIES_MAX;
 
 /// The stops in a row of one machine's step, and the shard's background
 /// progress from before the last one (`Shard::background_progress`): the
@@ -106,17 +108,17 @@ pub(crate) trait Host<D: Device> {
         shard.set_defer_misses(stops.count < STEP_STOPS_MAX);
         let result = step(shard);
         shard.set_defer_misses(false);
-        match result {
-            Err(FsError::TryAgain) if shard.take_deferred().is_some() => {
-                stops.count += 1;
-                stops.at = Some(before);
-                None
-            }
-            result => {
-                *stops = StepStops::default();
-                Some(result)
-            }
+        let stopped = match &result {
+            Err(FsError::TryAgain) => shard.take_deferred(),
+            _ => None,
+        };
+        if let Some(on) = stopped {
+            stops.count = stops.count.saturating_add(crate::stopped::stop_weight(on));
+            stops.at = Some(before);
+            return None;
         }
+        *stops = StepStops::default();
+        Some(result)
     }
 }
 
@@ -125,6 +127,7 @@ mod tests {
     use pfs_core::{FileType, InodeId, ShardId};
     use pfs_store::device::MemDevice;
     use pfs_store::shard::{CreateArgs, FormatOptions, ShardOptions};
+    use pfs_store::DeferredOn;
 
     use super::*;
 
@@ -227,7 +230,11 @@ mod tests {
         let mut stops = StepStops::default();
         for round in 0..10 {
             assert!(h.step(&mut stops, rename).is_none(), "round {round}");
-            assert_eq!(stops.count, 1, "asked again before its read finished: not run");
+            assert_eq!(
+                stops.count,
+                crate::stopped::stop_weight(DeferredOn::InodePage),
+                "asked again before its read finished: not run"
+            );
             assert_eq!(h.shard.lookup(InodeId::ROOT, b"f0000").unwrap().ino, inos[0]);
             assert!(h.shard.take_deferred().is_none(), "step took what it stopped at");
         }
@@ -238,6 +245,44 @@ mod tests {
         assert_eq!(stops, StepStops::default(), "a step that ran starts the count again");
         assert_eq!(h.shard.stats().icache.misses, misses, "read its page waiting");
         assert_eq!(h.shard.lookup(InodeId::ROOT, b"moved").unwrap().kind, FileType::Regular);
+    }
+
+    /// A step's stop at a page still being read weighs a sixteenth of one,
+    /// as a request's does: run again each time other background requests
+    /// finished while its own page read is held in flight, it stops ten
+    /// times and never reads its page waiting (with each stop counted whole,
+    /// the fifth time it read the held page waiting, and the device panics).
+    #[test]
+    fn a_step_stop_at_a_page_still_being_read_weighs_a_sixteenth() {
+        let (shard, handle, inos) = cold_shard();
+        let mut h = ShardOnly { shard, now: Instant::now() };
+        let mut stops = StepStops::default();
+        handle.hold(Some(0..u64::MAX));
+        assert!(h.step(&mut stops, rename).is_none());
+        let page = handle.reads_in_flight().pop().expect("the step's page read");
+        handle.hold(Some(page));
+        let full = crate::stopped::stop_weight(DeferredOn::InodePage);
+        assert_eq!(stops.count, full);
+        let mut others = inos[32..1000].iter().step_by(16);
+        for k in 1..=10u8 {
+            // Another cold page read and finished: the background moved.
+            let other = *others.next().unwrap();
+            h.shard.set_defer_misses(true);
+            assert_eq!(h.shard.getattr(other).unwrap_err(), FsError::TryAgain);
+            h.shard.set_defer_misses(false);
+            h.shard.take_deferred();
+            assert!(h.step(&mut stops, rename).is_none(), "stop {k}");
+            assert_eq!(stops.count, full + k, "stop {k} weighed a sixteenth");
+        }
+        handle.hold(None);
+        let misses = h.shard.stats().icache.misses;
+        let ran = loop {
+            if let Some(ran) = h.step(&mut stops, rename) {
+                break ran;
+            }
+        };
+        assert!(!ran.unwrap(), "nothing replaced");
+        assert_eq!(h.shard.stats().icache.misses, misses, "read its page waiting");
     }
 
     /// After `STEP_STOPS_MAX` stops in a row a step waits for the device and

@@ -25,10 +25,10 @@ const TRY: u8 = 16;
 /// its read could not start yet) weighs a sixteenth of one
 /// ([`stop_weight`]): it lost nothing, and it is run again at any page's
 /// read, its own or not, so many such stops are no sign of eviction.
-const TRIES_MAX: u8 = 4 * TRY;
+pub(crate) const TRIES_MAX: u8 = 4 * TRY;
 
 /// What a stop at `on` adds to the request's tries.
-fn stop_weight(on: DeferredOn) -> u8 {
+pub(crate) fn stop_weight(on: DeferredOn) -> u8 {
     match on {
         DeferredOn::InodePageWait => 1,
         _ => TRY,

@@ -206,6 +206,16 @@ impl MemDevice {
         self.lock().writes_submitted
     }
 
+    /// The byte ranges of the reads in flight, oldest first (to `hold` one).
+    pub fn reads_in_flight(&self) -> Vec<Range<u64>> {
+        let st = self.lock();
+        st.pending
+            .iter()
+            .filter(|p| p.req.kind == IoKind::Read)
+            .map(|p| p.req.offset..p.req.offset + p.req.buf.len() as u64)
+            .collect()
+    }
+
     /// Writes applied since the last sync.
     pub fn unsynced_writes(&self) -> usize {
         self.lock().unsynced.len()
