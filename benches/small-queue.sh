@@ -16,6 +16,7 @@
 #                                          # /usr/include checked with `diff -r`, `rm -rf`
 #   MOUNT=1 PJDFSTEST=/tmp/pjd benches/small-queue.sh  # and pjdfstest (built in that
 #                                          # directory: see tests/conformance.rs), its summary
+#   MOUNT=1 MOUNT_OPTS=writeback_cache benches/small-queue.sh  # more pfs-fuse -o options
 set -euo pipefail
 QD=${QD:-8}
 BIN=${BIN:-$(cd "$(dirname "$0")/.." && pwd)/target/release}
@@ -57,11 +58,14 @@ for wl in "md-easy --files 5000" "md-hard --files 3000" "io-easy --segments 512"
 done
 if [ -n "${MOUNT:-}" ]; then
     mkdir -p "$WORK/mnt"
-    "$BIN/pfs-fuse" 127.0.0.1:7300 "$WORK/mnt" -o "key=$WORK/key,log=$WORK/fuse.log,allow_other"
+    "$BIN/pfs-fuse" 127.0.0.1:7300 "$WORK/mnt" -o "key=$WORK/key,log=$WORK/fuse.log,allow_other${MOUNT_OPTS:+,$MOUNT_OPTS}"
     for layout in block file io; do
         mkdir "$WORK/mnt/fsx-$layout"
         "$BIN/pfs" fsx --ops 3000 --layout "$layout" "$WORK/mnt/fsx-$layout" 2>&1 | tail -1
     done
+    mkdir "$WORK/mnt/md"
+    "$BIN/pfs" bench md-hard --files 2000 "$WORK/mnt/md" 2>&1 | grep -E "^(create|read|remove) |verified"
+    rmdir "$WORK/mnt/md"
     mkdir "$WORK/mnt/tar"
     tar -C "$WORK/mnt/tar" -xf <(tar -C /usr -cf - include)
     diff -r --no-dereference /usr/include "$WORK/mnt/tar/include" && echo "tar xf of /usr/include: same as the source"
