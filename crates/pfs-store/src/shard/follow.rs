@@ -589,6 +589,27 @@ mod tests {
         );
     }
 
+    /// A shard with a 32-block Icache and `n` files in its root, reopened
+    /// and checkpointed (every inode page written back, none in memory), its
+    /// device's handle, and the files.
+    fn reopened_with_files(n: usize) -> (Shard<MemDevice>, MemDevice, Vec<InodeId>) {
+        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
+        let dev = MemDevice::new(64 << 20, 64);
+        let handle = dev.handle();
+        let f = FormatOptions::new(ShardId(0), 64 << 20);
+        let mut b = Shard::format(dev, &f, opts()).unwrap();
+        let files: Vec<InodeId> = (0..n)
+            .map(|i| {
+                let name = format!("f{i}");
+                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
+            })
+            .collect();
+        b.commit().unwrap();
+        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
+        b.checkpoint().unwrap();
+        (b, handle, files)
+    }
+
     /// A batch of follow-ups over more cold pages than the Icache reads at
     /// once applies up to the first whose page is not in memory, and the
     /// watermark tells the sender to send the rest again: each request
@@ -598,19 +619,7 @@ mod tests {
     /// stopped: the rest were read waiting.)
     #[test]
     fn follow_ups_over_many_cold_pages_apply_a_part_at_a_time_without_waiting() {
-        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
-        let dev = MemDevice::new(64 << 20, 64);
-        let f = FormatOptions::new(ShardId(0), 64 << 20);
-        let mut b = Shard::format(dev, &f, opts()).unwrap();
-        let files: Vec<InodeId> = (0..1000)
-            .map(|i| {
-                let name = format!("f{i}");
-                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
-            })
-            .collect();
-        b.commit().unwrap();
-        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
-        b.checkpoint().unwrap();
+        let (mut b, _, files) = reopened_with_files(1000);
         for &ino in &files[500..] {
             b.getattr(ino).unwrap();
         }
@@ -677,20 +686,7 @@ mod tests {
     /// can stop for the commit instead.
     #[test]
     fn follow_ups_stop_applying_before_a_commit_they_would_wait_for() {
-        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
-        let dev = MemDevice::new(64 << 20, 64);
-        let handle = dev.handle();
-        let f = FormatOptions::new(ShardId(0), 64 << 20);
-        let mut b = Shard::format(dev, &f, opts()).unwrap();
-        let files: Vec<InodeId> = (0..16 * 30)
-            .map(|i| {
-                let name = format!("f{i}");
-                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
-            })
-            .collect();
-        b.commit().unwrap();
-        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
-        b.checkpoint().unwrap();
+        let (mut b, handle, files) = reopened_with_files(16 * 30);
         // One inode of each of 28 pages, all in memory and clean.
         let one_per_page: Vec<InodeId> =
             files.iter().copied().step_by(16).skip(1).take(28).collect();
@@ -742,21 +738,8 @@ mod tests {
     /// from memory when run again.
     #[test]
     fn follow_ups_for_cold_inodes_stop_instead_of_waiting() {
-        let opts = || ShardOptions { icache_blocks: 32, ..ShardOptions::default() };
-        let dev = MemDevice::new(64 << 20, 64);
-        let f = FormatOptions::new(ShardId(0), 64 << 20);
-        let mut b = Shard::format(dev, &f, opts()).unwrap();
-        let files: Vec<InodeId> = (0..1000)
-            .map(|i| {
-                let name = format!("f{i}");
-                b.create(InodeId::ROOT, name.as_bytes(), CreateArgs::file(0o644)).unwrap().ino
-            })
-            .collect();
-        b.commit().unwrap();
-        let mut b = Shard::open(b.into_device(), 0, opts()).unwrap();
-        // Written back, then the later inodes read: the pages of the first
-        // ones leave the Icache.
-        b.checkpoint().unwrap();
+        // The later inodes read: the pages of the first ones leave the Icache.
+        let (mut b, _, files) = reopened_with_files(1000);
         for &ino in &files[500..] {
             b.getattr(ino).unwrap();
         }
