@@ -416,11 +416,11 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         }
         Request::FollowUps { from, ops } => {
             log::debug!("follow-ups from shard {from}: {ops:?}");
-            let (through, notes) = shard.apply_follow_ups(from, &ops)?;
-            for note in notes {
-                log::warn!("{note}; nothing to do");
+            let applied = shard.apply_follow_ups(from, &ops)?;
+            for note in applied.notes {
+                log::warn!("{note}");
             }
-            Reply::FollowUps { through }
+            Reply::FollowUps { through: applied.through, refused: applied.refused }
         }
         Request::Register { .. } | Request::Heartbeat { .. } | Request::GetView => {
             return Err(FsError::Invalid(

@@ -681,6 +681,86 @@ fn renames_over_files_free_what_they_replace_on_every_shard() {
     cluster.stop();
 }
 
+/// A hard link made on another shard than its file's home while another
+/// client removes the file's last name: the link either counts (the file
+/// lives on under the new name) or fails with `ENOENT` and leaves no name.
+/// Before, the home found no inode to count when the removal came first, and
+/// the new name was left naming a removed file.
+#[test]
+fn a_link_racing_the_removal_of_its_file_never_leaves_a_dangling_name() {
+    use std::sync::{Arc, Barrier};
+    let dir = test_dir("link-race");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let rounds = 300;
+    let inos: Vec<InodeId> =
+        (0..rounds).map(|i| write_file(&fs, InodeId::ROOT, &format!("f{i}"), b"x")).collect();
+    let start = Arc::new(Barrier::new(2));
+    let remover = {
+        let (fs, start, inos) = (cluster.client(), start.clone(), inos.clone());
+        std::thread::spawn(move || {
+            for (i, &ino) in inos.iter().enumerate() {
+                start.wait();
+                // As the link's client asks the file's type first: the
+                // removal then meets the link near its shard's commit.
+                fs.getattr(ino).unwrap();
+                fs.unlink(InodeId::ROOT, format!("f{i}").as_bytes()).unwrap();
+            }
+        })
+    };
+    let linker = {
+        let (fs, inos) = (cluster.client(), inos.clone());
+        std::thread::spawn(move || {
+            (0..rounds)
+                .map(|i| {
+                    start.wait();
+                    fs.link(inos[i], InodeId::ROOT, format!("l{i}").as_bytes()).map(|_| ())
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    remover.join().unwrap();
+    let linked = linker.join().unwrap();
+    let check = cluster.client();
+    // Every name left names a file that exists.
+    let mut listed = std::collections::HashSet::new();
+    let mut after = None;
+    loop {
+        let page = check.readdir(InodeId::ROOT, after.as_deref(), 64).unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(last.name.clone());
+        for e in page {
+            let name = String::from_utf8_lossy(&e.name).into_owned();
+            assert!(check.getattr(e.ino).is_ok(), "{name} names a removed file");
+            listed.insert(name);
+        }
+    }
+    let (mut made, mut refused) = (0, 0);
+    for (i, result) in linked.iter().enumerate() {
+        let name = format!("l{i}");
+        match result {
+            Ok(()) => {
+                made += 1;
+                assert!(listed.contains(&name), "{name} was linked and is not there");
+                let e = check.lookup(InodeId::ROOT, name.as_bytes()).unwrap();
+                assert_eq!(
+                    check.getattr(e.ino).unwrap().nlink,
+                    1,
+                    "{name}: its other name is gone"
+                );
+            }
+            Err(FsError::NotFound) => {
+                refused += 1;
+                assert!(!listed.contains(&name), "{name}: the link failed and its name stayed");
+            }
+            Err(e) => panic!("link {name}: {e}"),
+        }
+    }
+    eprintln!("{rounds} links racing removals: {made} made, {refused} failed with ENOENT");
+    drop((fs, check));
+    cluster.stop();
+}
+
 #[test]
 fn rmdir_of_a_directory_whose_name_moved_to_another_shard_checks_its_home() {
     let dir = test_dir("rmdir-moved");

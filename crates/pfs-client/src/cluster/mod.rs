@@ -872,7 +872,8 @@ impl FileSystem for Cluster {
         let req = Request::Link { ino, kind, new_parent, new_name: new_name.to_vec() };
         // The new name's shard counts the link in the same operation when the
         // inode lives there, and otherwise by a follow-up to its home that it
-        // waits for before answering.
+        // waits for before answering: `NotFound` when the home refused it (the
+        // file was removed first) and the new name went again.
         match self.call_to(to.server, to.proc_worker, req)? {
             Reply::Link(e) => {
                 self.touch_parent(new_parent, &to);

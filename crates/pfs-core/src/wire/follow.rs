@@ -122,6 +122,12 @@ impl FollowOp {
 
     /// Decodes [`to_bytes`](Self::to_bytes) output; `None` for anything else.
     pub fn from_bytes(b: &[u8]) -> Option<FollowOp> {
+        Self::from_prefix(b).and_then(|(op, len)| (b.len() == len).then_some(op))
+    }
+
+    /// Decodes a follow-up at the start of `b`; returns it and its length
+    /// (a sender's record keeps more after it: docs/format.md).
+    pub fn from_prefix(b: &[u8]) -> Option<(FollowOp, usize)> {
         let u64_at = |o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
         let layout_at = |o: usize| FileLayout::from_u8(*b.get(o)?);
         let (op, len) = match *b.first()? {
@@ -155,7 +161,7 @@ impl FollowOp {
             7 => (FollowOp::Reparent { ino: InodeId(u64_at(1)?), parent: InodeId(u64_at(9)?) }, 17),
             _ => return None,
         };
-        (b.len() == len).then_some(op)
+        Some((op, len))
     }
 }
 

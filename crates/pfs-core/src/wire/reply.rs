@@ -4,8 +4,8 @@ use super::cluster::View;
 use super::cursor::{check_len, Reader, Writer};
 use super::types::{read_name, write_name, Codec, DirEntry, Entry, InodeLayout, TokenGrant};
 use super::{
-    Opcode, WireError, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_LOOKUP_DATA_BYTES, MAX_SYMLINK_BYTES,
-    MAX_XATTR_LIST_BYTES, MAX_XATTR_VALUE_BYTES,
+    Opcode, WireError, MAX_FOLLOW_UPS, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_LOOKUP_DATA_BYTES,
+    MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES, MAX_XATTR_VALUE_BYTES,
 };
 use crate::{FileAttr, FileHandle, FileLayout, InodeId, ServerId, StatFs, TimeNs};
 
@@ -186,6 +186,10 @@ pub enum Reply {
     FollowUps {
         /// The highest follow-up id applied from that shard.
         through: u64,
+        /// Those up to `through` this shard refused, for the sender to undo
+        /// its side (an `AddLink` whose inode was removed first: the new
+        /// name goes); at most `MAX_FOLLOW_UPS`.
+        refused: Vec<u64>,
     },
     /// The file's reserved data end now (at least what was asked).
     ReserveData {
@@ -352,8 +356,23 @@ impl Reply {
                 put_replaced(w, replaced);
                 Ok(())
             }
-            Reply::FollowUps { through: v } | Reply::ReserveData { end: v } => {
-                w.u64(*v);
+            Reply::FollowUps { through, refused } => {
+                if refused.len() > MAX_FOLLOW_UPS {
+                    return Err(WireError::TooLong {
+                        what: "refused follow-ups",
+                        len: refused.len() as u64,
+                        max: MAX_FOLLOW_UPS as u64,
+                    });
+                }
+                w.u64(*through);
+                w.u16(refused.len() as u16);
+                for id in refused {
+                    w.u64(*id);
+                }
+                Ok(())
+            }
+            Reply::ReserveData { end } => {
+                w.u64(*end);
                 Ok(())
             }
             Reply::GetParent { parent } => {
@@ -530,7 +549,22 @@ impl Reply {
             }
             Opcode::TxnForget => Reply::TxnForget,
             Opcode::SealDir => Reply::SealDir,
-            Opcode::FollowUps => Reply::FollowUps { through: r.u64("follow-up watermark")? },
+            Opcode::FollowUps => {
+                let through = r.u64("follow-up watermark")?;
+                let n = usize::from(r.u16("refused follow-up count")?);
+                if n > MAX_FOLLOW_UPS {
+                    return Err(WireError::TooLong {
+                        what: "refused follow-ups",
+                        len: n as u64,
+                        max: MAX_FOLLOW_UPS as u64,
+                    });
+                }
+                let mut refused = Vec::with_capacity(n);
+                for _ in 0..n {
+                    refused.push(r.u64("refused follow-up id")?);
+                }
+                Reply::FollowUps { through, refused }
+            }
             Opcode::ReserveData => Reply::ReserveData { end: r.u64("data end")? },
             Opcode::GetParent => Reply::GetParent { parent: InodeId(r.u64("parent")?) },
             // An rmdir of a bigdir is answered with an `Rmdir` reply.

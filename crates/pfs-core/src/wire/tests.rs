@@ -385,7 +385,8 @@ fn reply() -> impl Strategy<Value = Reply> {
         entry().prop_map(Reply::Link),
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
-        any::<u64>().prop_map(|through| Reply::FollowUps { through }),
+        (any::<u64>(), vec(any::<u64>(), 0..4))
+            .prop_map(|(through, refused)| Reply::FollowUps { through, refused }),
         any::<u64>().prop_map(|end| Reply::ReserveData { end }),
         ino().prop_map(|parent| Reply::GetParent { parent }),
     ]

@@ -50,6 +50,19 @@ pub enum FollowTarget {
     DataShards,
 }
 
+/// What a target made of a batch of follow-ups
+/// ([`apply_follow_ups`](Shard::apply_follow_ups)).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The watermark: every follow-up of the batch up to it is done.
+    pub through: u64,
+    /// Those up to `through` refused (hard links whose file was removed
+    /// first): the sender undoes its side.
+    pub refused: Vec<u64>,
+    /// A note for each that found nothing to do or was refused, for the log.
+    pub notes: Vec<String>,
+}
+
 /// A follow-up record: logged, to be sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FollowUp {
@@ -79,7 +92,30 @@ pub fn decode_follow(id: u64, data: &[u8]) -> Option<FollowUp> {
     let t = u32::from_le_bytes(data.get(1..5)?.try_into().ok()?);
     let target =
         if t == DATA_SHARDS { FollowTarget::DataShards } else { FollowTarget::Shard(ShardId(t)) };
-    Some(FollowUp { id, target, op: FollowOp::from_bytes(data.get(5..)?)? })
+    let (op, len) = FollowOp::from_prefix(data.get(5..)?)?;
+    // Only a hard link's record keeps more: the name it made.
+    let rest = data.len() - 5 - len;
+    match op {
+        FollowOp::AddLink { .. } if rest == 0 || rest > 8 => {}
+        _ if rest == 0 => {}
+        _ => return None,
+    }
+    Some(FollowUp { id, target, op })
+}
+
+/// The name an `AddLink` record keeps after its follow-up (its directory and
+/// the name itself), for taking it away if the home refuses the link
+/// (`Shard::undo_link`). `None` for a record written without it (before
+/// 2026-11-28) or any other record.
+pub fn decode_link_name(data: &[u8]) -> Option<(InodeId, &[u8])> {
+    let (op, len) = FollowOp::from_prefix(data.get(5..)?)?;
+    if !matches!(op, FollowOp::AddLink { .. }) {
+        return None;
+    }
+    let rest = data.get(5 + len..)?;
+    let parent = InodeId(u64::from_le_bytes(rest.get(..8)?.try_into().ok()?));
+    let name = rest.get(8..).filter(|n| !n.is_empty())?;
+    Some((parent, name))
 }
 
 /// A follow-up record's bytes (see [`decode_follow`]).
@@ -260,6 +296,67 @@ impl<D: Device> Shard<D> {
         Ok(())
     }
 
+    /// Logs the follow-up that counts a hard link of `ino`, named `name` in
+    /// `parent` on this shard, at the inode's home. The record keeps the name
+    /// after the follow-up: if the home refuses the link (the file's last
+    /// name was removed before the link was counted), the name goes again
+    /// ([`undo_link`](Self::undo_link)) instead of naming a removed file.
+    pub(super) fn follow_link(
+        &mut self,
+        ino: InodeId,
+        parent: InodeId,
+        name: &[u8],
+    ) -> FsResult<()> {
+        let target = FollowTarget::Shard(ino.shard().unwrap_or(ShardId(0)));
+        let op = FollowOp::AddLink { ino };
+        let id = self.txn_id_in_op()?;
+        let mut data = encode_follow(target, &op);
+        data.extend_from_slice(&parent.0.to_le_bytes());
+        data.extend_from_slice(name);
+        self.log(Change::TxnPut { id, data })?;
+        self.follow_pending.push(FollowUp { id, target, op });
+        Ok(())
+    }
+
+    /// Sender: the inode's home refused hard link follow-up `id` (the file
+    /// was removed before the link was counted). The name the link made goes,
+    /// if it still names that inode here, and the record with it, in one
+    /// operation; the directory's times change as for an unlink. Returns
+    /// whether a name went (`false` also for a record already gone).
+    pub fn undo_link(&mut self, id: u64) -> FsResult<bool> {
+        let Some(data) = self.txns.get(&id) else { return Ok(false) };
+        let Some(FollowUp { op: FollowOp::AddLink { ino }, .. }) = decode_follow(id, data) else {
+            return Err(FsError::Invalid(format!("record {id:#x} is not a hard link's")));
+        };
+        let named = decode_link_name(data).map(|(parent, name)| (parent, name.to_vec()));
+        let entry = match &named {
+            Some((parent, name)) => match self.lookup(*parent, name) {
+                Ok(e) if e.ino == ino => Some((*parent, e)),
+                Ok(_) | Err(FsError::NotFound) => None,
+                Err(e) => return Err(e),
+            },
+            None => None,
+        };
+        let parent_here = entry.as_ref().is_some_and(|(p, _)| self.has_inode(*p));
+        if let Some((parent, _)) = entry.as_ref().filter(|_| parent_here) {
+            self.warm_inodes(&[*parent])?;
+        }
+        self.begin()?;
+        if let Some((parent, e)) = &entry {
+            self.log(Change::DentryDel { parent: *parent, name: e.name.clone() })?;
+            if parent_here {
+                let mut p = self.inode(*parent)?;
+                let now = self.now();
+                p.mtime_ns = now;
+                p.ctime_ns = now;
+                self.put_inode(&p)?;
+            }
+        }
+        self.log(Change::TxnDel { id })?;
+        self.finish()?;
+        Ok(entry.is_some())
+    }
+
     /// Logs the follow-up that drops a link of `ino` at its home.
     pub(super) fn follow_drop(&mut self, ino: InodeId) -> FsResult<()> {
         let home = ino.shard().unwrap_or(ShardId(0));
@@ -350,11 +447,17 @@ impl<D: Device> Shard<D> {
     /// watermark returned tells the sender which to send again. (Each stop
     /// of a batch of 256 over more pages than the Icache reads at once read
     /// some of them; after four, it read the rest waiting.)
+    ///
+    /// A hard link whose inode is gone (`AddLink`; its file's last name was
+    /// removed before the link was counted) is refused: the sender takes the
+    /// new name away again. So is one sent again after it was applied or
+    /// refused (the first answer was lost) when its inode is gone by now:
+    /// then the name was removed already, or never counted.
     pub fn apply_follow_ups(
         &mut self,
         from: ShardId,
         ops: &[(u64, FollowOp)],
-    ) -> FsResult<(u64, Vec<String>)> {
+    ) -> FsResult<Applied> {
         if let Some(&(id, _)) =
             ops.iter().find(|&&(id, _)| id & PARTICIPANT_BIT != 0 || id >> 48 != u64::from(from.0))
         {
@@ -364,7 +467,13 @@ impl<D: Device> Shard<D> {
         }
         let key = mark_key(from);
         let mut mark = self.follow_mark(from);
+        let mut refused = Vec::new();
+        let gone_link = |s: &Self, op: &FollowOp| match op {
+            FollowOp::AddLink { ino } => !s.has_inode(*ino),
+            _ => false,
+        };
         let new = ops.iter().position(|&(id, _)| id > mark).unwrap_or(ops.len());
+        refused.extend(ops[..new].iter().filter(|(_, op)| gone_link(self, op)).map(|(id, _)| *id));
         let ops = &ops[new..];
         // Set now: the first change clears `defer_misses`.
         let may_stop = self.defer_misses && self.op_changes == 0;
@@ -400,6 +509,9 @@ impl<D: Device> Shard<D> {
         for &(id, op) in ops {
             // Out of order: applied already.
             if id <= mark {
+                if gone_link(self, &op) {
+                    refused.push(id);
+                }
                 continue;
             }
             // Past the first, one that would wait (for its page, evicted or
@@ -431,14 +543,23 @@ impl<D: Device> Shard<D> {
                 Ok(()) => {}
                 Err(e) if self.op_changes > 0 => return Err(e),
                 Err(e @ (FsError::Io(_) | FsError::TryAgain | FsError::NoSpace)) => return Err(e),
-                Err(e) => notes.push(format!("follow-up {id:#x} from shard {from} ({op:?}): {e}")),
+                Err(FsError::NotFound) if matches!(op, FollowOp::AddLink { .. }) => {
+                    notes.push(format!(
+                        "hard link follow-up {id:#x} from shard {from} ({op:?}): the file was \
+                         removed before the link was counted; refused, the new name goes"
+                    ));
+                    refused.push(id);
+                }
+                Err(e) => notes.push(format!(
+                    "follow-up {id:#x} from shard {from} ({op:?}): {e}; nothing to do"
+                )),
             }
             self.log(Change::TxnPut { id: key, data: id.to_le_bytes().to_vec() })?;
             self.finish()?;
             mark = id;
             applied += 1;
         }
-        Ok((mark, notes))
+        Ok(Applied { through: mark, refused, notes })
     }
 
     /// The effect of one follow-up, inside an operation.
@@ -477,6 +598,10 @@ impl<D: Device> Shard<D> {
             },
             FollowOp::AddLink { ino } => {
                 let mut inode = self.inode(ino)?;
+                // Unlinked, kept only while open: removed for a new name.
+                if inode.nlink == 0 {
+                    return Err(FsError::NotFound);
+                }
                 inode.nlink += 1;
                 inode.ctime_ns = now;
                 self.put_inode(&inode)
@@ -568,9 +693,10 @@ mod tests {
         assert_eq!(sent[0].op, FollowOp::AddLink { ino: f.ino });
         assert_eq!(sent[0].target, FollowTarget::Shard(ShardId(1)));
         assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
-        // Sent again (the answer was lost): applied once.
+        // Sent again (the answer was lost): applied once, and not refused.
         let ops: Vec<_> = sent.iter().map(|u| (u.id, u.op)).collect();
-        assert_eq!(b.apply_follow_ups(ShardId(0), &ops).unwrap().0, sent[0].id);
+        let again = b.apply_follow_ups(ShardId(0), &ops).unwrap();
+        assert_eq!((again.through, again.refused), (sent[0].id, vec![]));
         assert_eq!(b.getattr(f.ino).unwrap().nlink, 2);
         assert!(a.follow_ups().is_empty(), "done follow-ups are deleted");
         // Removing that name drops the link at the home; the last one frees it.
@@ -587,6 +713,66 @@ mod tests {
             b.link_name(f.ino, FileType::Regular, InodeId::ROOT, b"again"),
             Err(FsError::NotFound)
         );
+    }
+
+    /// A hard link named on one shard while the file's last name was removed
+    /// at its home, before the link was counted there: the home refuses the
+    /// count (the inode is gone), again when it is sent twice, and the
+    /// sender takes the name away with the record, durably. Before, the
+    /// name was left naming a removed file.
+    #[test]
+    fn a_link_whose_file_was_removed_first_is_refused_and_its_name_goes() {
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let f = b.create(InodeId::ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let d = a.create(InodeId::ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+        a.link_name(f.ino, FileType::Regular, d.ino, b"link").unwrap();
+        assert_eq!(a.lookup(d.ino, b"link").unwrap().ino, f.ino);
+        b.unlink(InodeId::ROOT, b"f").unwrap();
+        a.commit().unwrap();
+        let ups = a.take_ready_follow_ups();
+        assert_eq!(ups.len(), 1);
+        let ops: Vec<_> = ups.iter().map(|u| (u.id, u.op)).collect();
+        let applied = b.apply_follow_ups(a.id(), &ops).unwrap();
+        assert_eq!((applied.through, applied.refused), (ups[0].id, vec![ups[0].id]));
+        assert_eq!(applied.notes.len(), 1, "the refusal is logged");
+        // Sent again (the answer was lost): refused again, not taken as done.
+        let again = b.apply_follow_ups(a.id(), &ops).unwrap();
+        assert_eq!((again.through, again.refused), (ups[0].id, vec![ups[0].id]));
+        assert!(a.undo_link(ups[0].id).unwrap(), "the name was there");
+        assert_eq!(a.lookup(d.ino, b"link"), Err(FsError::NotFound));
+        assert!(a.follow_ups().is_empty(), "the record went with the name");
+        // Run twice (a lost stop): nothing left to do.
+        assert!(!a.undo_link(ups[0].id).unwrap());
+        // Durable: a restart finds neither the name nor a follow-up to send.
+        a.commit().unwrap();
+        let mut a = Shard::open(a.into_device(), 0, ShardOptions::default()).unwrap();
+        assert_eq!(a.lookup(d.ino, b"link"), Err(FsError::NotFound));
+        assert!(a.take_ready_follow_ups().is_empty());
+        assert!(a.readdir(d.ino, None, 16).unwrap().is_empty());
+    }
+
+    /// The record of a hard link's follow-up keeps its name after the
+    /// follow-up's bytes; other records keep nothing more, and a record
+    /// with a few bytes more than its follow-up is refused.
+    #[test]
+    fn a_link_record_keeps_its_name_and_others_nothing() {
+        let ino = InodeId(0x0001_0000_0000_0007);
+        let target = FollowTarget::Shard(ShardId(1));
+        let mut data = encode_follow(target, &FollowOp::AddLink { ino });
+        assert_eq!(decode_link_name(&data), None, "a record from before names nothing");
+        data.extend_from_slice(&9u64.to_le_bytes());
+        data.extend_from_slice(b"name");
+        assert_eq!(decode_follow(5, &data).map(|u| u.op), Some(FollowOp::AddLink { ino }));
+        assert_eq!(decode_link_name(&data), Some((InodeId(9), &b"name"[..])));
+        let mut drop = encode_follow(target, &FollowOp::Drop { ino });
+        assert!(decode_follow(5, &drop).is_some());
+        drop.extend_from_slice(&9u64.to_le_bytes());
+        drop.extend_from_slice(b"name");
+        assert_eq!(decode_follow(5, &drop), None, "only a link keeps a name");
+        assert_eq!(decode_link_name(&drop), None);
+        let short = &data[..data.len() - 6];
+        assert_eq!(decode_follow(5, short), None, "a cut parent");
     }
 
     /// A shard with a 32-block Icache and `n` files in its root, reopened
@@ -661,7 +847,7 @@ mod tests {
                         b.icache_reads_done();
                     }
                 }
-                Ok((through, _)) => {
+                Ok(Applied { through, .. }) => {
                     // What the sender does with the answer.
                     requests += 1;
                     stops_in_a_row = 0;
@@ -718,7 +904,7 @@ mod tests {
                     assert_eq!(b.take_deferred(), Some(crate::shard::DeferredOn::Commit));
                     b.commit().unwrap();
                 }
-                Ok((through, _)) => {
+                Ok(Applied { through, .. }) => {
                     requests += 1;
                     assert!(through >= ops[0].0, "no progress");
                     ops.retain(|&(id, _)| id > through);
@@ -773,7 +959,7 @@ mod tests {
                         b.icache_reads_done();
                     }
                 }
-                Ok((through, _)) => {
+                Ok(Applied { through, .. }) => {
                     assert_eq!(through, ops[1].0);
                     break;
                 }

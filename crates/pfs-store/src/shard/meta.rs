@@ -396,6 +396,8 @@ impl<D: Device> Shard<D> {
         let parent_inode = self.new_entry_parent(parent)?;
         self.reserve_table_bytes(tables::dentry_bytes(name))?;
         self.follow_room(1)?;
+        // A link's record keeps its name too (`follow_link`).
+        self.reserve_table_bytes(tables::txn_bytes(name) + 8)?;
         self.begin()?;
         let now = self.now();
         self.log(Change::DentryPut {
@@ -410,11 +412,7 @@ impl<D: Device> Shard<D> {
                 self.put_inode(&i)?;
             }
             // The inode lives elsewhere: its home counts the link (follow-up).
-            None => {
-                let home = ino.shard().unwrap_or(pfs_core::ShardId(0));
-                let op = pfs_core::wire::FollowOp::AddLink { ino };
-                self.follow(super::follow::FollowTarget::Shard(home), op)?;
-            }
+            None => self.follow_link(ino, parent, name)?,
         }
         if let Some(mut p) = parent_inode {
             p.mtime_ns = now;
