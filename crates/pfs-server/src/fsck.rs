@@ -10,6 +10,8 @@
 //!   is 2 + its subdirectories, and a directory has one name (the root none);
 //! - no inode without a name (an orphan), no data of an inode that exists
 //!   nowhere and is not being freed;
+//! - every directory is reached from the root (a cycle of directory names
+//!   is reported, with no repair);
 //! - no participant record of a cross-shard transaction whose coordinator
 //!   forgot it (leaked), and what each shard finds alone (a name whose type
 //!   differs from its inode's, attributes of a missing inode).
@@ -297,9 +299,12 @@ fn analyse(censuses: &[Census]) -> Report {
                 });
             }
         }
+        cycles(&inodes, &names_of, &mut r);
     } else {
-        r.notes
-            .push("not every shard was given: link counts and orphans were not checked".to_owned());
+        r.notes.push(
+            "not every shard was given: link counts, orphans and cycles were not checked"
+                .to_owned(),
+        );
     }
     for c in censuses {
         for (&ino, &pages) in &c.data {
@@ -361,6 +366,77 @@ fn analyse(censuses: &[Census]) -> Report {
         }
     }
     r
+}
+
+/// Directories the root does not reach through directory names, though each
+/// has its one name: cycles (two clients that each moved a directory under
+/// the other at once, before the rename lock, docs/cluster.md) and what hangs
+/// below them. One finding per cycle, naming its directories and how many
+/// more hang below; no repair (where to put them back is the operator's
+/// call).
+fn cycles(
+    inodes: &HashMap<InodeId, (ShardId, &CensusInode)>,
+    names_of: &HashMap<InodeId, Vec<(ShardId, &CensusName)>>,
+    r: &mut Report,
+) {
+    let mut below: HashMap<InodeId, Vec<InodeId>> = HashMap::new();
+    let mut parent_of: HashMap<InodeId, InodeId> = HashMap::new();
+    for (ino, names) in names_of {
+        for (_, n) in names.iter().filter(|(_, n)| n.kind == FileType::Directory) {
+            below.entry(n.parent).or_default().push(*ino);
+            parent_of.insert(*ino, n.parent);
+        }
+    }
+    let mut reached = BTreeSet::from([InodeId::ROOT]);
+    let mut todo = vec![InodeId::ROOT];
+    while let Some(d) = todo.pop() {
+        for &c in below.get(&d).into_iter().flatten() {
+            if reached.insert(c) {
+                todo.push(c);
+            }
+        }
+    }
+    let mut cut: Vec<InodeId> = inodes
+        .values()
+        .filter(|(_, i)| i.kind == FileType::Directory && !reached.contains(&i.ino))
+        .map(|(_, i)| i.ino)
+        .filter(|ino| parent_of.contains_key(ino))
+        .collect();
+    cut.sort();
+    let mut in_cycle = 0;
+    // Every directory is walked once: a walk stops at one an earlier walk saw.
+    let mut walked = BTreeSet::new();
+    for &start in &cut {
+        // Up the names from `start`: every step is a directory the root does
+        // not reach, so the walk ends in a cycle, at a directory walked
+        // before, or at a missing one (reported above).
+        let mut path: Vec<InodeId> = Vec::new();
+        let mut on_path: HashMap<InodeId, usize> = HashMap::new();
+        let mut at = start;
+        while walked.insert(at) {
+            on_path.insert(at, path.len());
+            path.push(at);
+            let Some(&up) = parent_of.get(&at) else { break };
+            if let Some(&k) = on_path.get(&up) {
+                let list: Vec<String> = path[k..].iter().map(|d| d.to_string()).collect();
+                in_cycle += list.len();
+                r.findings.push(Finding {
+                    what: format!(
+                        "directories {} are in a cycle of names the root does not reach \
+                         (no safe repair: where they belong is the operator's call)",
+                        list.join(" -> ")
+                    ),
+                    repair: None,
+                });
+                break;
+            }
+            at = up;
+        }
+    }
+    let hanging = cut.len() - in_cycle;
+    if hanging > 0 {
+        r.notes.push(format!("directories below such cycles: {hanging}"));
+    }
 }
 
 fn apply(shard: &mut Shard<UringDevice>, repair: &Repair) -> Result<(), String> {
@@ -522,6 +598,34 @@ mod tests {
             .iter()
             .any(|r| matches!(r, Repair::FreeData { ino, .. } if *ino == freeing)));
         assert_eq!(repairs.len(), 5, "{repairs:?}");
+    }
+
+    /// Two directories each named in the other hang in a cycle the root does
+    /// not reach, with a third below them: one finding for the cycle, none
+    /// for the directory below it or for those the root reaches.
+    #[test]
+    fn a_cycle_of_directories_the_root_does_not_reach_is_found() {
+        use FileType::Directory as D;
+        let (top, a, b, under) = (ino(0, 2), ino(0, 3), ino(1, 2), ino(1, 3));
+        let s0 = Census {
+            shard: ShardId(0),
+            inodes: vec![inode(InodeId::ROOT, D, 3), inode(top, D, 2), inode(a, D, 4)],
+            names: vec![name(InodeId::ROOT, "top", top, D), name(b, "a", a, D)],
+            ..Census::default()
+        };
+        let s1 = Census {
+            shard: ShardId(1),
+            inodes: vec![inode(b, D, 3), inode(under, D, 2)],
+            names: vec![name(a, "b", b, D), name(a, "under", under, D)],
+            ..Census::default()
+        };
+        let r = analyse(&[s0, s1]);
+        let found: Vec<&str> = r.findings.iter().map(|f| f.what.as_str()).collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("cycle"), "{found:?}");
+        assert!(found[0].contains(&a.to_string()) && found[0].contains(&b.to_string()));
+        assert!(r.findings[0].repair.is_none());
+        assert!(r.notes.iter().any(|n| n == "directories below such cycles: 1"), "{:?}", r.notes);
     }
 
     /// The source name of a rename whose target side is applied goes when the

@@ -6,17 +6,28 @@
 //!
 //! Tokens live in memory only: after a restart no one holds one, and every
 //! client's leases run out within `lease`.
+//!
+//! The worker that owns the root also keeps the cluster's rename lock
+//! (`TokenMode::Rename`): one client at a time moves a directory to another
+//! parent, so the check that it does not go into its own subtree and the
+//! move are one step among such moves (Linux's `s_vfs_rename_mutex`, Lustre's
+//! rename lock). It is a lease of [`RENAME_LOCK_LEASE`], so a client that
+//! died holding it stops no one for longer.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pfs_core::wire::{TokenGrant, TokenMode};
-use pfs_core::{ClientId, InodeId};
+use pfs_core::{ClientId, FsError, FsResult, InodeId};
 
 /// Directories with tokens one worker tracks; past it, reads get no lease.
 pub const TOKEN_DIRS_MAX: usize = 1 << 16;
 /// Read holders per directory; past it, reads get no lease.
 pub const TOKEN_READERS_MAX: usize = 1024;
+/// How long the rename lock is held at most: longer than any client's
+/// check and move take (a move that waits for a down server gives up at
+/// the client's request timeout, 10 s by default).
+pub const RENAME_LOCK_LEASE: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Default)]
 struct DirTokens {
@@ -29,12 +40,14 @@ struct DirTokens {
 pub struct Tokens {
     dirs: HashMap<InodeId, DirTokens>,
     lease: Duration,
+    /// The rename lock's holder and the end of its lease.
+    rename_lock: Option<(ClientId, Instant)>,
 }
 
 impl Tokens {
     /// A table granting leases of `lease`.
     pub fn new(lease: Duration) -> Tokens {
-        Tokens { dirs: HashMap::new(), lease }
+        Tokens { dirs: HashMap::new(), lease, rename_lock: None }
     }
 
     /// Grants `mode` on `dir` to `client` at `now`. For a write token, returns
@@ -47,6 +60,10 @@ impl Tokens {
         now: Instant,
     ) -> (TokenGrant, Vec<ClientId>) {
         let no_lease = TokenGrant { mode, lease_ms: 0 };
+        // Taken with `acquire_rename`, never cached under.
+        if mode == TokenMode::Rename {
+            return (no_lease, Vec::new());
+        }
         if !self.dirs.contains_key(&dir) && self.dirs.len() >= TOKEN_DIRS_MAX {
             self.expire(now);
             if self.dirs.len() >= TOKEN_DIRS_MAX {
@@ -80,11 +97,30 @@ impl Tokens {
                 t.writer = Some((client, now + self.lease));
                 (TokenGrant { mode, lease_ms }, revoked)
             }
+            TokenMode::Rename => (no_lease, Vec::new()),
         }
+    }
+
+    /// Grants the rename lock to `client` at `now`, or `TryAgain` while
+    /// another client holds it (its lease not run out). Taken again by its
+    /// holder, the lease starts anew.
+    pub fn acquire_rename(&mut self, client: ClientId, now: Instant) -> FsResult<TokenGrant> {
+        if self.rename_lock.is_some_and(|(holder, end)| holder != client && end > now) {
+            return Err(FsError::TryAgain);
+        }
+        self.rename_lock = Some((client, now + RENAME_LOCK_LEASE));
+        let lease_ms = RENAME_LOCK_LEASE.as_millis() as u32;
+        Ok(TokenGrant { mode: TokenMode::Rename, lease_ms })
     }
 
     /// Gives a token back.
     pub fn release(&mut self, dir: InodeId, client: ClientId, mode: TokenMode) {
+        if mode == TokenMode::Rename {
+            if self.rename_lock.is_some_and(|(holder, _)| holder == client) {
+                self.rename_lock = None;
+            }
+            return;
+        }
         let Some(t) = self.dirs.get_mut(&dir) else { return };
         match mode {
             TokenMode::Read => t.readers.retain(|(c, _)| *c != client),
@@ -93,6 +129,7 @@ impl Tokens {
                     t.writer = None;
                 }
             }
+            TokenMode::Rename => {}
         }
         if t.readers.is_empty() && t.writer.is_none() {
             self.dirs.remove(&dir);
@@ -131,6 +168,27 @@ mod tests {
         assert_eq!(t.acquire(D, a, TokenMode::Read, now).0.lease_ms, 1000);
         t.release(D, a, TokenMode::Write);
         assert_eq!(t.acquire(D, c, TokenMode::Read, now).0.lease_ms, 1000);
+    }
+
+    /// The rename lock is one client's at a time; its holder gives it back,
+    /// or its lease runs out; another's release does nothing.
+    #[test]
+    fn the_rename_lock_is_one_clients_until_released_or_run_out() {
+        let mut t = Tokens::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let (a, b) = (ClientId(1), ClientId(2));
+        assert_eq!(t.acquire_rename(a, now).unwrap().mode, TokenMode::Rename);
+        assert_eq!(t.acquire_rename(b, now), Err(FsError::TryAgain));
+        t.release(InodeId::ROOT, b, TokenMode::Rename);
+        assert_eq!(t.acquire_rename(b, now), Err(FsError::TryAgain), "not b's to give back");
+        assert!(t.acquire_rename(a, now).is_ok(), "its holder takes it again");
+        t.release(InodeId::ROOT, a, TokenMode::Rename);
+        assert!(t.acquire_rename(b, now).is_ok());
+        let later = now + RENAME_LOCK_LEASE;
+        assert_eq!(t.acquire_rename(a, later - Duration::from_millis(1)), Err(FsError::TryAgain));
+        assert!(t.acquire_rename(a, later).is_ok(), "b's lease ran out");
+        // Asked as a dentry token, it grants nothing.
+        assert_eq!(t.acquire(InodeId::ROOT, b, TokenMode::Rename, later).0.lease_ms, 0);
     }
 
     #[test]

@@ -795,6 +795,67 @@ fn rmdir_of_a_directory_whose_name_moved_to_another_shard_checks_its_home() {
     cluster.stop();
 }
 
+/// Two clients at once each move one of two directories under the other:
+/// one move is made and the other refused (`EINVAL`), never both, which
+/// would leave the two in a cycle the root cannot reach. Before the rename
+/// lock both walks up the parents could pass before either move.
+#[test]
+fn two_clients_moving_two_directories_each_under_the_other_never_make_a_cycle() {
+    use std::sync::{Arc, Barrier};
+    let dir = test_dir("rename-cycle-race");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let rounds = 60;
+    for i in 0..rounds {
+        for d in ["a", "b"] {
+            fs.mkdir(InodeId::ROOT, format!("{d}{i}").as_bytes(), 0o755, 0, 0).unwrap();
+        }
+    }
+    let start = Arc::new(Barrier::new(2));
+    // Client `from` moves `{from}{i}` into `{into}{i}` in each round.
+    let mover = |from: &'static str, into: &'static str| {
+        let (fs, start) = (cluster.client(), start.clone());
+        std::thread::spawn(move || {
+            (0..rounds)
+                .map(|i| {
+                    start.wait();
+                    let parent = fs.lookup(InodeId::ROOT, format!("{into}{i}").as_bytes())?;
+                    fs.rename(
+                        InodeId::ROOT,
+                        format!("{from}{i}").as_bytes(),
+                        parent.ino,
+                        from.as_bytes(),
+                        RenameFlags::empty(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (ab, ba) = (mover("a", "b"), mover("b", "a"));
+    let (ab, ba) = (ab.join().unwrap(), ba.join().unwrap());
+    let check = cluster.client();
+    let mut first = [0, 0];
+    for i in 0..rounds {
+        let (a, b) = (format!("a{i}"), format!("b{i}"));
+        match (&ab[i], &ba[i]) {
+            (Ok(()), Err(FsError::Invalid(_)) | Err(FsError::NotFound)) => first[0] += 1,
+            (Err(FsError::Invalid(_)) | Err(FsError::NotFound), Ok(())) => first[1] += 1,
+            other => panic!("round {i}: moves {a} into {b} and {b} into {a} gave {other:?}"),
+        }
+        // Whichever was moved, the other is still in the root and holds it.
+        let top = match &ab[i] {
+            Ok(()) => &b,
+            Err(_) => &a,
+        };
+        let t = check.lookup(InodeId::ROOT, top.as_bytes()).unwrap();
+        let inner = if top == &b { "a" } else { "b" };
+        check.lookup(t.ino, inner.as_bytes()).unwrap_or_else(|e| panic!("{top}/{inner}: {e}"));
+    }
+    eprintln!("{rounds} rounds: a into b first {}, b into a first {}", first[0], first[1]);
+    drop((fs, check));
+    cluster.stop();
+}
+
 #[test]
 fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     let dir = test_dir("rename-cycle");

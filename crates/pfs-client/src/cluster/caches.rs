@@ -154,7 +154,29 @@ impl Drop for WriteToken<'_> {
     }
 }
 
+/// The cluster's rename lock (`TokenMode::Rename`), given back when dropped.
+pub(crate) struct RenameLock<'a> {
+    client: &'a Cluster,
+}
+
+impl Drop for RenameLock<'_> {
+    fn drop(&mut self) {
+        let release = Request::TokenRelease { dir: InodeId::ROOT, mode: TokenMode::Rename };
+        if let Err(e) = self.client.call_home(InodeId::ROOT, release) {
+            log::warn!("the rename lock was not given back ({e}); its lease runs out by itself");
+        }
+    }
+}
+
 impl Cluster {
+    /// Takes the cluster's rename lock at the root's home, waiting (with
+    /// back-off, within the request timeout) while another client holds it.
+    pub(crate) fn rename_lock(&self) -> FsResult<RenameLock<'_>> {
+        let req = Request::TokenAcquire { dir: InodeId::ROOT, mode: TokenMode::Rename };
+        expect_reply!(self.call_home(InodeId::ROOT, req)?, Reply::TokenAcquire(_) => ())?;
+        Ok(RenameLock { client: self })
+    }
+
     /// The layouts of `ino`, from the cache or its home.
     pub(crate) fn layout_of(&self, ino: InodeId) -> FsResult<InodeLayout> {
         if let Some(l) = self.caches.layout(ino) {

@@ -939,11 +939,27 @@ impl FileSystem for Cluster {
     ) -> FsResult<()> {
         let from = self.route(self.dentry_key(parent, name)?);
         let to = self.route(self.dentry_key(new_parent, new_name)?);
-        // Either name may be a directory others cache: take both write tokens.
-        let _tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
-        let source = self.lookup(parent, name)?;
-        let target = self.lookup(new_parent, new_name);
         let exchange = flags.contains(RenameFlags::EXCHANGE);
+        // A directory moved to another parent must not go into its own
+        // subtree. The check walks the parents up, and two clients that each
+        // moved a directory under the other could both pass it: such moves
+        // take the cluster's rename lock, then look the names up again and
+        // check under it (only they do: every other rename goes on).
+        let mut lock = None;
+        let (_tokens, source, target) = loop {
+            // Either name may be a directory others cache: take both write tokens.
+            let tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
+            let source = self.lookup(parent, name)?;
+            let target = self.lookup(new_parent, new_name);
+            let is_dir = |a: &FileAttr| a.kind == FileType::Directory;
+            let moves_dir = parent != new_parent
+                && (is_dir(&source) || exchange && target.as_ref().is_ok_and(is_dir));
+            if !moves_dir || lock.is_some() {
+                break (tokens, source, target);
+            }
+            drop(tokens);
+            lock = Some(self.rename_lock()?);
+        };
         if parent != new_parent {
             if source.kind == FileType::Directory {
                 self.refuse_own_subtree(source.ino, new_parent)?;

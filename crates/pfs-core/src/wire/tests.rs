@@ -91,7 +91,7 @@ fn entry() -> impl Strategy<Value = Entry> {
 }
 
 fn token_mode() -> impl Strategy<Value = TokenMode> {
-    prop_oneof![Just(TokenMode::Read), Just(TokenMode::Write)]
+    prop_oneof![Just(TokenMode::Read), Just(TokenMode::Write), Just(TokenMode::Rename)]
 }
 
 fn rename_flags() -> impl Strategy<Value = RenameFlags> {

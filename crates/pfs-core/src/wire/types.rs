@@ -113,6 +113,12 @@ pub enum TokenMode {
     Read = 1,
     /// Exclusive: the holder may change them.
     Write = 2,
+    /// The cluster's rename lock, taken on the root at its home: exclusive
+    /// among clients, held while a client checks that a directory it moves
+    /// to another parent does not go into its own subtree and moves it, so
+    /// two such moves cannot each pass the check and make a cycle. A holder
+    /// another client asks for it keeps it (the asker gets `TryAgain`).
+    Rename = 3,
 }
 
 /// A granted token.
@@ -388,6 +394,7 @@ impl Codec for TokenMode {
         match r.u8("token mode")? {
             1 => Ok(TokenMode::Read),
             2 => Ok(TokenMode::Write),
+            3 => Ok(TokenMode::Rename),
             v => Err(WireError::BadValue { what: "token mode", value: v.into() }),
         }
     }

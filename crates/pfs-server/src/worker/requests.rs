@@ -2,8 +2,8 @@
 //! payload straight from it), the operation run or stopped for what it waits
 //! for, and its reply encoded and held for its commit or follow-ups.
 
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request};
-use pfs_core::{ClientId, FsError, FsResult, RequestId};
+use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, TokenMode};
+use pfs_core::{ClientId, FsError, FsResult, InodeId, RequestId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::ReadStart;
 
@@ -51,11 +51,11 @@ impl<D: Device> Worker<D> {
         };
         let op = req.opcode();
         if let Some(reply) = self.serve_token(&req, frame.client) {
-            let reply = Frame {
-                request_id: frame.request_id,
-                client: frame.client,
-                body: Body::Reply(reply),
+            let body = match reply {
+                Ok(reply) => Body::Reply(reply),
+                Err(error) => Body::Error { op, error },
             };
+            let reply = Frame { request_id: frame.request_id, client: frame.client, body };
             buf.clear();
             reply.encode(&mut buf).expect("a token reply always encodes");
             return Some(buf);
@@ -166,19 +166,32 @@ impl<D: Device> Worker<D> {
 
     /// Answers a dentry-token request (`TokenAcquire`, `TokenRelease`) from
     /// the worker's token table; `None` for any other request. An acquire
-    /// revokes the tokens that conflict with it (`TokenInvalidate`).
-    fn serve_token(&mut self, req: &Request, client: ClientId) -> Option<Reply> {
+    /// revokes the tokens that conflict with it (`TokenInvalidate`). The
+    /// rename lock is asked of the root's home, on the root (`TryAgain`
+    /// while another client holds it).
+    fn serve_token(&mut self, req: &Request, client: ClientId) -> Option<FsResult<Reply>> {
         match *req {
+            Request::TokenAcquire { dir, mode: TokenMode::Rename }
+            | Request::TokenRelease { dir, mode: TokenMode::Rename }
+                if dir != InodeId::ROOT || !self.shard.has_inode(InodeId::ROOT) =>
+            {
+                Some(Err(FsError::Invalid(
+                    "the rename lock is taken on the root, at its home".into(),
+                )))
+            }
+            Request::TokenAcquire { mode: TokenMode::Rename, .. } => {
+                Some(self.tokens.acquire_rename(client, self.now).map(Reply::TokenAcquire))
+            }
             Request::TokenAcquire { dir, mode } => {
                 let (grant, revoked) = self.tokens.acquire(dir, client, mode, self.now);
                 for holder in revoked {
                     self.notify(holder, Request::TokenInvalidate { dir });
                 }
-                Some(Reply::TokenAcquire(grant))
+                Some(Ok(Reply::TokenAcquire(grant)))
             }
             Request::TokenRelease { dir, mode } => {
                 self.tokens.release(dir, client, mode);
-                Some(Reply::TokenRelease)
+                Some(Ok(Reply::TokenRelease))
             }
             _ => None,
         }
