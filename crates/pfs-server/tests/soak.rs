@@ -9,7 +9,9 @@
 //! fsyncdir of the directories) it prints the outcome: `D file <path> <len>
 //! <crc>`, `D dir <path>`, `D absent <path>`, or `D same <path>` for an
 //! operation that was refused and changed nothing. Operations left without
-//! fsync leave their names uncertain until the next durable outcome.
+//! fsync leave their names uncertain until the next durable outcome. A client
+//! also makes hard links of its files in its other directory and removes them
+//! (the link's name is all the model tracks; `pfs fsck` checks link counts).
 //!
 //! After a random 0.3 to 2.5 s the parent kills a random server (sometimes all
 //! of them) and both clients with SIGKILL, restarts the servers, and checks with
@@ -230,6 +232,42 @@ impl Worker {
         Ok(())
     }
 
+    /// A hard link of a file under a name in the client's other directory
+    /// (its inode's home is usually another shard than the new name's, so
+    /// the link is counted by a follow-up), then the link's removal, made
+    /// durable. Kills land in either half; `pfs fsck` after each round
+    /// checks the link counts. The model tracks the link's name only.
+    fn link(&mut self) -> Result<(), FsError> {
+        let (dir, name, path) = self.pick_file();
+        let other = self.dirs.iter().find(|d| d.0 != dir).expect("two directories").clone();
+        let lname = format!("{name}.l");
+        let lpath = format!("{}/{lname}", other.1);
+        self.uncertain(&lpath);
+        let file = match self.fs.lookup(dir, name.as_bytes()) {
+            Ok(a) if a.kind == FileType::Regular => a,
+            Ok(_) | Err(FsError::NotFound) => {
+                self.say(format!("D same {lpath}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        self.say(format!("I link {path} inode {} as {lpath}", file.ino));
+        match self.fs.link(file.ino, other.0, lname.as_bytes()) {
+            Ok(_) => {
+                let linked = self.fs.lookup(other.0, lname.as_bytes())?;
+                assert_eq!(linked.ino, file.ino, "{lpath}: a link of {path}");
+                assert_eq!(linked.nlink, file.nlink + 1, "{lpath}: the link count of {path}");
+            }
+            // Left by a kill in an earlier link: removed below all the same.
+            Err(FsError::Exists) => {}
+            Err(e) => return Err(e),
+        }
+        self.fs.unlink(other.0, lname.as_bytes())?;
+        self.fs.fsyncdir(other.0, pfs_core::FileHandle(0), false)?;
+        self.say(format!("D absent {lpath}"));
+        Ok(())
+    }
+
     /// mkdir or rmdir of a subdirectory of the bigdir.
     fn subdir(&mut self) -> Result<(), FsError> {
         let (dir, dname) = self.dirs[0].clone();
@@ -251,13 +289,14 @@ impl Worker {
     }
 
     fn step(&mut self) -> Result<(), FsError> {
-        match self.rng.gen_range(0..20) {
+        match self.rng.gen_range(0..21) {
             0..=6 => self.put(),
             7..=9 => self.change(),
             10..=12 => self.rename(true),
             13 => self.rename(false),
             14 | 15 => self.unlink(true),
             16 => self.unlink(false),
+            17 => self.link(),
             _ => self.subdir(),
         }
     }
@@ -467,6 +506,8 @@ fn main() {
     let mut model: BTreeMap<String, Name> = BTreeMap::new();
     let mut history = History::new();
     let (mut durable_ops, mut checked_total, mut kills) = (0u64, 0usize, 0u32);
+    // Hard links made and removed durably (`Worker::link`).
+    let mut links = 0u64;
     let mut fsck_notes = 0usize;
     let mut lost_creates: BTreeSet<pfs_core::InodeId> = BTreeSet::new();
     let started = Instant::now();
@@ -493,6 +534,9 @@ fn main() {
             for line in rx.iter() {
                 if line.starts_with("D ") {
                     durable_ops += 1;
+                }
+                if line.starts_with("D absent ") && line.ends_with(".l") {
+                    links += 1;
                 }
                 remember(&mut history, round, &line);
                 apply(&mut model, &mut moves, &line)
@@ -571,11 +615,12 @@ fn main() {
         // The directory removes itself when dropped.
         std::mem::forget(dir);
     }
+    assert!(links > 0, "no hard link was made and removed in {rounds} rounds");
     println!(
         "soak: {rounds} rounds, {kills} server kills, {durable_ops} durable operations \
-         acknowledged, {checked_total} name checks, 0 lost, in {:?}; pfs fsck clean after \
-         every round ({fsck_notes} notes of work in flight, data of {} lost creates \
-         swept)",
+         acknowledged ({links} hard links made and removed), {checked_total} name checks, 0 \
+         lost, in {:?}; pfs fsck clean after every round ({fsck_notes} notes of work in \
+         flight, data of {} lost creates swept)",
         started.elapsed(),
         lost_creates.len()
     );
