@@ -378,8 +378,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             let (old, replaced) = answer?;
             Reply::XRenameTarget { old: old.unwrap_or(0), replaced }
         }
-        Request::TxnForget { txn } => {
-            shard.txn_forget(txn | pfs_store::shard::txn::PARTICIPANT_BIT)?;
+        Request::TxnForget { txn, dir_removed } => {
+            shard.forget_seal(txn, dir_removed)?;
             Reply::TxnForget
         }
         Request::SealDir { txn, dir } => {

@@ -20,7 +20,6 @@ use std::time::Instant;
 use pfs_core::wire::{Body, Reply, Request};
 use pfs_core::{FileType, FsError, InodeId, Opcode, RequestId, ServerId, WorkerId};
 use pfs_store::device::Device;
-use pfs_store::shard::txn::PARTICIPANT_BIT;
 
 use crate::host::Host;
 use crate::msg::{Waiter, CROSS_MAX};
@@ -58,6 +57,10 @@ struct RmdirOp {
     /// Decided; now every shard is told to forget its seal (`Sealed` = forgot),
     /// and the intent goes when all did.
     unsealing: bool,
+    /// Decided, and the directory was removed: each shard is told so with its
+    /// unseal, and refuses new names in it from then on (`Shard::gone_dir`).
+    /// Not known after a crash (a recovered decided intent unseals only).
+    removed: bool,
     /// The commit that makes the intent durable: no shard is asked before it
     /// finished (`Shard::commits_done`).
     durable_at: u64,
@@ -77,6 +80,7 @@ impl RmdirOp {
             waiter: None,
             shards: Vec::new(),
             unsealing: false,
+            removed: false,
             durable_at: 0,
             stops: Default::default(),
         }
@@ -264,14 +268,14 @@ impl Rmdirs {
         let workers = h.workers();
         let now = h.now();
         let mut work = 0;
-        let (txn, dir, unsealing) = (op.txn, op.dir, op.unsealing);
+        let (txn, dir, unsealing, removed) = (op.txn, op.dir, op.unsealing, op.removed);
         for ((server, worker), seal) in op.shards.iter_mut() {
             let g = pfs_core::routing::shard_of(*server, *worker, workers).0;
             match seal.clone() {
                 Seal::Unsent(at) if now >= at => {
                     if g == me {
                         let local = h.step(&mut op.stops, |s| match unsealing {
-                            true => s.txn_forget(txn | PARTICIPANT_BIT),
+                            true => s.forget_seal(txn, removed),
                             false => s.seal_dir(txn, dir),
                         });
                         // Stopped (a commit or room in the log first): again
@@ -290,7 +294,7 @@ impl Rmdirs {
                     }
                     work += 1;
                     let req = match unsealing {
-                        true => Request::TxnForget { txn },
+                        true => Request::TxnForget { txn, dir_removed: removed },
                         false => Request::SealDir { txn, dir },
                     };
                     *seal = match h.send(*server, *worker, req) {
@@ -375,6 +379,7 @@ impl Rmdirs {
                     }
                 });
                 let Some(removed) = removed else { return false };
+                op.removed = removed.is_ok();
                 match removed {
                     Ok(()) => Body::Reply(Reply::Rmdir { ino: op.dir, remote }),
                     // Removed before a crash: the recovered intent only unseals.

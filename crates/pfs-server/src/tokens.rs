@@ -60,8 +60,9 @@ impl Tokens {
         now: Instant,
     ) -> (TokenGrant, Vec<ClientId>) {
         let no_lease = TokenGrant { mode, lease_ms: 0 };
-        // Taken with `acquire_rename`, never cached under.
-        if mode == TokenMode::Rename {
+        // Taken with `acquire_rename` and the shard's `hold_dir`, never
+        // cached under.
+        if matches!(mode, TokenMode::Rename | TokenMode::Hold | TokenMode::Gone) {
             return (no_lease, Vec::new());
         }
         if !self.dirs.contains_key(&dir) && self.dirs.len() >= TOKEN_DIRS_MAX {
@@ -97,7 +98,7 @@ impl Tokens {
                 t.writer = Some((client, now + self.lease));
                 (TokenGrant { mode, lease_ms }, revoked)
             }
-            TokenMode::Rename => (no_lease, Vec::new()),
+            TokenMode::Rename | TokenMode::Hold | TokenMode::Gone => (no_lease, Vec::new()),
         }
     }
 
@@ -129,7 +130,7 @@ impl Tokens {
                     t.writer = None;
                 }
             }
-            TokenMode::Rename => {}
+            TokenMode::Rename | TokenMode::Hold | TokenMode::Gone => {}
         }
         if t.readers.is_empty() && t.writer.is_none() {
             self.dirs.remove(&dir);

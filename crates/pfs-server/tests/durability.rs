@@ -229,7 +229,7 @@ fn servers_refuse_internal_requests_from_clients() {
     let follow = pfs_core::wire::FollowOp::Drop { ino: InodeId::ROOT };
     for req in [
         Request::SealDir { txn: 1, dir: InodeId::ROOT },
-        Request::TxnForget { txn: 1 },
+        Request::TxnForget { txn: 1, dir_removed: false },
         Request::FollowUps { from: pfs_core::ShardId(1), ops: vec![(1 << 48, follow)] },
         Request::DropInode { ino: InodeId::ROOT },
         Request::AddLink { ino: InodeId::ROOT },

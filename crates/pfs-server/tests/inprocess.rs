@@ -856,6 +856,116 @@ fn two_clients_moving_two_directories_each_under_the_other_never_make_a_cycle() 
     cluster.stop();
 }
 
+/// A create through a handle of a bigdir taken before the directory was
+/// removed (by its rmdir, or by a rename over it) fails with `ENOENT` on
+/// every shard, not only at the directory's home: the other shards were
+/// told it is gone. Before, a name on another shard than the home landed in
+/// a directory no path reaches.
+#[test]
+fn a_create_in_a_removed_bigdir_fails_on_every_shard() {
+    let dir = test_dir("gone-dirs");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let names: Vec<String> = (0..24).map(|k| format!("x{k}")).collect();
+    let stale = |d: InodeId, how: &str| {
+        for n in &names {
+            assert_eq!(
+                fs.create(d, n.as_bytes(), 0o644, 0, 0, 0).map(|_| ()),
+                Err(FsError::NotFound),
+                "{n} in a directory removed by {how}"
+            );
+        }
+    };
+    let removed = fs.mkdir(InodeId::ROOT, b"removed", 0o755, 0, 0).unwrap();
+    fs.rmdir(InodeId::ROOT, b"removed").unwrap();
+    stale(removed.ino, "rmdir");
+    let replaced = fs.mkdir(InodeId::ROOT, b"replaced", 0o755, 0, 0).unwrap();
+    let by = fs.mkdir(InodeId::ROOT, b"by", 0o755, 0, 0).unwrap();
+    fs.rename(InodeId::ROOT, b"by", InodeId::ROOT, b"replaced", RenameFlags::empty()).unwrap();
+    stale(replaced.ino, "a rename over it");
+    // The directory that took its name takes new names.
+    assert_eq!(fs.lookup(InodeId::ROOT, b"replaced").unwrap().ino, by.ino);
+    write_file(&fs, by.ino, "x0", b"here");
+    drop(fs);
+    cluster.stop();
+}
+
+/// A rename over an empty directory while another client creates a file in
+/// it through a handle taken before: either the create comes first and the
+/// rename is refused (`ENOTEMPTY`), or the rename comes first and the create
+/// fails (`ENOENT`); never both succeed, which left the new file in a
+/// directory no path reaches (the client checked emptiness by listing, and a
+/// create could land between the listing and the rename).
+#[test]
+fn a_rename_over_a_directory_racing_a_create_in_it_never_strands_the_file() {
+    use std::sync::{Arc, Barrier};
+    let dir = test_dir("rename-over-dir-race");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let rounds = 60;
+    let targets: Vec<InodeId> = (0..rounds)
+        .map(|i| {
+            fs.mkdir(InodeId::ROOT, format!("s{i}").as_bytes(), 0o755, 0, 0).unwrap();
+            fs.mkdir(InodeId::ROOT, format!("d{i}").as_bytes(), 0o755, 0, 0).unwrap().ino
+        })
+        .collect();
+    let start = Arc::new(Barrier::new(2));
+    let renamer = {
+        let (fs, start) = (cluster.client(), start.clone());
+        std::thread::spawn(move || {
+            (0..rounds)
+                .map(|i| {
+                    start.wait();
+                    let (s, d) = (format!("s{i}"), format!("d{i}"));
+                    fs.rename(
+                        InodeId::ROOT,
+                        s.as_bytes(),
+                        InodeId::ROOT,
+                        d.as_bytes(),
+                        RenameFlags::empty(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let creator = {
+        let fs = cluster.client();
+        std::thread::spawn(move || {
+            targets
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| {
+                    start.wait();
+                    // Later in some rounds than others, to meet the rename
+                    // at each of its steps.
+                    std::thread::sleep(Duration::from_micros(150 * (i % 10) as u64));
+                    let (attr, fh) = fs.create(d, b"new", 0o644, 0, 0, 0)?;
+                    fs.release(attr.ino, fh)
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (renamed, created) = (renamer.join().unwrap(), creator.join().unwrap());
+    let (mut first_create, mut first_rename) = (0, 0);
+    for i in 0..rounds {
+        let d = fs.lookup(InodeId::ROOT, format!("d{i}").as_bytes()).unwrap();
+        match (&renamed[i], &created[i]) {
+            (Err(FsError::NotEmpty), Ok(())) => {
+                first_create += 1;
+                fs.lookup(d.ino, b"new").unwrap_or_else(|e| panic!("d{i}/new: {e}"));
+            }
+            (Ok(()), Err(FsError::NotFound)) => {
+                first_rename += 1;
+                assert_eq!(fs.lookup(d.ino, b"new").unwrap_err(), FsError::NotFound);
+            }
+            other => panic!("round {i}: rename s{i} over d{i} and a create in d{i}: {other:?}"),
+        }
+    }
+    eprintln!("{rounds} rounds: the create first {first_create}, the rename first {first_rename}");
+    drop(fs);
+    cluster.stop();
+}
+
 #[test]
 fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     let dir = test_dir("rename-cycle");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pfs_core::hash::NumMap;
 use pfs_core::wire::{InodeLayout, Reply, Request, TokenMode};
-use pfs_core::{FsResult, InodeId};
+use pfs_core::{DirLayout, FsResult, InodeId, ServerId, WorkerId};
 
 use super::Cluster;
 use crate::api::{Invalidation, Invalidator};
@@ -168,7 +168,49 @@ impl Drop for RenameLock<'_> {
     }
 }
 
+/// Holds on a directory on the shards of its entries (`TokenMode::Hold`),
+/// given back when dropped.
+pub(crate) struct DirHold<'a> {
+    client: &'a Cluster,
+    dir: InodeId,
+    shards: Vec<(ServerId, WorkerId)>,
+    /// The directory was replaced: each shard is told so as it is released.
+    pub(crate) gone: bool,
+}
+
+impl Drop for DirHold<'_> {
+    fn drop(&mut self) {
+        let mode = if self.gone { TokenMode::Gone } else { TokenMode::Hold };
+        for &(s, w) in &self.shards {
+            let release = Request::TokenRelease { dir: self.dir, mode };
+            if let Err(e) = self.client.call_to(s, w, release) {
+                log::debug!("hold on {} not given back ({e}); it runs out by itself", self.dir);
+            }
+        }
+    }
+}
+
 impl Cluster {
+    /// Holds directory `dir` on every shard that may have its entries: each
+    /// grants it only while it has none (`NotEmpty` otherwise), and lets no
+    /// new name into `dir` until the hold is dropped. Before a rename over
+    /// `dir`, so it is empty when replaced (a listing could not keep a create
+    /// on another shard from landing between the check and the rename).
+    pub(crate) fn hold_dir(&self, dir: InodeId) -> FsResult<DirHold<'_>> {
+        let shards: Vec<(ServerId, WorkerId)> = match self.layout_of(dir)?.dir {
+            DirLayout::Regular => vec![self.placement.home(dir)],
+            DirLayout::BigDir => self.placement.all_shards().collect(),
+        };
+        let mut hold =
+            DirHold { client: self, dir, shards: Vec::with_capacity(shards.len()), gone: false };
+        for (s, w) in shards {
+            let req = Request::TokenAcquire { dir, mode: TokenMode::Hold };
+            expect_reply!(self.call_to(s, w, req)?, Reply::TokenAcquire(_) => ())?;
+            hold.shards.push((s, w));
+        }
+        Ok(hold)
+    }
+
     /// Takes the cluster's rename lock at the root's home, waiting (with
     /// back-off, within the request timeout) while another client holds it.
     pub(crate) fn rename_lock(&self) -> FsResult<RenameLock<'_>> {

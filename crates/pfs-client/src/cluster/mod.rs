@@ -972,8 +972,10 @@ impl FileSystem for Cluster {
             }
         }
         // A directory replaced by a rename must be empty. The target's shard only
-        // sees its own slice of a bigdir, so the client checks every shard here.
-        let _target_token = if exchange {
+        // sees its own slice of a bigdir, so the client holds it on every shard
+        // of its entries first: each refuses if it has one, and takes no new
+        // one until the hold is dropped, after the rename.
+        let mut target_hold = if exchange {
             None
         } else {
             if let Ok(t) = &target {
@@ -989,11 +991,7 @@ impl FileSystem for Cluster {
             }
             match &target {
                 Ok(t) if t.kind == FileType::Directory => {
-                    let token = self.write_token(t.ino)?;
-                    if !self.readdir(t.ino, None, 1)?.is_empty() {
-                        return Err(FsError::NotEmpty);
-                    }
-                    Some(token)
+                    Some((self.write_token(t.ino)?, self.hold_dir(t.ino)?))
                 }
                 _ => None,
             }
@@ -1017,6 +1015,10 @@ impl FileSystem for Cluster {
         // A replaced file is freed by the shards as after an unlink, and the
         // parents' link counts follow (follow-ups, docs/cluster.md).
         expect_reply!(self.call_noting(from.server, from.proc_worker, req, &[source.ino])?, Reply::Rename { .. } | Reply::RenameCross { .. } => ())?;
+        // The replaced directory is gone: its shards are told as they let it go.
+        if let Some((_, hold)) = target_hold.as_mut() {
+            hold.gone = true;
+        }
         self.touch_parent(parent, &from);
         if new_parent != parent {
             self.touch_parent(new_parent, &to);

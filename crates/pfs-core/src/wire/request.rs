@@ -446,6 +446,9 @@ pub enum Request {
     TxnForget {
         /// The transaction.
         txn: u64,
+        /// The directory a seal of it names was removed: the participant
+        /// remembers it gone and refuses new names in it (`ENOENT`).
+        dir_removed: bool,
     },
     /// Drop one link of inode `ino` (at its home) after its name, held by another
     /// shard, was removed (`Unlink`/`Rmdir` replies say so with `remote`); the
@@ -800,8 +803,9 @@ impl Request {
                 w.u64(*value);
                 flags.put(w)
             }
-            Request::TxnForget { txn } => {
+            Request::TxnForget { txn, dir_removed } => {
                 w.u64(*txn);
+                w.bool(*dir_removed);
                 Ok(())
             }
             Request::ReserveData { ino, end } => {
@@ -987,7 +991,10 @@ impl Request {
                 value: r.u64("dentry value")?,
                 flags: RenameFlags::get(r)?,
             },
-            Opcode::TxnForget => Request::TxnForget { txn: r.u64("transaction id")? },
+            Opcode::TxnForget => Request::TxnForget {
+                txn: r.u64("transaction id")?,
+                dir_removed: r.bool("directory removed")?,
+            },
             Opcode::DropInode => Request::DropInode { ino: ino(r)? },
             Opcode::RmdirBigDir => {
                 Request::RmdirBigDir { parent: ino(r)?, name: read_name(r, "name")? }

@@ -91,7 +91,13 @@ fn entry() -> impl Strategy<Value = Entry> {
 }
 
 fn token_mode() -> impl Strategy<Value = TokenMode> {
-    prop_oneof![Just(TokenMode::Read), Just(TokenMode::Write), Just(TokenMode::Rename)]
+    prop_oneof![
+        Just(TokenMode::Read),
+        Just(TokenMode::Write),
+        Just(TokenMode::Rename),
+        Just(TokenMode::Hold),
+        Just(TokenMode::Gone)
+    ]
 }
 
 fn rename_flags() -> impl Strategy<Value = RenameFlags> {
@@ -238,7 +244,8 @@ fn request() -> impl Strategy<Value = Request> {
                 flags
             }
         ),
-        any::<u64>().prop_map(|txn| Request::TxnForget { txn }),
+        (any::<u64>(), any::<bool>())
+            .prop_map(|(txn, dir_removed)| Request::TxnForget { txn, dir_removed }),
         ino().prop_map(|ino| Request::DropInode { ino }),
         (ino(), name()).prop_map(|(parent, name)| Request::RmdirBigDir { parent, name }),
         (any::<u64>(), ino()).prop_map(|(txn, dir)| Request::SealDir { txn, dir }),

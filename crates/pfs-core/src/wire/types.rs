@@ -119,6 +119,18 @@ pub enum TokenMode {
     /// two such moves cannot each pass the check and make a cycle. A holder
     /// another client asks for it keeps it (the asker gets `TryAgain`).
     Rename = 3,
+    /// A hold on a directory on the shard asked (any shard that may hold its
+    /// entries): granted only while that shard has none of them
+    /// (`NotEmpty`), and while held no new name goes into it there (creates
+    /// and renames into it get `TryAgain`). A client takes it on every such
+    /// shard before it renames over the directory, so the directory is
+    /// empty when replaced; given back after, or run out after 5 s.
+    Hold = 4,
+    /// Given back (`TokenRelease`) instead of `Hold` once the rename replaced
+    /// the directory, or sent after a bigdir's rmdir: the shard remembers the
+    /// directory removed and refuses new names in it (`NotFound`). As an
+    /// acquire it is refused (`EINVAL`).
+    Gone = 5,
 }
 
 /// A granted token.
@@ -395,6 +407,8 @@ impl Codec for TokenMode {
             1 => Ok(TokenMode::Read),
             2 => Ok(TokenMode::Write),
             3 => Ok(TokenMode::Rename),
+            4 => Ok(TokenMode::Hold),
+            5 => Ok(TokenMode::Gone),
             v => Err(WireError::BadValue { what: "token mode", value: v.into() }),
         }
     }

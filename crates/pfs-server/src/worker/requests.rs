@@ -182,6 +182,31 @@ impl<D: Device> Worker<D> {
             Request::TokenAcquire { mode: TokenMode::Rename, .. } => {
                 Some(self.tokens.acquire_rename(client, self.now).map(Reply::TokenAcquire))
             }
+            // A directory's names on this shard, held by a client about to
+            // rename over it (`Shard::hold_dir`).
+            Request::TokenAcquire { dir, mode: TokenMode::Hold } => {
+                let lease_ms = (pfs_store::shard::txn::DIR_HOLD_NS / 1_000_000) as u32;
+                let grant = pfs_core::wire::TokenGrant { mode: TokenMode::Hold, lease_ms };
+                Some(
+                    self.shard
+                        .hold_dir(dir, u64::from(client.0))
+                        .map(|()| Reply::TokenAcquire(grant)),
+                )
+            }
+            Request::TokenRelease { dir, mode: TokenMode::Hold } => {
+                self.shard.release_dir(dir, u64::from(client.0));
+                Some(Ok(Reply::TokenRelease))
+            }
+            // The directory was removed (the holder's rename replaced it, or
+            // a bigdir's rmdir finished): no new name in it here.
+            Request::TokenRelease { dir, mode: TokenMode::Gone } => {
+                self.shard.release_dir(dir, u64::from(client.0));
+                self.shard.gone_dir(dir);
+                Some(Ok(Reply::TokenRelease))
+            }
+            Request::TokenAcquire { mode: TokenMode::Gone, .. } => Some(Err(FsError::Invalid(
+                "a removed directory is told by a release, not acquired".into(),
+            ))),
             Request::TokenAcquire { dir, mode } => {
                 let (grant, revoked) = self.tokens.acquire(dir, client, mode, self.now);
                 for holder in revoked {

@@ -247,10 +247,9 @@ impl<D: Device> Shard<D> {
         name: &[u8],
         args: CreateArgs,
     ) -> FsResult<FileAttr> {
-        if self.is_sealed(parent) {
-            // An rmdir of `parent` is deciding: wait for its outcome.
-            return Err(FsError::TryAgain);
-        }
+        // An rmdir of `parent` deciding, or a rename over it: wait for the
+        // outcome (`NotFound` once it is known removed).
+        self.check_new_name_in(parent)?;
         self.follow_room(1)?;
         self.ensure_ino_floor()?;
         self.begin()?;
@@ -387,9 +386,7 @@ impl<D: Device> Shard<D> {
         kind: FileType,
         inode: Option<Inode>,
     ) -> FsResult<()> {
-        if self.is_sealed(parent) {
-            return Err(FsError::TryAgain);
-        }
+        self.check_new_name_in(parent)?;
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
         }
@@ -509,9 +506,7 @@ impl<D: Device> Shard<D> {
             return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
         }
         let src = self.lookup(src_parent, src_name)?;
-        if self.is_sealed(dst_parent) {
-            return Err(FsError::TryAgain);
-        }
+        self.check_new_name_in(dst_parent)?;
         let dst = match self.lookup(dst_parent, dst_name) {
             Ok(d) => Some(d),
             Err(FsError::NotFound) => None,

@@ -229,6 +229,12 @@ pub struct Shard<D: Device> {
     txns: BTreeMap<u64, Vec<u8>>,
     /// Directories sealed by an rmdir in progress (from `txns`): dir -> seal count.
     sealed: HashMap<InodeId, u32>,
+    /// Directories held by clients about to rename over them (`hold_dir`, in
+    /// memory only): dir -> (holder, end of the hold on `clock_ns`).
+    holds: HashMap<InodeId, Vec<(u64, TimeNs)>>,
+    /// Directories removed elsewhere that this shard may hold names of (a
+    /// bigdir's), remembered so new names in them are refused (`gone_dir`).
+    gone: txn::GoneDirs,
     /// Next transaction sequence number, and the logged floor it must stay
     /// under (`follow.rs`).
     txn_next: u64,
@@ -519,6 +525,8 @@ impl<D: Device> Shard<D> {
             xattrs: crate::slots::SplitMap::default(),
             txns: BTreeMap::new(),
             sealed: HashMap::new(),
+            holds: HashMap::new(),
+            gone: txn::GoneDirs::default(),
             txn_next: 1,
             txn_floor: 0,
             ino_floor: 0,

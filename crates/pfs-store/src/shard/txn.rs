@@ -23,6 +23,33 @@ pub const TXN_DATA_MAX: usize = 2048;
 pub const PARTICIPANT_BIT: u64 = 1 << 63;
 /// First byte of a participant record that seals a directory: creates in it wait.
 pub const SEAL_TAG: u8 = 2;
+/// How long a client's hold on a directory lasts at most (`hold_dir`).
+pub const DIR_HOLD_NS: i64 = 5_000_000_000;
+/// Directory holds one shard keeps at once; past it, `TryAgain`.
+pub const DIR_HOLDS_MAX: usize = 4096;
+/// Removed directories one shard remembers (`Shard::gone_dir`); past it the
+/// oldest is forgotten.
+pub const GONE_DIRS_MAX: usize = 65_536;
+
+/// Directories removed elsewhere, newest last, at most [`GONE_DIRS_MAX`].
+#[derive(Debug, Default)]
+pub(super) struct GoneDirs {
+    order: std::collections::VecDeque<InodeId>,
+    set: std::collections::HashSet<InodeId>,
+}
+
+impl GoneDirs {
+    fn insert(&mut self, dir: InodeId) {
+        if !self.set.insert(dir) {
+            return;
+        }
+        self.order.push_back(dir);
+        if self.order.len() > GONE_DIRS_MAX {
+            let old = self.order.pop_front().expect("over the bound");
+            self.set.remove(&old);
+        }
+    }
+}
 /// The whole of a participant record of a rename it abandoned (see
 /// [`Shard::xrename_target`]): never applied, and a late dispatch is refused.
 pub const ABANDONED: [u8; 1] = [0xab];
@@ -102,9 +129,93 @@ impl<D: Device> Shard<D> {
         self.finish()
     }
 
-    /// Whether creates in `dir` must wait (an rmdir of it is deciding).
+    /// Participant of an rmdir: forgets its seal for transaction `id` (see
+    /// [`seal_dir`](Self::seal_dir)); `dir_removed`: the rmdir removed the
+    /// directory, which this shard then remembers gone
+    /// ([`gone_dir`](Self::gone_dir)).
+    pub fn forget_seal(&mut self, id: u64, dir_removed: bool) -> FsResult<()> {
+        let key = id | PARTICIPANT_BIT;
+        let sealed = self.txns.get(&key).and_then(|d| match d.as_slice() {
+            [SEAL_TAG, dir @ ..] => dir.try_into().ok().map(|b| InodeId(u64::from_le_bytes(b))),
+            _ => None,
+        });
+        self.txn_forget(key)?;
+        if let Some(dir) = sealed.filter(|_| dir_removed) {
+            self.gone_dir(dir);
+        }
+        Ok(())
+    }
+
+    /// Whether creates in `dir` must wait (an rmdir of it is deciding, or a
+    /// client holds it to rename over it).
     pub fn is_sealed(&self, dir: InodeId) -> bool {
         self.sealed.contains_key(&dir)
+            || self.holds.get(&dir).is_some_and(|h| h.iter().any(|&(_, end)| end > self.clock_ns))
+    }
+
+    /// Holds `dir` for `holder` (a client about to rename over it): granted
+    /// only while this shard has none of its entries (`NotEmpty` otherwise),
+    /// and until [`release_dir`](Self::release_dir) or for
+    /// [`DIR_HOLD_NS`] at most, no new name goes into it here (creates,
+    /// links and renames into it get `TryAgain`, as under an rmdir's seal).
+    /// So a client that holds a directory on every shard of its entries
+    /// knows it empty until its rename replaced it. Held again by the same
+    /// holder, the hold starts anew. In memory only: a restart drops it.
+    pub fn hold_dir(&mut self, dir: InodeId, holder: u64) -> FsResult<()> {
+        let now = self.clock_ns;
+        self.holds.retain(|_, h| {
+            h.retain(|&(_, end)| end > now);
+            !h.is_empty()
+        });
+        if self.dentries.child_count(dir) > 0 {
+            return Err(FsError::NotEmpty);
+        }
+        let end = now.saturating_add(DIR_HOLD_NS);
+        let held: usize = self.holds.values().map(Vec::len).sum();
+        let h = self.holds.entry(dir).or_default();
+        match h.iter_mut().find(|(who, _)| *who == holder) {
+            Some(mine) => mine.1 = end,
+            None if held >= DIR_HOLDS_MAX => {
+                if h.is_empty() {
+                    self.holds.remove(&dir);
+                }
+                return Err(FsError::TryAgain);
+            }
+            None => h.push((holder, end)),
+        }
+        Ok(())
+    }
+
+    /// Remembers that directory `dir` was removed (a bigdir whose rmdir
+    /// finished, or which a rename replaced): a new name in it here gets
+    /// `NotFound`, as at its home, instead of landing in a directory no path
+    /// reaches (a create through a handle taken before the removal). In
+    /// memory only, and the newest [`GONE_DIRS_MAX`] only: inode numbers are
+    /// never reused, so a remembered one is never wrong.
+    pub fn gone_dir(&mut self, dir: InodeId) {
+        self.gone.insert(dir);
+    }
+
+    /// Whether a new name may go into `dir` here: `NotFound` for a directory
+    /// known removed (`gone_dir`), `TryAgain` while it is sealed or held.
+    pub(super) fn check_new_name_in(&self, dir: InodeId) -> FsResult<()> {
+        if self.gone.set.contains(&dir) {
+            return Err(FsError::NotFound);
+        }
+        if self.is_sealed(dir) {
+            return Err(FsError::TryAgain);
+        }
+        Ok(())
+    }
+
+    /// Ends `holder`'s hold on `dir` (`hold_dir`), if it has one.
+    pub fn release_dir(&mut self, dir: InodeId, holder: u64) {
+        if let Some(h) = self.holds.get_mut(&dir) {
+            h.retain(|(who, _)| *who != holder);
+            if h.is_empty() {
+                self.holds.remove(&dir);
+            }
+        }
     }
 
     /// Coordinator, after the participant refused (or abandoned) rename `id`:
@@ -265,9 +376,7 @@ impl<D: Device> Shard<D> {
             return Err(abandoned());
         }
         check_name(name)?;
-        if self.is_sealed(parent) {
-            return Err(FsError::TryAgain);
-        }
+        self.check_new_name_in(parent)?;
         let (moved, moved_kind) = checked_dentry(value)
             .ok_or_else(|| FsError::Invalid(format!("dentry value {value:#x}")))?;
         if noreplace && exchange {
@@ -469,9 +578,52 @@ mod tests {
         let mut s = Shard::open(dev.crash(2), 0, ShardOptions::default()).unwrap();
         assert!(s.is_sealed(d.ino));
         assert_eq!(s.create(d.ino, b"y", CreateArgs::file(0o644)).unwrap_err(), FsError::TryAgain);
-        s.txn_forget(4 | PARTICIPANT_BIT).unwrap();
+        s.forget_seal(4, false).unwrap();
         assert!(!s.is_sealed(d.ino));
         s.create(d.ino, b"y", CreateArgs::file(0o644)).unwrap();
+        // Sealed for an rmdir that removed it (elsewhere): gone here after.
+        let e = s.create(InodeId::ROOT, b"e", CreateArgs::dir(0o755)).unwrap();
+        s.seal_dir(5, e.ino).unwrap();
+        s.forget_seal(5, true).unwrap();
+        assert_eq!(s.create(e.ino, b"y", CreateArgs::file(0o644)).unwrap_err(), FsError::NotFound);
+    }
+
+    /// A client's hold on a directory: granted only while the shard has none
+    /// of its entries; while held, creates, links and renames into it wait;
+    /// it ends at its holder's release (another's does nothing) or when it
+    /// runs out, and a second holder keeps it held.
+    #[test]
+    fn a_held_directory_takes_no_new_name_until_released_or_run_out() {
+        let (_dev, mut s) = shard(0);
+        let d = s.create(InodeId::ROOT, b"d", CreateArgs::dir(0o755)).unwrap();
+        let full = s.create(InodeId::ROOT, b"full", CreateArgs::dir(0o755)).unwrap();
+        let f = s.create(full.ino, b"x", CreateArgs::file(0o644)).unwrap();
+        s.set_now(1_000);
+        assert_eq!(s.hold_dir(full.ino, 7), Err(FsError::NotEmpty));
+        s.hold_dir(d.ino, 7).unwrap();
+        let file = CreateArgs::file(0o644);
+        assert_eq!(s.create(d.ino, b"y", file).unwrap_err(), FsError::TryAgain);
+        assert_eq!(s.link(f.ino, d.ino, b"l").unwrap_err(), FsError::TryAgain);
+        let flags = crate::RenameFlags::default();
+        assert_eq!(s.rename(full.ino, b"x", d.ino, b"x", flags).unwrap_err(), FsError::TryAgain);
+        s.release_dir(d.ino, 8);
+        assert!(s.is_sealed(d.ino), "not the holder's release");
+        s.hold_dir(d.ino, 8).unwrap();
+        s.release_dir(d.ino, 7);
+        assert!(s.is_sealed(d.ino), "the second holder still holds it");
+        s.release_dir(d.ino, 8);
+        assert!(!s.is_sealed(d.ino));
+        s.hold_dir(d.ino, 7).unwrap();
+        s.set_now(1_000 + DIR_HOLD_NS);
+        assert!(!s.is_sealed(d.ino), "run out");
+        s.create(d.ino, b"y", file).unwrap();
+        assert_eq!(s.hold_dir(d.ino, 7), Err(FsError::NotEmpty));
+        // Known removed (a rename replaced it elsewhere): no new name here.
+        s.gone_dir(d.ino);
+        assert_eq!(s.create(d.ino, b"z", file).unwrap_err(), FsError::NotFound);
+        assert_eq!(s.link(f.ino, d.ino, b"l").unwrap_err(), FsError::NotFound);
+        assert_eq!(s.rename(full.ino, b"x", d.ino, b"x", flags).unwrap_err(), FsError::NotFound);
+        assert!(s.lookup(d.ino, b"y").is_ok(), "its names stay, to be removed");
     }
 
     #[test]
