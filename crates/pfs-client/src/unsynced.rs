@@ -9,6 +9,15 @@
 //! durability; this is the write verifier of NFS. The marks of one inode are at
 //! most one per shard, and the table holds at most `max_inodes` inodes; when it
 //! is full the client commits everything it holds first ([`Unsynced::take_all`]).
+//!
+//! Marks do not wait for an `fsync` to go: a background check
+//! ([`Unsynced::sweep`], [`Unsynced::confirm`]) asks the shards of marks
+//! older than a sweep period whether what they acknowledged is durable, and
+//! drops the marks their server answered from the same boot. So a server
+//! that restarts reports `EIO` to an `fsync` only for the changes of the last
+//! second or two, not for every change since the file's last `fsync`.
+
+use std::collections::HashMap;
 
 use pfs_core::hash::NumMap;
 use pfs_core::InodeId;
@@ -24,6 +33,8 @@ pub struct Mark {
     pub boot: u64,
     /// A later change came from another boot: the earlier ones may be lost.
     pub lost: bool,
+    /// The sweep generation of its last change ([`Unsynced::sweep`]).
+    pub gen: u64,
 }
 
 /// The marks of one inode: most inodes change on one shard only (a file's
@@ -67,8 +78,12 @@ fn merge(marks: &mut Marks, m: Mark, restored: bool) {
         Some(x) if restored => {
             x.lost |= m.lost || x.boot != m.boot;
             x.boot = m.boot;
+            x.gen = x.gen.max(m.gen);
         }
-        Some(x) => x.lost |= x.boot != m.boot,
+        Some(x) => {
+            x.lost |= x.boot != m.boot;
+            x.gen = m.gen;
+        }
         None => marks.push(m),
     }
 }
@@ -78,6 +93,8 @@ fn merge(marks: &mut Marks, m: Mark, restored: bool) {
 pub struct Unsynced {
     by_ino: NumMap<InodeId, Marks>,
     max_inodes: usize,
+    /// The current sweep generation: marks noted now get it.
+    gen: u64,
 }
 
 /// Marks taken for a commit: (inode, mark).
@@ -86,14 +103,14 @@ pub type Taken = Vec<(InodeId, Mark)>;
 impl Unsynced {
     /// An empty table of at most `max_inodes` inodes (at least 1).
     pub fn new(max_inodes: usize) -> Unsynced {
-        Unsynced { by_ino: NumMap::default(), max_inodes: max_inodes.max(1) }
+        Unsynced { by_ino: NumMap::default(), max_inodes: max_inodes.max(1), gen: 0 }
     }
 
     /// Notes a change to `ino` acknowledged by shard (`server`, `worker`) whose
     /// server has boot id `boot`. `false` when the table is full and `ino` is
     /// not in it: commit everything ([`take_all`](Self::take_all)), then note again.
     pub fn note(&mut self, ino: InodeId, server: u32, worker: u32, boot: u64) -> bool {
-        let mark = Mark { server, worker, boot, lost: false };
+        let mark = Mark { server, worker, boot, lost: false, gen: self.gen };
         if let Some(marks) = self.by_ino.get_mut(&ino) {
             merge(marks, mark, false);
             return true;
@@ -138,6 +155,55 @@ impl Unsynced {
         }
     }
 
+    /// Starts a sweep: copies of the marks not changed since the last sweep
+    /// started (so at least one sweep period old), which stay in the table;
+    /// marks noted from now on are of a new generation. Ask each shard of
+    /// the copies for a `Durable` answer after this, then
+    /// [`confirm`](Self::confirm) them.
+    pub fn sweep(&mut self) -> Taken {
+        let before = self.gen;
+        self.gen += 1;
+        let mut out = Vec::new();
+        for (ino, marks) in self.by_ino.iter_mut() {
+            let old = marks.as_mut_slice().iter().filter(|m| m.gen < before && !m.lost);
+            out.extend(old.map(|m| (*ino, *m)));
+        }
+        out
+    }
+
+    /// Ends a sweep: `boots` holds, for each shard that answered `Durable`,
+    /// the boot id it answered from. A swept mark still in the table as it
+    /// was (no change since, not taken by an `fsync`) goes when its shard
+    /// answered from its boot (every change it stands for is durable), and
+    /// is marked lost when from another (the server restarted: the next
+    /// `fsync` reports it). Marks of shards that did not answer stay.
+    pub fn confirm(&mut self, swept: &Taken, boots: &HashMap<(u32, u32), u64>) {
+        for (ino, m) in swept {
+            let Some(&boot) = boots.get(&(m.server, m.worker)) else { continue };
+            let Some(marks) = self.by_ino.get_mut(ino) else { continue };
+            let same = |x: &Mark| (x.server, x.worker, x.gen) == (m.server, m.worker, m.gen);
+            if boot != m.boot {
+                if let Some(x) = marks.as_mut_slice().iter_mut().find(|x| same(x)) {
+                    x.lost = true;
+                }
+                continue;
+            }
+            let kept: Vec<Mark> = marks
+                .as_mut_slice()
+                .iter()
+                .filter(|x| !(same(x) && x.boot == m.boot && !x.lost))
+                .copied()
+                .collect();
+            match kept.as_slice() {
+                [] => {
+                    self.by_ino.remove(ino);
+                }
+                [one] => *marks = Marks::One(*one),
+                _ => *marks = Marks::Many(kept),
+            }
+        }
+    }
+
     /// Inodes with marks.
     pub fn len(&self) -> usize {
         self.by_ino.len()
@@ -165,10 +231,47 @@ mod tests {
         assert_eq!(t.len(), 2);
         assert!(t.iter().all(|(_, m)| !m.lost));
         let t = u.take(&[b]);
-        assert_eq!(t, vec![(b, Mark { server: 0, worker: 1, boot: 8, lost: false })]);
+        assert_eq!(t, vec![(b, Mark { server: 0, worker: 1, boot: 8, lost: false, gen: 0 })]);
         assert!(u.is_empty());
         u.note(a, 0, 0, 1);
         u.note(a, 0, 0, 2);
+        assert!(u.take(&[a])[0].1.lost);
+    }
+
+    /// A mark is swept once a sweep period old; confirmed from its boot it
+    /// goes, from another it is marked lost; one changed or taken since the
+    /// sweep started is left alone, and a shard that did not answer keeps
+    /// its marks.
+    #[test]
+    fn a_sweep_drops_old_marks_their_shard_answered_from_the_same_boot() {
+        let mut u = Unsynced::new(8);
+        let (a, b, c, d) = (InodeId(1), InodeId(2), InodeId(3), InodeId(4));
+        for ino in [a, b, c, d] {
+            u.note(ino, 0, 0, 5);
+        }
+        u.note(d, 1, 0, 7);
+        assert!(u.sweep().is_empty(), "too new: noted since no sweep started");
+        let swept = u.sweep();
+        assert_eq!(swept.len(), 5);
+        // Changed (b) and fsynced (c) while the answers were awaited.
+        u.note(b, 0, 0, 5);
+        let fsynced = u.take(&[c]);
+        let boots = HashMap::from([((0, 0), 5)]);
+        u.confirm(&swept, &boots);
+        assert!(u.take(&[a]).is_empty(), "confirmed durable");
+        assert_eq!(u.take(&[b]).len(), 1, "changed since the sweep started");
+        assert!(u.take(&[c]).is_empty());
+        assert_eq!(fsynced.len(), 1, "the fsync's own commit decides for it");
+        assert_eq!(
+            u.take(&[d]),
+            vec![(d, Mark { server: 1, worker: 0, boot: 7, lost: false, gen: 0 })],
+            "no answer from shard (1, 0)"
+        );
+        // Answered from another boot: lost, reported by the next fsync.
+        u.note(a, 0, 0, 5);
+        u.sweep();
+        let swept = u.sweep();
+        u.confirm(&swept, &HashMap::from([((0, 0), 6)]));
         assert!(u.take(&[a])[0].1.lost);
     }
 

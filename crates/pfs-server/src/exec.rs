@@ -389,6 +389,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         Request::RmdirBigDir { .. } => {
             return Err(FsError::Invalid("a bigdir rmdir reached the executor".into()))
         }
+        // The worker answers it (`Worker::serve_durable`).
+        Request::Durable => Reply::Durable,
         Request::DropInode { ino } => {
             let (size, layout) = shard.drop_orphan(ino)?;
             Reply::DropInode { size, layout }

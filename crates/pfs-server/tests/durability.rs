@@ -164,6 +164,37 @@ fn fsync_fails_after_a_restart_that_may_have_lost_acknowledged_writes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Changes acknowledged seconds before a crash were made durable by the
+/// shard's own commit, and the client's background check learned so: its
+/// `fsync` after the restart succeeds and the bytes are there. (It reported
+/// `EIO` for every change since the file's last `fsync`, however old.)
+#[test]
+fn fsync_after_a_restart_succeeds_for_changes_checked_durable_before_it() {
+    let dir = common::test_dir("swept");
+    let mut c = ClusterProcs::start(&dir, 1, 2);
+    let fs = c.client();
+    let (ino, fh) = acknowledged_unsynced(&fs, b"acknowledged seconds before the crash");
+    // Two sweeps of one second each and then some: the first takes marks
+    // one sweep old.
+    std::thread::sleep(Duration::from_secs(4));
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    fs.fsync(ino, fh, false).expect("changes checked durable before the crash");
+    assert_eq!(read_back(&fs, b"f"), b"acknowledged seconds before the crash");
+    // What the check had not seen yet is still reported.
+    fs.write(ino, fh, 0, b"acknowledged just before a crash").unwrap();
+    fs.flush(ino, fh).unwrap();
+    c.kill_server(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_registered(1);
+    assert_restarted(&fs.fsync(ino, fh, false).unwrap_err());
+    fs.release(ino, fh).unwrap();
+    drop(fs);
+    c.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A server stopped cleanly (SIGTERM: drain, commit, checkpoint) keeps its
 /// boot id, so a client's acknowledged changes fsync fine after the restart;
 /// the mark is gone while the server runs, and a crash after that restart

@@ -4,12 +4,16 @@
 //! between is reported, never taken for durable.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Reply, Request};
 use pfs_core::{FileHandle, FsError, FsResult, InodeId, ServerId, WorkerId};
 
 use super::{Cluster, UNSYNCED_INODES_MAX};
-use crate::unsynced::{Mark, Taken};
+use crate::conn::Conn;
+use crate::unsynced::{Mark, Taken, Unsynced};
 
 /// The inodes a change acknowledged with `reply` leaves not yet durable on the
 /// shard that made it: the directories whose entries it changed, the inodes it
@@ -71,6 +75,62 @@ impl Dirtied {
 
     pub(crate) fn as_slice(&self) -> &[InodeId] {
         &self.inos[..self.len]
+    }
+}
+
+/// Longest a background `Durable` request is waited for: a shard answers it
+/// at its next commit (milliseconds); a server that does not answer sooner is
+/// asked again at the next sweep, and a dropped client waits no longer.
+const DURABLE_WAIT_MAX: Duration = Duration::from_secs(2);
+
+/// The background check of this client's unsynced marks (`unsynced.rs`):
+/// every `period`, the marks at least one period old are copied
+/// ([`Unsynced::sweep`]), each of their shards is asked `Durable`, and the
+/// marks confirmed from the boot that acknowledged them go
+/// ([`Unsynced::confirm`]). Runs until `stop`.
+pub(crate) fn durable_sweeps(
+    conns: &[Conn],
+    unsynced: &Mutex<Unsynced>,
+    stop: &AtomicBool,
+    period: Duration,
+    timeout: Duration,
+) {
+    let tick = period.min(Duration::from_millis(50));
+    let mut next = Instant::now() + period;
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(tick);
+        if Instant::now() < next {
+            continue;
+        }
+        next = Instant::now() + period;
+        let swept = unsynced.lock().expect("unsynced lock").sweep();
+        if swept.is_empty() {
+            continue;
+        }
+        let shards: BTreeSet<(u32, u32)> =
+            swept.iter().map(|(_, m)| (m.server, m.worker)).collect();
+        let wait = timeout.min(DURABLE_WAIT_MAX);
+        let mut sent = Vec::with_capacity(shards.len());
+        for (s, w) in shards {
+            let Some(conn) = conns.get(s as usize) else { continue };
+            match conn.send(Request::Durable, w as u16, wait) {
+                Ok(x) => sent.push(((s, w), conn, x)),
+                Err(e) => log::debug!("durability check of server {s} worker {w}: {e}"),
+            }
+        }
+        let mut boots = HashMap::new();
+        for ((s, w), conn, x) in sent {
+            match conn.wait_boot(x) {
+                Ok((Reply::Durable, boot)) => {
+                    boots.insert((s, w), boot);
+                }
+                Ok((other, _)) => {
+                    log::warn!("durability check of server {s} worker {w}: answered {other:?}")
+                }
+                Err(e) => log::debug!("durability check of server {s} worker {w}: {e}"),
+            }
+        }
+        unsynced.lock().expect("unsynced lock").confirm(&swept, &boots);
     }
 }
 

@@ -87,6 +87,11 @@ pub struct ClusterOptions {
     pub reply_spin: Duration,
     /// Bytes in each ring of a shared-memory connection (a power of two).
     pub shm_ring_bytes: u32,
+    /// How often a background thread checks that this client's acknowledged
+    /// changes older than that are durable, so a server restart makes
+    /// `fsync` report `EIO` only for recent ones (docs/reliability.md); zero:
+    /// never (every change since a file's last `fsync` is reported).
+    pub durable_sweep: Duration,
 }
 
 impl ClusterOptions {
@@ -106,6 +111,7 @@ impl ClusterOptions {
             slot_rpc: None,
             reply_spin: Duration::from_micros(5),
             shm_ring_bytes: pfs_net::shm::DEFAULT_RING_BYTES,
+            durable_sweep: Duration::from_secs(1),
         }
     }
 
@@ -176,17 +182,22 @@ pub struct Cluster {
     files: OpenFiles,
     caches: Arc<Caches>,
     /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
-    unsynced: Mutex<Unsynced>,
+    unsynced: Arc<Mutex<Unsynced>>,
     /// Told of this client's data changes at homes (`set_version_observer`).
     versions: std::sync::OnceLock<VersionObserver>,
     stop: Arc<AtomicBool>,
     notifier: Option<std::thread::JoinHandle<()>>,
+    /// The background check of old acknowledged changes (`durable_sweep`).
+    sweeper: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.notifier.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.sweeper.take() {
             let _ = t.join();
         }
     }
@@ -302,6 +313,21 @@ impl Cluster {
                 .spawn(move || notification_loop(conns, caches, stop))
                 .map_err(|e| FsError::Io(format!("cannot start the notification thread: {e}")))?
         };
+        let unsynced = Arc::new(Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)));
+        let sweeper = match opts.durable_sweep.is_zero() {
+            true => None,
+            false => {
+                let (conns, unsynced, stop) = (conns.clone(), unsynced.clone(), stop.clone());
+                let (period, timeout) = (opts.durable_sweep, opts.request_timeout);
+                let t = std::thread::Builder::new()
+                    .name("pfs-durable".into())
+                    .spawn(move || {
+                        commit::durable_sweeps(&conns, &unsynced, &stop, period, timeout)
+                    })
+                    .map_err(|e| FsError::Io(format!("cannot start the durability thread: {e}")))?;
+                Some(t)
+            }
+        };
         let shards = placement.servers() as usize * placement.workers() as usize;
         let c = Cluster {
             client,
@@ -312,10 +338,11 @@ impl Cluster {
             touches: Mutex::new(VecDeque::new()),
             files: OpenFiles::new(OPEN_FILES_MAX),
             caches,
-            unsynced: Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)),
+            unsynced,
             versions: std::sync::OnceLock::new(),
             stop,
             notifier: Some(notifier),
+            sweeper,
             opts,
         };
         c.layout_of(InodeId::ROOT)?;

@@ -99,11 +99,14 @@ pub enum Opcode {
     GetParent = 46,
     /// `Lookup`, and a small file's data when the server holds it in memory.
     LookupData = 47,
+    /// Answer once every change the shard acknowledged before is durable,
+    /// without hurrying its commit.
+    Durable = 48,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 47] = [
+    pub const ALL: [Opcode; 48] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -151,6 +154,7 @@ impl Opcode {
         Opcode::ReserveData,
         Opcode::GetParent,
         Opcode::LookupData,
+        Opcode::Durable,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -173,7 +177,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(48), None);
+        assert_eq!(Opcode::from_u16(49), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

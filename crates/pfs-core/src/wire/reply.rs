@@ -97,6 +97,8 @@ pub enum Reply {
     },
     /// The data is durable.
     Fsync,
+    /// Every change acknowledged before the request is durable.
+    Durable,
     /// The shard's usage.
     StatFs(StatFs),
     /// The attribute's value.
@@ -296,6 +298,7 @@ impl Reply {
             Reply::RenameCross { .. } => Opcode::RenameCross,
             Reply::XRenameTarget { .. } => Opcode::XRenameTarget,
             Reply::TxnForget => Opcode::TxnForget,
+            Reply::Durable => Opcode::Durable,
             Reply::DropInode { .. } => Opcode::DropInode,
             Reply::Link(_) => Opcode::Link,
             Reply::AddLink(_) => Opcode::AddLink,
@@ -389,7 +392,8 @@ impl Reply {
             | Reply::TruncateData
             | Reply::SealDir
             | Reply::AdjustDir
-            | Reply::TxnForget => Ok(()),
+            | Reply::TxnForget
+            | Reply::Durable => Ok(()),
             Reply::ReadDir { entries, eof } => {
                 w.count("readdir entries", entries.len())?;
                 let start = w.len();
@@ -548,6 +552,7 @@ impl Reply {
                 Reply::XRenameTarget { old: r.u64("old dentry value")?, replaced: get_replaced(r)? }
             }
             Opcode::TxnForget => Reply::TxnForget,
+            Opcode::Durable => Reply::Durable,
             Opcode::SealDir => Reply::SealDir,
             Opcode::FollowUps => {
                 let through = r.u64("follow-up watermark")?;

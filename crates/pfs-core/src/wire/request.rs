@@ -96,6 +96,12 @@ impl<'a> WriteRef<'a> {
 /// kernel's (`default_permissions`), so no other request carries credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
+    /// Answer once every change this shard acknowledged before the request
+    /// is durable, at the shard's own commit pace (it does not hurry the
+    /// commit, as `Fsync` does); the reply's boot id tells whether the
+    /// server restarted since those changes. A client's background check
+    /// that old changes are durable (docs/reliability.md).
+    Durable,
     /// Resolve `name` in `parent`.
     Lookup {
         /// The directory.
@@ -541,6 +547,7 @@ impl Request {
                 | Request::Read { .. }
                 | Request::ReadData { .. }
                 | Request::StatFs
+                | Request::Durable
                 | Request::GetXattr { .. }
                 | Request::ListXattr { .. }
                 | Request::LayoutGet { .. }
@@ -570,6 +577,7 @@ impl Request {
             Request::Write { .. } => Opcode::Write,
             Request::Fsync { .. } => Opcode::Fsync,
             Request::StatFs => Opcode::StatFs,
+            Request::Durable => Opcode::Durable,
             Request::GetXattr { .. } => Opcode::GetXattr,
             Request::SetXattr { .. } => Opcode::SetXattr,
             Request::ListXattr { .. } => Opcode::ListXattr,
@@ -721,7 +729,7 @@ impl Request {
                 w.bool(*datasync);
                 Ok(())
             }
-            Request::StatFs => Ok(()),
+            Request::StatFs | Request::Durable => Ok(()),
             Request::GetXattr { ino, name } | Request::RemoveXattr { ino, name } => {
                 w.u64(ino.0);
                 write_name(w, "xattr name", name)
@@ -924,6 +932,7 @@ impl Request {
                 Request::Fsync { ino: ino(r)?, fh: fh(r)?, datasync: r.bool("fsync datasync")? }
             }
             Opcode::StatFs => Request::StatFs,
+            Opcode::Durable => Request::Durable,
             Opcode::GetXattr => {
                 Request::GetXattr { ino: ino(r)?, name: read_name(r, "xattr name")? }
             }

@@ -187,6 +187,7 @@ fn request() -> impl Strategy<Value = Request> {
             datasync
         }),
         Just(Request::StatFs),
+        Just(Request::Durable),
         (ino(), name()).prop_map(|(ino, name)| Request::GetXattr { ino, name }),
         (ino(), name(), bytes(512), xattr_mode())
             .prop_map(|(ino, name, value, mode)| Request::SetXattr { ino, name, value, mode }),
@@ -392,6 +393,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         entry().prop_map(Reply::Link),
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
+        Just(Reply::Durable),
         (any::<u64>(), vec(any::<u64>(), 0..4))
             .prop_map(|(through, refused)| Reply::FollowUps { through, refused }),
         any::<u64>().prop_map(|end| Reply::ReserveData { end }),

@@ -57,18 +57,52 @@ impl<D: Device> Worker<D> {
     /// Sends the held replies whose commit finished.
     pub(super) fn release_committed(&mut self) -> usize {
         let done = self.shard.commits_done();
+        let mut n = 0;
+        if self.after_natural_commit.iter().any(|h| h.0 <= done) {
+            let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.after_natural_commit)
+                .into_iter()
+                .partition(|h| h.0 <= done);
+            self.after_natural_commit = waiting;
+            n += ready.len();
+            for (_, origin, conn, buf) in ready {
+                self.route_reply(origin, conn, buf);
+            }
+        }
         // Every round asks: most find nothing ready, and need not rebuild the list.
         if !self.after_commit.iter().any(|h| h.0 <= done) {
-            return 0;
+            return n;
         }
         let (ready, waiting): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.after_commit).into_iter().partition(|h| h.0 <= done);
         self.after_commit = waiting;
-        let n = ready.len();
+        n += ready.len();
         for (_, origin, conn, buf) in ready {
             self.route_reply(origin, conn, buf);
         }
         n
+    }
+
+    /// Answers a `Durable` request: at once when nothing acknowledged waits
+    /// for a commit (the shard is clean and no commit is in flight), else
+    /// once the commit that covers what was logged so far finished, at the
+    /// commit interval's pace: it does not make the commit due, so clients'
+    /// background checks add no device flushes. `None`: held.
+    pub(super) fn serve_durable(
+        &mut self,
+        origin: u16,
+        conn: ConnRef,
+        buf: Vec<u8>,
+    ) -> Option<Vec<u8>> {
+        // What was logged since the last commit started goes into the next
+        // one, which the commit interval starts; with nothing logged since,
+        // the one in flight covers it all.
+        let covering = match (self.dirty_since.is_some(), self.shard.committing()) {
+            (true, _) => self.shard.next_commit(),
+            (false, true) => self.shard.next_commit() - 1,
+            (false, false) => return Some(buf),
+        };
+        self.after_natural_commit.push((covering, origin, conn, buf));
+        None
     }
 
     /// Holds `buf` until the commit that covers what happened so far finished.
@@ -82,7 +116,8 @@ impl<D: Device> Worker<D> {
         let result = self.shard.commit();
         self.dirty_since = None;
         self.publish_usage();
-        let held = std::mem::take(&mut self.after_commit);
+        let mut held = std::mem::take(&mut self.after_commit);
+        held.append(&mut self.after_natural_commit);
         for (_, origin, conn, mut buf) in held {
             if let Err(e) = &result {
                 // The change may not be durable: the caller must not be told it is.

@@ -160,6 +160,9 @@ pub struct Worker<D: Device> {
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
     after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    /// Replies to `Durable` requests, each held until commit number `.0`
+    /// finished, which they do not hurry (`serve_durable`).
+    after_natural_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
     /// Checkpoints of the shard, and waits for a full log, already logged
     /// (`log_checkpoint`).
     checkpoints_seen: u64,
@@ -275,6 +278,7 @@ impl<D: Device> Worker<D> {
             epoll,
             completions: Vec::with_capacity(pfs_net::POLL_BATCH),
             after_commit: Vec::new(),
+            after_natural_commit: Vec::new(),
             checkpoints_seen,
             log_full_waits_seen: 0,
             trim_stops: Default::default(),

@@ -60,6 +60,16 @@ impl<D: Device> Worker<D> {
             reply.encode(&mut buf).expect("a token reply always encodes");
             return Some(buf);
         }
+        if req == Request::Durable {
+            let reply = Frame {
+                request_id: frame.request_id,
+                client: frame.client,
+                body: Body::Reply(Reply::Durable),
+            };
+            buf.clear();
+            reply.encode(&mut buf).expect("a unit reply always encodes");
+            return self.serve_durable(origin, conn, buf);
+        }
         // A name that is the source of a cross-shard rename under way is
         // locked until the rename ends (`Renames::names_moving`).
         if !self.cross.is_empty() && self.cross.names_moving(&req) {
