@@ -966,6 +966,58 @@ fn a_rename_over_a_directory_racing_a_create_in_it_never_strands_the_file() {
     cluster.stop();
 }
 
+/// Two clients at once each rename a name onto the other's: each
+/// coordinator locks its source name, and each participant finds its target
+/// locked, so both are refused with `TryAgain` and retry. Both must get
+/// through (or find the name moved away), never both time out with `EAGAIN`.
+#[test]
+fn two_renames_each_onto_the_others_source_both_get_through() {
+    use std::sync::{Arc, Barrier};
+    let dir = test_dir("rename-swap-race");
+    let cluster = Local::start(&dir, 2, 2);
+    let fs = cluster.client();
+    let rounds = 40;
+    for i in 0..rounds {
+        write_file(&fs, InodeId::ROOT, &format!("x{i}"), b"x");
+        write_file(&fs, InodeId::ROOT, &format!("y{i}"), b"y");
+    }
+    let start = Arc::new(Barrier::new(2));
+    let renamer = |from: &'static str, to: &'static str| {
+        let (fs, start) = (cluster.client(), start.clone());
+        std::thread::spawn(move || {
+            (0..rounds)
+                .map(|i| {
+                    start.wait();
+                    let (a, b) = (format!("{from}{i}"), format!("{to}{i}"));
+                    let begun = std::time::Instant::now();
+                    let r = fs.rename(
+                        InodeId::ROOT,
+                        a.as_bytes(),
+                        InodeId::ROOT,
+                        b.as_bytes(),
+                        RenameFlags::empty(),
+                    );
+                    (r, begun.elapsed())
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    let (xy, yx) = (renamer("x", "y"), renamer("y", "x"));
+    let (xy, yx) = (xy.join().unwrap(), yx.join().unwrap());
+    let slowest = xy.iter().chain(&yx).map(|(_, t)| *t).max().unwrap();
+    for i in 0..rounds {
+        for (r, t) in [&xy[i], &yx[i]] {
+            assert!(
+                matches!(r, Ok(()) | Err(FsError::NotFound)),
+                "round {i}: {r:?} after {t:?} (x{i} onto y{i} and y{i} onto x{i} at once)"
+            );
+        }
+    }
+    eprintln!("{rounds} rounds of crossed renames; the slowest took {slowest:?}");
+    drop(fs);
+    cluster.stop();
+}
+
 #[test]
 fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     let dir = test_dir("rename-cycle");

@@ -247,6 +247,19 @@ fn unexpected(reply: Reply) -> FsError {
     FsError::Io(format!("unexpected reply {:?}", reply.opcode()))
 }
 
+/// `pause` moved by a random amount within a half of it either way: two
+/// clients refused (`TryAgain`) by each other's operation at the same moment
+/// (two renames each onto the other's source name) do not retry in step for
+/// ever.
+fn jittered(pause: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // Each RandomState is keyed anew (std's per-thread keys move on).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let nanos = pause.as_nanos() as u64;
+    h.write_u64(nanos);
+    Duration::from_nanos(nanos / 2 + h.finish() % (nanos + 1))
+}
+
 /// A random, non-zero client id (0 means "no client": it would get no token
 /// invalidations). Random rather than derived from pid and time so two clients
 /// started together on different hosts do not collide.
@@ -485,7 +498,7 @@ impl Cluster {
             };
             match answer {
                 Err(FsError::TryAgain) if Instant::now() + pause < deadline => {
-                    std::thread::sleep(pause);
+                    std::thread::sleep(jittered(pause));
                     pause = (pause * 2).min(Duration::from_millis(50));
                 }
                 Ok((reply, boot)) => {
@@ -1211,5 +1224,22 @@ impl FileSystem for Cluster {
         if self.versions.set(observer).is_err() {
             log::warn!("a second version observer was ignored");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A retry's pause moves within a half of itself either way, and not in
+    /// step from one call to the next.
+    #[test]
+    fn retry_pauses_are_jittered_around_the_back_off() {
+        let pause = Duration::from_millis(8);
+        let pauses: Vec<Duration> = (0..64).map(|_| jittered(pause)).collect();
+        assert!(pauses.iter().all(|p| *p >= pause / 2 && *p <= pause * 3 / 2), "{pauses:?}");
+        let distinct: std::collections::BTreeSet<Duration> = pauses.iter().copied().collect();
+        assert!(distinct.len() > 32, "{} distinct pauses of 64", distinct.len());
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
     }
 }
