@@ -87,7 +87,8 @@ const DURABLE_WAIT_MAX: Duration = Duration::from_secs(2);
 /// every `period`, the marks at least one period old are copied
 /// ([`Unsynced::sweep`]), each of their shards is asked `Durable`, and the
 /// marks confirmed from the boot that acknowledged them go
-/// ([`Unsynced::confirm`]). Runs until `stop`.
+/// ([`Unsynced::confirm`]). Runs until `stop`; it sleeps parked between
+/// sweeps, so whoever sets `stop` unparks it.
 pub(crate) fn durable_sweeps(
     conns: &[Conn],
     unsynced: &Mutex<Unsynced>,
@@ -95,12 +96,18 @@ pub(crate) fn durable_sweeps(
     period: Duration,
     timeout: Duration,
 ) {
-    let tick = period.min(Duration::from_millis(50));
     let mut next = Instant::now() + period;
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(tick);
+    loop {
+        // Parked, not polling: an idle client wakes once a sweep.
+        let now = Instant::now();
+        if now < next {
+            std::thread::park_timeout(next - now);
+        }
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
         if Instant::now() < next {
-            continue;
+            continue; // Woken early, not stopped: sleep on.
         }
         next = Instant::now() + period;
         let swept = unsynced.lock().expect("unsynced lock").sweep();

@@ -198,6 +198,7 @@ impl Drop for Cluster {
             let _ = t.join();
         }
         if let Some(t) = self.sweeper.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
