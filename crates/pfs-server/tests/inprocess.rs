@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use pfs_client::FileSystem;
-use pfs_core::wire::RenameFlags;
+use pfs_core::wire::{RenameFlags, XattrSetMode};
 use pfs_core::{FileType, FsError, InodeId, SetAttr};
 
 fn write_file(fs: &dyn FileSystem, parent: InodeId, name: &str, data: &[u8]) -> InodeId {
@@ -1015,6 +1015,32 @@ fn two_renames_each_onto_the_others_source_both_get_through() {
     }
     eprintln!("{rounds} rounds of crossed renames; the slowest took {slowest:?}");
     drop(fs);
+    cluster.stop();
+}
+
+/// Another client's layout change of a directory reaches this client within
+/// a second: its cached layout runs out, and the names it creates after that
+/// go where the new layout looks for them. (It routed them by the old layout
+/// for as long as its cache kept it, and names on shards the new layout does
+/// not look at could be found by no one.)
+#[test]
+fn a_directory_layout_changed_by_another_client_is_followed_within_a_second() {
+    let dir = test_dir("layout-change");
+    let cluster = Local::start(&dir, 2, 2);
+    let (a, b) = (cluster.client(), cluster.client());
+    let d = a.mkdir(InodeId::ROOT, b"d", 0o755, 0, 0).unwrap();
+    assert_eq!(a.getxattr(d.ino, b"user.pfs.dir_layout").unwrap(), b"bigdir");
+    b.setxattr(d.ino, b"user.pfs.dir_layout", b"regular", XattrSetMode::Any).unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    for k in 0..16 {
+        write_file(&a, d.ino, &format!("x{k}"), b"x");
+    }
+    for k in 0..16 {
+        let name = format!("x{k}");
+        b.lookup(d.ino, name.as_bytes()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert_eq!(b.readdir(d.ino, None, 64).unwrap().len(), 16);
+    drop((a, b));
     cluster.stop();
 }
 

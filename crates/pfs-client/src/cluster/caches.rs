@@ -18,6 +18,12 @@ use crate::dcache::DentryCache;
 
 /// Most layouts remembered; past it the table is cleared and refilled on demand.
 const LAYOUT_CACHE_MAX: usize = 1 << 16;
+/// How long a cached layout is used: after another client changes a
+/// directory's layout (allowed while it is empty), this client routes names
+/// in it by the old one for at most this long. (It kept them until the cache
+/// filled up, and a name it then created on a shard the new layout does not
+/// look at could not be found by anyone.)
+pub(crate) const LAYOUT_TTL: Duration = Duration::from_secs(1);
 /// Most read tokens remembered; past it the expired ones are dropped.
 const READ_TOKENS_MAX: usize = 1 << 16;
 /// How often the client looks for invalidations servers sent.
@@ -30,7 +36,8 @@ pub(crate) struct Caches {
     /// Read tokens held: directory -> lease expiry.
     read_tokens: Mutex<NumMap<InodeId, Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
-    layouts: Mutex<NumMap<InodeId, InodeLayout>>,
+    /// Layouts of inodes, each with the end of its use (`LAYOUT_TTL`).
+    layouts: Mutex<NumMap<InodeId, (InodeLayout, Instant)>>,
     /// Revocations applied so far, of any directory.
     revocations: AtomicU64,
     /// Held while invalidations are taken off the connections and applied, so
@@ -108,16 +115,26 @@ impl Caches {
 
     /// The cached layouts of `ino`.
     pub fn layout(&self, ino: InodeId) -> Option<InodeLayout> {
-        self.layouts.lock().expect("layout cache lock").get(&ino).copied()
+        self.layout_at(ino, Instant::now())
     }
 
-    /// Caches the layouts of `ino`.
+    /// [`layout`](Self::layout) at `now`: `None` once its use ran out.
+    fn layout_at(&self, ino: InodeId, now: Instant) -> Option<InodeLayout> {
+        let m = self.layouts.lock().expect("layout cache lock");
+        m.get(&ino).filter(|(_, until)| now < *until).map(|(l, _)| *l)
+    }
+
+    /// Caches the layouts of `ino`, for [`LAYOUT_TTL`].
     pub fn remember_layout(&self, ino: InodeId, layout: InodeLayout) {
+        self.remember_layout_at(ino, layout, Instant::now())
+    }
+
+    fn remember_layout_at(&self, ino: InodeId, layout: InodeLayout, now: Instant) {
         let mut m = self.layouts.lock().expect("layout cache lock");
         if m.len() >= LAYOUT_CACHE_MAX {
             m.clear();
         }
-        m.insert(ino, layout);
+        m.insert(ino, (layout, now + LAYOUT_TTL));
     }
 
     /// Drops the cached layouts of `ino` (they changed, or the name moved).
@@ -325,5 +342,16 @@ mod tests {
         assert_eq!(c.layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9)), Some(l));
         c.forget_layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9));
         assert_eq!(c.layout(InodeId(LAYOUT_CACHE_MAX as u64 + 9)), None);
+    }
+
+    /// A cached layout is used for `LAYOUT_TTL`, then asked for again.
+    #[test]
+    fn a_cached_layout_runs_out() {
+        let c = Caches::new(0);
+        let now = Instant::now();
+        let l = InodeLayout { dir: DirLayout::Regular, ..InodeLayout::default() };
+        c.remember_layout_at(InodeId(5), l, now);
+        assert_eq!(c.layout_at(InodeId(5), now + LAYOUT_TTL / 2), Some(l));
+        assert_eq!(c.layout_at(InodeId(5), now + LAYOUT_TTL), None);
     }
 }
