@@ -55,15 +55,23 @@ pub type Wake = Arc<dyn Fn() + Send + Sync>;
 pub enum PeerError {
     /// A connection to the server is being made; try again when woken.
     Connecting,
-    /// The server could not be reached (or is not in the view yet).
+    /// The server is not in this server's view yet (it registered after the
+    /// last heartbeat brought a view; the heartbeat beats fast until the view
+    /// is complete): try again shortly.
+    NotInView,
+    /// The server could not be reached.
     Failed(String),
 }
+
+/// When to ask again for a server not in the view yet.
+const NOT_IN_VIEW_RETRY: Duration = Duration::from_millis(50);
 
 impl PeerError {
     /// When to try again.
     pub fn retry_at(&self, now: Instant) -> Instant {
         match self {
             PeerError::Connecting => now,
+            PeerError::NotInView => now + NOT_IN_VIEW_RETRY,
             PeerError::Failed(_) => now + RETRY_AFTER,
         }
     }
@@ -78,6 +86,7 @@ impl std::fmt::Display for PeerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PeerError::Connecting => f.write_str("connecting"),
+            PeerError::NotInView => f.write_str("not in this server's view yet"),
             PeerError::Failed(e) => f.write_str(e),
         }
     }
@@ -221,6 +230,11 @@ impl Peers {
             if retry_at.is_some_and(|t| Instant::now() < t) {
                 return Err(PeerError::Failed(format!("server {server} was unreachable")));
             }
+            let in_view =
+                self.view.as_ref().is_some_and(|v| v.servers.iter().any(|i| i.id == server));
+            if !in_view {
+                return Err(PeerError::NotInView);
+            }
             self.links[s] = self.start_connect(server).map_err(PeerError::Failed)?;
             return Err(PeerError::Connecting);
         }
@@ -359,6 +373,26 @@ mod tests {
         let (tx, rx) = sync_channel(VIEW_QUEUE);
         tx.send(View { epoch: 1, servers_expected: 1, servers: vec![info] }).unwrap();
         rx
+    }
+
+    /// A server the view does not hold yet (it registered after the last
+    /// heartbeat) is asked for again shortly, not after `RETRY_AFTER`, and
+    /// is not logged as a failure. (A cross-shard rename in a cluster's
+    /// first second waited 0.5 s for it.)
+    #[test]
+    fn a_server_not_in_the_view_yet_is_asked_again_shortly() {
+        let dir = tempfile_dir();
+        let key_path = dir.join("key-not-in-view");
+        ClusterKey::generate(&key_path).unwrap();
+        let key = ClusterKey::load(&key_path).unwrap();
+        let mut peers = Peers::new(key, view_with("127.0.0.1:9".parse().unwrap()), None);
+        peers.take_view();
+        let e = peers.send(ServerId(1), WorkerId(0), Request::StatFs).unwrap_err();
+        assert_eq!(e, PeerError::NotInView);
+        assert!(!e.is_failure());
+        let now = Instant::now();
+        assert!(e.retry_at(now) < now + RETRY_AFTER / 5, "{:?}", e.retry_at(now) - now);
+        let _ = std::fs::remove_file(&key_path);
     }
 
     /// A server that accepts connections and never answers the handshake:

@@ -30,6 +30,9 @@ const ZONE_ALIGN_BYTES: u64 = 1 << 20;
 /// How often a server reports to the master unless the master says otherwise
 /// (its `heartbeat_interval_ms`, in the registration reply).
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a server beats while its view lacks a server the cluster
+/// expects (it learns the others' addresses from the views).
+const STARTUP_BEAT: Duration = Duration::from_millis(100);
 /// Lease of a dentry-cache read token.
 pub const TOKEN_LEASE_MS: u64 = 1000;
 /// New connections waiting for their worker.
@@ -829,6 +832,9 @@ fn heartbeat_loop(
 ) {
     let mut rpc: Option<RpcClient> = None;
     let mut view_epoch = 0u64;
+    // Until the view holds every expected server, beat fast: a worker asked
+    // to reach a server it does not know yet waits for the next view.
+    let mut complete = false;
     let mut next = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let now = Instant::now();
@@ -837,7 +843,7 @@ fn heartbeat_loop(
             std::thread::sleep((next - now).min(Duration::from_millis(100)));
             continue;
         }
-        next = now + every;
+        next = now + if complete { every } else { every.min(STARTUP_BEAT) };
         let mut total = Usage::default();
         for u in &usage {
             total.total_bytes += u.total_bytes.load(Ordering::Relaxed);
@@ -874,6 +880,7 @@ fn heartbeat_loop(
                         // gets this one at the next beat.
                         if views.send(&v) {
                             view_epoch = v.epoch;
+                            complete = v.is_complete();
                         }
                     }
                 }
