@@ -360,13 +360,7 @@ impl Reply {
                 Ok(())
             }
             Reply::FollowUps { through, refused } => {
-                if refused.len() > MAX_FOLLOW_UPS {
-                    return Err(WireError::TooLong {
-                        what: "refused follow-ups",
-                        len: refused.len() as u64,
-                        max: MAX_FOLLOW_UPS as u64,
-                    });
-                }
+                check_len("refused follow-ups", refused.len(), MAX_FOLLOW_UPS)?;
                 w.u64(*through);
                 w.u16(refused.len() as u16);
                 for id in refused {
@@ -557,13 +551,7 @@ impl Reply {
             Opcode::FollowUps => {
                 let through = r.u64("follow-up watermark")?;
                 let n = usize::from(r.u16("refused follow-up count")?);
-                if n > MAX_FOLLOW_UPS {
-                    return Err(WireError::TooLong {
-                        what: "refused follow-ups",
-                        len: n as u64,
-                        max: MAX_FOLLOW_UPS as u64,
-                    });
-                }
+                check_len("refused follow-ups", n, MAX_FOLLOW_UPS)?;
                 let mut refused = Vec::with_capacity(n);
                 for _ in 0..n {
                     refused.push(r.u64("refused follow-up id")?);

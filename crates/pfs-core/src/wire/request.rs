@@ -1032,13 +1032,7 @@ impl Request {
             Opcode::FollowUps => {
                 let from = ShardId(r.u32("sending shard")?);
                 let n = usize::from(r.u16("follow-up count")?);
-                if n > MAX_FOLLOW_UPS {
-                    return Err(WireError::TooLong {
-                        what: "follow-ups",
-                        len: n as u64,
-                        max: MAX_FOLLOW_UPS as u64,
-                    });
-                }
+                super::cursor::check_len("follow-ups", n, MAX_FOLLOW_UPS)?;
                 let mut ops = Vec::with_capacity(n);
                 for _ in 0..n {
                     let id = r.u64("follow-up id")?;
