@@ -57,25 +57,9 @@ impl<D: Device> Worker<D> {
     /// Sends the held replies whose commit finished.
     pub(super) fn release_committed(&mut self) -> usize {
         let done = self.shard.commits_done();
-        let mut n = 0;
-        if self.after_natural_commit.iter().any(|h| h.0 <= done) {
-            let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.after_natural_commit)
-                .into_iter()
-                .partition(|h| h.0 <= done);
-            self.after_natural_commit = waiting;
-            n += ready.len();
-            for (_, origin, conn, buf) in ready {
-                self.route_reply(origin, conn, buf);
-            }
-        }
-        // Every round asks: most find nothing ready, and need not rebuild the list.
-        if !self.after_commit.iter().any(|h| h.0 <= done) {
-            return n;
-        }
-        let (ready, waiting): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.after_commit).into_iter().partition(|h| h.0 <= done);
-        self.after_commit = waiting;
-        n += ready.len();
+        let mut ready = take_committed(&mut self.after_commit, done);
+        ready.extend(take_committed(&mut self.after_natural_commit, done));
+        let n = ready.len();
         for (_, origin, conn, buf) in ready {
             self.route_reply(origin, conn, buf);
         }
@@ -133,4 +117,19 @@ impl<D: Device> Worker<D> {
     pub(super) fn mark_dirty(&mut self) {
         self.dirty_since.get_or_insert(self.now);
     }
+}
+
+/// A reply held until commit number `.0` finished: (commit, origin worker,
+/// connection, frame).
+pub(super) type HeldReply = (u64, u16, ConnRef, Vec<u8>);
+
+/// Takes out of `held` the replies whose commit is among the `done` first.
+fn take_committed(held: &mut Vec<HeldReply>, done: u64) -> Vec<HeldReply> {
+    // Every round asks: most find nothing ready, and need not rebuild the list.
+    if !held.iter().any(|h| h.0 <= done) {
+        return Vec::new();
+    }
+    let (ready, waiting) = std::mem::take(held).into_iter().partition(|h| h.0 <= done);
+    *held = waiting;
+    ready
 }

@@ -159,10 +159,10 @@ pub struct Worker<D: Device> {
     completions: Vec<Completion>,
     /// Replies held until their commit (`Shard::next_commit` when they were
     /// made) finished: (commit, origin worker, connection, frame).
-    after_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    after_commit: Vec<commit::HeldReply>,
     /// Replies to `Durable` requests, each held until commit number `.0`
     /// finished, which they do not hurry (`serve_durable`).
-    after_natural_commit: Vec<(u64, u16, ConnRef, Vec<u8>)>,
+    after_natural_commit: Vec<commit::HeldReply>,
     /// Checkpoints of the shard, and waits for a full log, already logged
     /// (`log_checkpoint`).
     checkpoints_seen: u64,

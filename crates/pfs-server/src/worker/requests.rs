@@ -21,7 +21,7 @@ impl<D: Device> Worker<D> {
         &mut self,
         origin: u16,
         conn: ConnRef,
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
     ) -> Option<Vec<u8>> {
         // Behind a request of the same connection that waits for an inode
         // page: runs after it, so one connection's requests keep their order.
@@ -56,19 +56,12 @@ impl<D: Device> Worker<D> {
                 Err(error) => Body::Error { op, error },
             };
             let reply = Frame { request_id: frame.request_id, client: frame.client, body };
-            buf.clear();
-            reply.encode(&mut buf).expect("a token reply always encodes");
-            return Some(buf);
+            return Some(Self::encode_reply(reply, buf));
         }
         if req == Request::Durable {
-            let reply = Frame {
-                request_id: frame.request_id,
-                client: frame.client,
-                body: Body::Reply(Reply::Durable),
-            };
-            buf.clear();
-            reply.encode(&mut buf).expect("a unit reply always encodes");
-            return self.serve_durable(origin, conn, buf);
+            let body = Body::Reply(Reply::Durable);
+            let reply = Frame { request_id: frame.request_id, client: frame.client, body };
+            return self.serve_durable(origin, conn, Self::encode_reply(reply, buf));
         }
         // A name that is the source of a cross-shard rename under way is
         // locked until the rename ends (`Renames::names_moving`).
