@@ -4,12 +4,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pfs_core::wire::{Body, Frame, Reply, Request, WriteRef};
 use pfs_core::{ClientId, FsError, FsResult, RequestId};
 use pfs_net::{ClusterKey, NetError, RpcClient, RpcOptions};
+
+use crate::addrs::ServerAddrs;
 
 /// Longest sleep between two looks at the connection while waiting for a reply.
 const WAIT_SLICE: Duration = Duration::from_millis(2);
@@ -22,8 +24,10 @@ const INLINE_WRITE_MAX: usize = 16 << 10;
 /// A server connection.
 #[derive(Debug)]
 pub struct Conn {
-    addr: SocketAddr,
     rpc: Mutex<RpcClient>,
+    /// Which server this is and where to ask for its address again when it
+    /// cannot be reached ([`follow`](Self::follow)).
+    follow: Option<(usize, Arc<ServerAddrs>)>,
     /// Pipelined writes sent and not yet reaped, over every open file. A reply
     /// holds its credit until its owner reaps it, and an owner may be parked (the
     /// kernel serialises writes to one inode), so these are kept to half the
@@ -78,17 +82,46 @@ fn net_error(e: NetError) -> FsError {
     FsError::Io(e.to_string())
 }
 
+impl From<RpcClient> for Conn {
+    fn from(rpc: RpcClient) -> Conn {
+        Conn {
+            rpc: Mutex::new(rpc),
+            follow: None,
+            pipelined: AtomicUsize::new(0),
+            reply_spin: Duration::ZERO,
+            inline_answers: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Conn {
     /// Connects to the server at `addr`.
     pub fn connect(addr: SocketAddr, key: ClusterKey, opts: RpcOptions) -> FsResult<Conn> {
         let rpc = RpcClient::connect(addr, key, opts).map_err(net_error)?;
-        Ok(Conn {
-            addr,
-            rpc: Mutex::new(rpc),
-            pipelined: AtomicUsize::new(0),
-            reply_spin: Duration::ZERO,
-            inline_answers: AtomicU64::new(0),
-        })
+        Ok(Conn::from(rpc))
+    }
+
+    /// A connection to `addr` made at its first request (the server is down
+    /// now; [`RpcClient::connect_later`]).
+    pub fn connect_later(addr: SocketAddr, key: ClusterKey, opts: RpcOptions) -> Conn {
+        Conn::from(RpcClient::connect_later(addr, key, opts))
+    }
+
+    /// While server `server` cannot be reached, asks `addrs` where it listens
+    /// now, and connects there from then on.
+    pub fn follow(mut self, server: usize, addrs: Arc<ServerAddrs>) -> Conn {
+        self.follow = Some((server, addrs));
+        self
+    }
+
+    /// Points the connection at where the master says its server listens,
+    /// if that moved (called while the server cannot be reached).
+    fn follow_move(&self, deadline: Instant) {
+        let Some((server, addrs)) = &self.follow else { return };
+        let budget = deadline.saturating_duration_since(Instant::now());
+        if let Some(addr) = addrs.lookup(*server, budget) {
+            self.rpc.lock().expect("connection lock").retarget(addr);
+        }
     }
 
     /// Polls up to `spin` for each reply before parking (0, the default: parks
@@ -136,7 +169,7 @@ impl Conn {
 
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.rpc.lock().expect("connection lock").addr()
     }
 
     /// Sends `req` for processing worker `worker`; waits (up to `timeout`) for a
@@ -284,10 +317,13 @@ impl Conn {
             let mut rpc = self.rpc.lock().expect("connection lock");
             match send(&mut rpc, deadline) {
                 Ok(id) => return Ok(Sent { id, deadline }),
-                Err(NetError::NoCredit { .. } | NetError::Disconnected { .. })
-                    if Instant::now() < deadline =>
-                {
+                Err(NetError::NoCredit { .. }) if Instant::now() < deadline => {
                     drop(rpc);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                Err(NetError::Disconnected { .. }) if Instant::now() < deadline => {
+                    drop(rpc);
+                    self.follow_move(deadline);
                     std::thread::sleep(Duration::from_micros(200));
                 }
                 Err(e) => return Err(net_error(e)),
@@ -322,7 +358,7 @@ impl Conn {
                 Body::Error { error, .. } => Err(error),
                 Body::Request(r) => Err(FsError::Io(format!(
                     "{} answered with a request ({:?})",
-                    self.addr,
+                    self.addr(),
                     r.opcode()
                 ))),
             })),
@@ -394,6 +430,12 @@ impl Conn {
         }
     }
 
+    /// Notices that the server died while this connection sat idle
+    /// ([`RpcClient::check_peer`]).
+    pub fn check_peer(&self) {
+        self.rpc.lock().expect("connection lock").check_peer();
+    }
+
     /// The directories whose read tokens the server revoked since the last call.
     pub fn take_invalidations(&self) -> Vec<pfs_core::InodeId> {
         let mut out = Vec::new();
@@ -403,8 +445,8 @@ impl Conn {
                 Ok(Frame { body: Body::Request(Request::TokenInvalidate { dir }), .. }) => {
                     out.push(dir)
                 }
-                Ok(other) => log::warn!("{}: unexpected message {:?}", self.addr, other.opcode()),
-                Err(e) => log::warn!("{}: bad notification: {e}", self.addr),
+                Ok(other) => log::warn!("{}: unexpected message {:?}", rpc.addr(), other.opcode()),
+                Err(e) => log::warn!("{}: bad notification: {e}", rpc.addr()),
             }
         }
         out

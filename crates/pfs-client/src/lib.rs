@@ -11,9 +11,12 @@
 //!   writes, what close and fsync wait for), `commit` (unsynced changes and the
 //!   commits fsync asks for), and the metadata operations in `cluster` itself.
 //! - [`conn`]: one shared connection to one server.
+//! - [`addrs`]: where each server listens, asked of the master again when one
+//!   cannot be reached.
 //! - [`unsynced`]: the changes this client had acknowledged and not yet committed,
 //!   for `fsync` and `fsyncdir`.
 
+pub mod addrs;
 pub mod ahead;
 pub mod api;
 pub mod cluster;

@@ -128,6 +128,20 @@ pub enum NetError {
 }
 
 impl NetError {
+    /// Whether the peer could not be reached (down, restarting, gone from
+    /// its address), as opposed to reached and refusing (a wrong key, a
+    /// protocol it does not speak): a later attempt may succeed.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            NetError::Io { .. }
+                | NetError::Closed { .. }
+                | NetError::Down { .. }
+                | NetError::HandshakeTimeout { .. }
+                | NetError::Disconnected { .. }
+        )
+    }
+
     /// An [`NetError::Io`] error.
     pub(crate) fn io(op: &'static str, peer: impl Into<String>, source: std::io::Error) -> Self {
         NetError::Io { op, peer: peer.into(), source }

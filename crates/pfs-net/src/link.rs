@@ -167,6 +167,17 @@ fn slot_of(request_id: u64) -> u32 {
 }
 
 impl Link {
+    /// Looks whether the peer died, for a link that may sit idle (a client's
+    /// connection to a server it has not asked anything for a while): the
+    /// next poll then reports the link closed.
+    pub fn check_peer(&mut self) {
+        match &mut self.inner {
+            Inner::Qp(q) => q.check_peer(),
+            #[cfg(feature = "rdma")]
+            Inner::Rdma(_) => {}
+        }
+    }
+
     fn new(inner: Inner, role: Role, wants_slots: bool) -> Link {
         Link {
             inner,

@@ -105,9 +105,18 @@ impl RpcClient {
         key: ClusterKey,
         opts: RpcOptions,
     ) -> Result<RpcClient, NetError> {
+        let mut c = RpcClient::connect_later(addr, key, opts);
+        c.reconnect()?;
+        Ok(c)
+    }
+
+    /// A client of `addr` that connects at its first send: a server that is
+    /// down now (a client started while one of many servers restarts) is
+    /// reached once it is back, with the usual back-off.
+    pub fn connect_later(addr: SocketAddr, key: ClusterKey, opts: RpcOptions) -> RpcClient {
         assert!(opts.credits > 0 && opts.credits <= MAX_CREDITS, "credits in 1..={MAX_CREDITS}");
         let slots = opts.credits as usize;
-        let mut c = RpcClient {
+        RpcClient {
             addr,
             peer: addr.to_string(),
             key,
@@ -124,9 +133,42 @@ impl RpcClient {
             next_attempt: Instant::now(),
             last_error: String::new(),
             opts,
-        };
-        c.reconnect()?;
-        Ok(c)
+        }
+    }
+
+    /// The address this client connects to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Points this client at `addr` from now on (the server came back at
+    /// another address): a link to the old one is dropped, failing the
+    /// requests that wait on it as a lost connection does, and the next send
+    /// connects at once.
+    pub fn retarget(&mut self, addr: SocketAddr) {
+        if addr == self.addr {
+            return;
+        }
+        log::info!("{} moved to {addr}: connecting there from now on", self.peer);
+        if self.qp.is_some() {
+            let peer = self.peer.clone();
+            self.lost(NetError::Down { peer, reason: format!("the server moved to {addr}") });
+        }
+        self.addr = addr;
+        self.peer = addr.to_string();
+        self.backoff = self.opts.backoff_min;
+        self.next_attempt = Instant::now();
+    }
+
+    /// Notices a link whose server died while nothing was asked of it (the
+    /// waiting requests fail, the next send connects again): called now and
+    /// then on an idle connection, so the first request after a server's
+    /// restart is not sent into the dead link and lost.
+    pub fn check_peer(&mut self) {
+        if let Some(qp) = self.qp.as_mut() {
+            qp.check_peer();
+            self.progress();
+        }
     }
 
     /// The queue pair, while connected.

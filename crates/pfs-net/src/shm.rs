@@ -417,8 +417,10 @@ impl ShmPipe {
         (key != 0 && pid.load(Ordering::Relaxed) == crate::inline::this_process()).then_some(key)
     }
 
-    /// Notices a dead peer: its end of the unix socket closed.
-    fn check_alive(&mut self) {
+    /// Notices a dead peer: its end of the unix socket closed (a read then
+    /// finds the end of the stream). Also done every `ALIVE_CHECK_EVERY`
+    /// empty reads.
+    pub(crate) fn check_alive(&mut self) {
         let mut b = 0u8;
         // SAFETY: peeks one byte into a live buffer without blocking.
         let n = unsafe {

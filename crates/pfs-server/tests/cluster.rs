@@ -8,6 +8,9 @@
 //! 2. A server is killed with SIGKILL while a client writes, fsyncs and closes
 //!    files, and started again: every file whose fsync and close succeeded is intact,
 //!    calls in flight fail or succeed, and the client never hangs.
+//! 3. A server comes back at another address (its node replaced): a client
+//!    connected before and one connected while it was down both follow it
+//!    (they ask the master again), and so do the other servers.
 //!
 //! `harness = false`: `main` runs the scenarios, or a child role when
 //! `PFS_CLUSTER_CHILD` is set.
@@ -249,6 +252,86 @@ fn sigkill_a_server(c: &mut ClusterProcs) {
     );
 }
 
+/// Server 2 is stopped, its config moved to another address, and started
+/// again: clients connected before and during the move reach its files and
+/// make new ones, renames across servers included.
+fn a_server_moves(c: &mut ClusterProcs) {
+    const DIRS: u64 = 24;
+    let moved = 2usize;
+    let early = c.client_with_timeout(Duration::from_secs(20));
+    let top = early.mkdir(InodeId::ROOT, b"moves", 0o755, 0, 0).unwrap();
+    let mut dirs = Vec::new();
+    for i in 0..DIRS {
+        let d = early.mkdir(top.ino, format!("d{i}").as_bytes(), 0o755, 0, 0).unwrap();
+        write_all(&early, d.ino, b"f", &content(i)).unwrap();
+        dirs.push(d.ino);
+    }
+    let on_moved = |fs: &pfs_client::Cluster| -> u64 {
+        let w = WORKERS as usize;
+        fs.requests_sent()[moved * w..(moved + 1) * w].iter().sum()
+    };
+    assert!(on_moved(&early) > 0, "some of the files are on server {moved}");
+
+    c.kill_server(moved);
+    // A client that connects while the server is down: the rest of the
+    // namespace is there, the server's part once it is back.
+    let mut o = pfs_client::ClusterOptions::new(
+        c.master_addr,
+        pfs_net::ClusterKey::load(&c.dir.join("cluster.key")).unwrap(),
+    );
+    o.request_timeout = Duration::from_secs(20);
+    let late = pfs_client::Cluster::connect(o).expect("a client connects while one server is down");
+    let old = c.server_config(moved as u32).listen;
+    let ip = "127.0.0.20";
+    let new = format!("{ip}:{}", common::procs::free_port(ip));
+    let path = c.dir.join(format!("server-{moved}.toml"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(&format!("listen = \"{old}\""), &format!("listen = \"{new}\"")),
+    )
+    .unwrap();
+    assert_eq!(c.server_config(moved as u32).listen, new, "the config moved");
+    c.servers[moved] = Some(c.spawn_server(moved as u32, &[]));
+    let key = pfs_net::ClusterKey::load(&c.dir.join("cluster.key")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = pfs_client::cluster::fetch_view(c.master_addr, &key, Duration::from_secs(2));
+        if v.is_ok_and(|v| v.servers[moved].addr == new && v.servers[moved].up) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "server {moved} did not register at {new}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    for (who, fs) in [("early", &early), ("late", &late)] {
+        let before = on_moved(fs);
+        for (i, &d) in dirs.iter().enumerate() {
+            let f = fs.lookup(d, b"f").unwrap_or_else(|e| panic!("{who}: d{i}/f: {e}"));
+            assert_eq!(read_all(fs, f.ino).unwrap(), content(i as u64), "{who}: d{i}/f");
+            let name = format!("{who}{i}");
+            write_all(fs, d, name.as_bytes(), &content(100 + i as u64))
+                .unwrap_or_else(|e| panic!("{who}: d{i}/{name}: {e}"));
+            // Into the next directory: across servers for most of them.
+            let next = dirs[(i + 1) % dirs.len()];
+            fs.rename(d, name.as_bytes(), next, name.as_bytes(), RenameFlags::empty())
+                .unwrap_or_else(|e| panic!("{who}: rename d{i}/{name}: {e}"));
+        }
+        assert!(on_moved(fs) > before, "{who} reached server {moved} at its new address");
+    }
+    let check = c.client();
+    for (i, &d) in dirs.iter().enumerate() {
+        for who in ["early", "late"] {
+            let from = (i + dirs.len() - 1) % dirs.len();
+            let f = check
+                .lookup(d, format!("{who}{from}").as_bytes())
+                .unwrap_or_else(|e| panic!("d{i}/{who}{from}: {e}"));
+            assert_eq!(read_all(&check, f.ino).unwrap(), content(100 + from as u64));
+        }
+    }
+    println!("moved: server {moved} from {old} to {new}, followed by clients and servers");
+}
+
 fn main() {
     if let Ok(role) = std::env::var(CHILD_ROLE) {
         match role.split_once(':') {
@@ -262,6 +345,7 @@ fn main() {
     let mut c = ClusterProcs::start(&dir, SERVERS, WORKERS);
     mixed_workload(&c);
     sigkill_a_server(&mut c);
+    a_server_moves(&mut c);
     c.stop();
     let _ = std::fs::remove_dir_all(&dir);
     println!("cluster: ok");

@@ -147,6 +147,12 @@ impl Caches {
 pub(crate) fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         let _ = caches.apply_invalidations(&conns);
+        // A server that died is noticed here, within a poll, rather than by
+        // the first request sent into its dead link after it came back (a
+        // change there would fail with EIO, its fate unknown).
+        for c in conns.iter() {
+            c.check_peer();
+        }
         std::thread::sleep(NOTIFY_POLL);
     }
 }

@@ -40,6 +40,7 @@ use pfs_core::{
 };
 use pfs_net::ClusterKey;
 
+use crate::addrs::ServerAddrs;
 use crate::api::{DirListing, FileSystem, Invalidator, VersionObserver};
 use crate::conn::{rpc_options, Conn, Sent};
 use crate::dcache::CachedDir;
@@ -172,7 +173,8 @@ struct Touch {
 pub struct Cluster {
     opts: ClusterOptions,
     client: ClientId,
-    view: View,
+    /// The servers' addresses, followed when one moves.
+    addrs: Arc<ServerAddrs>,
     placement: Placement,
     conns: Arc<Vec<Conn>>,
     /// Requests sent to each shard (`server * workers + worker`).
@@ -302,8 +304,10 @@ impl Cluster {
         };
         let client = client_id();
         let placement = Placement::new(view.servers.len() as u32, view.servers[0].workers, client);
+        let addrs = Arc::new(ServerAddrs::new(opts.master, opts.key.clone(), view.clone()));
+        let root_home = placement.home(InodeId::ROOT).0 .0 as usize;
         let mut conns = Vec::with_capacity(view.servers.len());
-        for s in &view.servers {
+        for (i, s) in view.servers.iter().enumerate() {
             let addr: SocketAddr = s.addr.parse().map_err(|_| {
                 FsError::Io(format!("server {} has address {:?}, not ip:port", s.id, s.addr))
             })?;
@@ -312,10 +316,30 @@ impl Cluster {
             ro.connect.rdma = opts.rdma.clone();
             ro.connect.slot_rpc = opts.slot_rpc;
             ro.connect.ring_bytes = opts.shm_ring_bytes;
-            let conn = Conn::connect(addr, opts.key.clone(), ro).map_err(|e| {
-                FsError::Io(format!("cannot connect to server {} at {addr}: {e}", s.id))
-            })?;
-            conns.push(conn.reply_spin(opts.reply_spin));
+            let conn = match pfs_net::RpcClient::connect(addr, opts.key.clone(), ro.clone()) {
+                Ok(rpc) => Conn::from(rpc),
+                // A server that is down now (restarting, or moving to another
+                // address) is reached once it is back: its requests wait for
+                // it within their timeout, as after a restart, and fail with
+                // EIO past it. The rest of the namespace is usable meanwhile.
+                // The root's home must answer now: without it nothing is
+                // reachable, and the caller (a mount) should hear so at once.
+                Err(e) if e.is_unreachable() && i != root_home => {
+                    log::warn!(
+                        "server {} at {addr} cannot be reached now ({e}): its requests will \
+                         connect when it is back",
+                        s.id
+                    );
+                    Conn::connect_later(addr, opts.key.clone(), ro)
+                }
+                Err(e) => {
+                    return Err(FsError::Io(format!(
+                        "cannot connect to server {} at {addr}: {e}",
+                        s.id
+                    )))
+                }
+            };
+            conns.push(conn.follow(i, addrs.clone()).reply_spin(opts.reply_spin));
         }
         let conns = Arc::new(conns);
         let caches = Arc::new(Caches::new(opts.dentry_cache_entries));
@@ -345,7 +369,7 @@ impl Cluster {
         let shards = placement.servers() as usize * placement.workers() as usize;
         let c = Cluster {
             client,
-            view,
+            addrs,
             placement,
             conns,
             sent: (0..shards).map(|_| AtomicU64::new(0)).collect(),
@@ -424,9 +448,10 @@ impl Cluster {
         self.caches.dcache.lock().expect("dcache lock").counters()
     }
 
-    /// The view this client routes by.
-    pub fn view(&self) -> &View {
-        &self.view
+    /// The view this client routes by, as last fetched from the master
+    /// (the servers' addresses follow it, [`crate::addrs`]).
+    pub fn view(&self) -> View {
+        self.addrs.view()
     }
 
     fn route(&self, key: RouteKey<'_>) -> Route {

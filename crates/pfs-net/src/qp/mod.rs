@@ -129,6 +129,15 @@ pub struct Qp {
 }
 
 impl Qp {
+    /// Looks whether a shared-memory peer died (its socket closed), so the
+    /// next poll reports the link closed instead of waiting for a request
+    /// sent into it to time out. A TCP link learns it from its reads.
+    pub(crate) fn check_peer(&mut self) {
+        if let Pipe::Shm(p) = &mut self.pipe {
+            p.check_alive();
+        }
+    }
+
     /// Over shared memory: the peer stops ringing for bytes it sends until the
     /// next `prepare_wait` ([`crate::inline`]).
     pub(crate) fn cancel_wait(&mut self) {
