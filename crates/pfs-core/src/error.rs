@@ -59,6 +59,12 @@ pub enum FsError {
     /// A file already has the most links allowed.
     #[error("too many links")]
     TooManyLinks,
+    /// A new name reached a shard that its directory's current layout does
+    /// not place it on: the sender routed by a layout that changed since it
+    /// cached it. The client fetches the layout again and routes anew; it
+    /// never reaches a program (which would see `EAGAIN` if it did).
+    #[error("the name belongs to another shard: the directory's layout changed")]
+    Misrouted,
 }
 
 impl FsError {
@@ -83,6 +89,9 @@ impl FsError {
             FsError::TimedOut => libc::ETIMEDOUT,
             FsError::Io(_) => libc::EIO,
             FsError::TooManyLinks => libc::EMLINK,
+            // On the wire only: a client turns it into `TryAgain` if it ever
+            // gives up rerouting (`Cluster::rerouting`).
+            FsError::Misrouted => libc::EREMCHG,
         }
     }
 
@@ -117,6 +126,7 @@ impl FsError {
             libc::ETIMEDOUT => FsError::TimedOut,
             libc::EIO => FsError::Io(detail.to_owned()),
             libc::EMLINK => FsError::TooManyLinks,
+            libc::EREMCHG => FsError::Misrouted,
             other => FsError::Io(format!("errno {other}: {detail}")),
         }
     }

@@ -62,7 +62,14 @@ impl Tokens {
         let no_lease = TokenGrant { mode, lease_ms: 0 };
         // Taken with `acquire_rename` and the shard's `hold_dir`, never
         // cached under.
-        if matches!(mode, TokenMode::Rename | TokenMode::Hold | TokenMode::Gone) {
+        if matches!(
+            mode,
+            TokenMode::Rename
+                | TokenMode::Hold
+                | TokenMode::Gone
+                | TokenMode::RelaidRegular
+                | TokenMode::RelaidBigDir
+        ) {
             return (no_lease, Vec::new());
         }
         if !self.dirs.contains_key(&dir) && self.dirs.len() >= TOKEN_DIRS_MAX {
@@ -98,7 +105,11 @@ impl Tokens {
                 t.writer = Some((client, now + self.lease));
                 (TokenGrant { mode, lease_ms }, revoked)
             }
-            TokenMode::Rename | TokenMode::Hold | TokenMode::Gone => (no_lease, Vec::new()),
+            TokenMode::Rename
+            | TokenMode::Hold
+            | TokenMode::Gone
+            | TokenMode::RelaidRegular
+            | TokenMode::RelaidBigDir => (no_lease, Vec::new()),
         }
     }
 
@@ -130,7 +141,11 @@ impl Tokens {
                     t.writer = None;
                 }
             }
-            TokenMode::Rename | TokenMode::Hold | TokenMode::Gone => {}
+            TokenMode::Rename
+            | TokenMode::Hold
+            | TokenMode::Gone
+            | TokenMode::RelaidRegular
+            | TokenMode::RelaidBigDir => {}
         }
         if t.readers.is_empty() && t.writer.is_none() {
             self.dirs.remove(&dir);

@@ -1044,6 +1044,86 @@ fn a_directory_layout_changed_by_another_client_is_followed_within_a_second() {
     cluster.stop();
 }
 
+/// A client that cached a directory's layout just before another client
+/// changed it makes, renames and links names in it by the old layout for up
+/// to a second. Each lands where the new layout looks for it: the shards
+/// refuse names the new layout does not place on them (`Misrouted`) and the
+/// client routes again. Both ways (bigdir to regular and back), each kind of
+/// new name with the old layout cached.
+#[test]
+fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_looks() {
+    let dir = test_dir("layout-race");
+    let cluster = Local::start(&dir, 2, 2);
+    let (a, b, c) = (cluster.client(), cluster.client(), cluster.client());
+    let src = b.mkdir(InodeId::ROOT, b"src", 0o755, 0, 0).unwrap();
+    let mut round = 0;
+    for to in ["regular", "bigdir"] {
+        for kind in ["create", "rename", "link", "mkdir"] {
+            round += 1;
+            let name = format!("d{round}");
+            let d = a.mkdir(InodeId::ROOT, name.as_bytes(), 0o755, 0, 0).unwrap();
+            if to == "bigdir" {
+                a.setxattr(d.ino, b"user.pfs.dir_layout", b"regular", XattrSetMode::Any).unwrap();
+            }
+            // B caches the layout (its lookup of the name brings it).
+            b.lookup(InodeId::ROOT, name.as_bytes()).unwrap();
+            let from = b.getxattr(d.ino, b"user.pfs.dir_layout").unwrap();
+            assert_ne!(from, to.as_bytes());
+            a.setxattr(d.ino, b"user.pfs.dir_layout", to.as_bytes(), XattrSetMode::Any).unwrap();
+            // Within the second B still has the old layout cached.
+            let mut names = Vec::new();
+            for k in 0..8 {
+                let n = format!("{kind}{k}");
+                match kind {
+                    "create" => {
+                        write_file(&b, d.ino, &n, n.as_bytes());
+                    }
+                    "rename" => {
+                        let old = format!("{to}-{n}");
+                        write_file(&b, src.ino, &old, n.as_bytes());
+                        b.rename(
+                            src.ino,
+                            old.as_bytes(),
+                            d.ino,
+                            n.as_bytes(),
+                            RenameFlags::empty(),
+                        )
+                        .unwrap_or_else(|e| panic!("{to}: rename {n}: {e}"));
+                    }
+                    "link" => {
+                        let f = write_file(&b, src.ino, &format!("{to}-{n}"), n.as_bytes());
+                        b.link(f, d.ino, n.as_bytes())
+                            .unwrap_or_else(|e| panic!("{to}: link {n}: {e}"));
+                    }
+                    _ => {
+                        b.mkdir(d.ino, n.as_bytes(), 0o755, 0, 0)
+                            .unwrap_or_else(|e| panic!("{to}: mkdir {n}: {e}"));
+                    }
+                }
+                names.push(n);
+            }
+            // A client that never saw the old layout finds every name, by
+            // lookup and in the listing.
+            for n in &names {
+                c.lookup(d.ino, n.as_bytes()).unwrap_or_else(|e| panic!("{to}: {n}: {e}"));
+            }
+            let mut listed: Vec<String> = Vec::new();
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let batch = c.readdir(d.ino, after.as_deref(), 16).unwrap();
+                let Some(last) = batch.last() else { break };
+                after = Some(last.name.clone());
+                listed.extend(batch.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()));
+            }
+            listed.sort();
+            names.sort();
+            assert_eq!(listed, names, "{to}: the listing holds every name");
+        }
+    }
+    drop((a, b, c));
+    cluster.stop();
+}
+
 #[test]
 fn a_directory_is_never_moved_into_its_own_subtree_across_shards() {
     let dir = test_dir("rename-cycle");

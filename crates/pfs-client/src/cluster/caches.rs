@@ -197,13 +197,14 @@ pub(crate) struct DirHold<'a> {
     client: &'a Cluster,
     dir: InodeId,
     shards: Vec<(ServerId, WorkerId)>,
-    /// The directory was replaced: each shard is told so as it is released.
-    pub(crate) gone: bool,
+    /// How each shard is released: `Hold`, `Gone` once a rename replaced the
+    /// directory, `Relaid*` once its layout changed (each shard is told so).
+    pub(crate) release: TokenMode,
 }
 
 impl Drop for DirHold<'_> {
     fn drop(&mut self) {
-        let mode = if self.gone { TokenMode::Gone } else { TokenMode::Hold };
+        let mode = self.release;
         for &(s, w) in &self.shards {
             let release = Request::TokenRelease { dir: self.dir, mode };
             if let Err(e) = self.client.call_to(s, w, release) {
@@ -224,8 +225,21 @@ impl Cluster {
             DirLayout::Regular => vec![self.placement.home(dir)],
             DirLayout::BigDir => self.placement.all_shards().collect(),
         };
-        let mut hold =
-            DirHold { client: self, dir, shards: Vec::with_capacity(shards.len()), gone: false };
+        self.hold_dir_on(dir, shards)
+    }
+
+    /// [`hold_dir`](Self::hold_dir) on each of `shards`.
+    pub(crate) fn hold_dir_on(
+        &self,
+        dir: InodeId,
+        shards: Vec<(ServerId, WorkerId)>,
+    ) -> FsResult<DirHold<'_>> {
+        let mut hold = DirHold {
+            client: self,
+            dir,
+            shards: Vec::with_capacity(shards.len()),
+            release: TokenMode::Hold,
+        };
         for (s, w) in shards {
             let req = Request::TokenAcquire { dir, mode: TokenMode::Hold };
             expect_reply!(self.call_to(s, w, req)?, Reply::TokenAcquire(_) => ())?;

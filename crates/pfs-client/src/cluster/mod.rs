@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pfs_core::wire::{RenameFlags, Reply, Request, View, WriteRef, XattrSetMode};
+use pfs_core::wire::{RenameFlags, Reply, Request, TokenMode, View, WriteRef, XattrSetMode};
 use pfs_core::{
     ClientId, DirLayout, FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, Route,
     RouteKey, ServerId, SetAttr, StatFs, WorkerId,
@@ -155,6 +155,11 @@ impl ClusterOptions {
         Ok(o)
     }
 }
+
+/// Most tries of an operation that makes a new name, each routed by the
+/// directory's layout fetched anew after a shard answered `Misrouted`
+/// (`Cluster::rerouting`).
+const REROUTES: usize = 4;
 
 /// Directory touches a client keeps out unanswered (`touch_parent`); past it,
 /// the next one waits for the oldest.
@@ -582,10 +587,129 @@ impl Cluster {
     /// Makes the new entry `name` in `parent` with `req` (mknod, mkdir,
     /// symlink) on the name's shard; its attributes.
     fn add_entry(&self, parent: InodeId, name: &[u8], req: Request) -> FsResult<FileAttr> {
-        let at = self.route(self.dentry_key(parent, name)?);
-        let reply = self.call_to(at.server, at.proc_worker, req)?;
-        self.touch_parent(parent, &at);
-        self.entry_attr(reply)
+        self.rerouting(&[parent], || {
+            let at = self.route(self.dentry_key(parent, name)?);
+            let reply = self.call_to(at.server, at.proc_worker, req.clone())?;
+            self.touch_parent(parent, &at);
+            self.entry_attr(reply)
+        })
+    }
+
+    /// Runs `op`, which routes new names in `dirs` by their layouts as this
+    /// client cached them, again with the layouts fetched anew while a shard
+    /// answers `Misrouted`: the layout of one of them changed since
+    /// (`setxattr` of `user.pfs.dir_layout`, docs/cluster.md). `TryAgain`
+    /// after [`REROUTES`] tries.
+    fn rerouting<T>(&self, dirs: &[InodeId], mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
+        for _ in 0..REROUTES {
+            match op() {
+                Err(FsError::Misrouted) => {
+                    for &d in dirs {
+                        self.caches.forget_layout(d);
+                    }
+                }
+                r => return r,
+            }
+        }
+        Err(FsError::TryAgain)
+    }
+
+    /// One try of [`FileSystem::rename`], routed by the layouts as cached.
+    fn rename_once(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        new_parent: InodeId,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> FsResult<()> {
+        let from = self.route(self.dentry_key(parent, name)?);
+        let to = self.route(self.dentry_key(new_parent, new_name)?);
+        let exchange = flags.contains(RenameFlags::EXCHANGE);
+        // A directory moved to another parent must not go into its own
+        // subtree. The check walks the parents up, and two clients that each
+        // moved a directory under the other could both pass it: such moves
+        // take the cluster's rename lock, then look the names up again and
+        // check under it (only they do: every other rename goes on).
+        let mut lock = None;
+        let (_tokens, source, target) = loop {
+            // Either name may be a directory others cache: take both write tokens.
+            let tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
+            let source = self.lookup(parent, name)?;
+            let target = self.lookup(new_parent, new_name);
+            let is_dir = |a: &FileAttr| a.kind == FileType::Directory;
+            let moves_dir = parent != new_parent
+                && (is_dir(&source) || exchange && target.as_ref().is_ok_and(is_dir));
+            if !moves_dir || lock.is_some() {
+                break (tokens, source, target);
+            }
+            drop(tokens);
+            lock = Some(self.rename_lock()?);
+        };
+        if parent != new_parent {
+            if source.kind == FileType::Directory {
+                self.refuse_own_subtree(source.ino, new_parent)?;
+            }
+            match &target {
+                Ok(t) if exchange && t.kind == FileType::Directory => {
+                    self.refuse_own_subtree(t.ino, parent)?
+                }
+                _ => {}
+            }
+        }
+        // A directory replaced by a rename must be empty. The target's shard only
+        // sees its own slice of a bigdir, so the client holds it on every shard
+        // of its entries first: each refuses if it has one, and takes no new
+        // one until the hold is dropped, after the rename.
+        let mut target_hold = if exchange {
+            None
+        } else {
+            if let Ok(t) = &target {
+                // Two names of one file (hard links): POSIX says do nothing. The
+                // shards would not see it when the names live on different ones.
+                if source.ino == t.ino {
+                    return if flags.contains(RenameFlags::NOREPLACE) {
+                        Err(FsError::Exists)
+                    } else {
+                        Ok(())
+                    };
+                }
+            }
+            match &target {
+                Ok(t) if t.kind == FileType::Directory => {
+                    Some((self.write_token(t.ino)?, self.hold_dir(t.ino)?))
+                }
+                _ => None,
+            }
+        };
+        let (name, new_name) = (name.to_vec(), new_name.to_vec());
+        let req = if (from.server, from.proc_worker) == (to.server, to.proc_worker) {
+            Request::Rename { parent, name, new_parent, new_name, flags }
+        } else {
+            // The source's shard coordinates an atomic two-shard rename.
+            Request::RenameCross {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                flags,
+                target_server: to.server,
+                target_worker: to.proc_worker,
+            }
+        };
+        // The moved file's fsync covers its new name too (as for a new file).
+        // A replaced file is freed by the shards as after an unlink, and the
+        // parents' link counts follow (follow-ups, docs/cluster.md).
+        expect_reply!(self.call_noting(from.server, from.proc_worker, req, &[source.ino])?, Reply::Rename { .. } | Reply::RenameCross { .. } => ())?;
+        // The replaced directory is gone: its shards are told as they let it go.
+        if let Some((_, hold)) = target_hold.as_mut() {
+            hold.release = TokenMode::Gone;
+        }
+        self.touch_parent(parent, &from);
+        if new_parent != parent {
+            self.touch_parent(new_parent, &to);
+        }
+        Ok(())
     }
 
     /// Updates the times of `dir` at its home after one of its entries changed
@@ -874,18 +998,22 @@ impl FileSystem for Cluster {
         gid: u32,
         flags: u32,
     ) -> FsResult<(FileAttr, FileHandle)> {
-        let key = self.dentry_key(parent, name)?;
-        let at = self.route(key);
-        let layout = self.layout_of(parent)?.file;
-        let req = Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
-        match self.call_to(at.server, at.proc_worker, req)? {
-            Reply::Create { entry, .. } => {
+        let reply = self.rerouting(&[parent], || {
+            let key = self.dentry_key(parent, name)?;
+            let at = self.route(key);
+            let layout = self.layout_of(parent)?.file;
+            let req =
+                Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
+            Ok((at, self.call_to(at.server, at.proc_worker, req)?))
+        })?;
+        match reply {
+            (at, Reply::Create { entry, .. }) => {
                 self.touch_parent(parent, &at);
                 self.caches.remember_layout(entry.attr.ino, entry.layout);
                 let fh = self.files.open(entry.attr.ino, entry.layout.file, Some(0))?;
                 Ok((entry.attr, fh))
             }
-            other => Err(unexpected(other)),
+            (_, other) => Err(unexpected(other)),
         }
     }
 
@@ -934,13 +1062,16 @@ impl FileSystem for Cluster {
         if kind == FileType::Directory {
             return Err(FsError::NotPermitted);
         }
-        let to = self.route(self.dentry_key(new_parent, new_name)?);
         let req = Request::Link { ino, kind, new_parent, new_name: new_name.to_vec() };
         // The new name's shard counts the link in the same operation when the
         // inode lives there, and otherwise by a follow-up to its home that it
         // waits for before answering: `NotFound` when the home refused it (the
         // file was removed first) and the new name went again.
-        match self.call_to(to.server, to.proc_worker, req)? {
+        let (to, reply) = self.rerouting(&[new_parent], || {
+            let to = self.route(self.dentry_key(new_parent, new_name)?);
+            Ok((to, self.call_to(to.server, to.proc_worker, req.clone())?))
+        })?;
+        match reply {
             Reply::Link(e) => {
                 self.touch_parent(new_parent, &to);
                 if e.attr.nlink == 0 {
@@ -1003,93 +1134,9 @@ impl FileSystem for Cluster {
         new_name: &[u8],
         flags: RenameFlags,
     ) -> FsResult<()> {
-        let from = self.route(self.dentry_key(parent, name)?);
-        let to = self.route(self.dentry_key(new_parent, new_name)?);
-        let exchange = flags.contains(RenameFlags::EXCHANGE);
-        // A directory moved to another parent must not go into its own
-        // subtree. The check walks the parents up, and two clients that each
-        // moved a directory under the other could both pass it: such moves
-        // take the cluster's rename lock, then look the names up again and
-        // check under it (only they do: every other rename goes on).
-        let mut lock = None;
-        let (_tokens, source, target) = loop {
-            // Either name may be a directory others cache: take both write tokens.
-            let tokens = (self.write_token(parent)?, self.write_token(new_parent)?);
-            let source = self.lookup(parent, name)?;
-            let target = self.lookup(new_parent, new_name);
-            let is_dir = |a: &FileAttr| a.kind == FileType::Directory;
-            let moves_dir = parent != new_parent
-                && (is_dir(&source) || exchange && target.as_ref().is_ok_and(is_dir));
-            if !moves_dir || lock.is_some() {
-                break (tokens, source, target);
-            }
-            drop(tokens);
-            lock = Some(self.rename_lock()?);
-        };
-        if parent != new_parent {
-            if source.kind == FileType::Directory {
-                self.refuse_own_subtree(source.ino, new_parent)?;
-            }
-            match &target {
-                Ok(t) if exchange && t.kind == FileType::Directory => {
-                    self.refuse_own_subtree(t.ino, parent)?
-                }
-                _ => {}
-            }
-        }
-        // A directory replaced by a rename must be empty. The target's shard only
-        // sees its own slice of a bigdir, so the client holds it on every shard
-        // of its entries first: each refuses if it has one, and takes no new
-        // one until the hold is dropped, after the rename.
-        let mut target_hold = if exchange {
-            None
-        } else {
-            if let Ok(t) = &target {
-                // Two names of one file (hard links): POSIX says do nothing. The
-                // shards would not see it when the names live on different ones.
-                if source.ino == t.ino {
-                    return if flags.contains(RenameFlags::NOREPLACE) {
-                        Err(FsError::Exists)
-                    } else {
-                        Ok(())
-                    };
-                }
-            }
-            match &target {
-                Ok(t) if t.kind == FileType::Directory => {
-                    Some((self.write_token(t.ino)?, self.hold_dir(t.ino)?))
-                }
-                _ => None,
-            }
-        };
-        let (name, new_name) = (name.to_vec(), new_name.to_vec());
-        let req = if (from.server, from.proc_worker) == (to.server, to.proc_worker) {
-            Request::Rename { parent, name, new_parent, new_name, flags }
-        } else {
-            // The source's shard coordinates an atomic two-shard rename.
-            Request::RenameCross {
-                parent,
-                name,
-                new_parent,
-                new_name,
-                flags,
-                target_server: to.server,
-                target_worker: to.proc_worker,
-            }
-        };
-        // The moved file's fsync covers its new name too (as for a new file).
-        // A replaced file is freed by the shards as after an unlink, and the
-        // parents' link counts follow (follow-ups, docs/cluster.md).
-        expect_reply!(self.call_noting(from.server, from.proc_worker, req, &[source.ino])?, Reply::Rename { .. } | Reply::RenameCross { .. } => ())?;
-        // The replaced directory is gone: its shards are told as they let it go.
-        if let Some((_, hold)) = target_hold.as_mut() {
-            hold.gone = true;
-        }
-        self.touch_parent(parent, &from);
-        if new_parent != parent {
-            self.touch_parent(new_parent, &to);
-        }
-        Ok(())
+        self.rerouting(&[parent, new_parent], || {
+            self.rename_once(parent, name, new_parent, new_name, flags)
+        })
     }
 
     fn readdir(&self, dir: InodeId, after: Option<&[u8]>, max: usize) -> FsResult<Vec<DirListing>> {
@@ -1200,12 +1247,27 @@ impl FileSystem for Cluster {
     ) -> FsResult<()> {
         // A directory's children are placed by its metadata layout: changing it
         // with children present would strand them, so it changes only while the
-        // directory is empty (checked under its write token).
+        // directory is empty. The client holds the directory on every shard
+        // first (each refuses if it has one of its names, and takes no new
+        // one while held), and releases each hold telling the new layout:
+        // the shard then refuses, for a minute, new names the new layout
+        // does not place there, which a client that cached the old layout
+        // (for up to a second) may still send (`Misrouted`; it routes again).
+        let mut held = None;
         let _token = if name == b"user.pfs.dir_layout" {
             let token = self.write_token(ino)?;
             let same = self.getxattr(ino, name).is_ok_and(|v| v == value);
-            if !same && !self.readdir(ino, None, 1)?.is_empty() {
-                return Err(FsError::NotEmpty);
+            if !same {
+                let new = std::str::from_utf8(value).ok().and_then(|v| match v {
+                    "regular" => Some(DirLayout::Regular),
+                    "bigdir" => Some(DirLayout::BigDir),
+                    _ => None,
+                });
+                // A bad value: the home refuses it with the reason.
+                if let Some(new) = new {
+                    held =
+                        Some((self.hold_dir_on(ino, self.placement.all_shards().collect())?, new));
+                }
             }
             Some(token)
         } else {
@@ -1216,6 +1278,9 @@ impl FileSystem for Cluster {
             Reply::SetXattr => {
                 if name.starts_with(b"user.pfs.") {
                     self.caches.forget_layout(ino);
+                }
+                if let Some((hold, new)) = held.as_mut() {
+                    hold.release = TokenMode::relaid(*new);
                 }
                 Ok(())
             }

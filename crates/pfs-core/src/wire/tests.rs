@@ -96,7 +96,9 @@ fn token_mode() -> impl Strategy<Value = TokenMode> {
         Just(TokenMode::Write),
         Just(TokenMode::Rename),
         Just(TokenMode::Hold),
-        Just(TokenMode::Gone)
+        Just(TokenMode::Gone),
+        Just(TokenMode::RelaidRegular),
+        Just(TokenMode::RelaidBigDir)
     ]
 }
 

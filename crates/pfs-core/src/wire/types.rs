@@ -131,6 +131,32 @@ pub enum TokenMode {
     /// directory removed and refuses new names in it (`NotFound`). As an
     /// acquire it is refused (`EINVAL`).
     Gone = 5,
+    /// Given back instead of `Hold` once the directory's layout changed to
+    /// `regular`: the shard refuses, for a minute, new names in it that the
+    /// new layout does not place there (`Misrouted`), which a client that
+    /// cached the old layout may still send. As an acquire, `EINVAL`.
+    RelaidRegular = 6,
+    /// As `RelaidRegular`, for a change to `bigdir`.
+    RelaidBigDir = 7,
+}
+
+impl TokenMode {
+    /// The release that tells a shard a directory's layout changed to `layout`.
+    pub fn relaid(layout: crate::DirLayout) -> TokenMode {
+        match layout {
+            crate::DirLayout::Regular => TokenMode::RelaidRegular,
+            crate::DirLayout::BigDir => TokenMode::RelaidBigDir,
+        }
+    }
+
+    /// The new layout a `Relaid*` release tells of.
+    pub fn relaid_layout(self) -> Option<crate::DirLayout> {
+        match self {
+            TokenMode::RelaidRegular => Some(crate::DirLayout::Regular),
+            TokenMode::RelaidBigDir => Some(crate::DirLayout::BigDir),
+            _ => None,
+        }
+    }
 }
 
 /// A granted token.
@@ -409,6 +435,8 @@ impl Codec for TokenMode {
             3 => Ok(TokenMode::Rename),
             4 => Ok(TokenMode::Hold),
             5 => Ok(TokenMode::Gone),
+            6 => Ok(TokenMode::RelaidRegular),
+            7 => Ok(TokenMode::RelaidBigDir),
             v => Err(WireError::BadValue { what: "token mode", value: v.into() }),
         }
     }

@@ -210,6 +210,25 @@ impl<D: Device> Worker<D> {
             Request::TokenAcquire { mode: TokenMode::Gone, .. } => Some(Err(FsError::Invalid(
                 "a removed directory is told by a release, not acquired".into(),
             ))),
+            // The directory's layout changed (the holder set it): names the
+            // new layout does not place here are refused for a while
+            // (`Shard::relaid_dir`).
+            Request::TokenRelease { dir, mode } if mode.relaid_layout().is_some() => {
+                self.shard.release_dir(dir, u64::from(client.0));
+                let layout = mode.relaid_layout().expect("matched above");
+                match self.peers.shape() {
+                    Some((servers, workers)) => {
+                        self.shard.relaid_dir(dir, layout, servers, workers);
+                        Some(Ok(Reply::TokenRelease))
+                    }
+                    // Cannot happen: the client reached this shard through a
+                    // complete view. Refused, so the client does not count on it.
+                    None => Some(Err(FsError::TryAgain)),
+                }
+            }
+            Request::TokenAcquire { mode, .. } if mode.relaid_layout().is_some() => Some(Err(
+                FsError::Invalid("a layout change is told by a release, not acquired".into()),
+            )),
             Request::TokenAcquire { dir, mode } => {
                 let (grant, revoked) = self.tokens.acquire(dir, client, mode, self.now);
                 for holder in revoked {

@@ -249,7 +249,7 @@ impl<D: Device> Shard<D> {
     ) -> FsResult<FileAttr> {
         // An rmdir of `parent` deciding, or a rename over it: wait for the
         // outcome (`NotFound` once it is known removed).
-        self.check_new_name_in(parent)?;
+        self.check_new_name_in(parent, name)?;
         self.follow_room(1)?;
         self.ensure_ino_floor()?;
         self.begin()?;
@@ -386,7 +386,7 @@ impl<D: Device> Shard<D> {
         kind: FileType,
         inode: Option<Inode>,
     ) -> FsResult<()> {
-        self.check_new_name_in(parent)?;
+        self.check_new_name_in(parent, name)?;
         if self.dentries.get(parent, name).is_some() {
             return Err(FsError::Exists);
         }
@@ -506,7 +506,7 @@ impl<D: Device> Shard<D> {
             return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
         }
         let src = self.lookup(src_parent, src_name)?;
-        self.check_new_name_in(dst_parent)?;
+        self.check_new_name_in(dst_parent, dst_name)?;
         let dst = match self.lookup(dst_parent, dst_name) {
             Ok(d) => Some(d),
             Err(FsError::NotFound) => None,

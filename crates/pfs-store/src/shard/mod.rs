@@ -235,6 +235,8 @@ pub struct Shard<D: Device> {
     /// Directories removed elsewhere that this shard may hold names of (a
     /// bigdir's), remembered so new names in them are refused (`gone_dir`).
     gone: txn::GoneDirs,
+    /// Directories whose layout changed lately (`relaid_dir`).
+    relaid: txn::Relaid,
     /// Next transaction sequence number, and the logged floor it must stay
     /// under (`follow.rs`).
     txn_next: u64,
@@ -527,6 +529,7 @@ impl<D: Device> Shard<D> {
             sealed: HashMap::new(),
             holds: HashMap::new(),
             gone: txn::GoneDirs::default(),
+            relaid: txn::Relaid::default(),
             txn_next: 1,
             txn_floor: 0,
             ino_floor: 0,

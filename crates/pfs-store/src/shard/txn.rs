@@ -31,6 +31,41 @@ pub const DIR_HOLDS_MAX: usize = 4096;
 /// oldest is forgotten.
 pub const GONE_DIRS_MAX: usize = 65_536;
 
+/// How long a shard remembers a directory's layout change (`relaid_dir`):
+/// far longer than a client keeps a layout cached (1 s) or retries a request
+/// (its request timeout, 30 s by default).
+pub const RELAID_NS: i64 = 60_000_000_000;
+/// Layout changes one shard remembers at once; past it the oldest is forgotten.
+pub const RELAID_MAX: usize = 4096;
+
+/// Directories whose layout changed lately, and where their names go now.
+#[derive(Debug, Default)]
+pub(super) struct Relaid {
+    dirs: std::collections::HashMap<InodeId, Relayout>,
+    order: std::collections::VecDeque<InodeId>,
+}
+
+/// A directory's new layout, in a cluster of this shape, until `end`.
+#[derive(Clone, Copy, Debug)]
+struct Relayout {
+    layout: pfs_core::DirLayout,
+    servers: u32,
+    workers: u32,
+    end: i64,
+}
+
+impl Relaid {
+    fn insert(&mut self, dir: InodeId, r: Relayout) {
+        if self.dirs.insert(dir, r).is_none() {
+            self.order.push_back(dir);
+        }
+        while self.order.len() > RELAID_MAX {
+            let old = self.order.pop_front().expect("over the bound");
+            self.dirs.remove(&old);
+        }
+    }
+}
+
 /// Directories removed elsewhere, newest last, at most [`GONE_DIRS_MAX`].
 #[derive(Debug, Default)]
 pub(super) struct GoneDirs {
@@ -196,14 +231,53 @@ impl<D: Device> Shard<D> {
         self.gone.insert(dir);
     }
 
+    /// Remembers that directory `dir`'s layout changed to `layout` (in a
+    /// cluster of `servers` x `workers`), for [`RELAID_NS`]: a client that
+    /// cached the old layout routes a new name by it for up to a second, and
+    /// such a name landing here, where the new layout does not look for it,
+    /// would be lost to lookups and listings. It is refused instead
+    /// (`Misrouted`: the client fetches the layout again and routes anew).
+    /// Told by the client that changed the layout, as it releases its hold
+    /// on the directory here. In memory only, the newest [`RELAID_MAX`].
+    pub fn relaid_dir(
+        &mut self,
+        dir: InodeId,
+        layout: pfs_core::DirLayout,
+        servers: u32,
+        workers: u32,
+    ) {
+        let now = self.clock_ns;
+        let end = now.saturating_add(RELAID_NS);
+        self.relaid.dirs.retain(|_, r| r.end > now);
+        let dirs = &self.relaid.dirs;
+        self.relaid.order.retain(|d| dirs.contains_key(d));
+        self.relaid.insert(dir, Relayout { layout, servers, workers, end });
+    }
+
     /// Whether a new name may go into `dir` here: `NotFound` for a directory
-    /// known removed (`gone_dir`), `TryAgain` while it is sealed or held.
-    pub(super) fn check_new_name_in(&self, dir: InodeId) -> FsResult<()> {
+    /// known removed (`gone_dir`), `TryAgain` while it is sealed or held,
+    /// `Misrouted` when the directory's layout changed lately and `name`
+    /// belongs to another shard under the new one (`relaid_dir`).
+    pub(super) fn check_new_name_in(&self, dir: InodeId, name: &[u8]) -> FsResult<()> {
         if self.gone.set.contains(&dir) {
             return Err(FsError::NotFound);
         }
         if self.is_sealed(dir) {
             return Err(FsError::TryAgain);
+        }
+        if !self.relaid.dirs.is_empty() {
+            if let Some(r) = self.relaid.dirs.get(&dir).filter(|r| r.end > self.clock_ns) {
+                if name.len() <= pfs_core::NAME_MAX && r.servers > 0 && r.workers > 0 {
+                    let key = pfs_core::RouteKey::Dentry { parent: dir, layout: r.layout, name };
+                    let lambda = key.lambda(r.servers, r.workers);
+                    let at =
+                        pfs_core::Route::new(lambda, pfs_core::ClientId(0), r.servers, r.workers);
+                    let shard = pfs_core::routing::shard_of(at.server, at.proc_worker, r.workers);
+                    if shard != self.id() {
+                        return Err(FsError::Misrouted);
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -376,7 +450,7 @@ impl<D: Device> Shard<D> {
             return Err(abandoned());
         }
         check_name(name)?;
-        self.check_new_name_in(parent)?;
+        self.check_new_name_in(parent, name)?;
         let (moved, moved_kind) = checked_dentry(value)
             .ok_or_else(|| FsError::Invalid(format!("dentry value {value:#x}")))?;
         if noreplace && exchange {
@@ -624,6 +698,47 @@ mod tests {
         assert_eq!(s.link(f.ino, d.ino, b"l").unwrap_err(), FsError::NotFound);
         assert_eq!(s.rename(full.ino, b"x", d.ino, b"x", flags).unwrap_err(), FsError::NotFound);
         assert!(s.lookup(d.ino, b"y").is_ok(), "its names stay, to be removed");
+    }
+
+    /// A directory whose layout changed lately refuses new names its new
+    /// layout places on another shard (`Misrouted`), takes those it places
+    /// here, and forgets the change after `RELAID_NS`.
+    #[test]
+    fn a_relaid_directory_refuses_names_its_new_layout_places_elsewhere() {
+        use pfs_core::{DirLayout, Route, RouteKey};
+        // Shards 0 and 1 of one server with two workers.
+        let (_da, mut a) = shard(0);
+        let (_db, mut b) = shard(1);
+        let d = a.create(InodeId::ROOT, b"d", CreateArgs::dir(0o755)).unwrap().ino;
+        let other = a.create(InodeId::ROOT, b"other", CreateArgs::dir(0o755)).unwrap().ino;
+        let f = b.create(InodeId::ROOT, b"f", CreateArgs::file(0o644)).unwrap();
+        let file = CreateArgs::file(0o644);
+        let flags = crate::RenameFlags::default();
+        a.set_now(1_000);
+        b.set_now(1_000);
+        // Regular: every name at the directory's home, shard 0.
+        b.relaid_dir(d, DirLayout::Regular, 1, 2);
+        assert_eq!(b.create(d, b"x", file).unwrap_err(), FsError::Misrouted);
+        assert_eq!(b.link(f.ino, d, b"l").unwrap_err(), FsError::Misrouted);
+        assert_eq!(b.rename(InodeId::ROOT, b"f", d, b"f", flags).unwrap_err(), FsError::Misrouted);
+        b.create(other, b"x", file).unwrap();
+        a.relaid_dir(d, DirLayout::Regular, 1, 2);
+        a.create(d, b"x", file).unwrap();
+        // Bigdir: each name on the shard its hash picks.
+        let e = a.create(InodeId::ROOT, b"e", CreateArgs::dir(0o755)).unwrap().ino;
+        a.relaid_dir(e, DirLayout::BigDir, 1, 2);
+        let on = |name: &[u8]| {
+            let key = RouteKey::Dentry { parent: e, layout: DirLayout::BigDir, name };
+            Route::new(key.lambda(1, 2), pfs_core::ClientId(0), 1, 2).proc_worker.0
+        };
+        let names: Vec<Vec<u8>> = (0..32).map(|k| format!("n{k}").into_bytes()).collect();
+        let here = names.iter().find(|n| on(n) == 0).expect("a name of shard 0");
+        let away = names.iter().find(|n| on(n) == 1).expect("a name of shard 1");
+        a.create(e, here, file).unwrap();
+        assert_eq!(a.create(e, away, file).unwrap_err(), FsError::Misrouted);
+        // Forgotten after a minute: the clients' cached layouts ran out long before.
+        a.set_now(1_000 + RELAID_NS);
+        a.create(e, away, file).unwrap();
     }
 
     #[test]
