@@ -165,6 +165,7 @@ impl Renames {
             });
         }
         let shard = h.shard();
+        shard.check_name_placed(src_parent, &src_name)?;
         let src = shard.lookup(src_parent, &src_name)?;
         let intent = Intent {
             src_parent,

@@ -195,6 +195,7 @@ fn trace_request(req: &Request) {
 fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
     Ok(match req {
         Request::Lookup { parent, name } => {
+            shard.check_name_placed(parent, &name)?;
             let found = shard.lookup(parent, &name)?;
             if !shard.has_inode(found.ino) {
                 // Moved here by a cross-shard rename: the inode stays at its home.
@@ -204,6 +205,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             Reply::Lookup(entry(shard, found.ino)?)
         }
         Request::LookupData { parent, name } => {
+            shard.check_name_placed(parent, &name)?;
             let found = shard.lookup(parent, &name)?;
             if !shard.has_inode(found.ino) {
                 return Ok(Reply::LookupData {
@@ -258,6 +260,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         }
         Request::ReadLink { ino } => Reply::ReadLink(shard.readlink(ino)?),
         Request::Unlink { parent, name } => {
+            shard.check_name_placed(parent, &name)?;
             let found = shard.lookup(parent, &name)?;
             // The pages of both inodes read together (`Shard::warm_inodes`).
             shard.warm_inodes(&[found.ino, parent])?;
@@ -274,6 +277,7 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             Reply::Unlink { ino: found.ino, size, layout, remote }
         }
         Request::Rmdir { parent, name } => {
+            shard.check_name_placed(parent, &name)?;
             let found = shard.lookup(parent, &name)?;
             shard.warm_inodes(&[found.ino, parent])?;
             let remote = !shard.has_inode(found.ino);

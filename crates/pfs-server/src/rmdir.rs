@@ -167,6 +167,7 @@ impl Rmdirs {
         if self.ops.len() >= CROSS_MAX {
             return Err(FsError::TryAgain);
         }
+        h.shard().check_name_placed(parent, &name)?;
         let entry = h.shard().lookup(parent, &name)?;
         if entry.kind != FileType::Directory {
             return Err(FsError::NotDir);

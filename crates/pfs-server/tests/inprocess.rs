@@ -1058,7 +1058,7 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
     let src = b.mkdir(InodeId::ROOT, b"src", 0o755, 0, 0).unwrap();
     let mut round = 0;
     for to in ["regular", "bigdir"] {
-        for kind in ["create", "rename", "link", "mkdir"] {
+        for kind in ["create", "rename", "link", "mkdir", "lookup", "unlink", "rmdir"] {
             round += 1;
             let name = format!("d{round}");
             let d = a.mkdir(InodeId::ROOT, name.as_bytes(), 0o755, 0, 0).unwrap();
@@ -1095,10 +1095,39 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
                         b.link(f, d.ino, n.as_bytes())
                             .unwrap_or_else(|e| panic!("{to}: link {n}: {e}"));
                     }
-                    _ => {
+                    "mkdir" => {
                         b.mkdir(d.ino, n.as_bytes(), 0o755, 0, 0)
                             .unwrap_or_else(|e| panic!("{to}: mkdir {n}: {e}"));
                     }
+                    // Names A made by the new layout, which B looks for by
+                    // the old one: found, and removed, all the same.
+                    "lookup" => {
+                        let f = write_file(&a, d.ino, &n, n.as_bytes());
+                        let found = b
+                            .lookup(d.ino, n.as_bytes())
+                            .unwrap_or_else(|e| panic!("{to}: lookup {n}: {e}"));
+                        assert_eq!(found.ino, f);
+                    }
+                    "unlink" | "rmdir" => {
+                        if kind == "unlink" {
+                            write_file(&a, d.ino, &n, n.as_bytes());
+                        } else {
+                            a.mkdir(d.ino, n.as_bytes(), 0o755, 0, 0).unwrap();
+                        }
+                        if k % 2 == 1 {
+                            names.push(n);
+                            continue;
+                        }
+                        let gone = if kind == "unlink" {
+                            b.unlink(d.ino, n.as_bytes())
+                        } else {
+                            b.rmdir(d.ino, n.as_bytes())
+                        };
+                        gone.unwrap_or_else(|e| panic!("{to}: {kind} {n}: {e}"));
+                        assert_eq!(c.lookup(d.ino, n.as_bytes()).unwrap_err(), FsError::NotFound);
+                        continue;
+                    }
+                    _ => unreachable!(),
                 }
                 names.push(n);
             }

@@ -930,16 +930,18 @@ impl Cluster {
         // mark first: a revocation between the two is counted).
         let mark = self.caches.revocations();
         let covered = caching && self.caches.read_token(parent, Instant::now()).is_some();
-        let key = self.dentry_key(parent, name)?;
-        let name_v = name.to_vec();
-        let (reply, data) = if with_data {
-            match self.call(key, Request::LookupData { parent, name: name_v })? {
-                Reply::LookupData { entry, data } => (Reply::Lookup(entry), data),
-                other => return Err(unexpected(other)),
-            }
-        } else {
-            (self.call(key, Request::Lookup { parent, name: name_v })?, None)
-        };
+        let (reply, data) = self.rerouting(&[parent], || {
+            let key = self.dentry_key(parent, name)?;
+            let name = name.to_vec();
+            Ok(if with_data {
+                match self.call(key, Request::LookupData { parent, name })? {
+                    Reply::LookupData { entry, data } => (Reply::Lookup(entry), data),
+                    other => return Err(unexpected(other)),
+                }
+            } else {
+                (self.call(key, Request::Lookup { parent, name })?, None)
+            })
+        })?;
         let mut attr = self.entry_attr(reply)?;
         let mut data =
             data.filter(|d| attr.kind == FileType::Regular && d.len() as u64 == attr.size);
@@ -1089,15 +1091,14 @@ impl FileSystem for Cluster {
     }
 
     fn unlink(&self, parent: InodeId, name: &[u8]) -> FsResult<()> {
-        let key = self.dentry_key(parent, name)?;
-        let route = self.route(key);
         // The name's shard frees what lives elsewhere (the inode at its home
         // when the name was moved, data on other shards) by follow-ups.
-        match self.call_to(
-            route.server,
-            route.proc_worker,
-            Request::Unlink { parent, name: name.to_vec() },
-        )? {
+        let (route, reply) = self.rerouting(&[parent], || {
+            let route = self.route(self.dentry_key(parent, name)?);
+            let req = Request::Unlink { parent, name: name.to_vec() };
+            Ok((route, self.call_to(route.server, route.proc_worker, req)?))
+        })?;
+        match reply {
             Reply::Unlink { .. } => {
                 self.touch_parent(parent, &route);
                 Ok(())
@@ -1113,15 +1114,17 @@ impl FileSystem for Cluster {
         }
         let layout = self.layout_of(child.ino)?.dir;
         let _token = self.write_token(parent)?;
-        let key = self.dentry_key(parent, name)?;
-        let at = self.route(key);
         // A bigdir's entries may be on any shard: its rmdir is a transaction that
         // checks them all (a regular one's are with its inode, on the name's shard).
         let req = match layout {
             DirLayout::BigDir => Request::RmdirBigDir { parent, name: name.to_vec() },
             DirLayout::Regular => Request::Rmdir { parent, name: name.to_vec() },
         };
-        expect_reply!(self.call_to(at.server, at.proc_worker, req)?, Reply::Rmdir { .. } => ())?;
+        let (at, reply) = self.rerouting(&[parent], || {
+            let at = self.route(self.dentry_key(parent, name)?);
+            Ok((at, self.call_to(at.server, at.proc_worker, req.clone())?))
+        })?;
+        expect_reply!(reply, Reply::Rmdir { .. } => ())?;
         self.touch_parent(parent, &at);
         Ok(())
     }

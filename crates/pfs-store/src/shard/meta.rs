@@ -505,6 +505,7 @@ impl<D: Device> Shard<D> {
         if flags.noreplace && flags.exchange {
             return Err(FsError::Invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together".into()));
         }
+        self.check_name_placed(src_parent, src_name)?;
         let src = self.lookup(src_parent, src_name)?;
         self.check_new_name_in(dst_parent, dst_name)?;
         let dst = match self.lookup(dst_parent, dst_name) {

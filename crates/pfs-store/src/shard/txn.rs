@@ -265,6 +265,15 @@ impl<D: Device> Shard<D> {
         if self.is_sealed(dir) {
             return Err(FsError::TryAgain);
         }
+        self.check_name_placed(dir, name)
+    }
+
+    /// `Misrouted` when directory `dir`'s layout changed lately and its new
+    /// layout places `name` on another shard (`relaid_dir`): a client that
+    /// cached the old layout looks for it here (a lookup, unlink, rmdir or
+    /// the source of a rename), and is told to route again instead of
+    /// hearing `NotFound` for a name that exists.
+    pub fn check_name_placed(&self, dir: InodeId, name: &[u8]) -> FsResult<()> {
         if !self.relaid.dirs.is_empty() {
             if let Some(r) = self.relaid.dirs.get(&dir).filter(|r| r.end > self.clock_ns) {
                 if name.len() <= pfs_core::NAME_MAX && r.servers > 0 && r.workers > 0 {
@@ -721,6 +730,10 @@ mod tests {
         assert_eq!(b.create(d, b"x", file).unwrap_err(), FsError::Misrouted);
         assert_eq!(b.link(f.ino, d, b"l").unwrap_err(), FsError::Misrouted);
         assert_eq!(b.rename(InodeId::ROOT, b"f", d, b"f", flags).unwrap_err(), FsError::Misrouted);
+        // A name looked for here by the old layout: told to route again, not
+        // `NotFound` (lookups, unlinks and rmdirs ask before they look).
+        assert_eq!(b.check_name_placed(d, b"x"), Err(FsError::Misrouted));
+        assert_eq!(b.rename(d, b"x", InodeId::ROOT, b"y", flags).unwrap_err(), FsError::Misrouted);
         b.create(other, b"x", file).unwrap();
         a.relaid_dir(d, DirLayout::Regular, 1, 2);
         a.create(d, b"x", file).unwrap();
