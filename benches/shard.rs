@@ -87,6 +87,7 @@ fn bench(c: &mut Criterion) {
                     max_entries: 512,
                     max_bytes: 1 << 20,
                     plus: true,
+                    layout: pfs_core::DirLayout::BigDir,
                 };
                 let reply = pfs_server::exec::execute(&mut s, req).0.expect("readdir");
                 let frame = Frame {

@@ -292,7 +292,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             let replaced = shard.rename(parent, &name, new_parent, &new_name, flags)?;
             Reply::Rename { replaced }
         }
-        Request::ReadDir { ino, after, max_entries, max_bytes, plus } => {
+        Request::ReadDir { ino, after, max_entries, max_bytes, plus, layout } => {
+            shard.check_listing(ino, layout)?;
             readdir(shard, ino, &after, max_entries, max_bytes, plus)?
         }
         Request::Open { ino, flags: _ } => {
@@ -565,6 +566,7 @@ mod tests {
             max_entries: 1,
             max_bytes: 1 << 20,
             plus: true,
+            layout: pfs_core::DirLayout::BigDir,
         };
         let Reply::ReadDir { entries, eof } = ok(&mut s, list(b"")) else { panic!() };
         assert_eq!((entries.len(), eof, entries[0].name.as_slice()), (1, false, &b"a"[..]));
@@ -839,6 +841,7 @@ mod tests {
             max_entries: 400,
             max_bytes: 1 << 20,
             plus: true,
+            layout: pfs_core::DirLayout::BigDir,
         };
         let reads = s.stats().icache.background_reads;
         let misses = s.stats().icache.misses;

@@ -67,6 +67,7 @@ fn corpus() -> Vec<Vec<u8>> {
             max_entries: 10,
             max_bytes: 4096,
             plus: true,
+            layout: pfs_core::DirLayout::BigDir,
         },
         Request::Write { ino: root, fh: FileHandle(0), offset: 0, data: vec![1; 100] },
         Request::Read { ino: root, fh: FileHandle(0), offset: 0, size: 4096, blocks: u32::MAX },

@@ -1058,7 +1058,20 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
     let src = b.mkdir(InodeId::ROOT, b"src", 0o755, 0, 0).unwrap();
     let mut round = 0;
     for to in ["regular", "bigdir"] {
-        for kind in ["create", "rename", "link", "mkdir", "lookup", "unlink", "rmdir"] {
+        let list = |fs: &pfs_client::Cluster, dir: InodeId| {
+            let mut listed: Vec<String> = Vec::new();
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let batch = fs.readdir(dir, after.as_deref(), 16).unwrap();
+                let Some(last) = batch.last() else { break };
+                after = Some(last.name.clone());
+                listed.extend(batch.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()));
+            }
+            listed.sort();
+            listed
+        };
+        let kinds = ["create", "rename", "link", "mkdir", "lookup", "unlink", "rmdir", "readdir"];
+        for kind in kinds {
             round += 1;
             let name = format!("d{round}");
             let d = a.mkdir(InodeId::ROOT, name.as_bytes(), 0o755, 0, 0).unwrap();
@@ -1127,6 +1140,17 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
                         assert_eq!(c.lookup(d.ino, n.as_bytes()).unwrap_err(), FsError::NotFound);
                         continue;
                     }
+                    // Names A made by the new layout, which B lists by the
+                    // old one: all there.
+                    "readdir" => {
+                        write_file(&a, d.ino, &n, n.as_bytes());
+                        names.push(n);
+                        if k == 7 {
+                            names.sort();
+                            assert_eq!(list(&b, d.ino), names, "{to}: B's listing");
+                        }
+                        continue;
+                    }
                     _ => unreachable!(),
                 }
                 names.push(n);
@@ -1136,17 +1160,8 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
             for n in &names {
                 c.lookup(d.ino, n.as_bytes()).unwrap_or_else(|e| panic!("{to}: {n}: {e}"));
             }
-            let mut listed: Vec<String> = Vec::new();
-            let mut after: Option<Vec<u8>> = None;
-            loop {
-                let batch = c.readdir(d.ino, after.as_deref(), 16).unwrap();
-                let Some(last) = batch.last() else { break };
-                after = Some(last.name.clone());
-                listed.extend(batch.iter().map(|e| String::from_utf8(e.name.clone()).unwrap()));
-            }
-            listed.sort();
             names.sort();
-            assert_eq!(listed, names, "{to}: the listing holds every name");
+            assert_eq!(list(&c, d.ino), names, "{to}: the listing holds every name");
         }
     }
     drop((a, b, c));

@@ -785,6 +785,19 @@ impl Cluster {
         max: usize,
         plus: bool,
     ) -> FsResult<Vec<DirListing>> {
+        // A shard where the cached layout would miss names (it changed since)
+        // answers `Misrouted`: list again by the layout fetched anew.
+        self.rerouting(&[dir], || self.list_by_cached_layout(dir, after, max, plus))
+    }
+
+    /// One try of [`list`](Self::list), by the layout as cached.
+    fn list_by_cached_layout(
+        &self,
+        dir: InodeId,
+        after: Option<&[u8]>,
+        max: usize,
+        plus: bool,
+    ) -> FsResult<Vec<DirListing>> {
         let layout = self.layout_of(dir)?.dir;
         let shards: Vec<(ServerId, WorkerId)> = match layout {
             DirLayout::Regular => {
@@ -813,6 +826,7 @@ impl Cluster {
                 max_entries: want as u32,
                 max_bytes: 1 << 20,
                 plus,
+                layout,
             };
             match self.call_to(s, w, req)? {
                 Reply::ReadDir { entries, eof } => {

@@ -8,7 +8,9 @@ use super::types::{
     TokenMode, XattrSetMode,
 };
 use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
-use crate::{FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr, ShardId, WorkerId};
+use crate::{
+    DirLayout, FileHandle, FileLayout, FileType, InodeId, ServerId, SetAttr, ShardId, WorkerId,
+};
 
 /// The server id a `Register` of a new server carries.
 const NO_SERVER: u32 = u32::MAX;
@@ -236,6 +238,9 @@ pub enum Request {
         max_bytes: u32,
         /// Also return attributes (readdirplus).
         plus: bool,
+        /// The directory's layout as the client lists it: a shard where that
+        /// layout would miss names answers `Misrouted` (the layout changed).
+        layout: DirLayout,
     },
     /// Open a file.
     Open {
@@ -689,12 +694,13 @@ impl Request {
                 write_name(w, "new name", new_name)?;
                 flags.put(w)
             }
-            Request::ReadDir { ino, after, max_entries, max_bytes, plus } => {
+            Request::ReadDir { ino, after, max_entries, max_bytes, plus, layout } => {
                 w.u64(ino.0);
                 write_name(w, "readdir resume name", after)?;
                 w.u32(*max_entries);
                 w.u32(*max_bytes);
                 w.bool(*plus);
+                w.u8(*layout as u8);
                 Ok(())
             }
             Request::Open { ino, flags } => {
@@ -911,6 +917,11 @@ impl Request {
                 max_entries: r.u32("readdir max entries")?,
                 max_bytes: r.u32("readdir max bytes")?,
                 plus: r.bool("readdir plus")?,
+                layout: {
+                    let v = r.u8("readdir dir layout")?;
+                    DirLayout::from_u8(v)
+                        .ok_or(WireError::BadValue { what: "dir layout", value: v.into() })?
+                },
             },
             Opcode::Open => Request::Open { ino: ino(r)?, flags: r.u32("open flags")? },
             Opcode::Release => {

@@ -163,13 +163,14 @@ fn request() -> impl Strategy<Value = Request> {
                 flags
             }
         ),
-        (ino(), name(), any::<u32>(), any::<u32>(), any::<bool>()).prop_map(
-            |(ino, after, max_entries, max_bytes, plus)| Request::ReadDir {
+        (ino(), name(), any::<u32>(), any::<u32>(), any::<bool>(), any::<bool>()).prop_map(
+            |(ino, after, max_entries, max_bytes, plus, big)| Request::ReadDir {
                 ino,
                 after,
                 max_entries,
                 max_bytes,
-                plus
+                plus,
+                layout: if big { DirLayout::BigDir } else { DirLayout::Regular },
             }
         ),
         (ino(), any::<u32>()).prop_map(|(ino, flags)| Request::Open { ino, flags }),

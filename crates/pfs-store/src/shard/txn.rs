@@ -268,6 +268,26 @@ impl<D: Device> Shard<D> {
         self.check_name_placed(dir, name)
     }
 
+    /// `Misrouted` when a listing of directory `dir` by `layout` would miss
+    /// names: at the directory's home, when `layout` is not the directory's
+    /// (durable, so no window), elsewhere when its layout changed lately to
+    /// another (`relaid_dir`). A client that cached the old layout lists
+    /// again by the new one.
+    pub fn check_listing(&mut self, dir: InodeId, layout: pfs_core::DirLayout) -> FsResult<()> {
+        if self.has_inode(dir) {
+            return match self.layouts(dir) {
+                Ok((now, _)) if now != layout => Err(FsError::Misrouted),
+                // Removed: the listing answers as it always did.
+                Ok(_) | Err(FsError::NotFound) => Ok(()),
+                Err(e) => Err(e),
+            };
+        }
+        match self.relaid.dirs.get(&dir) {
+            Some(r) if r.end > self.clock_ns && r.layout != layout => Err(FsError::Misrouted),
+            _ => Ok(()),
+        }
+    }
+
     /// `Misrouted` when directory `dir`'s layout changed lately and its new
     /// layout places `name` on another shard (`relaid_dir`): a client that
     /// cached the old layout looks for it here (a lookup, unlink, rmdir or
