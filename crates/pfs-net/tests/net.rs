@@ -304,6 +304,72 @@ fn reconnects_after_the_server_restarts_over_shm() {
 }
 
 /// A raw TCP connection that passed the handshake, to send bad bytes on.
+/// A client made before its server listens connects at its first request;
+/// pointed at another address (the server moved), it drops its link there
+/// and connects to the new one at once.
+fn follows_a_moved_server(transport: TransportKind) {
+    init_log();
+    let a = Server::echo(key(1));
+    let b = Server::echo(key(1));
+    let later = Server::echo(key(1));
+    let later_addr = later.addr;
+    drop(later);
+    let mut o = opts(transport);
+    o.backoff_min = Duration::from_millis(5);
+    o.backoff_max = Duration::from_millis(50);
+    // Nothing listens at `later_addr` now: no link, and no error yet.
+    let mut c = RpcClient::connect_later(later_addr, key(1), o.clone());
+    assert!(c.qp().is_none());
+    let e = c.call(&write_frame(vec![1]), Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(e, NetError::Disconnected { .. }), "nothing listens yet: {e}");
+    c.retarget(a.addr);
+    assert_eq!(c.addr(), a.addr);
+    let reply = c.call(&write_frame(vec![2]), Duration::from_secs(5)).unwrap();
+    assert_eq!(reply.body, Body::Reply(Reply::Read(vec![2])));
+    let boot_a = c.server_boot().expect("connected to a");
+    // Moved while connected: the link to `a` goes, the next call reaches `b`.
+    c.retarget(b.addr);
+    assert!(c.qp().is_none(), "the link to the old address is dropped");
+    let reply = c.call(&write_frame(vec![3]), Duration::from_secs(5)).unwrap();
+    assert_eq!(reply.body, Body::Reply(Reply::Read(vec![3])));
+    assert_ne!(c.server_boot(), Some(boot_a), "another server answered");
+    // The same address again changes nothing.
+    c.retarget(b.addr);
+    assert!(c.qp().is_some());
+}
+
+#[test]
+fn follows_a_moved_server_over_tcp() {
+    follows_a_moved_server(TransportKind::Tcp);
+}
+
+#[test]
+fn follows_a_moved_server_over_shm() {
+    follows_a_moved_server(TransportKind::Auto);
+}
+
+/// A connection whose server went away while nothing was asked of it
+/// notices at a check, not by a request sent into the dead link. (A server
+/// that stops in this process closes its rings, which the check's poll
+/// sees; one killed with SIGKILL leaves them open and is found by the
+/// check's look at its unix socket, which scenario 3 of
+/// `pfs-server/tests/cluster.rs` covers: it fails without that look.)
+#[test]
+fn an_idle_shm_link_notices_its_server_died() {
+    init_log();
+    let server = Server::echo(key(1));
+    let mut c = RpcClient::connect(server.addr, key(1), opts(TransportKind::Auto)).unwrap();
+    assert_eq!(c.qp().unwrap().backend(), Backend::Shm);
+    c.call(&write_frame(vec![1]), Duration::from_secs(5)).unwrap();
+    drop(server);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.qp().is_some() {
+        assert!(Instant::now() < deadline, "the dead server was not noticed");
+        std::thread::sleep(Duration::from_millis(5));
+        c.check_peer();
+    }
+}
+
 fn raw_authenticated(addr: std::net::SocketAddr) -> (TcpStream, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
