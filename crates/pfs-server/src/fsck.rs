@@ -12,6 +12,9 @@
 //!   nowhere and is not being freed;
 //! - every directory is reached from the root (a cycle of directory names
 //!   is reported, with no repair);
+//! - every name is on the shard its directory's layout places it on (one
+//!   elsewhere is found by no lookup or listing; reported, with no repair,
+//!   when the shards given are the whole cluster);
 //! - no participant record of a cross-shard transaction whose coordinator
 //!   forgot it (leaked), and what each shard finds alone (a name whose type
 //!   differs from its inode's, attributes of a missing inode).
@@ -24,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
-use pfs_core::{FileType, InodeId, ServerConfig, ShardId};
+use pfs_core::{ClientId, DirLayout, FileType, InodeId, Route, RouteKey, ServerConfig, ShardId};
 use pfs_store::device::UringDevice;
 use pfs_store::shard::check::{Census, CensusInode, CensusName};
 use pfs_store::Shard;
@@ -161,7 +164,18 @@ fn renamed_away(censuses: &[Census]) -> BTreeSet<(ShardId, InodeId, Vec<u8>, Ino
 }
 
 /// Checks the censuses of the shards given (see the module docs).
-fn analyse(censuses: &[Census]) -> Report {
+/// The shard a name of `parent` (whose layout is `layout`) lives on in a
+/// cluster of `servers` x `workers`: where lookups and listings look for it.
+fn name_shard(parent: InodeId, layout: DirLayout, name: &[u8], shape: (u32, u32)) -> ShardId {
+    let (servers, workers) = shape;
+    let key = RouteKey::Dentry { parent, layout, name };
+    let at = Route::new(key.lambda(servers, workers), ClientId(0), servers, workers);
+    pfs_core::routing::shard_of(at.server, at.proc_worker, workers)
+}
+
+/// `shape`: servers x workers of the cluster, when every shard is given (a
+/// name's place is checked only then).
+fn analyse(censuses: &[Census], shape: Option<(u32, u32)>) -> Report {
     let mut r = Report::default();
     let pending = pending_follow_ups(censuses);
     if pending.count > 0 {
@@ -196,6 +210,10 @@ fn analyse(censuses: &[Census]) -> Report {
             r.findings.push(Finding { what: format!("shard {}: {p}", c.shard), repair: None });
         }
     }
+    // Names where their directory's layout does not place them; reported
+    // only when no reference leads out of the shards given (then they are
+    // the whole cluster, and `shape` is its shape).
+    let mut misplaced = Vec::new();
     for c in censuses {
         for n in &c.names {
             if leaving.contains(&(c.shard, n.parent, n.name.clone(), n.ino)) {
@@ -233,6 +251,28 @@ fn analyse(censuses: &[Census]) -> Report {
                         ),
                         repair: Some(remove),
                     }),
+                    Some((_, p))
+                        if p.kind == FileType::Directory
+                            && n.name.len() <= pfs_core::NAME_MAX
+                            && shape.is_some_and(|shape| {
+                                all_present
+                                    && name_shard(n.parent, p.dir_layout, &n.name, shape) != c.shard
+                            }) =>
+                    {
+                        let shape = shape.expect("checked above");
+                        misplaced.push(Finding {
+                            what: format!(
+                                "shard {}: name {} in directory {} lies where its layout ({}) \
+                                 does not look for it (shard {}): lookups and listings miss it",
+                                c.shard,
+                                show(&n.name),
+                                n.parent,
+                                pfs_store::shard::meta::dir_layout_name(p.dir_layout),
+                                name_shard(n.parent, p.dir_layout, &n.name, shape)
+                            ),
+                            repair: None,
+                        })
+                    }
                     Some((_, p)) if p.kind != FileType::Directory => r.findings.push(Finding {
                         what: format!(
                             "shard {}: name {} is in inode {}, a {:?}",
@@ -247,6 +287,9 @@ fn analyse(censuses: &[Census]) -> Report {
                 }
             }
         }
+    }
+    if r.unverified == 0 {
+        r.findings.extend(misplaced);
     }
     if all_present {
         let mut sorted: Vec<_> = inodes.values().collect();
@@ -473,6 +516,10 @@ pub fn run(configs: &[ServerConfig], repair: bool, out: &mut dyn Write) -> Resul
         locks.push(lock);
     }
     shards.sort_by_key(|s| s.id());
+    // Every server runs the same number of workers (the master refuses
+    // others); with every server's config given, this is the cluster's shape.
+    let workers = configs.first().map_or(1, |c| c.workers.max(1));
+    let shape = (!configs.is_empty()).then(|| (configs.len() as u32, workers));
     say!(out, "pfs fsck: {} shards of {} server(s), logs replayed", shards.len(), configs.len());
     let mut repaired = 0usize;
     // A repair can uncover more (a name removed leaves its inode an orphan),
@@ -482,7 +529,7 @@ pub fn run(configs: &[ServerConfig], repair: bool, out: &mut dyn Write) -> Resul
             .iter_mut()
             .map(|s| s.census().map_err(|e| format!("shard {}: {e}", s.id())))
             .collect::<Result<_, _>>()?;
-        let report = analyse(&censuses);
+        let report = analyse(&censuses, shape);
         if pass == 0 {
             say!(out, "pfs fsck: {} inodes, {} names", report.inodes, report.names);
             for n in &report.notes {
@@ -546,11 +593,61 @@ mod tests {
     }
 
     fn inode(ino: InodeId, kind: FileType, nlink: u32) -> CensusInode {
-        CensusInode { ino, kind, nlink, parent: InodeId::ROOT }
+        CensusInode { ino, kind, nlink, parent: InodeId::ROOT, dir_layout: DirLayout::BigDir }
     }
 
     fn name(parent: InodeId, n: &str, ino: InodeId, kind: FileType) -> CensusName {
         CensusName { parent, name: n.as_bytes().to_vec(), ino, kind }
+    }
+
+    /// A name on a shard where its directory's layout does not place it
+    /// (lookups and listings would never find it) is reported, without a
+    /// repair; names where the layout puts them are not.
+    #[test]
+    fn a_name_where_its_directory_layout_does_not_look_is_found() {
+        use FileType::{Directory as D, Regular as F};
+        let shape = (1, 2);
+        let (big, reg) = (ino(0, 2), ino(0, 3));
+        let mut reg_inode = inode(reg, D, 2);
+        reg_inode.dir_layout = DirLayout::Regular;
+        let on = |parent, layout, n: &str| name_shard(parent, layout, n.as_bytes(), shape).0;
+        let names: Vec<String> = (0..32).map(|k| format!("n{k}")).collect();
+        let right = names.iter().find(|n| on(big, DirLayout::BigDir, n) == 1).unwrap();
+        // Belongs on shard 1 too, and will be put on shard 0.
+        let wrong = names.iter().filter(|n| on(big, DirLayout::BigDir, n) == 1).nth(1).unwrap();
+        let root_names: Vec<_> =
+            ["big", "reg"].iter().map(|n| (on(InodeId::ROOT, DirLayout::BigDir, n), *n)).collect();
+        let (f1, f2, f3) = (ino(1, 2), ino(1, 3), ino(0, 4));
+        let mut s0 = Census {
+            shard: ShardId(0),
+            inodes: vec![inode(InodeId::ROOT, D, 4), inode(big, D, 2), reg_inode, inode(f3, F, 1)],
+            // A regular directory's names live at its home, shard 0.
+            names: vec![name(reg, "kept", f3, F)],
+            ..Census::default()
+        };
+        let mut s1 = Census {
+            shard: ShardId(1),
+            inodes: vec![inode(f1, F, 1), inode(f2, F, 1)],
+            names: vec![name(big, right, f1, F), name(reg, "stranded", f2, F)],
+            ..Census::default()
+        };
+        for (shard, n) in root_names {
+            let dir = if n == "big" { big } else { reg };
+            let s = if shard == 0 { &mut s0 } else { &mut s1 };
+            s.names.push(name(InodeId::ROOT, n, dir, D));
+        }
+        let r = analyse(&[s0.clone(), s1.clone()], Some(shape));
+        let found: Vec<&str> = r.findings.iter().map(|f| f.what.as_str()).collect();
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert!(found[0].contains("\"stranded\"") && found[0].contains("(regular)"), "{found:?}");
+        assert!(r.findings[0].repair.is_none());
+        // A bigdir name on the wrong shard, too; and nothing without the shape.
+        let f4 = ino(0, 5);
+        s0.inodes.push(inode(f4, F, 1));
+        s0.names.push(name(big, wrong, f4, F));
+        let r = analyse(&[s0.clone(), s1.clone()], Some(shape));
+        assert_eq!(r.findings.len(), 2, "{:#?}", r.findings);
+        assert!(analyse(&[s0, s1], None).findings.is_empty());
     }
 
     #[test]
@@ -574,7 +671,7 @@ mod tests {
             trims: [freeing].into(),
             ..Census::default()
         };
-        let r = analyse(&[s0, s1]);
+        let r = analyse(&[s0, s1], None);
         let repairs: Vec<Repair> = r.findings.iter().filter_map(|f| f.repair.clone()).collect();
         let want = [
             Repair::RemoveName { shard: ShardId(1), parent: gone_dir, name: b"x".to_vec() },
@@ -619,7 +716,7 @@ mod tests {
             names: vec![name(a, "b", b, D), name(a, "under", under, D)],
             ..Census::default()
         };
-        let r = analyse(&[s0, s1]);
+        let r = analyse(&[s0, s1], None);
         let found: Vec<&str> = r.findings.iter().map(|f| f.what.as_str()).collect();
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("cycle"), "{found:?}");
@@ -658,7 +755,7 @@ mod tests {
                 txns: answer.map_or(vec![], |a| vec![((1 << 63) | 7, a)]),
                 ..Census::default()
             };
-            analyse(&[s0, s1])
+            analyse(&[s0, s1], None)
         };
         let r = census(Some(vec![0; 26]));
         assert!(r.findings.is_empty(), "{:?}", r.findings);
@@ -679,7 +776,7 @@ mod tests {
             names: vec![name(ino(0, 2), "a", ino(0, 3), FileType::Regular)],
             ..Census::default()
         };
-        let r = analyse(&[s1]);
+        let r = analyse(&[s1], None);
         assert!(r.findings.is_empty(), "{:?}", r.findings);
         assert_eq!(r.unverified, 1);
         assert!(r.notes.iter().any(|n| n.contains("not every shard")));
@@ -710,7 +807,7 @@ mod tests {
                 ],
                 ..Census::default()
             };
-            analyse(&[s0, s1])
+            analyse(&[s0, s1], None)
         };
         let r = census(0);
         assert!(r.findings.is_empty(), "{:?}", r.findings);

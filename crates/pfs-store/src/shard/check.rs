@@ -27,6 +27,8 @@ pub struct CensusInode {
     pub nlink: u32,
     /// The directory that holds its (last) name.
     pub parent: InodeId,
+    /// Its metadata layout (where a directory's names live).
+    pub dir_layout: pfs_core::DirLayout,
 }
 
 /// One name.
@@ -74,6 +76,7 @@ impl<D: Device> Shard<D> {
                 kind: inode.kind,
                 nlink: inode.nlink,
                 parent: inode.parent,
+                dir_layout: inode.dir_layout,
             });
             if let Some(run) = inode.first_block {
                 *c.data.entry(ino).or_default() += u64::from(run.pages);
