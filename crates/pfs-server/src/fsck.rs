@@ -519,7 +519,7 @@ pub fn run(configs: &[ServerConfig], repair: bool, out: &mut dyn Write) -> Resul
     // Every server runs the same number of workers (the master refuses
     // others); with every server's config given, this is the cluster's shape.
     let workers = configs.first().map_or(1, |c| c.workers.max(1));
-    let shape = (!configs.is_empty()).then(|| (configs.len() as u32, workers));
+    let shape = (!configs.is_empty()).then_some((configs.len() as u32, workers));
     say!(out, "pfs fsck: {} shards of {} server(s), logs replayed", shards.len(), configs.len());
     let mut repaired = 0usize;
     // A repair can uncover more (a name removed leaves its inode an orphan),
