@@ -330,6 +330,24 @@ fn a_server_moves(c: &mut ClusterProcs) {
         }
     }
     println!("moved: server {moved} from {old} to {new}, followed by clients and servers");
+
+    // Without the root's server nothing is reachable: a client connecting
+    // then fails at once, naming it, instead of waiting out its requests.
+    drop((early, late, check));
+    c.kill_server(0);
+    let mut o = pfs_client::ClusterOptions::new(
+        c.master_addr,
+        pfs_net::ClusterKey::load(&c.dir.join("cluster.key")).unwrap(),
+    );
+    o.request_timeout = Duration::from_secs(20);
+    let started = Instant::now();
+    let e = pfs_client::Cluster::connect(o).expect_err("the root's server is down");
+    assert!(e.to_string().contains("server 0"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    let before = c.serving_lines(0);
+    c.servers[0] = Some(c.spawn_server(0, &[]));
+    c.wait_serving(0, before);
+    c.wait_registered(SERVERS);
 }
 
 fn main() {
