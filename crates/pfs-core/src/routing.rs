@@ -133,6 +133,21 @@ pub fn home_of(ino: InodeId, servers: u32, workers: u32) -> (ServerId, WorkerId)
     (ServerId((g / u64::from(workers)) as u32), WorkerId((g % u64::from(workers)) as u32))
 }
 
+/// The global shard that holds name `name` of directory `parent` (of
+/// metadata layout `layout`) in a cluster of `servers` x `workers`: where
+/// lookups and listings look for it.
+pub fn dentry_shard(
+    parent: InodeId,
+    layout: DirLayout,
+    name: &[u8],
+    servers: u32,
+    workers: u32,
+) -> crate::ShardId {
+    let key = RouteKey::Dentry { parent, layout, name };
+    let at = Route::new(key.lambda(servers, workers), ClientId(0), servers, workers);
+    shard_of(at.server, at.proc_worker, workers)
+}
+
 /// The global shard id of `worker` on `server`.
 pub fn shard_of(server: ServerId, worker: WorkerId, workers: u32) -> crate::ShardId {
     crate::ShardId(server.0 * workers + worker.0)

@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 
-use pfs_core::{ClientId, DirLayout, FileType, InodeId, Route, RouteKey, ServerConfig, ShardId};
+use pfs_core::{DirLayout, FileType, InodeId, ServerConfig, ShardId};
 use pfs_store::device::UringDevice;
 use pfs_store::shard::check::{Census, CensusInode, CensusName};
 use pfs_store::Shard;
@@ -167,10 +167,7 @@ fn renamed_away(censuses: &[Census]) -> BTreeSet<(ShardId, InodeId, Vec<u8>, Ino
 /// The shard a name of `parent` (whose layout is `layout`) lives on in a
 /// cluster of `servers` x `workers`: where lookups and listings look for it.
 fn name_shard(parent: InodeId, layout: DirLayout, name: &[u8], shape: (u32, u32)) -> ShardId {
-    let (servers, workers) = shape;
-    let key = RouteKey::Dentry { parent, layout, name };
-    let at = Route::new(key.lambda(servers, workers), ClientId(0), servers, workers);
-    pfs_core::routing::shard_of(at.server, at.proc_worker, workers)
+    pfs_core::routing::dentry_shard(parent, layout, name, shape.0, shape.1)
 }
 
 /// `shape`: servers x workers of the cluster, when every shard is given (a

@@ -282,10 +282,18 @@ impl<D: Device> Shard<D> {
                 Err(e) => Err(e),
             };
         }
-        match self.relaid.dirs.get(&dir) {
-            Some(r) if r.end > self.clock_ns && r.layout != layout => Err(FsError::Misrouted),
+        match self.relaid(dir) {
+            Some(r) if r.layout != layout => Err(FsError::Misrouted),
             _ => Ok(()),
         }
+    }
+
+    /// `dir`'s layout change this shard still remembers (`relaid_dir`).
+    fn relaid(&self, dir: InodeId) -> Option<&Relayout> {
+        if self.relaid.dirs.is_empty() {
+            return None;
+        }
+        self.relaid.dirs.get(&dir).filter(|r| r.end > self.clock_ns)
     }
 
     /// `Misrouted` when directory `dir`'s layout changed lately and its new
@@ -294,18 +302,11 @@ impl<D: Device> Shard<D> {
     /// the source of a rename), and is told to route again instead of
     /// hearing `NotFound` for a name that exists.
     pub fn check_name_placed(&self, dir: InodeId, name: &[u8]) -> FsResult<()> {
-        if !self.relaid.dirs.is_empty() {
-            if let Some(r) = self.relaid.dirs.get(&dir).filter(|r| r.end > self.clock_ns) {
-                if name.len() <= pfs_core::NAME_MAX && r.servers > 0 && r.workers > 0 {
-                    let key = pfs_core::RouteKey::Dentry { parent: dir, layout: r.layout, name };
-                    let lambda = key.lambda(r.servers, r.workers);
-                    let at =
-                        pfs_core::Route::new(lambda, pfs_core::ClientId(0), r.servers, r.workers);
-                    let shard = pfs_core::routing::shard_of(at.server, at.proc_worker, r.workers);
-                    if shard != self.id() {
-                        return Err(FsError::Misrouted);
-                    }
-                }
+        let Some(r) = self.relaid(dir) else { return Ok(()) };
+        if name.len() <= pfs_core::NAME_MAX && r.servers > 0 && r.workers > 0 {
+            let shard = pfs_core::routing::dentry_shard(dir, r.layout, name, r.servers, r.workers);
+            if shard != self.id() {
+                return Err(FsError::Misrouted);
             }
         }
         Ok(())
