@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use common::*;
 use pfs_client::FileSystem;
+use pfs_core::routing::dentry_shard;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
-use pfs_core::{FileType, FsError, InodeId, SetAttr};
+use pfs_core::{DirLayout, FileType, FsError, InodeId, SetAttr};
 
 fn write_file(fs: &dyn FileSystem, parent: InodeId, name: &str, data: &[u8]) -> InodeId {
     let (attr, fh) = fs.create(parent, name.as_bytes(), 0o644, 0, 0, 0).unwrap();
@@ -1086,7 +1087,19 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
             // Within the second B still has the old layout cached.
             let mut names = Vec::new();
             for k in 0..8 {
-                let n = format!("{kind}{k}");
+                let mut n = format!("{kind}{k}");
+                if kind == "mkdir" {
+                    // Half of them on a shard both layouts place them on
+                    // (nothing refuses those), half elsewhere.
+                    let same = |n: &str| {
+                        let at = |l| dentry_shard(d.ino, l, n.as_bytes(), 2, 2);
+                        at(DirLayout::Regular) == at(DirLayout::BigDir)
+                    };
+                    n = (0..)
+                        .map(|j| format!("{kind}{k}-{j}"))
+                        .find(|n| same(n) == (k % 2 == 0))
+                        .unwrap();
+                }
                 match kind {
                     "create" => {
                         write_file(&b, d.ino, &n, n.as_bytes());
@@ -1109,8 +1122,12 @@ fn names_made_by_a_client_that_cached_the_old_layout_land_where_the_new_one_look
                             .unwrap_or_else(|e| panic!("{to}: link {n}: {e}"));
                     }
                     "mkdir" => {
-                        b.mkdir(d.ino, n.as_bytes(), 0o755, 0, 0)
+                        let sub = b
+                            .mkdir(d.ino, n.as_bytes(), 0o755, 0, 0)
                             .unwrap_or_else(|e| panic!("{to}: mkdir {n}: {e}"));
+                        // It inherits the new layout, not the one B cached.
+                        let got = c.getxattr(sub.ino, b"user.pfs.dir_layout").unwrap();
+                        assert_eq!(got, to.as_bytes(), "{to}: {n}'s layout");
                     }
                     // Names A made by the new layout, which B looks for by
                     // the old one: found, and removed, all the same.

@@ -584,12 +584,17 @@ impl Cluster {
         }
     }
 
-    /// Makes the new entry `name` in `parent` with `req` (mknod, mkdir,
-    /// symlink) on the name's shard; its attributes.
-    fn add_entry(&self, parent: InodeId, name: &[u8], req: Request) -> FsResult<FileAttr> {
+    /// Makes the new entry `name` in `parent` with the request `req` makes
+    /// for each try (mknod, mkdir, symlink) on the name's shard; its attributes.
+    fn add_entry(
+        &self,
+        parent: InodeId,
+        name: &[u8],
+        req: impl Fn() -> FsResult<Request>,
+    ) -> FsResult<FileAttr> {
         self.rerouting(&[parent], || {
             let at = self.route(self.dentry_key(parent, name)?);
-            let reply = self.call_to(at.server, at.proc_worker, req.clone())?;
+            let reply = self.call_to(at.server, at.proc_worker, req()?)?;
             self.touch_parent(parent, &at);
             self.entry_attr(reply)
         })
@@ -1044,7 +1049,7 @@ impl FileSystem for Cluster {
         rdev: u32,
     ) -> FsResult<FileAttr> {
         let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
-        self.add_entry(parent, name, req)
+        self.add_entry(parent, name, || Ok(req.clone()))
     }
 
     fn mkdir(
@@ -1055,9 +1060,12 @@ impl FileSystem for Cluster {
         uid: u32,
         gid: u32,
     ) -> FsResult<FileAttr> {
-        let layout = self.layout_of(parent)?;
-        let req = Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout };
-        self.add_entry(parent, name, req)
+        // The layout is fetched anew for each try: a directory made with the
+        // parent's old layout after a change would keep it.
+        self.add_entry(parent, name, || {
+            let layout = self.layout_of(parent)?;
+            Ok(Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout })
+        })
     }
 
     fn symlink(
@@ -1070,7 +1078,7 @@ impl FileSystem for Cluster {
     ) -> FsResult<FileAttr> {
         let req =
             Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
-        self.add_entry(parent, name, req)
+        self.add_entry(parent, name, || Ok(req.clone()))
     }
 
     fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> FsResult<FileAttr> {

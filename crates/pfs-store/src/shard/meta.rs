@@ -259,8 +259,13 @@ impl<D: Device> Shard<D> {
         self.reserve_table_bytes(tables::dentry_bytes(name) + tables::INODE_BYTES)?;
         let now = self.now();
         let parent_inode = self.new_entry_parent(parent)?;
-        let (dir_layout, file_layout) =
+        let (mut dir_layout, file_layout) =
             args.layout.or(parent_inode.map(|p| (p.dir_layout, p.file_layout))).unwrap_or_default();
+        if args.kind == FileType::Directory {
+            // A client that cached the parent's layout from before its change
+            // sends the old one; this shard knows better for a minute.
+            dir_layout = self.relaid_layout(parent).unwrap_or(dir_layout);
+        }
         let child = Inode {
             ino: InodeId(0),
             parent,

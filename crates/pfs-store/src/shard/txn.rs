@@ -288,6 +288,12 @@ impl<D: Device> Shard<D> {
         }
     }
 
+    /// The layout `dir` changed to lately, while this shard remembers it
+    /// (`relaid_dir`).
+    pub(super) fn relaid_layout(&self, dir: InodeId) -> Option<pfs_core::DirLayout> {
+        self.relaid(dir).map(|r| r.layout)
+    }
+
     /// `dir`'s layout change this shard still remembers (`relaid_dir`).
     fn relaid(&self, dir: InodeId) -> Option<&Relayout> {
         if self.relaid.dirs.is_empty() {
