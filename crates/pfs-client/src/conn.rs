@@ -180,6 +180,21 @@ impl Conn {
         self.send_by(timeout, |rpc, deadline| rpc.send_to(&frame, worker, deadline))
     }
 
+    /// [`send`](Self::send), but to a server that may be down: while it cannot
+    /// be reached, one more try after asking where it listens now, and then
+    /// the error, instead of trying again until `timeout` (`statfs` sums the
+    /// servers that answer).
+    pub fn send_if_reachable(
+        &self,
+        req: Request,
+        worker: u16,
+        timeout: Duration,
+    ) -> FsResult<Sent> {
+        let frame =
+            Frame { request_id: RequestId(0), client: ClientId(0), body: Body::Request(req) };
+        self.send_within(timeout, 1, |rpc, deadline| rpc.send_to(&frame, worker, deadline))
+    }
+
     /// Sends `req` and waits for its answer ([`send`](Self::send), then
     /// [`wait_answer`](Self::wait_answer)). On a shared-memory connection to a
     /// server in this process whose worker is parked, this thread runs the
@@ -310,6 +325,17 @@ impl Conn {
     fn send_by(
         &self,
         timeout: Duration,
+        send: impl FnMut(&mut RpcClient, Instant) -> Result<RequestId, NetError>,
+    ) -> FsResult<Sent> {
+        self.send_within(timeout, usize::MAX, send)
+    }
+
+    /// [`send_by`](Self::send_by), trying again at most `reconnects` times
+    /// while the server cannot be reached.
+    fn send_within(
+        &self,
+        timeout: Duration,
+        mut reconnects: usize,
         mut send: impl FnMut(&mut RpcClient, Instant) -> Result<RequestId, NetError>,
     ) -> FsResult<Sent> {
         let deadline = Instant::now() + timeout;
@@ -321,7 +347,10 @@ impl Conn {
                     drop(rpc);
                     std::thread::sleep(Duration::from_micros(200));
                 }
-                Err(NetError::Disconnected { .. }) if Instant::now() < deadline => {
+                Err(NetError::Disconnected { .. })
+                    if Instant::now() < deadline && reconnects > 0 =>
+                {
+                    reconnects -= 1;
                     drop(rpc);
                     self.follow_move(deadline);
                     std::thread::sleep(Duration::from_micros(200));

@@ -1241,22 +1241,48 @@ impl FileSystem for Cluster {
         self.release_handle(fh)
     }
 
+    /// The sum over the servers that can be reached: one that is down (its
+    /// connection cannot be made) is left out at once rather than waited for
+    /// up to the request timeout, and named in the log. `EIO` when none
+    /// answers.
     fn statfs(&self) -> FsResult<StatFs> {
         let mut sent = Vec::new();
+        let mut down: Vec<(ServerId, FsError)> = Vec::new();
         for (s, w) in self.placement.all_shards() {
-            sent.push(self.send_to(s, w, Request::StatFs)?);
+            if down.iter().any(|(d, _)| *d == s) {
+                continue;
+            }
+            let timeout = self.opts.request_timeout;
+            match self.conns[s.0 as usize].send_if_reachable(Request::StatFs, w.0 as u16, timeout) {
+                Ok(x) => {
+                    self.count_sent(s, w);
+                    sent.push((s, x));
+                }
+                Err(e) => down.push((s, e)),
+            }
         }
         let mut total: Option<StatFs> = None;
         for (s, x) in sent {
-            match self.conns[s].wait(x)? {
-                Reply::StatFs(st) => match total.as_mut() {
+            match self.conns[s.0 as usize].wait(x) {
+                Ok(Reply::StatFs(st)) => match total.as_mut() {
                     Some(t) => t.merge(&st),
                     None => total = Some(st),
                 },
-                other => return Err(unexpected(other)),
+                Ok(other) => return Err(unexpected(other)),
+                // Went down since: left out as well.
+                Err(e @ FsError::Io(_)) if !down.iter().any(|(d, _)| *d == s) => down.push((s, e)),
+                Err(FsError::Io(_)) => {}
+                Err(e) => return Err(e),
             }
         }
-        total.ok_or_else(|| FsError::Io("the cluster has no shards".into()))
+        for (s, e) in &down {
+            log::warn!("statfs: server {} left out of the totals: {e}", s.0);
+        }
+        match (total, down.into_iter().next()) {
+            (Some(t), _) => Ok(t),
+            (None, Some((_, e))) => Err(e),
+            (None, None) => Err(FsError::Io("the cluster has no shards".into())),
+        }
     }
 
     fn getxattr(&self, ino: InodeId, name: &[u8]) -> FsResult<Vec<u8>> {
