@@ -468,6 +468,69 @@ fn stat_through_statahead_follows_changes() {
     assert!(answered >= 200, "answered {answered}: {stderr}");
 }
 
+/// A directory another client (the FUSE mount) removes, or renames away, and
+/// makes again while this process has its name cached, used here at once:
+/// mdtest's iterations, or a job whose first rank clears its output
+/// directory before a barrier. Names must lead to the new directory, and
+/// unlink, rename and stat too.
+const PYTHON_MADE_AGAIN: &str = r#"
+import os, sys
+pfs, mnt = sys.argv[1], sys.argv[2]
+os.mkdir(f'{mnt}/again')
+for r in range(20):
+    a, b = f'{mnt}/again/out', f'{pfs}/again/out'
+    os.mkdir(a)
+    with open(f'{a}/x', 'wb') as f:
+        f.write(b'x')
+    with open(f'{b}/x', 'rb') as f:
+        assert f.read() == b'x', r
+    if r % 2 == 0:
+        os.unlink(f'{a}/x')
+        os.rmdir(a)
+    else:
+        # Renamed away: the old directory lives on (empty at the end).
+        os.rename(a, f'{a}.{r}')
+        os.unlink(f'{a}.{r}/x')
+    os.mkdir(a)
+    for n in ('y', 'z', 'u'):
+        with open(f'{a}/{n}', 'wb') as f:
+            f.write(n.encode())
+    step = r % 5
+    if step == 0:
+        with open(f'{b}/f', 'wb') as f:
+            f.write(b'f')
+        with open(f'{a}/f', 'rb') as f:
+            assert f.read() == b'f', r
+    elif step == 1:
+        with open(f'{b}/y', 'rb') as f:
+            assert f.read() == b'y', r
+    elif step == 2:
+        os.mkdir(f'{b}/sub')
+        assert os.path.isdir(f'{a}/sub'), r
+    elif step == 3:
+        os.unlink(f'{b}/z')
+        assert not os.path.exists(f'{a}/z'), r
+    else:
+        os.rename(f'{b}/u', f'{b}/v')
+        assert os.path.exists(f'{a}/v'), r
+    assert os.stat(f'{b}/y').st_size == 1, r
+    for n in os.listdir(a):
+        p = f'{a}/{n}'
+        os.rmdir(p) if os.path.isdir(p) else os.unlink(p)
+    os.rmdir(a)
+    if r % 2 == 1:
+        assert os.listdir(f'{a}.{r}') == [], (r, os.listdir(f'{a}.{r}'))
+        os.rmdir(f'{a}.{r}')
+print('made again ok')
+"#;
+
+#[test]
+fn a_directory_made_again_by_another_client_is_found_at_once() {
+    let c = Cluster::start("made-again");
+    let args = [c.pfs.to_str().unwrap(), c.mnt.to_str().unwrap()];
+    python_stats(&c, PYTHON_MADE_AGAIN, &args, "made again ok");
+}
+
 /// Files created and closed without a write: a `stat` of each right after is
 /// answered from its create (the close changed nothing); one written before
 /// its close is not (its size is the written one).

@@ -65,6 +65,11 @@ pub enum FsError {
     /// never reaches a program (which would see `EAGAIN` if it did).
     #[error("the name belongs to another shard: the directory's layout changed")]
     Misrouted,
+    /// The directory named was removed (another client removed it, perhaps
+    /// made another of the same name): the caller's name for it is stale.
+    /// `ESTALE`, on which the kernel looks the path up again from the start.
+    #[error("stale file handle: the directory was removed")]
+    Stale,
 }
 
 impl FsError {
@@ -92,6 +97,7 @@ impl FsError {
             // On the wire only: a client turns it into `TryAgain` if it ever
             // gives up rerouting (`Cluster::rerouting`).
             FsError::Misrouted => libc::EREMCHG,
+            FsError::Stale => libc::ESTALE,
         }
     }
 
@@ -127,6 +133,7 @@ impl FsError {
             libc::EIO => FsError::Io(detail.to_owned()),
             libc::EMLINK => FsError::TooManyLinks,
             libc::EREMCHG => FsError::Misrouted,
+            libc::ESTALE => FsError::Stale,
             other => FsError::Io(format!("errno {other}: {detail}")),
         }
     }
@@ -168,6 +175,8 @@ mod tests {
             FsError::TimedOut,
             FsError::Io("disk".into()),
             FsError::TooManyLinks,
+            FsError::Misrouted,
+            FsError::Stale,
         ];
         for e in all {
             assert_eq!(FsError::from_errno(e.errno(), e.detail()), e);

@@ -67,6 +67,7 @@ fn main() {
         ),
         ("page_cache_follows_versions", "", page_cache_follows_versions),
         ("small_files_close_to_open", "", small_files_close_to_open),
+        ("a_directory_made_again_by_another_mount", "", a_directory_made_again_by_another_mount),
     ];
     for (name, b_opts, case) in two_mount_cases {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -729,6 +730,50 @@ fn kernel_cache_lifetimes(a: &Path, b: &Path) {
         0o640,
         "attr_timeout=0: B's kernel asked for the attributes again"
     );
+}
+
+/// mdtest's iterations, and any job whose first rank clears a directory and
+/// makes it again before a barrier: A removes a directory B's kernel and
+/// client know (or, every other round, renames it away), makes one of the
+/// same name, and B works in it at once (no time for B to hear of it
+/// unasked). B's names must lead to the new one.
+fn a_directory_made_again_by_another_mount(a: &Path, b: &Path) {
+    for round in 0..20 {
+        let (da, db) = (a.join("out"), b.join("out"));
+        fs::create_dir(&da).unwrap();
+        fs::write(da.join("x"), b"x").unwrap();
+        // B's kernel and client learn `out`.
+        assert_eq!(fs::read(db.join("x")).unwrap(), b"x", "round {round}");
+        if round % 2 == 0 {
+            fs::remove_file(da.join("x")).unwrap();
+            fs::remove_dir(&da).unwrap();
+        } else {
+            // The old directory lives on, under another name.
+            fs::rename(&da, a.join(format!("old{round}"))).unwrap();
+        }
+        fs::create_dir(&da).unwrap();
+        fs::write(da.join("y"), b"y").unwrap();
+        let f = format!("f{round}");
+        let made = fs::write(db.join(&f), b"f");
+        made.unwrap_or_else(|e| panic!("round {round}: a create in B's out: {e}"));
+        let read = fs::read(db.join("y"));
+        assert_eq!(read.unwrap_or_else(|e| panic!("round {round}: y in B's out: {e}")), b"y");
+        assert_eq!(fs::read(da.join(&f)).unwrap(), b"f", "round {round}: B's file in A's out");
+        let made = fs::create_dir(db.join("sub"));
+        made.unwrap_or_else(|e| panic!("round {round}: a mkdir in B's out: {e}"));
+        fs::remove_dir(da.join("sub")).unwrap();
+        fs::remove_file(da.join(&f)).unwrap();
+        fs::remove_file(da.join("y")).unwrap();
+        fs::remove_dir(&da).unwrap();
+        if round % 2 == 1 {
+            let old = a.join(format!("old{round}"));
+            let left: Vec<_> =
+                fs::read_dir(&old).unwrap().map(|e| e.unwrap().file_name()).collect();
+            assert_eq!(left, ["x"], "round {round}: B's names went into the renamed directory");
+            fs::remove_file(old.join("x")).unwrap();
+            fs::remove_dir(&old).unwrap();
+        }
+    }
 }
 
 /// Pages of `path` in the kernel's page cache right after an open of it (the

@@ -411,7 +411,7 @@ fn bad_frames_disconnect_only_their_sender() {
             false,
             "bad magic 0x20544547",
         ),
-        ("wrong version", wrong_version, false, "frame header: protocol version 9, expected 6"),
+        ("wrong version", wrong_version, false, "frame header: protocol version 9, expected 7"),
         (
             "oversize",
             oversize,

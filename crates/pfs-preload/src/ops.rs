@@ -309,6 +309,22 @@ fn name_changed(dir: InodeId, name: &[u8]) {
 }
 
 fn walk(fs: &Fs, abs: &[u8], follow: bool, look: Last) -> Res<Found> {
+    again_if_stale(|| walk_once(fs, abs, follow, look))
+}
+
+/// Runs path operation `op` once more if it met a directory removed since
+/// this process learnt its name (`ESTALE`: another client removed it, and
+/// perhaps made another of the same name). The client dropped every cached
+/// name leading to it, so the second walk asks the servers, as the kernel
+/// walks a path again with `LOOKUP_REVAL` (docs/posix.md).
+fn again_if_stale<T>(mut op: impl FnMut() -> Res<T>) -> Res<T> {
+    match op() {
+        Err(libc::ESTALE) => op(),
+        r => r,
+    }
+}
+
+fn walk_once(fs: &Fs, abs: &[u8], follow: bool, look: Last) -> Res<Found> {
     let mut links = 0;
     // The path as given is walked without a copy; one a symbolic link on the
     // way leads to is the walk's own.
@@ -721,12 +737,18 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
         if wants_dir(&abs) {
             return Err(libc::EISDIR);
         }
-        let p = resolve_parent(&fs, &abs)?;
-        if p.name.is_empty() {
-            return Err(if flags & libc::O_EXCL != 0 { libc::EEXIST } else { libc::EISDIR });
-        }
         let perm = (mode & 0o7777 & !umask()) as u16;
-        let created = fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32);
+        let create = || {
+            let p = resolve_parent(&fs, &abs)?;
+            if p.name.is_empty() {
+                return Err(if flags & libc::O_EXCL != 0 { libc::EEXIST } else { libc::EISDIR });
+            }
+            match fs.fs.create(p.parent, &p.name, perm, euid(), egid(), flags as u32) {
+                Err(FsError::Stale) => Err(libc::ESTALE),
+                created => Ok((p, created)),
+            }
+        };
+        let (p, created) = again_if_stale(create)?;
         match created {
             Ok((attr, fh)) => {
                 // A `stat` of it before it changes is answered from these, as
@@ -1158,29 +1180,33 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
 /// `mkdir(2)`.
 pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
     let fs = Fs::get()?;
-    let p = resolve_parent(&fs, abs)?;
-    if p.name.is_empty() {
-        return Err(libc::EEXIST);
-    }
-    let perm = (mode & 0o7777 & !umask()) as u16;
-    let r = fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid());
-    name_changed(p.parent, &p.name);
-    r.map(|_| ()).map_err(errno)
+    again_if_stale(|| {
+        let p = resolve_parent(&fs, abs)?;
+        if p.name.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        let perm = (mode & 0o7777 & !umask()) as u16;
+        let r = fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid());
+        name_changed(p.parent, &p.name);
+        r.map(|_| ()).map_err(errno)
+    })
 }
 
 /// `rmdir(2)`.
 pub fn rmdir(abs: &[u8]) -> Res<()> {
     let fs = Fs::get()?;
-    let p = resolve_parent(&fs, abs)?;
-    match &p.name[..] {
-        b"" => Err(libc::EBUSY),
-        _ if abs.ends_with(b"/.") => Err(libc::EINVAL),
-        name => {
-            let r = fs.fs.rmdir(p.parent, name);
-            name_changed(p.parent, name);
-            r.map_err(errno)
+    again_if_stale(|| {
+        let p = resolve_parent(&fs, abs)?;
+        match &p.name[..] {
+            b"" => Err(libc::EBUSY),
+            _ if abs.ends_with(b"/.") => Err(libc::EINVAL),
+            name => {
+                let r = fs.fs.rmdir(p.parent, name);
+                name_changed(p.parent, name);
+                r.map_err(errno)
+            }
         }
-    }
+    })
 }
 
 /// `unlink(2)`. A regular file open here keeps its data until its last close,
@@ -1190,13 +1216,15 @@ pub fn unlink(abs: &[u8]) -> Res<()> {
         return Err(libc::ENOTDIR);
     }
     let fs = Fs::get()?;
-    let p = resolve_parent(&fs, abs)?;
-    if p.name.is_empty() {
-        return Err(libc::EISDIR);
-    }
-    let r = unlink_or_hide(&fs, &p);
-    name_changed(p.parent, &p.name);
-    r
+    again_if_stale(|| {
+        let p = resolve_parent(&fs, abs)?;
+        if p.name.is_empty() {
+            return Err(libc::EISDIR);
+        }
+        let r = unlink_or_hide(&fs, &p);
+        name_changed(p.parent, &p.name);
+        r
+    })
 }
 
 /// Unlinks `p`; a regular file open here is renamed to its hidden name instead.
@@ -1238,33 +1266,37 @@ pub fn rename(from: &[u8], to: &[u8], flags: u32) -> Res<()> {
     }
     let flags = RenameFlags::from_bits(flags).ok_or(libc::EINVAL)?;
     let fs = Fs::get()?;
-    let a = resolve_parent(&fs, from)?;
-    let b = resolve_parent(&fs, to)?;
-    if a.name.is_empty() || b.name.is_empty() {
-        return Err(libc::EBUSY);
-    }
-    let r = fs.fs.rename(a.parent, &a.name, b.parent, &b.name, flags);
-    name_changed(a.parent, &a.name);
-    name_changed(b.parent, &b.name);
-    r.map_err(errno)
+    again_if_stale(|| {
+        let a = resolve_parent(&fs, from)?;
+        let b = resolve_parent(&fs, to)?;
+        if a.name.is_empty() || b.name.is_empty() {
+            return Err(libc::EBUSY);
+        }
+        let r = fs.fs.rename(a.parent, &a.name, b.parent, &b.name, flags);
+        name_changed(a.parent, &a.name);
+        name_changed(b.parent, &b.name);
+        r.map_err(errno)
+    })
 }
 
 /// `link(2)`.
 pub fn link(from: &[u8], to: &[u8], follow: bool) -> Res<()> {
     let fs = Fs::get()?;
-    let a = resolve(&fs, from, follow)?.attr.ok_or(libc::ENOENT)?;
-    if a.kind == FileType::Directory {
-        return Err(libc::EPERM);
-    }
-    let b = resolve_parent(&fs, to)?;
-    if b.name.is_empty() {
-        return Err(libc::EEXIST);
-    }
-    let r = fs.fs.link(a.ino, b.parent, &b.name);
-    // The file's link count moved (its other names' attributes).
-    changed(a.ino);
-    name_changed(b.parent, &b.name);
-    r.map(|_| ()).map_err(errno)
+    again_if_stale(|| {
+        let a = resolve(&fs, from, follow)?.attr.ok_or(libc::ENOENT)?;
+        if a.kind == FileType::Directory {
+            return Err(libc::EPERM);
+        }
+        let b = resolve_parent(&fs, to)?;
+        if b.name.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        let r = fs.fs.link(a.ino, b.parent, &b.name);
+        // The file's link count moved (its other names' attributes).
+        changed(a.ino);
+        name_changed(b.parent, &b.name);
+        r.map(|_| ()).map_err(errno)
+    })
 }
 
 /// `symlink(2)`: `abs` becomes a link to `target`.
@@ -1273,13 +1305,15 @@ pub fn symlink(target: &[u8], abs: &[u8]) -> Res<()> {
         return Err(libc::ENOENT);
     }
     let fs = Fs::get()?;
-    let p = resolve_parent(&fs, abs)?;
-    if p.name.is_empty() {
-        return Err(libc::EEXIST);
-    }
-    let r = fs.fs.symlink(p.parent, &p.name, target, euid(), egid());
-    name_changed(p.parent, &p.name);
-    r.map(|_| ()).map_err(errno)
+    again_if_stale(|| {
+        let p = resolve_parent(&fs, abs)?;
+        if p.name.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        let r = fs.fs.symlink(p.parent, &p.name, target, euid(), egid());
+        name_changed(p.parent, &p.name);
+        r.map(|_| ()).map_err(errno)
+    })
 }
 
 /// `readlink(2)`: the target.

@@ -3,6 +3,13 @@
 //! while it holds a read token on `dir`, a lease that expires by itself; a client
 //! about to change such a name takes the write token, and every other holder is
 //! told to drop its cache (`TokenInvalidate`, sent unasked on its connection).
+//! The write token is granted only once each of them acknowledged (gave its
+//! read token back, after dropping its names and telling its kernel) or its
+//! lease ran out: until then the writer is answered `TryAgain` and asks
+//! again, as Lustre's lock callbacks make a writer wait. So no other client
+//! still holds the old name when the change is made: a node told of a
+//! rename only after it (the invalidation was on its way) reached the
+//! renamed directory under the old name.
 //!
 //! Tokens live in memory only: after a restart no one holds one, and every
 //! client's leases run out within `lease`.
@@ -32,6 +39,9 @@ pub const RENAME_LOCK_LEASE: Duration = Duration::from_secs(15);
 #[derive(Debug, Default)]
 struct DirTokens {
     readers: Vec<(ClientId, Instant)>,
+    /// Readers told to drop their names that have not given their token
+    /// back yet, with the end of their lease: a write waits for them.
+    revoked: Vec<(ClientId, Instant)>,
     writer: Option<(ClientId, Instant)>,
 }
 
@@ -51,15 +61,18 @@ impl Tokens {
     }
 
     /// Grants `mode` on `dir` to `client` at `now`. For a write token, returns
-    /// the other clients whose read tokens it revokes (to be sent an invalidation).
+    /// the other clients whose read tokens it revokes (to be sent an
+    /// invalidation), and `TryAgain` instead of the grant while a reader it
+    /// revoked (now or at an earlier try) has not given its token back and
+    /// its lease has not run out; meanwhile no one else gets a read lease.
     pub fn acquire(
         &mut self,
         dir: InodeId,
         client: ClientId,
         mode: TokenMode,
         now: Instant,
-    ) -> (TokenGrant, Vec<ClientId>) {
-        let no_lease = TokenGrant { mode, lease_ms: 0 };
+    ) -> (FsResult<TokenGrant>, Vec<ClientId>) {
+        let no_lease = Ok(TokenGrant { mode, lease_ms: 0 });
         // Taken with `acquire_rename` and the shard's `hold_dir`, never
         // cached under.
         if matches!(
@@ -80,10 +93,7 @@ impl Tokens {
         }
         let lease_ms = self.lease.as_millis() as u32;
         let t = self.dirs.entry(dir).or_default();
-        t.readers.retain(|(_, exp)| *exp > now);
-        if t.writer.is_some_and(|(_, exp)| exp <= now) {
-            t.writer = None;
-        }
+        t.expire(now);
         match mode {
             TokenMode::Read => {
                 if t.writer.is_some_and(|(w, _)| w != client) {
@@ -96,14 +106,24 @@ impl Tokens {
                     None if full => return (no_lease, Vec::new()),
                     None => t.readers.push((client, now + self.lease)),
                 }
-                (TokenGrant { mode, lease_ms }, Vec::new())
+                (Ok(TokenGrant { mode, lease_ms }), Vec::new())
             }
             TokenMode::Write => {
-                let revoked: Vec<ClientId> =
-                    t.readers.iter().map(|(c, _)| *c).filter(|c| *c != client).collect();
-                t.readers.clear();
+                let mut told = Vec::new();
+                for (c, exp) in t.readers.drain(..) {
+                    if c != client {
+                        told.push(c);
+                        t.revoked.retain(|(r, _)| *r != c);
+                        if t.revoked.len() < TOKEN_READERS_MAX {
+                            t.revoked.push((c, exp));
+                        }
+                    }
+                }
                 t.writer = Some((client, now + self.lease));
-                (TokenGrant { mode, lease_ms }, revoked)
+                if t.revoked.iter().any(|(c, _)| *c != client) {
+                    return (Err(FsError::TryAgain), told);
+                }
+                (Ok(TokenGrant { mode, lease_ms }), told)
             }
             TokenMode::Rename
             | TokenMode::Hold
@@ -135,7 +155,12 @@ impl Tokens {
         }
         let Some(t) = self.dirs.get_mut(&dir) else { return };
         match mode {
-            TokenMode::Read => t.readers.retain(|(c, _)| *c != client),
+            // Given back by a reader told to drop its names: its
+            // acknowledgment.
+            TokenMode::Read => {
+                t.readers.retain(|(c, _)| *c != client);
+                t.revoked.retain(|(c, _)| *c != client);
+            }
             TokenMode::Write => {
                 if t.writer.is_some_and(|(w, _)| w == client) {
                     t.writer = None;
@@ -147,7 +172,7 @@ impl Tokens {
             | TokenMode::RelaidRegular
             | TokenMode::RelaidBigDir => {}
         }
-        if t.readers.is_empty() && t.writer.is_none() {
+        if t.is_empty() {
             self.dirs.remove(&dir);
         }
     }
@@ -155,12 +180,23 @@ impl Tokens {
     /// Drops every expired token.
     pub fn expire(&mut self, now: Instant) {
         self.dirs.retain(|_, t| {
-            t.readers.retain(|(_, exp)| *exp > now);
-            if t.writer.is_some_and(|(_, exp)| exp <= now) {
-                t.writer = None;
-            }
-            !t.readers.is_empty() || t.writer.is_some()
+            t.expire(now);
+            !t.is_empty()
         });
+    }
+}
+
+impl DirTokens {
+    fn expire(&mut self, now: Instant) {
+        self.readers.retain(|(_, exp)| *exp > now);
+        self.revoked.retain(|(_, exp)| *exp > now);
+        if self.writer.is_some_and(|(_, exp)| exp <= now) {
+            self.writer = None;
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.readers.is_empty() && self.revoked.is_empty() && self.writer.is_none()
     }
 }
 
@@ -175,15 +211,47 @@ mod tests {
         let mut t = Tokens::new(Duration::from_secs(1));
         let now = Instant::now();
         let (a, b, c) = (ClientId(1), ClientId(2), ClientId(3));
-        assert_eq!(t.acquire(D, a, TokenMode::Read, now).0.lease_ms, 1000);
-        assert_eq!(t.acquire(D, b, TokenMode::Read, now).0.lease_ms, 1000);
+        assert_eq!(lease(&mut t, a, TokenMode::Read, now), 1000);
+        assert_eq!(lease(&mut t, b, TokenMode::Read, now), 1000);
+        // b is told, and a waits for b's acknowledgment.
         let (grant, revoked) = t.acquire(D, a, TokenMode::Write, now);
-        assert_eq!((grant.mode, revoked), (TokenMode::Write, vec![b]));
+        assert_eq!((grant, revoked), (Err(FsError::TryAgain), vec![b]));
+        // Meanwhile c gets no lease; asked again, b is not told twice.
+        assert_eq!(lease(&mut t, c, TokenMode::Read, now), 0);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, now), (Err(FsError::TryAgain), vec![]));
+        t.release(D, b, TokenMode::Read);
+        let (grant, revoked) = t.acquire(D, a, TokenMode::Write, now);
+        assert_eq!((grant.unwrap().mode, revoked), (TokenMode::Write, vec![]));
         // While a changes names, c gets no lease; a itself may read.
-        assert_eq!(t.acquire(D, c, TokenMode::Read, now).0.lease_ms, 0);
-        assert_eq!(t.acquire(D, a, TokenMode::Read, now).0.lease_ms, 1000);
+        assert_eq!(lease(&mut t, c, TokenMode::Read, now), 0);
+        assert_eq!(lease(&mut t, a, TokenMode::Read, now), 1000);
         t.release(D, a, TokenMode::Write);
-        assert_eq!(t.acquire(D, c, TokenMode::Read, now).0.lease_ms, 1000);
+        assert_eq!(lease(&mut t, c, TokenMode::Read, now), 1000);
+    }
+
+    fn lease(t: &mut Tokens, client: ClientId, mode: TokenMode, now: Instant) -> u32 {
+        t.acquire(D, client, mode, now).0.unwrap().lease_ms
+    }
+
+    /// A reader that never acknowledges (its client died) holds a write back
+    /// only until its lease runs out.
+    #[test]
+    fn a_silent_reader_holds_a_write_until_its_lease_ends() {
+        let mut t = Tokens::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let (a, b) = (ClientId(1), ClientId(2));
+        assert_eq!(lease(&mut t, b, TokenMode::Read, now), 1000);
+        let half = now + Duration::from_millis(500);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, half), (Err(FsError::TryAgain), vec![b]));
+        let end = now + Duration::from_secs(1);
+        assert_eq!(
+            t.acquire(D, a, TokenMode::Write, end - Duration::from_millis(1)).0,
+            Err(FsError::TryAgain)
+        );
+        assert!(t.acquire(D, a, TokenMode::Write, end).0.is_ok());
+        t.release(D, a, TokenMode::Write);
+        t.expire(end);
+        assert!(t.dirs.is_empty());
     }
 
     /// The rename lock is one client's at a time; its holder gives it back,
@@ -204,14 +272,14 @@ mod tests {
         assert_eq!(t.acquire_rename(a, later - Duration::from_millis(1)), Err(FsError::TryAgain));
         assert!(t.acquire_rename(a, later).is_ok(), "b's lease ran out");
         // Asked as a dentry token, it grants nothing.
-        assert_eq!(t.acquire(InodeId::ROOT, b, TokenMode::Rename, later).0.lease_ms, 0);
+        assert_eq!(t.acquire(InodeId::ROOT, b, TokenMode::Rename, later).0.unwrap().lease_ms, 0);
     }
 
     #[test]
     fn leases_expire_and_expired_readers_are_not_told() {
         let mut t = Tokens::new(Duration::from_millis(100));
         let now = Instant::now();
-        t.acquire(D, ClientId(1), TokenMode::Read, now);
+        assert_eq!(lease(&mut t, ClientId(1), TokenMode::Read, now), 100);
         let later = now + Duration::from_millis(200);
         let (_, revoked) = t.acquire(D, ClientId(2), TokenMode::Write, later);
         assert!(revoked.is_empty());
@@ -224,8 +292,8 @@ mod tests {
         let mut t = Tokens::new(Duration::from_secs(60));
         let now = Instant::now();
         for i in 0..TOKEN_READERS_MAX as u32 {
-            assert_eq!(t.acquire(D, ClientId(i), TokenMode::Read, now).0.lease_ms, 60_000);
+            assert_eq!(lease(&mut t, ClientId(i), TokenMode::Read, now), 60_000);
         }
-        assert_eq!(t.acquire(D, ClientId(u32::MAX), TokenMode::Read, now).0.lease_ms, 0);
+        assert_eq!(lease(&mut t, ClientId(u32::MAX), TokenMode::Read, now), 0);
     }
 }

@@ -118,7 +118,7 @@ fn bad_peers_are_cut_off_and_good_clients_keep_being_served() {
             false,
             "bad magic",
         ),
-        ("version", wrong_version, false, "protocol version 9, expected 6"),
+        ("version", wrong_version, false, "protocol version 9, expected 7"),
         ("oversize", oversize, false, "is over the limit"),
         ("checksum", bad_sum, false, "checksum mismatch"),
         ("truncated", valid[..valid.len() - 2].to_vec(), true, "truncated message"),

@@ -300,6 +300,37 @@ fn with_two_long_ttl_clients(
     master.stop();
 }
 
+/// A directory renamed away and replaced by a new one of the same name, right
+/// before another client looks the name up: that client, which cached the
+/// old name under its read token, finds the new directory. The rename waits
+/// for its acknowledgment (docs/cluster.md, "Dentry cache and tokens");
+/// before, it went on at once and the other client's cache answered the old
+/// directory until its notification thread ran.
+#[test]
+fn a_directory_renamed_away_is_not_found_under_its_name_by_another_client() {
+    let dir = test_dir("renamed-away");
+    let cluster = Local::start(&dir, 2, 2);
+    let (a, b) = (cluster.client(), cluster.client());
+    for round in 0..20 {
+        let old = a.mkdir(InodeId::ROOT, b"out", 0o755, 0, 0).unwrap();
+        // B caches the name (its lookup takes a read token on the root).
+        assert_eq!(b.lookup(InodeId::ROOT, b"out").unwrap().ino, old.ino);
+        assert_eq!(b.lookup(InodeId::ROOT, b"out").unwrap().ino, old.ino);
+        let away = format!("away{round}");
+        a.rename(InodeId::ROOT, b"out", InodeId::ROOT, away.as_bytes(), RenameFlags::empty())
+            .unwrap();
+        let new = a.mkdir(InodeId::ROOT, b"out", 0o755, 0, 0).unwrap();
+        let found = b.lookup(InodeId::ROOT, b"out").unwrap();
+        assert_eq!(found.ino, new.ino, "round {round}: B found the renamed directory");
+        a.rmdir(InodeId::ROOT, b"out").unwrap();
+        a.rmdir(InodeId::ROOT, away.as_bytes()).unwrap();
+    }
+    let (hits, _) = b.dentry_cache_stats();
+    assert!(hits >= 20, "B answered from its dentry cache ({hits} hits): the test reached it");
+    drop((a, b));
+    cluster.stop();
+}
+
 /// Another client's rename that falls between a lookup's reply and the caching
 /// of its name (made to fall there by the lookup hook) never leaves the old
 /// name cached: neither when the lookup ran before this client held a read
@@ -858,32 +889,56 @@ fn two_clients_moving_two_directories_each_under_the_other_never_make_a_cycle() 
 }
 
 /// A create through a handle of a bigdir taken before the directory was
-/// removed (by its rmdir, or by a rename over it) fails with `ENOENT` on
+/// removed (by its rmdir, or by a rename over it) fails with `ESTALE` on
 /// every shard, not only at the directory's home: the other shards were
 /// told it is gone. Before, a name on another shard than the home landed in
-/// a directory no path reaches.
+/// a directory no path reaches. (`ESTALE`, not `ENOENT`: the kernel, or
+/// libpfs_preload, then walks the path again and finds a directory made
+/// since under the same name.)
 #[test]
 fn a_create_in_a_removed_bigdir_fails_on_every_shard() {
     let dir = test_dir("gone-dirs");
     let cluster = Local::start(&dir, 2, 2);
     let fs = cluster.client();
-    let names: Vec<String> = (0..24).map(|k| format!("x{k}")).collect();
-    let stale = |d: InodeId, how: &str| {
-        for n in &names {
+    // A client per name, each with the directory's layout cached from before
+    // its removal, so each create goes to the name's shard (a client that
+    // met `Stale` forgets the layout, and its next create would stop at the
+    // home's answer that the directory is gone). Two names on each shard.
+    let ready = |d: InodeId| -> Vec<(pfs_client::Cluster, String)> {
+        let mut per_shard = [0; 4];
+        (0..)
+            .map(|j| format!("x{j}"))
+            .filter(|n| {
+                let at = dentry_shard(d, DirLayout::BigDir, n.as_bytes(), 2, 2).0 as usize;
+                per_shard[at] += 1;
+                per_shard[at] <= 2
+            })
+            .take(8)
+            .map(|n| {
+                let c = cluster.client();
+                assert_eq!(c.lookup(d, b"none").unwrap_err(), FsError::NotFound);
+                (c, n)
+            })
+            .collect()
+    };
+    let stale = |clients: Vec<(pfs_client::Cluster, String)>, d: InodeId, how: &str| {
+        for (c, n) in &clients {
             assert_eq!(
-                fs.create(d, n.as_bytes(), 0o644, 0, 0, 0).map(|_| ()),
-                Err(FsError::NotFound),
+                c.create(d, n.as_bytes(), 0o644, 0, 0, 0).map(|_| ()),
+                Err(FsError::Stale),
                 "{n} in a directory removed by {how}"
             );
         }
     };
     let removed = fs.mkdir(InodeId::ROOT, b"removed", 0o755, 0, 0).unwrap();
+    let clients = ready(removed.ino);
     fs.rmdir(InodeId::ROOT, b"removed").unwrap();
-    stale(removed.ino, "rmdir");
+    stale(clients, removed.ino, "rmdir");
     let replaced = fs.mkdir(InodeId::ROOT, b"replaced", 0o755, 0, 0).unwrap();
     let by = fs.mkdir(InodeId::ROOT, b"by", 0o755, 0, 0).unwrap();
+    let clients = ready(replaced.ino);
     fs.rename(InodeId::ROOT, b"by", InodeId::ROOT, b"replaced", RenameFlags::empty()).unwrap();
-    stale(replaced.ino, "a rename over it");
+    stale(clients, replaced.ino, "a rename over it");
     // The directory that took its name takes new names.
     assert_eq!(fs.lookup(InodeId::ROOT, b"replaced").unwrap().ino, by.ino);
     write_file(&fs, by.ino, "x0", b"here");
@@ -894,7 +949,7 @@ fn a_create_in_a_removed_bigdir_fails_on_every_shard() {
 /// A rename over an empty directory while another client creates a file in
 /// it through a handle taken before: either the create comes first and the
 /// rename is refused (`ENOTEMPTY`), or the rename comes first and the create
-/// fails (`ENOENT`); never both succeed, which left the new file in a
+/// fails (`ESTALE`); never both succeed, which left the new file in a
 /// directory no path reaches (the client checked emptiness by listing, and a
 /// create could land between the listing and the rename).
 #[test]
@@ -955,7 +1010,7 @@ fn a_rename_over_a_directory_racing_a_create_in_it_never_strands_the_file() {
                 first_create += 1;
                 fs.lookup(d.ino, b"new").unwrap_or_else(|e| panic!("d{i}/new: {e}"));
             }
-            (Ok(()), Err(FsError::NotFound)) => {
+            (Ok(()), Err(FsError::Stale)) => {
                 first_rename += 1;
                 assert_eq!(fs.lookup(d.ino, b"new").unwrap_err(), FsError::NotFound);
             }

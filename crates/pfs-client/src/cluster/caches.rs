@@ -11,6 +11,7 @@ use pfs_core::hash::NumMap;
 use pfs_core::wire::{InodeLayout, Reply, Request, TokenMode};
 use pfs_core::{DirLayout, FsResult, InodeId, ServerId, WorkerId};
 
+use super::placement::Placement;
 use super::Cluster;
 use crate::api::{Invalidation, Invalidator};
 use crate::conn::Conn;
@@ -26,8 +27,17 @@ const LAYOUT_CACHE_MAX: usize = 1 << 16;
 pub(crate) const LAYOUT_TTL: Duration = Duration::from_secs(1);
 /// Most read tokens remembered; past it the expired ones are dropped.
 const READ_TOKENS_MAX: usize = 1 << 16;
-/// How often the client looks for invalidations servers sent.
+/// How often the client looks for invalidations servers sent while it holds
+/// no read token (none can come then but those of leases it let run out).
 const NOTIFY_POLL: Duration = Duration::from_millis(50);
+/// How often it looks while it holds read tokens: a writer waits for this
+/// client's acknowledgment before it changes a name (`tokens.rs`), so this
+/// bounds how long a rename or rmdir waits for each client caching names in
+/// its directory.
+const NOTIFY_POLL_HOLDING: Duration = Duration::from_millis(2);
+/// Acknowledgments of revoked tokens waiting to be sent, at most; past it the
+/// server waits for the lease to run out instead.
+const ACKS_MAX: usize = 4096;
 
 /// What the notification thread shares with the client: the dentry cache, the
 /// read tokens it lives under, and the kernel's invalidation callback.
@@ -35,6 +45,8 @@ pub(crate) struct Caches {
     pub dcache: Mutex<DentryCache>,
     /// Read tokens held: directory -> lease expiry.
     read_tokens: Mutex<NumMap<InodeId, Instant>>,
+    /// The latest expiry of any read token taken (under `read_tokens`' lock).
+    tokens_until: Mutex<Option<Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
     /// Layouts of inodes, each with the end of its use (`LAYOUT_TTL`).
     layouts: Mutex<NumMap<InodeId, (InodeLayout, Instant)>>,
@@ -45,6 +57,9 @@ pub(crate) struct Caches {
     applying: Mutex<()>,
     /// Test seam: runs after each lookup reply, before its name may be cached.
     lookup_hook: Mutex<Option<LookupHook>>,
+    /// Directories whose revoked read token is to be given back, once its
+    /// names are dropped here and in the kernel: the writer waits for it.
+    acks: Mutex<Vec<InodeId>>,
 }
 
 /// What [`Cluster::set_lookup_hook`] installs.
@@ -56,12 +71,26 @@ impl Caches {
         Caches {
             dcache: Mutex::new(DentryCache::new(dentries)),
             read_tokens: Mutex::new(NumMap::default()),
+            tokens_until: Mutex::new(None),
             invalidator: Mutex::new(None),
             layouts: Mutex::new(NumMap::default()),
             revocations: AtomicU64::new(0),
             applying: Mutex::new(()),
             lookup_hook: Mutex::new(None),
+            acks: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Takes the directories whose revoked tokens are to be given back.
+    fn take_acks(&self) -> Vec<InodeId> {
+        std::mem::take(&mut *self.acks.lock().expect("acks lock"))
+    }
+
+    /// Whether this client holds a read token at `now` (or owes a server an
+    /// acknowledgment): invalidations may come, and a writer waits for them.
+    fn holds_tokens(&self, now: Instant) -> bool {
+        self.tokens_until.lock().expect("token lock").is_some_and(|e| e > now)
+            || !self.acks.lock().expect("acks lock").is_empty()
     }
 
     /// Revocations applied so far (a mark for [`Cluster::unrevoked_since`]).
@@ -97,6 +126,10 @@ impl Caches {
             }
             inv(Invalidation::Inode { ino: dir });
         }
+        let mut acks = self.acks.lock().expect("acks lock");
+        if acks.len() < ACKS_MAX && !acks.contains(&dir) {
+            acks.push(dir);
+        }
     }
 
     /// The read token on `dir`, if held and not expired at `now`.
@@ -111,6 +144,8 @@ impl Caches {
             t.retain(|_, e| *e > now);
         }
         t.insert(dir, expires);
+        let mut until = self.tokens_until.lock().expect("token lock");
+        *until = Some(until.map_or(expires, |u| u.max(expires)));
     }
 
     /// The cached layouts of `ino`.
@@ -141,19 +176,46 @@ impl Caches {
     pub fn forget_layout(&self, ino: InodeId) {
         self.layouts.lock().expect("layout cache lock").remove(&ino);
     }
+
+    /// Forgets directory `ino`, which a server said was removed: the names
+    /// that lead to it, the names in it and its layout.
+    pub fn forget_removed_dir(&self, ino: InodeId) {
+        let mut dcache = self.dcache.lock().expect("dcache lock");
+        dcache.invalidate_ino(ino);
+        dcache.invalidate_dir(ino);
+        drop(dcache);
+        self.forget_layout(ino);
+    }
 }
 
-/// The notification thread: applies the servers' invalidations until `stop`.
-pub(crate) fn notification_loop(conns: Arc<Vec<Conn>>, caches: Arc<Caches>, stop: Arc<AtomicBool>) {
+/// The notification thread: applies the servers' invalidations until `stop`,
+/// and gives each revoked token back to the directory's home (`placement`)
+/// once its names are dropped, within `timeout`: the writer that revoked it
+/// waits for that.
+pub(crate) fn notification_loop(
+    conns: Arc<Vec<Conn>>,
+    caches: Arc<Caches>,
+    stop: Arc<AtomicBool>,
+    placement: Placement,
+    timeout: Duration,
+) {
     while !stop.load(Ordering::Acquire) {
         let _ = caches.apply_invalidations(&conns);
+        for dir in caches.take_acks() {
+            let (server, worker) = placement.home(dir);
+            let release = Request::TokenRelease { dir, mode: TokenMode::Read };
+            if let Err(e) = conns[server.0 as usize].call(release, worker.0 as u16, timeout) {
+                log::debug!("revoked token on {dir} not given back ({e}); its lease runs out");
+            }
+        }
         // A server that died is noticed here, within a poll, rather than by
         // the first request sent into its dead link after it came back (a
         // change there would fail with EIO, its fate unknown).
         for c in conns.iter() {
             c.check_peer();
         }
-        std::thread::sleep(NOTIFY_POLL);
+        let holding = caches.holds_tokens(Instant::now());
+        std::thread::sleep(if holding { NOTIFY_POLL_HOLDING } else { NOTIFY_POLL });
     }
 }
 

@@ -351,9 +351,10 @@ impl Cluster {
         let stop = Arc::new(AtomicBool::new(false));
         let notifier = {
             let (conns, caches, stop) = (conns.clone(), caches.clone(), stop.clone());
+            let timeout = opts.request_timeout;
             std::thread::Builder::new()
                 .name("pfs-notify".into())
-                .spawn(move || notification_loop(conns, caches, stop))
+                .spawn(move || notification_loop(conns, caches, stop, placement, timeout))
                 .map_err(|e| FsError::Io(format!("cannot start the notification thread: {e}")))?
         };
         let unsynced = Arc::new(Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)));
@@ -562,8 +563,18 @@ impl Cluster {
         if name.len() > pfs_core::NAME_MAX {
             return Err(FsError::NameTooLong);
         }
-        let layout = self.layout_of(parent)?.dir;
+        let layout = self.parent_layout(parent)?.dir;
         Ok(RouteKey::Dentry { parent, layout, name })
+    }
+
+    /// The layouts of directory `parent`, to look up, make or remove a name
+    /// in it: `Stale` when its home no longer has it (inode numbers are never
+    /// reused: it was removed since the caller learnt its name).
+    fn parent_layout(&self, parent: InodeId) -> FsResult<pfs_core::wire::InodeLayout> {
+        match self.layout_of(parent) {
+            Err(FsError::NotFound) => Err(FsError::Stale),
+            r => r,
+        }
     }
 
     fn entry_attr(&self, reply: Reply) -> FsResult<FileAttr> {
@@ -605,6 +616,10 @@ impl Cluster {
     /// answers `Misrouted`: the layout of one of them changed since
     /// (`setxattr` of `user.pfs.dir_layout`, docs/cluster.md). `TryAgain`
     /// after [`REROUTES`] tries.
+    ///
+    /// A shard that answers `Stale` knows one of `dirs` was removed since this
+    /// client learnt its name: every cached name leading to it goes, so the
+    /// caller's next walk (the kernel's, on `ESTALE`) asks the servers.
     fn rerouting<T>(&self, dirs: &[InodeId], mut op: impl FnMut() -> FsResult<T>) -> FsResult<T> {
         for _ in 0..REROUTES {
             match op() {
@@ -612,6 +627,12 @@ impl Cluster {
                     for &d in dirs {
                         self.caches.forget_layout(d);
                     }
+                }
+                Err(FsError::Stale) => {
+                    for &d in dirs {
+                        self.caches.forget_removed_dir(d);
+                    }
+                    return Err(FsError::Stale);
                 }
                 r => return r,
             }
@@ -1022,7 +1043,7 @@ impl FileSystem for Cluster {
         let reply = self.rerouting(&[parent], || {
             let key = self.dentry_key(parent, name)?;
             let at = self.route(key);
-            let layout = self.layout_of(parent)?.file;
+            let layout = self.parent_layout(parent)?.file;
             let req =
                 Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
             Ok((at, self.call_to(at.server, at.proc_worker, req)?))
@@ -1063,7 +1084,7 @@ impl FileSystem for Cluster {
         // The layout is fetched anew for each try: a directory made with the
         // parent's old layout after a change would keep it.
         self.add_entry(parent, name, || {
-            let layout = self.layout_of(parent)?;
+            let layout = self.parent_layout(parent)?;
             Ok(Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout })
         })
     }

@@ -234,7 +234,7 @@ impl<D: Device> Worker<D> {
                 for holder in revoked {
                     self.notify(holder, Request::TokenInvalidate { dir });
                 }
-                Some(Ok(Reply::TokenAcquire(grant)))
+                Some(grant.map(Reply::TokenAcquire))
             }
             Request::TokenRelease { dir, mode } => {
                 self.tokens.release(dir, client, mode);

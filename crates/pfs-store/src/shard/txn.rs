@@ -231,6 +231,14 @@ impl<D: Device> Shard<D> {
         self.gone.insert(dir);
     }
 
+    /// Whether this shard knows directory `dir` was removed: it allocated
+    /// `dir` and no longer has it (inode numbers are never reused), or it
+    /// remembers the removal (`gone_dir`). A request that names a name in
+    /// such a directory comes from a caller whose name for it is stale.
+    pub fn dir_gone(&self, dir: InodeId) -> bool {
+        self.gone.set.contains(&dir) || (self.is_home_of(dir) && !self.has_inode(dir))
+    }
+
     /// Remembers that directory `dir`'s layout changed to `layout` (in a
     /// cluster of `servers` x `workers`), for [`RELAID_NS`]: a client that
     /// cached the old layout routes a new name by it for up to a second, and
