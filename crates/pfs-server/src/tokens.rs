@@ -31,6 +31,15 @@ use pfs_core::{ClientId, FsError, FsResult, InodeId};
 pub const TOKEN_DIRS_MAX: usize = 1 << 16;
 /// Read holders per directory; past it, reads get no lease.
 pub const TOKEN_READERS_MAX: usize = 1024;
+/// How long a write waits at most for a revoked reader's acknowledgment
+/// (its lease ends sooner, or it answers within its notification poll, 2
+/// ms). A reader can be kept from answering by the write it is itself
+/// waiting for: its notification thread tells its kernel to drop the names,
+/// and the kernel waits for the directory's lock, which that reader's own
+/// rename in the same directory holds while it waits for its write token.
+/// Two nodes renaming in one directory both cached names of would stop each
+/// other for a whole lease (1 s) without this bound.
+pub const ACK_WAIT_MAX: Duration = Duration::from_millis(100);
 /// How long the rename lock is held at most: longer than any client's
 /// check and move take (a move that waits for a down server gives up at
 /// the client's request timeout, 10 s by default).
@@ -52,12 +61,25 @@ pub struct Tokens {
     lease: Duration,
     /// The rename lock's holder and the end of its lease.
     rename_lock: Option<(ClientId, Instant)>,
+    /// No write token before this: read tokens a previous run of this server
+    /// granted may still be held ([`Tokens::after_start`]).
+    grace_until: Option<Instant>,
 }
 
 impl Tokens {
     /// A table granting leases of `lease`.
     pub fn new(lease: Duration) -> Tokens {
-        Tokens { dirs: HashMap::new(), lease, rename_lock: None }
+        Tokens { dirs: HashMap::new(), lease, rename_lock: None, grace_until: None }
+    }
+
+    /// A table for a server that started at `now`: clients may still hold read
+    /// tokens its previous run granted (it restarted less than a lease ago)
+    /// and that this table never saw, so no write token is granted (the
+    /// writer is answered `TryAgain`) until every such lease has run out, as
+    /// NFS and Lustre servers hold conflicting locks back for a grace period
+    /// after a restart.
+    pub fn after_start(lease: Duration, now: Instant) -> Tokens {
+        Tokens { grace_until: Some(now + lease), ..Tokens::new(lease) }
     }
 
     /// Grants `mode` on `dir` to `client` at `now`. For a write token, returns
@@ -115,12 +137,13 @@ impl Tokens {
                         told.push(c);
                         t.revoked.retain(|(r, _)| *r != c);
                         if t.revoked.len() < TOKEN_READERS_MAX {
-                            t.revoked.push((c, exp));
+                            t.revoked.push((c, exp.min(now + ACK_WAIT_MAX)));
                         }
                     }
                 }
                 t.writer = Some((client, now + self.lease));
-                if t.revoked.iter().any(|(c, _)| *c != client) {
+                let grace = self.grace_until.is_some_and(|g| now < g);
+                if grace || t.revoked.iter().any(|(c, _)| *c != client) {
                     return (Err(FsError::TryAgain), told);
                 }
                 (Ok(TokenGrant { mode, lease_ms }), told)
@@ -229,25 +252,53 @@ mod tests {
         assert_eq!(lease(&mut t, c, TokenMode::Read, now), 1000);
     }
 
+    /// After a restart, clients may hold read leases the previous run
+    /// granted: no write token until a lease has passed since the start.
+    #[test]
+    fn a_started_server_grants_no_write_token_for_a_lease() {
+        let start = Instant::now();
+        let mut t = Tokens::after_start(Duration::from_secs(1), start);
+        let (a, b) = (ClientId(1), ClientId(2));
+        let granted = start + Duration::from_millis(500);
+        assert_eq!(lease(&mut t, b, TokenMode::Read, granted), 1000);
+        // b, which this run granted, is told at once, and acknowledges; the
+        // write still waits out the grace.
+        let soon = start + Duration::from_millis(600);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, soon), (Err(FsError::TryAgain), vec![b]));
+        t.release(D, b, TokenMode::Read);
+        let almost = start + Duration::from_millis(999);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, almost), (Err(FsError::TryAgain), vec![]));
+        let after = start + Duration::from_millis(1000);
+        assert!(t.acquire(D, a, TokenMode::Write, after).0.is_ok());
+    }
+
     fn lease(t: &mut Tokens, client: ClientId, mode: TokenMode, now: Instant) -> u32 {
         t.acquire(D, client, mode, now).0.unwrap().lease_ms
     }
 
-    /// A reader that never acknowledges (its client died) holds a write back
-    /// only until its lease runs out.
+    /// A reader that never acknowledges (its client died, or its kernel waits
+    /// for a lock) holds a write back only until its lease runs out or for
+    /// `ACK_WAIT_MAX`, whichever is first.
     #[test]
-    fn a_silent_reader_holds_a_write_until_its_lease_ends() {
+    fn a_silent_reader_holds_a_write_back_a_bounded_time() {
         let mut t = Tokens::new(Duration::from_secs(1));
         let now = Instant::now();
-        let (a, b) = (ClientId(1), ClientId(2));
+        let (a, b, c) = (ClientId(1), ClientId(2), ClientId(3));
         assert_eq!(lease(&mut t, b, TokenMode::Read, now), 1000);
         let half = now + Duration::from_millis(500);
         assert_eq!(t.acquire(D, a, TokenMode::Write, half), (Err(FsError::TryAgain), vec![b]));
-        let end = now + Duration::from_secs(1);
-        assert_eq!(
-            t.acquire(D, a, TokenMode::Write, end - Duration::from_millis(1)).0,
-            Err(FsError::TryAgain)
-        );
+        // Up to ACK_WAIT_MAX, not to the end of b's lease.
+        let waited = half + ACK_WAIT_MAX;
+        let just_before = waited - Duration::from_millis(1);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, just_before).0, Err(FsError::TryAgain));
+        assert!(t.acquire(D, a, TokenMode::Write, waited).0.is_ok());
+        t.release(D, a, TokenMode::Write);
+        // A lease that ends sooner ends the wait sooner.
+        let later = now + Duration::from_secs(2);
+        assert_eq!(lease(&mut t, c, TokenMode::Read, later), 1000);
+        let near_end = later + Duration::from_millis(950);
+        assert_eq!(t.acquire(D, a, TokenMode::Write, near_end).0, Err(FsError::TryAgain));
+        let end = later + Duration::from_secs(1);
         assert!(t.acquire(D, a, TokenMode::Write, end).0.is_ok());
         t.release(D, a, TokenMode::Write);
         t.expire(end);

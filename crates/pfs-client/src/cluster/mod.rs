@@ -50,6 +50,12 @@ use caches::{notification_loop, Caches};
 use files::OpenFiles;
 use placement::Placement;
 
+/// Longest pause between tries of a request answered `TryAgain`.
+const TRY_AGAIN_MAX: Duration = Duration::from_millis(50);
+/// How long a write token is asked for again every 250 µs at most, while the
+/// clients it revoked acknowledge (their poll is 2 ms).
+const WRITE_TOKEN_OFTEN: Duration = Duration::from_millis(10);
+
 /// File block size of every shard (the format's, `pfs_core::BLOCK_SIZE_BYTES`).
 pub const BLOCK_SIZE_BYTES: u64 = pfs_core::BLOCK_SIZE_BYTES;
 /// Most files one client keeps open.
@@ -508,15 +514,15 @@ impl Cluster {
         req: Request,
         also: &[InodeId],
     ) -> FsResult<Reply> {
-        let deadline = Instant::now() + self.opts.request_timeout;
+        let start = Instant::now();
+        let deadline = start + self.opts.request_timeout;
         let mut pause = Duration::from_micros(100);
         // A write token waits for other clients' acknowledgments, which come
         // within their notification poll (2 ms): asked again often rather
-        // than late (doubling pauses made a rename 3 ms instead of 1-2).
-        let most = match req {
-            Request::TokenAcquire { mode: TokenMode::Write, .. } => Duration::from_micros(250),
-            _ => Duration::from_millis(50),
-        };
+        // than late for a while (doubling pauses made a rename 3 ms instead
+        // of 1-2), then less often (a restarted server's grace, a client
+        // that died: up to a lease).
+        let write_token = matches!(req, Request::TokenAcquire { mode: TokenMode::Write, .. });
         let mutation = req.is_mutation();
         let mut resent = false;
         loop {
@@ -538,6 +544,8 @@ impl Cluster {
             match answer {
                 Err(FsError::TryAgain) if Instant::now() + pause < deadline => {
                     std::thread::sleep(jittered(pause));
+                    let often = write_token && start.elapsed() < WRITE_TOKEN_OFTEN;
+                    let most = if often { Duration::from_micros(250) } else { TRY_AGAIN_MAX };
                     pause = (pause * 2).min(most);
                 }
                 Ok((reply, boot)) => {

@@ -294,7 +294,7 @@ impl<D: Device> Worker<D> {
             memcpy,
             outbox: crate::follow::Outbox::default(),
             sweep: crate::sweep::Sweep::new(Instant::now()),
-            tokens: Tokens::new(opts.token_lease),
+            tokens: Tokens::after_start(opts.token_lease, Instant::now()),
             clients: HashMap::new(),
             live,
             fail_stop,
