@@ -13,7 +13,8 @@
 //! also makes hard links of its files in its other directory and removes them
 //! (the link's name is all the model tracks; `pfs fsck` checks link counts).
 //!
-//! After a random 0.3 to 2.5 s the parent kills a random server (sometimes all
+//! After a random 1.3 to 3.5 s (a restarted server grants no write token in its
+//! first second, so renames wait that long) the parent kills a random server (sometimes all
 //! of them) and both clients with SIGKILL, restarts the servers, and checks with
 //! a fresh client: every name with a durable outcome has exactly that state and
 //! content, and no directory holds a name the clients never used. Then the
@@ -515,7 +516,9 @@ fn main() {
         let kids: Vec<_> = (0..CLIENTS)
             .map(|id| spawn_child(&c, &format!("soak:{id}:{}", rng.gen::<u32>())))
             .collect();
-        let run_for = Duration::from_millis(rng.gen_range(300..2500));
+        // The first second after the servers' restart, renames wait for
+        // the token grace (docs/cluster.md, "Dentry cache and tokens").
+        let run_for = Duration::from_millis(rng.gen_range(1300..3500));
         std::thread::sleep(run_for);
         let victims: BTreeSet<usize> = match rng.gen_range(0..4) {
             0 => (0..SERVERS as usize).collect(),
