@@ -84,12 +84,14 @@ fn files_published_with_fsync_survive_sigkill_of_pfs_up() {
             std::fs::create_dir(mnt.join("ckpt")).unwrap();
             File::open(&mnt).unwrap().sync_all().unwrap();
         }
-        // Killed at a moment the publisher does not choose.
+        // Killed at a moment the publisher does not choose (after the first
+        // second, in which a started server holds renames back for the
+        // token grace: docs/cluster.md, "Dentry cache and tokens").
         let publisher = {
             let mnt = mnt.clone();
             std::thread::spawn(move || publish(mnt, round))
         };
-        std::thread::sleep(Duration::from_millis(700 + 450 * round as u64));
+        std::thread::sleep(Duration::from_millis(1700 + 450 * round as u64));
         kill_and_unmount(child, &mnt);
         let (done, attempt) = publisher.join().unwrap();
         assert!(!done.is_empty(), "round {round}: nothing was published before the kill");

@@ -45,8 +45,9 @@ pub(crate) struct Caches {
     pub dcache: Mutex<DentryCache>,
     /// Read tokens held: directory -> lease expiry.
     read_tokens: Mutex<NumMap<InodeId, Instant>>,
-    /// The latest expiry of any read token taken (under `read_tokens`' lock).
-    tokens_until: Mutex<Option<Instant>>,
+    /// For each server (by index) where this client took read tokens, the
+    /// latest expiry among them: the connections to poll often.
+    tokens_until: Mutex<std::collections::BTreeMap<usize, Instant>>,
     invalidator: Mutex<Option<Invalidator>>,
     /// Layouts of inodes, each with the end of its use (`LAYOUT_TTL`).
     layouts: Mutex<NumMap<InodeId, (InodeLayout, Instant)>>,
@@ -71,7 +72,7 @@ impl Caches {
         Caches {
             dcache: Mutex::new(DentryCache::new(dentries)),
             read_tokens: Mutex::new(NumMap::default()),
-            tokens_until: Mutex::new(None),
+            tokens_until: Mutex::new(std::collections::BTreeMap::new()),
             invalidator: Mutex::new(None),
             layouts: Mutex::new(NumMap::default()),
             revocations: AtomicU64::new(0),
@@ -86,11 +87,12 @@ impl Caches {
         std::mem::take(&mut *self.acks.lock().expect("acks lock"))
     }
 
-    /// Whether this client holds a read token at `now` (or owes a server an
-    /// acknowledgment): invalidations may come, and a writer waits for them.
-    fn holds_tokens(&self, now: Instant) -> bool {
-        self.tokens_until.lock().expect("token lock").is_some_and(|e| e > now)
-            || !self.acks.lock().expect("acks lock").is_empty()
+    /// The servers (by index) where this client holds a read token at `now`:
+    /// invalidations may come from them, and a writer there waits for them.
+    fn holding_at(&self, now: Instant) -> Vec<usize> {
+        let mut until = self.tokens_until.lock().expect("token lock");
+        until.retain(|_, e| *e > now);
+        until.keys().copied().collect()
     }
 
     /// Revocations applied so far (a mark for [`Cluster::unrevoked_since`]).
@@ -101,9 +103,19 @@ impl Caches {
     /// Takes the invalidations that arrived on `conns` and applies them;
     /// returns the revocations applied so far, counted with them.
     pub fn apply_invalidations(&self, conns: &[Conn]) -> u64 {
+        self.apply_invalidations_from(conns, 0..conns.len())
+    }
+
+    /// [`apply_invalidations`](Self::apply_invalidations) of the connections
+    /// to servers `servers` (indexes into `conns`) only.
+    fn apply_invalidations_from(
+        &self,
+        conns: &[Conn],
+        servers: impl IntoIterator<Item = usize>,
+    ) -> u64 {
         let _applying = self.applying.lock().expect("invalidation lock");
-        for c in conns {
-            for dir in c.take_invalidations() {
+        for s in servers {
+            for dir in conns[s].take_invalidations() {
                 self.revoke(dir);
             }
         }
@@ -137,15 +149,17 @@ impl Caches {
         self.read_tokens.lock().expect("token lock").get(&dir).copied().filter(|&e| e > now)
     }
 
-    /// Remembers a read token on `dir` until `expires`.
-    pub fn hold_read_token(&self, dir: InodeId, expires: Instant, now: Instant) {
+    /// Remembers a read token on `dir`, granted by server `server` (its
+    /// index), until `expires`.
+    pub fn hold_read_token(&self, dir: InodeId, server: usize, expires: Instant, now: Instant) {
         let mut t = self.read_tokens.lock().expect("token lock");
         if t.len() >= READ_TOKENS_MAX {
             t.retain(|_, e| *e > now);
         }
         t.insert(dir, expires);
         let mut until = self.tokens_until.lock().expect("token lock");
-        *until = Some(until.map_or(expires, |u| u.max(expires)));
+        let e = until.entry(server).or_insert(expires);
+        *e = (*e).max(expires);
     }
 
     /// The cached layouts of `ino`.
@@ -199,8 +213,19 @@ pub(crate) fn notification_loop(
     placement: Placement,
     timeout: Duration,
 ) {
+    let mut full_at = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let _ = caches.apply_invalidations(&conns);
+        let now = Instant::now();
+        let holding = caches.holding_at(now);
+        // Every connection now and then; in between, those of the servers
+        // where this client holds read tokens, where a writer waits for it.
+        let full = now >= full_at;
+        if full {
+            full_at = now + NOTIFY_POLL;
+            let _ = caches.apply_invalidations(&conns);
+        } else {
+            let _ = caches.apply_invalidations_from(&conns, holding.iter().copied());
+        }
         for dir in caches.take_acks() {
             let (server, worker) = placement.home(dir);
             let release = Request::TokenRelease { dir, mode: TokenMode::Read };
@@ -208,14 +233,16 @@ pub(crate) fn notification_loop(
                 log::debug!("revoked token on {dir} not given back ({e}); its lease runs out");
             }
         }
-        // A server that died is noticed here, within a poll, rather than by
-        // the first request sent into its dead link after it came back (a
-        // change there would fail with EIO, its fate unknown).
-        for c in conns.iter() {
-            c.check_peer();
+        if full {
+            // A server that died is noticed here, within a poll, rather than
+            // by the first request sent into its dead link after it came back
+            // (a change there would fail with EIO, its fate unknown).
+            for c in conns.iter() {
+                c.check_peer();
+            }
         }
-        let holding = caches.holds_tokens(Instant::now());
-        std::thread::sleep(if holding { NOTIFY_POLL_HOLDING } else { NOTIFY_POLL });
+        let next = if holding.is_empty() { full_at } else { now + NOTIFY_POLL_HOLDING };
+        std::thread::sleep(next.min(full_at).saturating_duration_since(Instant::now()));
     }
 }
 
@@ -342,7 +369,8 @@ impl Cluster {
         }
         // Count the lease from before the request: never longer than granted.
         let exp = now + Duration::from_millis(u64::from(grant.lease_ms));
-        self.caches.hold_read_token(dir, exp, now);
+        let server = self.placement.home(dir).0 .0 as usize;
+        self.caches.hold_read_token(dir, server, exp, now);
         Ok(Some(exp))
     }
 
@@ -397,7 +425,7 @@ mod tests {
         let now = Instant::now();
         let later = now + Duration::from_secs(5);
         let d = InodeId(7);
-        c.hold_read_token(d, later, now);
+        c.hold_read_token(d, 0, later, now);
         let cached = CachedDir { attr: dir_attr(8), layout: DirLayout::Regular };
         c.dcache.lock().unwrap().insert(d, b"sub", cached, later);
         let seen = Arc::new(Mutex::new(Vec::new()));
