@@ -58,9 +58,10 @@ pub(crate) struct Caches {
     applying: Mutex<()>,
     /// Test seam: runs after each lookup reply, before its name may be cached.
     lookup_hook: Mutex<Option<LookupHook>>,
-    /// Directories whose revoked read token is to be given back, once its
-    /// names are dropped here and in the kernel: the writer waits for it.
-    acks: Mutex<Vec<InodeId>>,
+    /// Directories whose revoked read token is to be given back once their
+    /// names are dropped here and in the kernel (the writer waits for it),
+    /// with the names to tell the kernel first.
+    acks: Mutex<Vec<(InodeId, Vec<Vec<u8>>)>>,
 }
 
 /// What [`Cluster::set_lookup_hook`] installs.
@@ -82,9 +83,27 @@ impl Caches {
         }
     }
 
-    /// Takes the directories whose revoked tokens are to be given back.
-    fn take_acks(&self) -> Vec<InodeId> {
-        std::mem::take(&mut *self.acks.lock().expect("acks lock"))
+    /// Tells the kernel (the invalidation callback) the names of each
+    /// directory whose token was revoked, then returns those directories:
+    /// their tokens are to be given back. Run by the notification thread
+    /// only: a request thread that told the kernel could wait for ever (the
+    /// kernel drops a name under its directory's lock, which a `LOOKUP` in
+    /// that directory, served by that very thread, holds).
+    fn tell_kernel(&self) -> Vec<InodeId> {
+        let revoked = std::mem::take(&mut *self.acks.lock().expect("acks lock"));
+        let inv = self.invalidator.lock().expect("invalidator lock");
+        revoked
+            .into_iter()
+            .map(|(dir, names)| {
+                if let Some(inv) = inv.as_ref() {
+                    for name in names {
+                        inv(Invalidation::Entry { parent: dir, name });
+                    }
+                    inv(Invalidation::Inode { ino: dir });
+                }
+                dir
+            })
+            .collect()
     }
 
     /// The servers (by index) where this client holds a read token at `now`:
@@ -127,21 +146,21 @@ impl Caches {
         *self.invalidator.lock().expect("invalidator lock") = Some(invalidator);
     }
 
-    /// A server revoked the read token on `dir`: drop what it covered.
+    /// A server revoked the read token on `dir`: drop what it covered here;
+    /// the notification thread tells the kernel and gives the token back
+    /// ([`Caches::tell_kernel`]).
     pub fn revoke(&self, dir: InodeId) {
         self.revocations.fetch_add(1, Ordering::AcqRel);
         self.read_tokens.lock().expect("token lock").remove(&dir);
-        let names = self.dcache.lock().expect("dcache lock").take_dir(dir);
-        if let Some(inv) = self.invalidator.lock().expect("invalidator lock").as_ref() {
-            for name in names {
-                inv(Invalidation::Entry { parent: dir, name });
-            }
-            inv(Invalidation::Inode { ino: dir });
-        }
+        let mut names = self.dcache.lock().expect("dcache lock").take_dir(dir);
         let mut acks = self.acks.lock().expect("acks lock");
-        if acks.len() < ACKS_MAX && !acks.contains(&dir) {
-            acks.push(dir);
+        if let Some((_, told)) = acks.iter_mut().find(|(d, _)| *d == dir) {
+            told.append(&mut names);
+        } else if acks.len() < ACKS_MAX {
+            acks.push((dir, names));
         }
+        // Past the bound the writer waits out its limit, and the kernel's
+        // names run out by themselves.
     }
 
     /// The read token on `dir`, if held and not expired at `now`.
@@ -226,7 +245,7 @@ pub(crate) fn notification_loop(
         } else {
             let _ = caches.apply_invalidations_from(&conns, holding.iter().copied());
         }
-        for dir in caches.take_acks() {
+        for dir in caches.tell_kernel() {
             let (server, worker) = placement.home(dir);
             let release = Request::TokenRelease { dir, mode: TokenMode::Read };
             if let Err(e) = conns[server.0 as usize].call(release, worker.0 as u16, timeout) {
@@ -436,9 +455,14 @@ mod tests {
         c.revoke(d);
         assert_eq!(c.read_token(d, now), None);
         assert!(c.dcache.lock().unwrap().get(d, b"sub", now).is_none());
+        // The kernel hears of it from the notification thread, not from the
+        // thread that applied the revocation; then the token is given back.
+        assert!(seen.lock().unwrap().is_empty());
+        assert_eq!(c.tell_kernel(), vec![d]);
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(seen[0].contains("Entry") && seen[1].contains("Inode"), "{seen:?}");
+        assert!(c.tell_kernel().is_empty(), "told once");
     }
 
     #[test]
