@@ -154,6 +154,9 @@ fn named_dirs(req: &Request) -> [Option<InodeId>; 2] {
         | Request::Rmdir { parent, .. } => [Some(parent), None],
         Request::Link { new_parent, .. } => [Some(new_parent), None],
         Request::Rename { parent, new_parent, .. } => [Some(parent), Some(new_parent)],
+        // The target's side of a cross-shard rename: the coordinator hands
+        // its refusal to the client.
+        Request::XRenameTarget { parent, .. } => [Some(parent), None],
         _ => [None, None],
     }
 }

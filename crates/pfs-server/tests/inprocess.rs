@@ -894,7 +894,9 @@ fn two_clients_moving_two_directories_each_under_the_other_never_make_a_cycle() 
 /// told it is gone. Before, a name on another shard than the home landed in
 /// a directory no path reaches. (`ESTALE`, not `ENOENT`: the kernel, or
 /// libpfs_preload, then walks the path again and finds a directory made
-/// since under the same name.)
+/// since under the same name.) A rename into it too, on the target's shard,
+/// whether that is the source's (a same-shard rename) or not (the
+/// participant of a cross-shard one, whose refusal reaches the client).
 #[test]
 fn a_create_in_a_removed_bigdir_fails_on_every_shard() {
     let dir = test_dir("gone-dirs");
@@ -921,22 +923,36 @@ fn a_create_in_a_removed_bigdir_fails_on_every_shard() {
             })
             .collect()
     };
-    let stale = |clients: Vec<(pfs_client::Cluster, String)>, d: InodeId, how: &str| {
-        for (c, n) in &clients {
+    // Files to rename in from elsewhere (from every shard: a rename into
+    // the removed directory is a cross-shard one for most of them).
+    let src = fs.mkdir(InodeId::ROOT, b"src", 0o755, 0, 0).unwrap();
+    type Ready = Vec<(pfs_client::Cluster, String)>;
+    let stale = |(creators, movers): (Ready, Ready), d: InodeId, how: &str| {
+        for (c, n) in &creators {
             assert_eq!(
                 c.create(d, n.as_bytes(), 0o644, 0, 0, 0).map(|_| ()),
                 Err(FsError::Stale),
                 "{n} in a directory removed by {how}"
             );
         }
+        for (c, n) in &movers {
+            let from = format!("{how}-{n}");
+            write_file(&fs, src.ino, &from, b"moved");
+            assert_eq!(
+                c.rename(src.ino, from.as_bytes(), d, n.as_bytes(), RenameFlags::empty()),
+                Err(FsError::Stale),
+                "{from} renamed into a directory removed by {how}"
+            );
+            assert!(fs.lookup(src.ino, from.as_bytes()).is_ok(), "{from} stays where it was");
+        }
     };
     let removed = fs.mkdir(InodeId::ROOT, b"removed", 0o755, 0, 0).unwrap();
-    let clients = ready(removed.ino);
+    let clients = (ready(removed.ino), ready(removed.ino));
     fs.rmdir(InodeId::ROOT, b"removed").unwrap();
     stale(clients, removed.ino, "rmdir");
     let replaced = fs.mkdir(InodeId::ROOT, b"replaced", 0o755, 0, 0).unwrap();
     let by = fs.mkdir(InodeId::ROOT, b"by", 0o755, 0, 0).unwrap();
-    let clients = ready(replaced.ino);
+    let clients = (ready(replaced.ino), ready(replaced.ino));
     fs.rename(InodeId::ROOT, b"by", InodeId::ROOT, b"replaced", RenameFlags::empty()).unwrap();
     stale(clients, replaced.ino, "a rename over it");
     // The directory that took its name takes new names.
