@@ -125,7 +125,7 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
     if log::log_enabled!(log::Level::Trace) {
         trace_request(&req);
     }
-    let dirs = named_dirs(&req);
+    let dirs = req.name_dirs();
     let result = match run(shard, req) {
         // Not the name missing: the directory itself, removed (perhaps made
         // again under the same name) after the caller looked it up.
@@ -138,27 +138,6 @@ pub fn execute<D: Device>(shard: &mut Shard<D>, req: Request) -> (FsResult<Reply
     // then stops the server) rather than leave memory ahead of the log.
     shard.end_request();
     (result, durability)
-}
-
-/// The directories in which `req` looks up, makes or removes a name: where
-/// its `NotFound` may mean that the directory is gone (`Stale`).
-fn named_dirs(req: &Request) -> [Option<InodeId>; 2] {
-    match *req {
-        Request::Lookup { parent, .. }
-        | Request::LookupData { parent, .. }
-        | Request::Create { parent, .. }
-        | Request::Mkdir { parent, .. }
-        | Request::Mknod { parent, .. }
-        | Request::Symlink { parent, .. }
-        | Request::Unlink { parent, .. }
-        | Request::Rmdir { parent, .. } => [Some(parent), None],
-        Request::Link { new_parent, .. } => [Some(new_parent), None],
-        Request::Rename { parent, new_parent, .. } => [Some(parent), Some(new_parent)],
-        // The target's side of a cross-shard rename: the coordinator hands
-        // its refusal to the client.
-        Request::XRenameTarget { parent, .. } => [Some(parent), None],
-        _ => [None, None],
-    }
 }
 
 /// Runs a write whose data stays in its frame (`Frame::decode_write`), as

@@ -36,7 +36,7 @@ const NOTIFY_POLL: Duration = Duration::from_millis(50);
 /// its directory.
 const NOTIFY_POLL_HOLDING: Duration = Duration::from_millis(2);
 /// Acknowledgments of revoked tokens waiting to be sent, at most; past it the
-/// server waits for the lease to run out instead.
+/// writer waits out its bound (`ACK_WAIT_MAX` in pfs-server's `tokens.rs`).
 const ACKS_MAX: usize = 4096;
 
 /// What the notification thread shares with the client: the dentry cache, the

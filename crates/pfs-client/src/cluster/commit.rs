@@ -21,18 +21,9 @@ use crate::unsynced::{Mark, Taken, Unsynced};
 /// as ext4's does).
 pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Dirtied {
     let mut out = Dirtied::default();
-    let named: &[InodeId] = match req {
-        Request::Create { parent, .. }
-        | Request::Mkdir { parent, .. }
-        | Request::Mknod { parent, .. }
-        | Request::Symlink { parent, .. }
-        | Request::Unlink { parent, .. }
-        | Request::Rmdir { parent, .. }
-        | Request::RmdirBigDir { parent, .. } => &[*parent],
-        Request::Rename { parent, new_parent, .. }
-        | Request::RenameCross { parent, new_parent, .. } => &[*parent, *new_parent],
-        Request::Link { ino, new_parent, .. } => &[*ino, *new_parent],
-        Request::SetAttr { ino, .. }
+    let changed = match *req {
+        Request::Link { ino, .. }
+        | Request::SetAttr { ino, .. }
         | Request::Write { ino, .. }
         | Request::WriteData { ino, .. }
         | Request::TruncateData { ino, .. }
@@ -41,11 +32,11 @@ pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Dirtied {
         | Request::RemoveXattr { ino, .. }
         | Request::LayoutSet { ino, .. }
         | Request::AddLink { ino }
-        | Request::DropInode { ino } => &[*ino],
-        Request::AdjustDir { dir, .. } => &[*dir],
-        _ => &[],
+        | Request::DropInode { ino } => Some(ino),
+        Request::AdjustDir { dir, .. } => Some(dir),
+        _ => None,
     };
-    for &ino in named {
+    for ino in std::iter::once(changed).chain(req.name_dirs()).flatten() {
         out.push(ino);
     }
     match reply {

@@ -538,6 +538,28 @@ pub enum Request {
 }
 
 impl Request {
+    /// The directories in which the request looks up, makes or removes a
+    /// name: the directories whose entries a change of it touches, and where
+    /// a `NotFound` may mean that the directory itself is gone.
+    pub fn name_dirs(&self) -> [Option<InodeId>; 2] {
+        match *self {
+            Request::Lookup { parent, .. }
+            | Request::LookupData { parent, .. }
+            | Request::Create { parent, .. }
+            | Request::Mkdir { parent, .. }
+            | Request::Mknod { parent, .. }
+            | Request::Symlink { parent, .. }
+            | Request::Unlink { parent, .. }
+            | Request::Rmdir { parent, .. }
+            | Request::RmdirBigDir { parent, .. }
+            | Request::XRenameTarget { parent, .. } => [Some(parent), None],
+            Request::Link { new_parent, .. } => [Some(new_parent), None],
+            Request::Rename { parent, new_parent, .. }
+            | Request::RenameCross { parent, new_parent, .. } => [Some(parent), Some(new_parent)],
+            _ => [None, None],
+        }
+    }
+
     /// Whether the request may change a shard (the server then schedules a
     /// commit, and the client counts it as not yet durable until one).
     pub fn is_mutation(&self) -> bool {
