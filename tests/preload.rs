@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -195,6 +196,20 @@ fn coreutils_reach_the_cluster_without_the_kernel() {
     let seq = std::fs::read_to_string(c.mnt.join("a/seq.txt")).unwrap();
     assert_eq!(seq.lines().count(), 1200);
     assert_eq!(seq.lines().last(), Some("1200"));
+    // `cp -a` keeps modes: it sets each copy's access ACL, which the servers
+    // turn into the mode (docs/posix.md "extended attributes").
+    let tree = c._dir.0.join("modes");
+    std::fs::create_dir_all(tree.join("d750")).unwrap();
+    for (f, mode) in [("f644", 0o644), ("f755", 0o755), ("d750/f640", 0o640)] {
+        std::fs::write(tree.join(f), f).unwrap();
+        std::fs::set_permissions(tree.join(f), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    std::fs::set_permissions(tree.join("d750"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    c.run("cp", &["-a", tree.to_str().unwrap(), &c.p("a/modes")]);
+    for (f, mode) in [("f644", 0o644), ("f755", 0o755), ("d750", 0o750), ("d750/f640", 0o640)] {
+        let got = std::fs::metadata(c.mnt.join("a/modes").join(f)).unwrap().permissions().mode();
+        assert_eq!(got & 0o7777, mode, "{f}: {got:o}");
+    }
 }
 
 #[test]

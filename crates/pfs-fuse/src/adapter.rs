@@ -262,6 +262,9 @@ pub struct PfsFuse {
     readdirplus_always: bool,
     /// The io_uring counters, once the session has them (logged at unmount).
     pub(crate) uring_stats: Arc<OnceLock<Arc<fuser::UringStats>>>,
+    /// The session's notifier, once mounted: tells the kernel of attributes
+    /// a request changed that its reply does not carry.
+    pub(crate) notifier: Arc<OnceLock<fuser::Notifier>>,
     /// Directory attributes for the kernel's permission checks (see
     /// [`DirAttrs`]); shared with the invalidation callback.
     pub(crate) dir_attrs: Arc<DirAttrs>,
@@ -339,6 +342,7 @@ impl PfsFuse {
             writeback_cache: false,
             readdirplus_always: true,
             uring_stats: Arc::new(OnceLock::new()),
+            notifier: Arc::new(OnceLock::new()),
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
             ahead: Arc::new(StatAhead::new(ttl.attr.min(ttl.entry), true)),
             pages,
@@ -1365,6 +1369,18 @@ impl fuser::Filesystem for PfsFuse {
         let r = self.fs.setxattr(InodeId(ino.0), name, value, mode);
         // The inode's ctime moved.
         self.file_changed();
+        if r.is_ok() && name == b"system.posix_acl_access" {
+            // The ACL set the mode (pfs-store `shard/acl.rs`). The kernel
+            // marks only the ctime stale after a set it passed through, so its
+            // permission checks would use the old mode for `attr_timeout`.
+            self.dir_attrs.forget(ino.0);
+            if let Some(n) = self.notifier.get() {
+                // Attributes only (a negative offset): no page is dropped.
+                if let Err(e) = n.inval_inode(ino, -1, 0) {
+                    log::debug!("kernel invalidation of {}'s attributes: {e}", ino.0);
+                }
+            }
+        }
         Self::empty(reply, r);
     }
 

@@ -322,6 +322,7 @@ pub fn mount(
     let uring_stats = adapter.uring_stats.clone();
     let dir_attrs = adapter.dir_attrs.clone();
     let ahead = adapter.ahead.clone();
+    let adapter_notifier = adapter.notifier.clone();
     let session = Session::new(adapter, mountpoint, &cfg.fuser_config())
         .map_err(|e| format!("cannot mount on {}: {e}", mountpoint.display()))?;
     match (cfg.uring, session.uring_stats()) {
@@ -351,6 +352,7 @@ pub fn mount(
         }
     }
     let notifier = session.notifier();
+    let _ = adapter_notifier.set(notifier.clone());
     fs.set_invalidator(Box::new(move |inv| {
         // ENOENT means the kernel holds nothing to drop: fine.
         let r = match inv {

@@ -41,6 +41,7 @@ fn main() {
         ("overwrites_change_mtime_on_every_block", overwrites_change_mtime_on_every_block),
         ("small_files_read_with_their_lookup", small_files_read_with_their_lookup),
         ("capabilities_of_new_files", capabilities_of_new_files),
+        ("copies_keep_their_modes", copies_keep_their_modes),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -979,4 +980,101 @@ fn overwrites_change_mtime_on_every_block(root: &Path) {
         assert!((am, amn) > (bm, bmn), "block {b}: mtime did not move");
         assert!((ac, acn) > (bc, bcn), "block {b}: ctime did not move");
     }
+}
+
+/// `cp -a` copies a file's permissions by setting an access ACL the mode
+/// expresses (`system.posix_acl_access`) on a copy it created 0600 or 0700.
+/// Until 2026-11-28 pfs kept that ACL as an opaque attribute, and every copied
+/// file and directory without a special bit stayed 0600 or 0700. Such an ACL
+/// now sets the mode, at once also for the kernel's permission checks; one the
+/// mode cannot express is refused, and none is ever listed.
+fn copies_keep_their_modes(root: &Path) {
+    let src = std::env::temp_dir().join(format!("pfs-posix-modes-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&src);
+    let files =
+        [("f644", 0o644), ("f755", 0o755), ("f600", 0o600), ("f444", 0o444), ("f640", 0o640)];
+    let dirs =
+        [("d755", 0o755), ("d750", 0o750), ("d2755", 0o2755), ("d1777", 0o1777), ("d700", 0o700)];
+    fs::create_dir(&src).unwrap();
+    for (d, dmode) in dirs {
+        fs::create_dir(src.join(d)).unwrap();
+        for (f, fmode) in files {
+            let p = src.join(d).join(f);
+            fs::write(&p, f).unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(fmode)).unwrap();
+        }
+        fs::set_permissions(src.join(d), fs::Permissions::from_mode(dmode)).unwrap();
+    }
+    let copy = root.join("copy");
+    let out = Command::new("cp").arg("-a").arg(&src).arg(&copy).output().unwrap();
+    assert!(out.status.success(), "cp -a: {}", String::from_utf8_lossy(&out.stderr));
+    for (d, dmode) in dirs {
+        let got = fs::metadata(copy.join(d)).unwrap().mode() & 0o7777;
+        assert_eq!(got, dmode, "{d}: {got:o}");
+        for (f, fmode) in files {
+            let p = copy.join(d).join(f);
+            let got = fs::metadata(&p).unwrap().mode() & 0o7777;
+            assert_eq!(got, fmode, "{d}/{f}: {got:o}");
+            assert_eq!(fs::read(&p).unwrap(), f.as_bytes());
+        }
+    }
+    fs::remove_dir_all(&src).unwrap();
+
+    let acl = |entries: &[(u16, u16, u32)]| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for &(tag, perm, id) in entries {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    let set = |p: &Path, name: &str, value: &[u8]| -> Result<(), i32> {
+        let path = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        let name = std::ffi::CString::new(name).unwrap();
+        // SAFETY: valid C strings and a buffer of `value.len()` bytes.
+        let rc = unsafe {
+            libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+        }
+    };
+    let any = u32::MAX;
+    // An executable the kernel has just run, with its attributes cached: an
+    // ACL that takes every execute bit away stops the next run at once.
+    let script = root.join("script");
+    fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    assert!(Command::new(&script).status().unwrap().success());
+    set(&script, "system.posix_acl_access", &acl(&[(1, 6, any), (4, 4, any), (0x20, 4, any)]))
+        .unwrap();
+    let run = Command::new(&script).status();
+    assert_eq!(run.map_err(|e| e.raw_os_error()).err(), Some(Some(libc::EACCES)));
+    assert_eq!(fs::metadata(&script).unwrap().mode() & 0o7777, 0o644);
+    // Nothing is kept but the mode.
+    let path = std::ffi::CString::new(script.as_os_str().as_bytes()).unwrap();
+    let mut buf = [0u8; 256];
+    // SAFETY: valid C strings and a buffer of `buf.len()` bytes.
+    let got = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!((got, std::io::Error::last_os_error().raw_os_error()), (-1, Some(libc::ENODATA)));
+    // SAFETY: as above.
+    let listed = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(listed, 0, "{:?}", &buf[..listed.max(0) as usize]);
+    // What the mode cannot express is refused, and changes nothing.
+    let named = acl(&[(1, 6, any), (2, 6, 1000), (4, 4, any), (0x10, 6, any), (0x20, 4, any)]);
+    assert_eq!(set(&script, "system.posix_acl_access", &named), Err(libc::EOPNOTSUPP));
+    let dir = root.join("copy");
+    let default = acl(&[(1, 7, any), (4, 5, any), (0x20, 5, any)]);
+    assert_eq!(set(&dir, "system.posix_acl_default", &default), Err(libc::EOPNOTSUPP));
+    assert_eq!(fs::metadata(&script).unwrap().mode() & 0o7777, 0o644);
 }

@@ -1366,6 +1366,11 @@ impl FileSystem for Cluster {
                 if name.starts_with(b"user.pfs.") {
                     self.caches.forget_layout(ino);
                 }
+                if name == b"system.posix_acl_access" {
+                    // It set the mode: a cached lookup of this directory
+                    // would hand the old one back.
+                    self.caches.dcache.lock().expect("dcache lock").invalidate_ino(ino);
+                }
                 if let Some((hold, new)) = held.as_mut() {
                     hold.release = TokenMode::relaid(*new);
                 }

@@ -9,7 +9,7 @@ use pfs_core::{
     NAME_MAX,
 };
 
-use super::{tables, Shard, PAGE_SIZE};
+use super::{acl, tables, Shard, PAGE_SIZE};
 use crate::device::Device;
 use crate::inode::Inode;
 use crate::wal::Change;
@@ -804,6 +804,11 @@ impl<D: Device> Shard<D> {
         if name == XATTR_FILE_LAYOUT {
             return Ok(file_layout_name(inode.file_layout).as_bytes().to_vec());
         }
+        if acl::is_acl(name) {
+            // None is kept (an ACL the mode expresses is the mode); one kept
+            // by a version before 2026-11-28 was never in force.
+            return Err(FsError::NoAttr);
+        }
         self.xattrs.get(&ino).and_then(|m| m.get(name)).cloned().ok_or(FsError::NoAttr)
     }
 
@@ -847,7 +852,23 @@ impl<D: Device> Shard<D> {
             self.put_inode(&inode)?;
             return self.finish();
         }
+        if name == acl::XATTR_ACL_DEFAULT {
+            return Err(acl::default_refused());
+        }
         let exists = self.xattrs.get(&ino).is_some_and(|m| m.contains_key(name));
+        if name == acl::XATTR_ACL_ACCESS {
+            // The mode is the ACL (`acl.rs`); the set is a chmod of the
+            // permission bits, as ext4 makes it.
+            let perm = acl::access_perm(value)?;
+            self.begin()?;
+            if exists {
+                self.log(Change::XattrDel { ino, name: name.to_vec() })?;
+            }
+            inode.perm = (inode.perm & !0o777) | perm;
+            inode.ctime_ns = self.now();
+            self.put_inode(&inode)?;
+            return self.finish();
+        }
         if flags.create && exists {
             return Err(FsError::Exists);
         }
@@ -865,7 +886,8 @@ impl<D: Device> Shard<D> {
     /// Names of the extended attributes of `ino`.
     pub fn listxattr(&mut self, ino: InodeId) -> FsResult<Vec<Vec<u8>>> {
         self.inode(ino)?;
-        Ok(self.xattrs.get(&ino).map(|m| m.keys().cloned().collect()).unwrap_or_default())
+        let Some(m) = self.xattrs.get(&ino) else { return Ok(Vec::new()) };
+        Ok(m.keys().filter(|n| !acl::is_acl(n)).cloned().collect())
     }
 
     /// Removes extended attribute `name`.

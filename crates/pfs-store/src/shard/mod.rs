@@ -3,6 +3,7 @@
 //! - [`geometry`]: zone layout, superblock, checkpoint headers.
 //! - [`tables`]: encoding of the in-memory tables into a checkpoint.
 //! - [`meta`]: namespace operations (create, lookup, rename, readdir, xattrs, ...).
+//! - [`acl`]: POSIX ACLs, kept in the mode bits where the mode expresses them.
 //! - [`data`]: file data (block / file / io layouts), truncate.
 //! - [`cache`]: the read cache of data pages, and read-ahead for sequential readers.
 //! - [`commit`] and [`checkpoint`]: group commit and checkpoints, as steps the
@@ -14,6 +15,7 @@
 //! [`Shard::log`], which both changes memory and appends to the operation's WAL
 //! record, so live operation and replay share one code path.
 
+pub mod acl;
 pub mod cache;
 pub mod check;
 mod checkpoint;
