@@ -1244,3 +1244,53 @@ fn an_unreachable_cluster_is_one_message_and_eio() {
     assert_eq!(stdout.lines().collect::<Vec<_>>(), ["a 5", "b 5", "root True"]);
     assert_eq!(stderr.matches("missing.toml").count(), 1, "one message, naming the file");
 }
+
+/// `O_APPEND` writes of two library clients and of the FUSE mount, at the
+/// same time on one file, all land and none over another (docs/posix.md
+/// "O_APPEND"). Until 2026-11-28 the library asked for the size and then
+/// wrote there, and the mount's kernel wrote at the size it had cached.
+#[test]
+fn appends_of_library_clients_and_the_mount_never_overlap() {
+    let c = Cluster::start("appends");
+    std::fs::write(c.mnt.join("log"), b"").unwrap();
+    // Writer W appends 200 records of 11 to 2,000 bytes, each a header and
+    // its filler, with os.write on an O_APPEND descriptor (and a pwrite,
+    // which appends all the same on Linux).
+    let script = "import os, sys\n\
+        path, w = sys.argv[1], int(sys.argv[2])\n\
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)\n\
+        for i in range(200):\n\
+        \x20   n = 11 + (i * 97 + w * 13) % 1990\n\
+        \x20   h = f'<{w}:{i}:{n}>'.encode()\n\
+        \x20   r = h + bytes([97 + (w + i) % 26]) * (n - len(h) - 1) + b'\\n'\n\
+        \x20   (os.pwrite(fd, r, 0) if i % 2 else os.write(fd, r))\n";
+    let lib_log = c.p("log");
+    let mnt_log = c.mnt.join("log");
+    let writers: Vec<std::process::Child> = (0..3)
+        .map(|w| {
+            let mut cmd =
+                if w < 2 { c.command(&c.pfs, "python3") } else { Command::new("python3") };
+            let path = if w < 2 { lib_log.clone() } else { mnt_log.to_str().unwrap().to_string() };
+            cmd.args(["-c", script, &path, &w.to_string()]).spawn().unwrap()
+        })
+        .collect();
+    for mut child in writers {
+        assert!(child.wait().unwrap().success());
+    }
+    let log = std::fs::read(&mnt_log).unwrap();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut at = 0;
+    while at < log.len() {
+        let end = at + log[at..].iter().position(|&b| b == b'>').expect("a record header");
+        let head = std::str::from_utf8(&log[at + 1..end]).unwrap();
+        let f: Vec<usize> = head.split(':').map(|x| x.parse().unwrap()).collect();
+        let (w, i, n) = (f[0], f[1], f[2]);
+        assert_eq!(n, 11 + (i * 97 + w * 13) % 1990, "record {head} at {at}");
+        let body = &log[end + 1..at + n - 1];
+        assert!(body.iter().all(|&b| b == 97 + ((w + i) % 26) as u8), "record {head} whole");
+        assert_eq!(log[at + n - 1], b'\n');
+        assert!(seen.insert((w, i)), "record {head} twice");
+        at += n;
+    }
+    assert_eq!(seen.len(), 600, "every record of the three writers");
+}

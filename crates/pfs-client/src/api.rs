@@ -189,6 +189,20 @@ pub trait FileSystem: Send + Sync + 'static {
     }
     /// Writes `data` at `offset`; may return before the data is durable.
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32>;
+    /// Writes `data` at the end of the file, as an `O_APPEND` write: where the
+    /// end is and the file's growth past it are decided in one step where the
+    /// size lives, so appends of several clients (other nodes) never land on
+    /// each other. A file capability is removed first, and with
+    /// `kill_suidgid` the set-user-ID and set-group-ID bits as a write by an
+    /// unprivileged writer clears them. Returns the offset written at and the
+    /// bytes written.
+    fn append(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<(u64, u32)>;
     /// Waits until every write through `fh` finished (called on each close).
     fn flush(&self, ino: InodeId, fh: FileHandle) -> FsResult<()>;
     /// Makes `ino`'s data (and metadata unless `datasync`) durable: every write

@@ -6,7 +6,7 @@
 //! numbers are the FUSE node ids (the root is 1 in both), so `forget` has nothing
 //! to drop. It does keep one bounded table: the open directory streams.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -287,6 +287,12 @@ pub struct PfsFuse {
     /// Files this mount just created, whose capability check before a write
     /// needs no request ([`crate::newfiles`]).
     new_files: NewFiles,
+    /// Handles opened with `O_APPEND` (without the writeback cache): the
+    /// kernel sends their writes uncached (`FOPEN_DIRECT_IO`) at the end it
+    /// knows, and each is written at the end the file's home knows
+    /// ([`FileSystem::append`]), so appends of several nodes never land on
+    /// each other. Bounded by the handles open.
+    appending: Mutex<HashSet<u64>>,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -351,6 +357,7 @@ impl PfsFuse {
             small_by_lookup: true,
             data_changes: AtomicU64::new(0),
             new_files: NewFiles::default(),
+            appending: Mutex::new(HashSet::new()),
         }
     }
 
@@ -510,6 +517,18 @@ impl PfsFuse {
     /// it, successful or not): listings asked for before it lose their attributes.
     fn file_changed(&self) {
         self.file_changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Notes a handle just opened with `flags`: one opened with `O_APPEND`
+    /// (without the writeback cache) appends at the home's end, and its pages
+    /// must not be cached where the kernel thinks its writes went
+    /// (`FOPEN_DIRECT_IO`, returned for the open's reply).
+    fn opened_for_appends(&self, fh: u64, flags: i32) -> FopenFlags {
+        if flags & libc::O_APPEND == 0 || self.writeback_cache {
+            return FopenFlags::empty();
+        }
+        self.appending.lock().expect("appending lock").insert(fh);
+        FopenFlags::FOPEN_DIRECT_IO
     }
 
     /// Whether this mount has `ino` open.
@@ -1069,6 +1088,7 @@ impl fuser::Filesystem for PfsFuse {
                     // Nothing to wait for or publish at its close: no FLUSH.
                     open_flags |= FopenFlags::FOPEN_NOFLUSH;
                 }
+                open_flags |= self.opened_for_appends(fh.0, flags.0);
                 reply.opened(KHandle(fh.0), open_flags)
             }
             Err(e) => reply.error(stale(&e)),
@@ -1118,8 +1138,8 @@ impl fuser::Filesystem for PfsFuse {
         fh: KHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1135,12 +1155,33 @@ impl fuser::Filesystem for PfsFuse {
             self.pages.filled(ino.0);
         }
         self.data_changed();
-        let r = self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data);
+        let append = flags.0 & libc::O_APPEND != 0
+            && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
+            && self.appending.lock().expect("appending lock").contains(&fh.0);
+        let r = if append {
+            // Where the home's end is, not the kernel's: the kernel's size
+            // misses other nodes' appends for up to `attr_timeout`.
+            let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+            let r = self.fs.append(InodeId(ino.0), FileHandle(fh.0), data, kill);
+            if kill {
+                // The mode may have changed; the kernel keeps it otherwise.
+                if let Some(n) = self.notifier.get() {
+                    let _ = n.inval_inode(ino, -1, 0);
+                }
+            }
+            if let Ok((at, _)) = r {
+                log::trace!("append ino {} fh {} landed at {at:#x}", ino.0, fh.0);
+            }
+            r.map(|(_, n)| n)
+        } else {
+            self.fs.write(InodeId(ino.0), FileHandle(fh.0), offset, data)
+        };
         self.data_changed();
         self.file_changed();
         match r {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(&e)),
+            // The file was removed (by another node) after its open.
+            Err(e) => reply.error(stale(&e)),
         }
     }
 
@@ -1168,6 +1209,9 @@ impl fuser::Filesystem for PfsFuse {
     ) {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
         self.small.released(fh.0);
+        if flags.0 & libc::O_APPEND != 0 {
+            self.appending.lock().expect("appending lock").remove(&fh.0);
+        }
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             // Published now: a size the listing's attributes may not have.
@@ -1472,7 +1516,7 @@ impl fuser::Filesystem for PfsFuse {
                     &kernel_attr(&a),
                     Generation(0),
                     KHandle(fh.0),
-                    FopenFlags::empty(),
+                    self.opened_for_appends(fh.0, flags),
                 )
             }
             Err(e) => reply.error(errno(&e)),

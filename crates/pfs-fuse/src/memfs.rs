@@ -227,6 +227,20 @@ impl Inner {
     }
 }
 
+/// A write at `offset` under the file system's lock.
+fn write_locked(g: &mut Inner, ino: InodeId, offset: u64, data: &[u8]) -> FsResult<u32> {
+    let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooLarge)?;
+    if end > g.node(ino)?.data.len() as u64 {
+        g.resize(ino, end)?;
+    }
+    let n = g.node_mut(ino)?;
+    n.data[offset as usize..end as usize].copy_from_slice(data);
+    let t = now_ns();
+    n.attr.mtime_ns = t;
+    n.attr.ctime_ns = t;
+    Ok(data.len() as u32)
+}
+
 impl FileSystem for MemFs {
     fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
         if name.len() > NAME_MAX {
@@ -459,17 +473,19 @@ impl FileSystem for MemFs {
     }
 
     fn write(&self, ino: InodeId, _fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
+        write_locked(&mut self.lock(), ino, offset, data)
+    }
+
+    fn append(
+        &self,
+        ino: InodeId,
+        _fh: FileHandle,
+        data: &[u8],
+        _kill_suidgid: bool,
+    ) -> FsResult<(u64, u32)> {
         let mut g = self.lock();
-        let end = offset.checked_add(data.len() as u64).ok_or(FsError::FileTooLarge)?;
-        if end > g.node(ino)?.data.len() as u64 {
-            g.resize(ino, end)?;
-        }
-        let n = g.node_mut(ino)?;
-        n.data[offset as usize..end as usize].copy_from_slice(data);
-        let t = now_ns();
-        n.attr.mtime_ns = t;
-        n.attr.ctime_ns = t;
-        Ok(data.len() as u32)
+        let offset = g.node(ino)?.data.len() as u64;
+        Ok((offset, write_locked(&mut g, ino, offset, data)?))
     }
 
     fn flush(&self, _ino: InodeId, _fh: FileHandle) -> FsResult<()> {

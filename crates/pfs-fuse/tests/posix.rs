@@ -69,6 +69,7 @@ fn main() {
         ("page_cache_follows_versions", "", page_cache_follows_versions),
         ("small_files_close_to_open", "", small_files_close_to_open),
         ("a_directory_made_again_by_another_mount", "", a_directory_made_again_by_another_mount),
+        ("appends_of_two_mounts_never_overlap", "", appends_of_two_mounts_never_overlap),
     ];
     for (name, b_opts, case) in two_mount_cases {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -928,7 +929,8 @@ fn capabilities_of_new_files(root: &Path) {
     let old = root.join("old");
     fs::write(&old, b"x").unwrap();
     std::thread::sleep(Duration::from_millis(1100));
-    let mut file = fs::OpenOptions::new().append(true).open(&old).unwrap();
+    let mut file = fs::OpenOptions::new().write(true).open(&old).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).unwrap();
     for _ in 0..20 {
         std::io::Write::write_all(&mut file, b"y").unwrap();
     }
@@ -939,6 +941,15 @@ fn capabilities_of_new_files(root: &Path) {
     drop(file);
     assert_eq!(getcap(&old), "", "the write dropped the capability");
     assert_eq!(fs::read(&old).unwrap().len(), 22);
+    // An O_APPEND write bypasses the kernel's cache and its check: the
+    // file's home drops the capability with the append.
+    let st = Command::new("setcap").arg("cap_net_raw+ep").arg(&old).status().expect("setcap");
+    assert!(st.success() && getcap(&old).contains("cap_net_raw"));
+    let mut file = fs::OpenOptions::new().append(true).open(&old).unwrap();
+    std::io::Write::write_all(&mut file, b"!").unwrap();
+    drop(file);
+    assert_eq!(getcap(&old), "", "the append dropped the capability");
+    assert_eq!(fs::read(&old).unwrap().len(), 23);
 }
 
 /// `a` and `b` are one directory on two mounts. A file's bytes that a `stat` on
@@ -1077,4 +1088,75 @@ fn copies_keep_their_modes(root: &Path) {
     let default = acl(&[(1, 7, any), (4, 5, any), (0x20, 5, any)]);
     assert_eq!(set(&dir, "system.posix_acl_default", &default), Err(libc::EOPNOTSUPP));
     assert_eq!(fs::metadata(&script).unwrap().mode() & 0o7777, 0o644);
+}
+
+/// `O_APPEND` writes through two mounts of one cluster (two nodes' kernels,
+/// each with its own idea of the file's size) all land, none over another:
+/// each goes where the file's home says its end is. Records of 9 bytes to
+/// 200 KiB, so some cross blocks and shards. Until 2026-11-28 each kernel
+/// wrote at the size it had cached, and about half of the records of four
+/// writers were overwritten. Then the file is removed through one mount and
+/// appended to at once through the other, whose kernel still holds the old
+/// name: the open fails over to a new file (`ESTALE`, the kernel walks the
+/// path again) instead of its writes failing.
+fn appends_of_two_mounts_never_overlap(a: &Path, b: &Path) {
+    use std::io::Write as _;
+    const WRITERS: usize = 4;
+    const RECORDS: usize = 40;
+    let record = |w: usize, i: usize| -> Vec<u8> {
+        let len = match i % 4 {
+            0 => 9,
+            1 => 3901,
+            2 => 70_000,
+            _ => 200_000 + w,
+        };
+        let mut r = format!("<{w}:{i}:{len}>").into_bytes();
+        r.resize(len.max(r.len() + 1), b'a' + (w * 7 + i) as u8 % 26);
+        *r.last_mut().unwrap() = b'\n';
+        r
+    };
+    let path = |w: usize| if w % 2 == 0 { a.join("log") } else { b.join("log") };
+    fs::write(a.join("log"), b"").unwrap();
+    std::thread::scope(|s| {
+        for w in 0..WRITERS {
+            let p = path(w);
+            s.spawn(move || {
+                let mut f = fs::OpenOptions::new().append(true).open(&p).unwrap();
+                for i in 0..RECORDS {
+                    f.write_all(&record(w, i)).unwrap();
+                }
+            });
+        }
+    });
+    let log = fs::read(a.join("log")).unwrap();
+    let mut want: Vec<Vec<u8>> =
+        (0..WRITERS).flat_map(|w| (0..RECORDS).map(move |i| record(w, i))).collect();
+    let total: usize = want.iter().map(Vec::len).sum();
+    assert_eq!(log.len(), total, "the log holds every record's bytes");
+    // Parse it record by record: each whole, each once.
+    let mut at = 0;
+    let mut got = Vec::new();
+    while at < log.len() {
+        let head = &log[at..log.len().min(at + 32)];
+        let end = head.iter().position(|&c| c == b'>').expect("a record header");
+        let fields: Vec<usize> = std::str::from_utf8(&head[1..end])
+            .unwrap()
+            .split(':')
+            .map(|f| f.parse().unwrap())
+            .collect();
+        let rec = record(fields[0], fields[1]);
+        assert_eq!(&log[at..at + rec.len()], &rec[..], "record {fields:?} at {at} is whole");
+        got.push(rec.clone());
+        at += rec.len();
+    }
+    got.sort();
+    want.sort();
+    assert!(got == want, "every record once");
+    // B's kernel holds the name; A removes the file; B appends at once.
+    assert_eq!(fs::metadata(b.join("log")).unwrap().len(), total as u64);
+    fs::remove_file(a.join("log")).unwrap();
+    let mut f = fs::OpenOptions::new().create(true).append(true).open(b.join("log")).unwrap();
+    f.write_all(b"new\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(a.join("log")).unwrap(), b"new\n");
 }

@@ -981,14 +981,27 @@ fn write_with(
 ) -> Res<(usize, u64)> {
     f.wrote.store(true, Ordering::Release);
     changed(f.ino);
+    // An `O_APPEND` write (a `pwrite` too, as Linux does it) goes where the
+    // file's home says its end is, decided there in one step: other
+    // processes' and nodes' appends never land on it.
+    let append = f.flags() & libc::O_APPEND != 0;
     let mut at = match offset {
-        Some(o) if f.flags() & libc::O_APPEND == 0 => o,
-        _ => fs.fs.getattr(f.ino).map_err(errno)?.size,
+        Some(o) if !append => o,
+        _ => 0,
     };
     let mut done = 0;
     while done < data.len() {
         let end = (done + IO_MAX).min(data.len());
-        match fs.fs.write(f.ino, fh, at, &data[done..end]) {
+        let wrote = if append {
+            // (The library kills no set-ID bits on writes, as elsewhere.)
+            fs.fs.append(f.ino, fh, &data[done..end], false).map(|(o, n)| {
+                at = o;
+                n
+            })
+        } else {
+            fs.fs.write(f.ino, fh, at, &data[done..end])
+        };
+        match wrote {
             Ok(0) => break,
             Ok(n) => {
                 done += n as usize;

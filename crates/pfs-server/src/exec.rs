@@ -3,7 +3,7 @@
 
 use pfs_core::wire::{
     DirEntry, Entry, InodeLayout, Reply, Request, WriteRef, WriteTarget, XattrSetMode,
-    MAX_LOOKUP_DATA_BYTES,
+    MAX_IO_BYTES, MAX_LOOKUP_DATA_BYTES,
 };
 use pfs_core::{DirLayout, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr};
 use pfs_store::device::Device;
@@ -12,6 +12,8 @@ use pfs_store::shard::meta::{
 };
 use pfs_store::{CreateArgs, RenameFlags, Shard, XattrFlags};
 
+/// The file capability a write removes.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
 /// Bytes one readdir entry takes in a reply besides its name (with attributes).
 const DIRENT_OVERHEAD_BYTES: usize = 2 + 8 + 1 + 8 + 1 + 96;
 /// Most entries one readdir reply carries.
@@ -100,6 +102,7 @@ pub(crate) fn deferrable(req: &Request) -> bool {
             | Request::Link { .. }
             | Request::ReserveData { .. }
             | Request::ExtendSize { .. }
+            | Request::Append { .. }
             | Request::LayoutSet { .. }
     )
 }
@@ -195,6 +198,7 @@ fn trace_request(req: &Request) {
         }
         Request::SetAttr { ino, set } => log::trace!("{w} SetAttr ino {ino} size {:?}", set.size),
         Request::ExtendSize { ino, size } => log::trace!("{w} ExtendSize ino {ino} to {size:#x}"),
+        Request::Append { ino, len, .. } => log::trace!("{w} Append ino {ino} of {len:#x}"),
         Request::FollowUps { from, ops } => log::trace!("{w} FollowUps from {from}: {ops:?}"),
         _ => {}
     }
@@ -380,6 +384,37 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
                 shard.setattr(ino, SetAttr { size: Some(size), ..SetAttr::default() })?
             };
             Reply::ExtendSize { attr, ctime_before }
+        }
+        Request::Append { ino, len, kill_suidgid } => {
+            // One request on the home's worker: no other change of the size
+            // comes between the read and the growth, so two appends never
+            // get the same offset.
+            let attr = shard.getattr(ino)?;
+            if attr.kind != FileType::Regular {
+                return Err(FsError::Invalid(format!("append to a {:?}", attr.kind)));
+            }
+            if len > MAX_IO_BYTES as u64 {
+                return Err(FsError::Invalid(format!("append of {len} bytes: at most 1 MiB")));
+            }
+            let offset = attr.size;
+            let end = offset + len;
+            if end > pfs_core::MAX_FILE_SIZE {
+                return Err(FsError::FileTooLarge);
+            }
+            let ctime_before = attr.ctime_ns;
+            // What the kernel's `file_remove_privs` does before a cached
+            // write; an append through the mount is uncached, so it is done
+            // here, before the bytes go anywhere.
+            if shard.getxattr(ino, CAPABILITY_XATTR).is_ok() {
+                shard.removexattr(ino, CAPABILITY_XATTR)?;
+            }
+            let kill = if attr.perm & 0o010 != 0 { 0o6000 } else { 0o4000 };
+            if kill_suidgid && attr.perm & kill != 0 {
+                let perm = Some(attr.perm & !kill);
+                shard.setattr(ino, SetAttr { perm, ..SetAttr::default() })?;
+            }
+            let attr = shard.setattr(ino, SetAttr { size: Some(end), ..SetAttr::default() })?;
+            Reply::Append { offset, attr, ctime_before }
         }
         Request::XRenameTarget { txn, parent, name, value, flags } => {
             let noreplace = flags.contains(pfs_core::wire::RenameFlags::NOREPLACE);
@@ -647,6 +682,53 @@ mod tests {
             Request::Fsync { ino: InodeId::ROOT, fh: FileHandle(0), datasync: false },
         );
         assert_eq!(d, Durability::AfterCommit);
+    }
+
+    #[test]
+    fn appends_take_successive_ends() {
+        let mut s = shard();
+        let ino = create(&mut s, "log");
+        let append = |len| Request::Append { ino, len, kill_suidgid: false };
+        let mut expect = 0;
+        for len in [10, 70_000, 1, MAX_IO_BYTES as u64] {
+            let Reply::Append { offset, attr, ctime_before } = ok(&mut s, append(len)) else {
+                panic!()
+            };
+            assert_eq!(offset, expect, "the size before");
+            expect += len;
+            assert_eq!(attr.size, expect, "the file grew by the write's length");
+            assert!(attr.ctime_ns > ctime_before);
+        }
+        // Bounded by one write, not by what a client asks; only files.
+        let err = execute(&mut s, append(MAX_IO_BYTES as u64 + 1)).0.unwrap_err();
+        assert!(matches!(err, FsError::Invalid(_)), "{err:?}");
+        let root = Request::Append { ino: InodeId::ROOT, len: 1, kill_suidgid: false };
+        let err = execute(&mut s, root).0.unwrap_err();
+        assert!(matches!(err, FsError::Invalid(_)), "{err:?}");
+        ok(
+            &mut s,
+            Request::SetAttr {
+                ino,
+                set: SetAttr { size: Some(pfs_core::MAX_FILE_SIZE - 5), ..SetAttr::default() },
+            },
+        );
+        assert_eq!(execute(&mut s, append(6)).0.unwrap_err(), FsError::FileTooLarge);
+        assert_eq!(s.getattr(ino).unwrap().size, pfs_core::MAX_FILE_SIZE - 5, "unchanged");
+        // What a write takes from the file: its capability always, set-ID
+        // bits when the writer may not keep them.
+        let f = create(&mut s, "privileged");
+        let cap = || XattrSetMode::Any;
+        for (kill, perm, after) in
+            [(false, 0o6755, 0o6755), (true, 0o6755, 0o0755), (true, 0o6745, 0o2745)]
+        {
+            let set = SetAttr { perm: Some(perm), ..SetAttr::default() };
+            ok(&mut s, Request::SetAttr { ino: f, set });
+            let name = CAPABILITY_XATTR.to_vec();
+            ok(&mut s, Request::SetXattr { ino: f, name, value: vec![1; 20], mode: cap() });
+            ok(&mut s, Request::Append { ino: f, len: 1, kill_suidgid: kill });
+            assert_eq!(s.getattr(f).unwrap().perm, after, "kill {kill}, {perm:o}");
+            assert_eq!(s.getxattr(f, CAPABILITY_XATTR).unwrap_err(), FsError::NoAttr);
+        }
     }
 
     #[test]

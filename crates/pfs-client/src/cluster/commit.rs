@@ -28,6 +28,7 @@ pub(crate) fn dirtied(req: &Request, reply: &Reply) -> Dirtied {
         | Request::WriteData { ino, .. }
         | Request::TruncateData { ino, .. }
         | Request::ExtendSize { ino, .. }
+        | Request::Append { ino, .. }
         | Request::SetXattr { ino, .. }
         | Request::RemoveXattr { ino, .. }
         | Request::LayoutSet { ino, .. }

@@ -430,6 +430,34 @@ impl Cluster {
         Ok(data.len() as u32)
     }
 
+    /// `FileSystem::append`: the home grows the file by `data`'s length and
+    /// says where it was (`Append`, one step on its worker), and the bytes go
+    /// there as any write's. Until they land, readers on other clients may
+    /// see zeros there; they are promised the bytes at this client's close
+    /// (docs/reliability.md), as for any write.
+    pub(crate) fn append_range(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<(u64, u32)> {
+        if data.len() > MAX_IO_BYTES {
+            return Err(FsError::Invalid(format!("append of {} bytes: at most 1 MiB", data.len())));
+        }
+        let file = self.files.get(fh)?;
+        if let Some(e) = file.state.lock().expect("open file lock").first_error.take() {
+            return Err(e);
+        }
+        let len = data.len() as u64;
+        let grown = self.call_home(ino, Request::Append { ino, len, kill_suidgid }).and_then(|r| {
+            expect_reply!(r, Reply::Append { offset, attr, ctime_before } => (offset, attr, ctime_before))
+        });
+        let (offset, attr, before) = grown.inspect_err(|_| self.changed_version(ino, None))?;
+        self.changed_version(ino, Some((before, attr.ctime_ns)));
+        Ok((offset, self.write_range(ino, fh, offset, data)?))
+    }
+
     /// `FileSystem::flush`.
     pub(crate) fn flush_handle(&self, fh: FileHandle) -> FsResult<()> {
         self.drain(&*self.files.get(fh)?)

@@ -1219,7 +1219,16 @@ impl FileSystem for Cluster {
     /// client removed in between then opens, and its reads and `fstat` fail with
     /// `NotFound` (`ESTALE` through the mount) instead of the open
     /// (docs/posix.md). Otherwise one `LayoutGet` both checks and learns it.
-    fn open(&self, ino: InodeId, _flags: u32) -> FsResult<FileHandle> {
+    fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle> {
+        let flags = flags as i32;
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
+            // An open that may write asks the home (for the layout) even when
+            // the layout is cached: a file another node removed since this
+            // client looked it up fails the open with `NotFound` (`ESTALE`
+            // through the mount, and the kernel walks the path again, so an
+            // `O_CREAT` open makes the file anew) instead of its writes.
+            self.caches.forget_layout(ino);
+        }
         let layout = self.layout_of(ino)?.file;
         self.files.open(ino, layout, None)
     }
@@ -1251,6 +1260,16 @@ impl FileSystem for Cluster {
 
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.write_range(ino, fh, offset, data)
+    }
+
+    fn append(
+        &self,
+        ino: InodeId,
+        fh: FileHandle,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> FsResult<(u64, u32)> {
+        self.append_range(ino, fh, data, kill_suidgid)
     }
 
     fn flush(&self, _ino: InodeId, fh: FileHandle) -> FsResult<()> {

@@ -40,7 +40,7 @@ pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode
 /// First four bytes of every frame: `"PFSW"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"PFSW");
 /// The protocol version this build speaks; a frame of another version is refused.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 32;
 /// Largest read or write payload: 1 MiB, FUSE's `max_write`.

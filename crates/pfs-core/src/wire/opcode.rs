@@ -102,11 +102,14 @@ pub enum Opcode {
     /// Answer once every change the shard acknowledged before is durable,
     /// without hurrying its commit.
     Durable = 48,
+    /// Grow a file by a length for an `O_APPEND` write, answering where the
+    /// write goes (the size before).
+    Append = 49,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 48] = [
+    pub const ALL: [Opcode; 49] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -155,6 +158,7 @@ impl Opcode {
         Opcode::GetParent,
         Opcode::LookupData,
         Opcode::Durable,
+        Opcode::Append,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -177,7 +181,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(49), None);
+        assert_eq!(Opcode::from_u16(50), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

@@ -135,6 +135,15 @@ pub enum Reply {
         /// The inode's `ctime` before (see [`Reply::Write`]).
         ctime_before: TimeNs,
     },
+    /// Where an `O_APPEND` write goes, and the attributes after the file grew.
+    Append {
+        /// The offset to write at: the size before.
+        offset: u64,
+        /// The attributes now.
+        attr: FileAttr,
+        /// The inode's `ctime` before (see [`Reply::Write`]).
+        ctime_before: TimeNs,
+    },
     /// The master accepted the server.
     Register {
         /// The server's id in the view.
@@ -292,6 +301,7 @@ impl Reply {
             Reply::ReadData(_) => Opcode::ReadData,
             Reply::TruncateData => Opcode::TruncateData,
             Reply::ExtendSize { .. } => Opcode::ExtendSize,
+            Reply::Append { .. } => Opcode::Append,
             Reply::Register { .. } => Opcode::Register,
             Reply::Heartbeat { .. } => Opcode::Heartbeat,
             Reply::GetView(_) => Opcode::GetView,
@@ -328,6 +338,12 @@ impl Reply {
             }
             Reply::GetAttr(a) | Reply::SetAttr(a) | Reply::AddLink(a) => a.put(w),
             Reply::ExtendSize { attr, ctime_before } => {
+                attr.put(w)?;
+                w.i64(*ctime_before);
+                Ok(())
+            }
+            Reply::Append { offset, attr, ctime_before } => {
+                w.u64(*offset);
                 attr.put(w)?;
                 w.i64(*ctime_before);
                 Ok(())
@@ -528,6 +544,11 @@ impl Reply {
             Opcode::WriteData => Reply::WriteData { written: r.u32("bytes written")? },
             Opcode::ReadData => Reply::ReadData(r.bytes32("read data", MAX_IO_BYTES)?.to_vec()),
             Opcode::TruncateData => Reply::TruncateData,
+            Opcode::Append => Reply::Append {
+                offset: r.u64("append offset")?,
+                attr: FileAttr::get(r)?,
+                ctime_before: r.i64("ctime before")?,
+            },
             Opcode::ExtendSize => {
                 Reply::ExtendSize { attr: FileAttr::get(r)?, ctime_before: r.i64("ctime before")? }
             }

@@ -401,6 +401,20 @@ pub enum Request {
         /// The size the file must at least have.
         size: u64,
     },
+    /// Grow file `ino` by `len` bytes at its home, for an `O_APPEND` write
+    /// of that many: the reply says where the write goes (the size before),
+    /// so appends of several clients never overlap. The client then writes
+    /// there as any write.
+    Append {
+        /// The file.
+        ino: InodeId,
+        /// The write's length (at most `MAX_IO_BYTES`).
+        len: u64,
+        /// Clear the set-user-ID bit, and the set-group-ID bit of a
+        /// group-executable file: the writer may not keep them (the kernel's
+        /// `FUSE_WRITE_KILL_SUIDGID`). A file capability goes either way.
+        kill_suidgid: bool,
+    },
     /// Server to master, at start: join the cluster (or rejoin as `server`).
     Register {
         /// The id this server had (read from its zones), or `None` for a new one.
@@ -618,6 +632,7 @@ impl Request {
             Request::ReadData { .. } => Opcode::ReadData,
             Request::TruncateData { .. } => Opcode::TruncateData,
             Request::ExtendSize { .. } => Opcode::ExtendSize,
+            Request::Append { .. } => Opcode::Append,
             Request::Register { .. } => Opcode::Register,
             Request::Heartbeat { .. } => Opcode::Heartbeat,
             Request::GetView => Opcode::GetView,
@@ -801,6 +816,12 @@ impl Request {
             Request::ExtendSize { ino, size } => {
                 w.u64(ino.0);
                 w.u64(*size);
+                Ok(())
+            }
+            Request::Append { ino, len, kill_suidgid } => {
+                w.u64(ino.0);
+                w.u64(*len);
+                w.u8(u8::from(*kill_suidgid));
                 Ok(())
             }
             Request::Register { server, addr, workers, usage } => {
@@ -1004,6 +1025,11 @@ impl Request {
                 old_size: r.u64("truncate old size")?,
             },
             Opcode::ExtendSize => Request::ExtendSize { ino: ino(r)?, size: r.u64("size")? },
+            Opcode::Append => Request::Append {
+                ino: ino(r)?,
+                len: r.u64("append length")?,
+                kill_suidgid: r.u8("append flags")? & 1 != 0,
+            },
             Opcode::Register => Request::Register {
                 server: match r.u32("server id")? {
                     NO_SERVER => None,

@@ -217,6 +217,11 @@ fn request() -> impl Strategy<Value = Request> {
             |(ino, layout, size, old_size)| Request::TruncateData { ino, layout, size, old_size }
         ),
         (ino(), any::<u64>()).prop_map(|(ino, size)| Request::ExtendSize { ino, size }),
+        (ino(), any::<u64>(), any::<bool>()).prop_map(|(ino, len, kill_suidgid)| Request::Append {
+            ino,
+            len,
+            kill_suidgid
+        }),
         (proptest::option::of(0u32..u32::MAX), addr(), any::<u32>(), usage()).prop_map(
             |(server, addr, workers, usage)| Request::Register {
                 server: server.map(ServerId),
@@ -380,6 +385,9 @@ fn reply() -> impl Strategy<Value = Reply> {
         Just(Reply::TruncateData),
         (attr(), any::<i64>())
             .prop_map(|(attr, ctime_before)| Reply::ExtendSize { attr, ctime_before }),
+        (any::<u64>(), attr(), any::<i64>()).prop_map(|(offset, attr, ctime_before)| {
+            Reply::Append { offset, attr, ctime_before }
+        }),
         (any::<u32>(), any::<u64>()).prop_map(|(s, epoch)| Reply::Register {
             server: ServerId(s),
             epoch,
