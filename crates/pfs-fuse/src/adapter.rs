@@ -28,6 +28,7 @@ use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
+use crate::names::Names;
 use crate::newfiles::{NewFiles, CAPABILITY_XATTR};
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
 use crate::small::{SmallFiles, Wanted};
@@ -293,6 +294,9 @@ pub struct PfsFuse {
     /// ([`FileSystem::append`]), so appends of several nodes never land on
     /// each other. Bounded by the handles open.
     appending: Mutex<HashSet<u64>>,
+    /// The name the kernel last learnt of each file under, checked at open
+    /// ([`Names`]).
+    names: Names,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -358,6 +362,7 @@ impl PfsFuse {
             data_changes: AtomicU64::new(0),
             new_files: NewFiles::default(),
             appending: Mutex::new(HashSet::new()),
+            names: Names::default(),
         }
     }
 
@@ -529,6 +534,39 @@ impl PfsFuse {
         }
         self.appending.lock().expect("appending lock").insert(fh);
         FopenFlags::FOPEN_DIRECT_IO
+    }
+
+    /// The kernel learns of `a` as `name` in `parent` (`looked_up`: the
+    /// server's answer to its lookup, just now).
+    fn named(&self, a: &FileAttr, parent: u64, name: &[u8], looked_up: bool) {
+        if a.kind == FileType::Regular {
+            self.names.found(a.ino.0, parent, name, looked_up);
+        }
+    }
+
+    /// Before an open of `ino`: `ESTALE` when the name the kernel reached it
+    /// by leads elsewhere now (another node replaced or removed the file),
+    /// so the kernel walks the path again ([`Names`]). A file this mount has
+    /// open or keeps under a hidden name is alive whatever its name.
+    fn name_leads_here(&self, ino: u64) -> Result<(), Errno> {
+        let Some((parent, name)) = self.names.to_check(ino) else { return Ok(()) };
+        {
+            let o = self.open.lock().expect("open files lock");
+            if o.count.contains_key(&ino) || o.hidden.contains_key(&ino) {
+                return Ok(());
+            }
+        }
+        match self.fs.lookup(InodeId(parent), &name) {
+            Ok(a) if a.ino.0 == ino => Ok(()),
+            Ok(_) | Err(FsError::NotFound) => {
+                log::debug!(
+                    "open of {ino}: its name {:?} leads elsewhere now",
+                    name.escape_ascii().to_string()
+                );
+                Err(Errno::ESTALE)
+            }
+            Err(e) => Err(errno(&e)),
+        }
     }
 
     /// Whether this mount has `ino` open.
@@ -741,6 +779,7 @@ impl fuser::Filesystem for PfsFuse {
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // Its pages went with it.
         self.pages.forget(ino.0);
+        self.names.forget(ino.0);
         // The kernel sends this when it drops the inode: a file replaced by a
         // rename waited for it.
         let held = self.open.lock().expect("open files lock").hidden.contains_key(&ino.0);
@@ -841,11 +880,15 @@ impl fuser::Filesystem for PfsFuse {
             // server does not have yet.
             if !self.is_open(a.ino.0) {
                 self.saw(&a);
+                self.named(&a, parent.0, name, false);
                 let a = kernel_attr(&self.visible(a));
                 return reply.entry_with_ttls(&left, &left, &a, Generation(0));
             }
         }
         let r = self.lookup_keeping(InodeId(parent.0), name, req.pid(), wanted.ask);
+        if let Ok(a) = &r {
+            self.named(a, parent.0, name, true);
+        }
         let found = r.is_ok();
         self.lookup_reply(reply, r);
         // A lookup sent for a small file's bytes is not one statahead missed.
@@ -1064,6 +1107,9 @@ impl fuser::Filesystem for PfsFuse {
             Err(e) => return reply.error(e),
         };
         let r = self.fs.link(InodeId(ino.0), InodeId(newparent.0), name);
+        if let Ok(a) = &r {
+            self.named(a, newparent.0, name, false);
+        }
         self.file_changed();
         self.dir_changed(newparent, name, &r, 0);
         self.entry(reply, r);
@@ -1071,6 +1117,9 @@ impl fuser::Filesystem for PfsFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _gate = self.gate.enter(Pass::Open);
+        if let Err(e) = self.name_leads_here(ino.0) {
+            return reply.error(e);
+        }
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
             // Without FOPEN_KEEP_CACHE the kernel drops cached pages at open, so
             // a file another client closed is read fresh (close-to-open); with
@@ -1127,7 +1176,9 @@ impl fuser::Filesystem for PfsFuse {
         };
         let result = self.fs.read_with(InodeId(ino.0), FileHandle(fh.0), offset, size, &mut answer);
         if let (Err(e), Some(r)) = (result, reply.take()) {
-            r.error(errno(&e));
+            // A file removed (by another node) after its open: `ESTALE`, as
+            // NFS gives it.
+            r.error(stale(&e));
         }
     }
 
@@ -1315,6 +1366,9 @@ impl fuser::Filesystem for PfsFuse {
                     Err(e) => return reply.error(errno(&e)),
                 },
             };
+            if k >= 2 {
+                self.named(&attr, dir.0, &name, false);
+            }
             let full = reply.add(
                 INodeNo(attr.ino.0),
                 k + 1,
@@ -1505,6 +1559,7 @@ impl fuser::Filesystem for PfsFuse {
                 log::trace!("create {} ino {} fh {}", String::from_utf8_lossy(name), a.ino, fh.0);
                 self.dir_attrs.changed(parent.0, 0);
                 self.new_files.created(a.ino.0, parent.0);
+                self.named(&a, parent.0, name, false);
                 self.opened(INodeNo(a.ino.0));
                 // A new file (or one the kernel drops the pages of: no
                 // FOPEN_KEEP_CACHE): pages written from here on are at least

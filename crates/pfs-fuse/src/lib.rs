@@ -18,6 +18,7 @@ pub mod dirattrs;
 pub mod gate;
 pub mod memfs;
 pub mod mount;
+pub mod names;
 pub mod newfiles;
 pub mod oldest;
 pub mod pages;

@@ -70,6 +70,11 @@ fn main() {
         ("small_files_close_to_open", "", small_files_close_to_open),
         ("a_directory_made_again_by_another_mount", "", a_directory_made_again_by_another_mount),
         ("appends_of_two_mounts_never_overlap", "", appends_of_two_mounts_never_overlap),
+        (
+            "a_file_replaced_by_another_mount_is_read_anew",
+            "",
+            a_file_replaced_by_another_mount_is_read_anew,
+        ),
     ];
     for (name, b_opts, case) in two_mount_cases {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -1159,4 +1164,33 @@ fn appends_of_two_mounts_never_overlap(a: &Path, b: &Path) {
     f.write_all(b"new\n").unwrap();
     drop(f);
     assert_eq!(fs::read(a.join("log")).unwrap(), b"new\n");
+}
+
+/// The atomic replace of a file (write a new one, rename it over) on one
+/// node, and a read of its name on another at once, whose kernel still holds
+/// the old name: the read gets the new file. Until 2026-11-28 a read-only open
+/// of a name the kernel held sent nothing to the servers, and `cat` failed
+/// with `ESTALE` for up to `entry_timeout` after each replace. Also a file
+/// removed and made again, and one whose name the kernel held past the short
+/// trust an open gives a lookup.
+fn a_file_replaced_by_another_mount_is_read_anew(a: &Path, b: &Path) {
+    for round in 0..20 {
+        let v1 = format!("old {round}");
+        fs::write(a.join("cfg"), &v1).unwrap();
+        assert_eq!(fs::read_to_string(b.join("cfg")).unwrap(), v1, "round {round}");
+        let v2 = format!("new {round}");
+        if round % 2 == 0 {
+            fs::write(a.join("cfg.tmp"), &v2).unwrap();
+            fs::rename(a.join("cfg.tmp"), a.join("cfg")).unwrap();
+        } else {
+            fs::remove_file(a.join("cfg")).unwrap();
+            fs::write(a.join("cfg"), &v2).unwrap();
+        }
+        if round % 4 == 1 {
+            // Past the lookup's trust, inside the kernel's entry lifetime.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let got = fs::read_to_string(b.join("cfg"));
+        assert_eq!(got.map_err(|e| e.raw_os_error()), Ok(v2), "round {round}");
+    }
 }

@@ -394,7 +394,9 @@ fn bad_frames_disconnect_only_their_sender() {
     let valid = write_frame(vec![1, 2, 3]).to_bytes().unwrap();
 
     let mut wrong_version = valid.clone();
-    wrong_version[4] = 9;
+    wrong_version[4] = 200;
+    let version_refused =
+        format!("frame header: protocol version 200, expected {}", pfs_core::wire::VERSION);
     let mut oversize = valid.clone();
     oversize[24..28].copy_from_slice(&(pfs_core::wire::MAX_FRAME_PAYLOAD as u32 + 1).to_le_bytes());
     let mut bad_sum = valid.clone();
@@ -411,7 +413,7 @@ fn bad_frames_disconnect_only_their_sender() {
             false,
             "bad magic 0x20544547",
         ),
-        ("wrong version", wrong_version, false, "frame header: protocol version 9, expected 7"),
+        ("wrong version", wrong_version, false, &version_refused),
         (
             "oversize",
             oversize,

@@ -106,7 +106,8 @@ fn bad_peers_are_cut_off_and_good_clients_keep_being_served() {
     .to_bytes()
     .unwrap();
     let mut wrong_version = valid.clone();
-    wrong_version[4] = 9;
+    wrong_version[4] = 200;
+    let version_refused = format!("protocol version 200, expected {}", pfs_core::wire::VERSION);
     let mut oversize = valid.clone();
     oversize[24..28].copy_from_slice(&(pfs_core::wire::MAX_FRAME_PAYLOAD as u32 + 1).to_le_bytes());
     let mut bad_sum = valid.clone();
@@ -118,7 +119,7 @@ fn bad_peers_are_cut_off_and_good_clients_keep_being_served() {
             false,
             "bad magic",
         ),
-        ("version", wrong_version, false, "protocol version 9, expected 7"),
+        ("version", wrong_version, false, &version_refused),
         ("oversize", oversize, false, "is over the limit"),
         ("checksum", bad_sum, false, "checksum mismatch"),
         ("truncated", valid[..valid.len() - 2].to_vec(), true, "truncated message"),

@@ -38,6 +38,9 @@ const NOTIFY_POLL_HOLDING: Duration = Duration::from_millis(2);
 /// Acknowledgments of revoked tokens waiting to be sent, at most; past it the
 /// writer waits out its bound (`ACK_WAIT_MAX` in pfs-server's `tokens.rs`).
 const ACKS_MAX: usize = 4096;
+/// Most files remembered as just found by a lookup (an open takes each; one
+/// looked up and never opened stays until the table is cleared when full).
+const LOOKED_UP_MAX: usize = 4096;
 
 /// What the notification thread shares with the client: the dentry cache, the
 /// read tokens it lives under, and the kernel's invalidation callback.
@@ -51,6 +54,9 @@ pub(crate) struct Caches {
     invalidator: Mutex<Option<Invalidator>>,
     /// Layouts of inodes, each with the end of its use (`LAYOUT_TTL`).
     layouts: Mutex<NumMap<InodeId, (InodeLayout, Instant)>>,
+    /// Files a lookup found at their home, with when, until an open takes
+    /// them ([`Caches::take_lookup_within`]); cleared when full.
+    looked_up: Mutex<NumMap<InodeId, Instant>>,
     /// Revocations applied so far, of any directory.
     revocations: AtomicU64,
     /// Held while invalidations are taken off the connections and applied, so
@@ -76,6 +82,7 @@ impl Caches {
             tokens_until: Mutex::new(std::collections::BTreeMap::new()),
             invalidator: Mutex::new(None),
             layouts: Mutex::new(NumMap::default()),
+            looked_up: Mutex::new(NumMap::default()),
             revocations: AtomicU64::new(0),
             applying: Mutex::new(()),
             lookup_hook: Mutex::new(None),
@@ -190,6 +197,22 @@ impl Caches {
     fn layout_at(&self, ino: InodeId, now: Instant) -> Option<InodeLayout> {
         let m = self.layouts.lock().expect("layout cache lock");
         m.get(&ino).filter(|(_, until)| now < *until).map(|(l, _)| *l)
+    }
+
+    /// Notes that a lookup just found file `ino` at its home.
+    pub fn found_by_lookup(&self, ino: InodeId) {
+        let mut m = self.looked_up.lock().expect("lookup table lock");
+        if m.len() >= LOOKED_UP_MAX {
+            m.clear();
+        }
+        m.insert(ino, Instant::now());
+    }
+
+    /// Whether a lookup found `ino` at its home less than `within` ago and
+    /// no open took that since: the first open after a lookup takes it.
+    pub fn take_lookup_within(&self, ino: InodeId, within: Duration) -> bool {
+        let found = self.looked_up.lock().expect("lookup table lock").remove(&ino);
+        found.is_some_and(|at| at.elapsed() < within)
     }
 
     /// Caches the layouts of `ino`, for [`LAYOUT_TTL`].
@@ -487,5 +510,22 @@ mod tests {
         c.remember_layout_at(InodeId(5), l, now);
         assert_eq!(c.layout_at(InodeId(5), now + LAYOUT_TTL / 2), Some(l));
         assert_eq!(c.layout_at(InodeId(5), now + LAYOUT_TTL), None);
+    }
+
+    /// A lookup is trusted by the one open after it, within the time given.
+    #[test]
+    fn a_lookup_is_trusted_by_one_open() {
+        let c = Caches::new(0);
+        c.found_by_lookup(InodeId(5));
+        assert!(c.take_lookup_within(InodeId(5), Duration::from_secs(60)));
+        assert!(!c.take_lookup_within(InodeId(5), Duration::from_secs(60)), "taken");
+        c.found_by_lookup(InodeId(6));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(!c.take_lookup_within(InodeId(6), Duration::from_millis(1)), "too old");
+        assert!(!c.take_lookup_within(InodeId(7), Duration::from_secs(60)), "never looked up");
+        for i in 0..LOOKED_UP_MAX as u64 + 10 {
+            c.found_by_lookup(InodeId(100 + i));
+        }
+        assert!(c.looked_up.lock().unwrap().len() <= LOOKED_UP_MAX);
     }
 }

@@ -604,6 +604,9 @@ impl Cluster {
             }
             Reply::Lookup(e) | Reply::Mkdir(e) | Reply::Mknod(e) | Reply::Symlink(e) => {
                 self.caches.remember_layout(e.attr.ino, e.layout);
+                if e.attr.kind == FileType::Regular {
+                    self.caches.found_by_lookup(e.attr.ino);
+                }
                 Ok(e.attr)
             }
             other => Err(unexpected(other)),
@@ -1012,6 +1015,13 @@ impl Cluster {
     }
 }
 
+/// A read-only open right after the lookup that found its file at the home
+/// (the kernel's `LOOKUP` then `OPEN` of one `open(2)`) sends nothing more:
+/// the file existed this long ago. Any other open asks the home again (a
+/// second open of a name the kernel still holds, perhaps of a file another
+/// node replaced since).
+const OPEN_TRUSTS_LOOKUP: Duration = Duration::from_millis(20);
+
 impl FileSystem for Cluster {
     fn lookup(&self, parent: InodeId, name: &[u8]) -> FsResult<FileAttr> {
         Ok(self.lookup_with(parent, name, false)?.0)
@@ -1221,12 +1231,14 @@ impl FileSystem for Cluster {
     /// (docs/posix.md). Otherwise one `LayoutGet` both checks and learns it.
     fn open(&self, ino: InodeId, flags: u32) -> FsResult<FileHandle> {
         let flags = flags as i32;
-        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
-            // An open that may write asks the home (for the layout) even when
-            // the layout is cached: a file another node removed since this
-            // client looked it up fails the open with `NotFound` (`ESTALE`
-            // through the mount, and the kernel walks the path again, so an
-            // `O_CREAT` open makes the file anew) instead of its writes.
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let trusted = self.caches.take_lookup_within(ino, OPEN_TRUSTS_LOOKUP);
+        if writes || !trusted {
+            // The open asks the home (for the layout): a file another node
+            // removed or renamed over since this client looked it up fails
+            // the open with `NotFound` (`ESTALE` through the mount: the kernel
+            // walks the path again and opens the file that is there now, or
+            // an `O_CREAT` open makes it anew) instead of its reads or writes.
             self.caches.forget_layout(ino);
         }
         let layout = self.layout_of(ino)?.file;
