@@ -8,7 +8,9 @@
 #   benches/ab-native.sh OLD_PFS NEW_PFS      # as root; ROUNDS=2 by default
 #   WORKLOADS="io-easy ckpt" benches/ab-native.sh ...   # any of md-easy md-hard io-easy io-hard ckpt
 #   OPTS_io_easy="--segments 2048 --transfer 1048576" ...  # a workload's options
+#   THROUGH=mount benches/ab-native.sh ...   # on a directory of the FUSE mount instead
 set -euo pipefail
+THROUGH=${THROUGH:-native}
 A=$1
 B=$2
 ROUNDS=${ROUNDS:-2}
@@ -37,8 +39,13 @@ for r in $(seq "$ROUNDS"); do
             before=$(ticks "$up")
             TIMEFORMAT='%U %S'
             # shellcheck disable=SC2086
-            { time "$bin" bench "$w" --procs 2 ${OPTS[$w]} --key "$d/data/cluster.key" \
-                --json "$d/$w.json" "pfs://$master" > "$d/$w.out" 2>&1; } 2> "$d/$w.time"
+            if [ "$THROUGH" = mount ]; then
+                target=(--json "$d/$w.json" "$d/mnt")
+            else
+                target=(--key "$d/data/cluster.key" --json "$d/$w.json" "pfs://$master")
+            fi
+            { time "$bin" bench "$w" --procs 2 ${OPTS[$w]} "${target[@]}" \
+                > "$d/$w.out" 2>&1; } 2> "$d/$w.time"
             echo $(( $(ticks "$up") - before )) > "$d/$w.server_ticks"
         done
         kill -INT "$up"
@@ -47,7 +54,7 @@ for r in $(seq "$ROUNDS"); do
 done
 hz=$(getconf CLK_TCK)
 for w in $WORKLOADS; do
-    echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), native, mean of $ROUNDS runs each"
+    echo "### $w (\`pfs bench $w --procs 2 ${OPTS[$w]}\`), $THROUGH, mean of $ROUNDS runs each"
     echo
     echo "| phase | A | B | B/A |"
     echo "|---|---|---|---|"

@@ -1419,13 +1419,16 @@ fn a_small_file_costs_two_round_trips_to_one_shard_and_its_read_one() {
             touched += others;
             shards_used.insert(shard);
 
+            // A reader looks the name up, opens and reads it.
             let before = fs.requests_sent();
+            fs.lookup(parent, name.as_bytes()).unwrap();
             let fh = fs.open(attr.ino, libc::O_RDONLY as u32).unwrap();
             assert_eq!(fs.read(attr.ino, fh, 0, 8192).unwrap(), data, "{name}");
             fs.release(attr.ino, fh).unwrap();
             let d = delta(&before, &fs.requests_sent());
-            assert_eq!(d.iter().sum::<u64>(), 1, "{name}: open sends nothing, one read: {d:?}");
-            assert_eq!(d[shard], 1, "{name}: the read goes to the file's shard: {d:?}");
+            let lookup_and_read = "the lookup, an open that sends nothing, one read";
+            assert_eq!(d.iter().sum::<u64>(), 2, "{name}: {lookup_and_read}: {d:?}");
+            assert_eq!(d[shard], 2, "{name}: all to the file's shard: {d:?}");
         }
         if kind == "regular" {
             assert_eq!(shards_used.len(), 1, "a regular directory's files stay with it");
@@ -1506,9 +1509,13 @@ fn read_with_hands_over_what_read_returns() {
     fs.unlink(InodeId::ROOT, b"f").unwrap();
     let gone = fs.create(InodeId::ROOT, b"g", 0o644, 0, 0, 0).unwrap();
     fs.release(gone.0.ino, gone.1).unwrap();
-    fs.unlink(InodeId::ROOT, b"g").unwrap();
-    // Opening sends nothing; the read finds the file gone.
+    fs.lookup(InodeId::ROOT, b"g").unwrap();
+    // The open right after the lookup sends nothing; the file is removed
+    // after it, and the read finds the file gone.
     let fh2 = fs.open(gone.0.ino, libc::O_RDONLY as u32).unwrap();
+    fs.unlink(InodeId::ROOT, b"g").unwrap();
+    // Any other open asks the file's home.
+    assert_eq!(fs.open(gone.0.ino, libc::O_RDONLY as u32), Err(FsError::NotFound));
     let r = fs.read_with(gone.0.ino, fh2, 0, 10, &mut |_| panic!("no bytes of a removed file"));
     assert!(r.is_err(), "a read of a removed file fails");
     assert_eq!(r, fs.read(gone.0.ino, fh2, 0, 10).map(|_| ()));
