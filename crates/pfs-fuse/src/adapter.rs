@@ -547,8 +547,11 @@ impl PfsFuse {
     /// Before an open of `ino`: `ESTALE` when the name the kernel reached it
     /// by leads elsewhere now (another node replaced or removed the file),
     /// so the kernel walks the path again ([`Names`]). A file this mount has
-    /// open or keeps under a hidden name is alive whatever its name.
-    fn name_leads_here(&self, ino: u64) -> Result<(), Errno> {
+    /// open or keeps under a hidden name is alive whatever its name. The
+    /// lookup asks for a small file's bytes as the kernel's lookups do
+    /// ([`crate::small`]): the read that follows this open (process `pid`'s)
+    /// takes them, so the check costs no request more than the read did.
+    fn name_leads_here(&self, ino: u64, pid: u32) -> Result<(), Errno> {
         let Some((parent, name)) = self.names.to_check(ino) else { return Ok(()) };
         {
             let o = self.open.lock().expect("open files lock");
@@ -556,7 +559,8 @@ impl PfsFuse {
                 return Ok(());
             }
         }
-        match self.fs.lookup(InodeId(parent), &name) {
+        let ask = self.small_by_lookup && self.small.wanted().ask;
+        match self.lookup_keeping(InodeId(parent), &name, pid, ask) {
             Ok(a) if a.ino.0 == ino => Ok(()),
             Ok(_) | Err(FsError::NotFound) => {
                 log::debug!(
@@ -1117,7 +1121,7 @@ impl fuser::Filesystem for PfsFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _gate = self.gate.enter(Pass::Open);
-        if let Err(e) = self.name_leads_here(ino.0) {
+        if let Err(e) = self.name_leads_here(ino.0, req.pid()) {
             return reply.error(e);
         }
         match self.fs.open(InodeId(ino.0), flags.0 as u32) {
