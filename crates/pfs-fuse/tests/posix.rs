@@ -42,6 +42,7 @@ fn main() {
         ("small_files_read_with_their_lookup", small_files_read_with_their_lookup),
         ("capabilities_of_new_files", capabilities_of_new_files),
         ("copies_keep_their_modes", copies_keep_their_modes),
+        ("set_group_id_directories_give_their_group", set_group_id_directories_give_their_group),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -1192,5 +1193,56 @@ fn a_file_replaced_by_another_mount_is_read_anew(a: &Path, b: &Path) {
         }
         let got = fs::read_to_string(b.join("cfg"));
         assert_eq!(got.map_err(|e| e.raw_os_error()), Ok(v2), "round {round}");
+    }
+}
+
+/// A set-group-ID directory (a group's shared project directory) gives its
+/// group to every file, directory, symlink and node made in it, and its
+/// set-group-ID bit to new subdirectories, as on any Linux file system; in
+/// both layouts (a bigdir's names on every shard). Until 2026-11-28 they took
+/// their creator's group. A change of the bit through this mount applies to
+/// the next create at once.
+fn set_group_id_directories_give_their_group(root: &Path) {
+    use std::os::unix::fs::{symlink, DirBuilderExt};
+    const GROUP: u32 = 4321;
+    for layout in ["regular", "bigdir"] {
+        let dir = root.join(layout);
+        fs::create_dir(&dir).unwrap();
+        let p = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings, a value of the given length.
+        let rc = unsafe {
+            libc::setxattr(
+                p.as_ptr(),
+                c"user.pfs.dir_layout".as_ptr(),
+                layout.as_ptr().cast(),
+                layout.len(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0, "{layout}: {}", std::io::Error::last_os_error());
+        std::os::unix::fs::chown(&dir, None, Some(GROUP)).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o2775)).unwrap();
+        let gid_mode = |p: &Path| {
+            let m = fs::symlink_metadata(p).unwrap();
+            (m.gid(), m.mode() & 0o7777)
+        };
+        for i in 0..8 {
+            fs::write(dir.join(format!("f{i}")), b"x").unwrap();
+            assert_eq!(gid_mode(&dir.join(format!("f{i}"))), (GROUP, 0o644), "{layout} f{i}");
+        }
+        fs::DirBuilder::new().mode(0o755).create(dir.join("sub")).unwrap();
+        assert_eq!(gid_mode(&dir.join("sub")), (GROUP, 0o2755), "{layout} subdirectory");
+        fs::write(dir.join("sub/deeper"), b"y").unwrap();
+        assert_eq!(gid_mode(&dir.join("sub/deeper")).0, GROUP, "{layout}: inherited again");
+        symlink("f0", dir.join("link")).unwrap();
+        assert_eq!(gid_mode(&dir.join("link")).0, GROUP, "{layout} symlink");
+        let fifo = std::ffi::CString::new(dir.join("fifo").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(gid_mode(&dir.join("fifo")).0, GROUP, "{layout} fifo");
+        // Without the bit, a new file is its creator's (root's) again.
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o775)).unwrap();
+        fs::write(dir.join("after"), b"z").unwrap();
+        assert_eq!(gid_mode(&dir.join("after")).0, 0, "{layout}: the bit is off");
     }
 }

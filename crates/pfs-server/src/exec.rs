@@ -41,8 +41,15 @@ fn getattr<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<pfs_core::
 /// The entry (attributes and layouts) of an inode this shard holds.
 fn entry<D: Device>(shard: &mut Shard<D>, ino: InodeId) -> FsResult<Entry> {
     let attr = getattr(shard, ino)?;
-    let (dir, file) = shard.layouts(ino)?;
-    Ok(Entry { attr, layout: InodeLayout { dir, file } })
+    Ok(Entry { attr, layout: layout_of(shard, &attr)? })
+}
+
+/// The layouts of an inode this shard holds, whose attributes are `attr`.
+fn layout_of<D: Device>(shard: &mut Shard<D>, attr: &pfs_core::FileAttr) -> FsResult<InodeLayout> {
+    let (dir, file) = shard.layouts(attr.ino)?;
+    // A set-group-ID directory gives its group to what is made in it.
+    let sgid = attr.kind == FileType::Directory && attr.perm & 0o2000 != 0;
+    Ok(InodeLayout { dir, file, group: sgid.then_some(attr.gid) })
 }
 
 /// The entry of a name whose inode lives on another shard: only the number and
@@ -339,8 +346,8 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
             Reply::RemoveXattr
         }
         Request::LayoutGet { ino } => {
-            let (dir, file) = shard.layouts(ino)?;
-            Reply::LayoutGet(InodeLayout { dir, file })
+            let attr = getattr(shard, ino)?;
+            Reply::LayoutGet(layout_of(shard, &attr)?)
         }
         Request::LayoutSet { ino, layout } => {
             let any = XattrFlags::default();
@@ -685,6 +692,36 @@ mod tests {
     }
 
     #[test]
+    fn a_set_group_id_directory_says_its_group_in_its_layouts() {
+        let mut s = shard();
+        let mkdir = Request::Mkdir {
+            parent: InodeId::ROOT,
+            name: b"project".to_vec(),
+            perm: 0o775,
+            uid: 7,
+            gid: 8,
+            layout: InodeLayout::default(),
+        };
+        let Reply::Mkdir(e) = ok(&mut s, mkdir) else { panic!() };
+        assert_eq!(e.layout.group, None, "no set-group-ID bit");
+        let set = SetAttr { perm: Some(0o2775), gid: Some(40), ..SetAttr::default() };
+        ok(&mut s, Request::SetAttr { ino: e.attr.ino, set });
+        let Reply::LayoutGet(l) = ok(&mut s, Request::LayoutGet { ino: e.attr.ino }) else {
+            panic!()
+        };
+        assert_eq!(l.group, Some(40));
+        let lookup = Request::Lookup { parent: InodeId::ROOT, name: b"project".to_vec() };
+        let Reply::Lookup(e) = ok(&mut s, lookup) else { panic!() };
+        assert_eq!(e.layout.group, Some(40), "a lookup's entry says it too");
+        // A file's set-group-ID bit means something else.
+        let f = create(&mut s, "tool");
+        let set = SetAttr { perm: Some(0o2755), ..SetAttr::default() };
+        ok(&mut s, Request::SetAttr { ino: f, set });
+        let Reply::LayoutGet(l) = ok(&mut s, Request::LayoutGet { ino: f }) else { panic!() };
+        assert_eq!(l.group, None);
+    }
+
+    #[test]
     fn appends_take_successive_ends() {
         let mut s = shard();
         let ino = create(&mut s, "log");
@@ -805,7 +842,7 @@ mod tests {
         s.commit().unwrap();
         s.checkpoint().unwrap();
         drop(s);
-        let layout = InodeLayout { dir: DirLayout::default(), file: FileLayout::Block };
+        let layout = InodeLayout { file: FileLayout::Block, ..InodeLayout::default() };
         let link = b"l".to_vec();
         // Each request, and what it did once run (not twice: the stopped
         // run changed nothing).

@@ -1042,8 +1042,10 @@ impl FileSystem for Cluster {
         self.publish_writes(ino)?;
         let attr = expect_reply!(self.call_home(ino, Request::SetAttr { ino, set: *set })?, Reply::SetAttr(a) => a)?;
         if attr.kind == FileType::Directory {
-            // A cached lookup of this directory would hand the old mode back.
+            // A cached lookup of this directory would hand the old mode back,
+            // and its cached layouts the old set-group-ID group.
             self.caches.dcache.lock().expect("dcache lock").invalidate_ino(ino);
+            self.caches.forget_layout(ino);
         }
         // Data past a cut on other shards is freed by the home (a follow-up)
         // before it answers.
@@ -1068,7 +1070,9 @@ impl FileSystem for Cluster {
         let reply = self.rerouting(&[parent], || {
             let key = self.dentry_key(parent, name)?;
             let at = self.route(key);
-            let layout = self.parent_layout(parent)?.file;
+            let parent_layout = self.parent_layout(parent)?;
+            let layout = parent_layout.file;
+            let gid = parent_layout.group.unwrap_or(gid);
             let req =
                 Request::Create { parent, name: name.to_vec(), perm, uid, gid, flags, layout };
             Ok((at, self.call_to(at.server, at.proc_worker, req)?))
@@ -1094,8 +1098,10 @@ impl FileSystem for Cluster {
         gid: u32,
         rdev: u32,
     ) -> FsResult<FileAttr> {
-        let req = Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev };
-        self.add_entry(parent, name, || Ok(req.clone()))
+        self.add_entry(parent, name, || {
+            let gid = self.parent_layout(parent)?.group.unwrap_or(gid);
+            Ok(Request::Mknod { parent, name: name.to_vec(), kind, perm, uid, gid, rdev })
+        })
     }
 
     fn mkdir(
@@ -1110,6 +1116,11 @@ impl FileSystem for Cluster {
         // parent's old layout after a change would keep it.
         self.add_entry(parent, name, || {
             let layout = self.parent_layout(parent)?;
+            // A set-group-ID parent: its group, and the bit, as Linux gives them.
+            let (gid, perm) = match layout.group {
+                Some(group) => (group, perm | 0o2000),
+                None => (gid, perm),
+            };
             Ok(Request::Mkdir { parent, name: name.to_vec(), perm, uid, gid, layout })
         })
     }
@@ -1122,9 +1133,11 @@ impl FileSystem for Cluster {
         uid: u32,
         gid: u32,
     ) -> FsResult<FileAttr> {
-        let req =
-            Request::Symlink { parent, name: name.to_vec(), target: target.to_vec(), uid, gid };
-        self.add_entry(parent, name, || Ok(req.clone()))
+        self.add_entry(parent, name, || {
+            let gid = self.parent_layout(parent)?.group.unwrap_or(gid);
+            let target = target.to_vec();
+            Ok(Request::Symlink { parent, name: name.to_vec(), target, uid, gid })
+        })
     }
 
     fn link(&self, ino: InodeId, new_parent: InodeId, new_name: &[u8]) -> FsResult<FileAttr> {

@@ -38,10 +38,13 @@ fn file_layout() -> impl Strategy<Value = FileLayout> {
 }
 
 fn layout() -> impl Strategy<Value = InodeLayout> {
-    (any::<bool>(), file_layout()).prop_map(|(big, file)| InodeLayout {
-        dir: if big { DirLayout::BigDir } else { DirLayout::Regular },
-        file,
-    })
+    (any::<bool>(), file_layout(), proptest::option::of(any::<u32>())).prop_map(
+        |(big, file, group)| InodeLayout {
+            dir: if big { DirLayout::BigDir } else { DirLayout::Regular },
+            file,
+            group,
+        },
+    )
 }
 
 fn attr() -> impl Strategy<Value = FileAttr> {

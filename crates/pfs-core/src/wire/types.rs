@@ -23,6 +23,10 @@ pub struct InodeLayout {
     pub dir: DirLayout,
     /// Data layout of a file, or the default for new files in a directory.
     pub file: FileLayout,
+    /// For a set-group-ID directory, its group: what its new entries take
+    /// instead of their creator's (and a new subdirectory the bit too), as
+    /// on any Linux file system. `None` otherwise.
+    pub group: Option<u32>,
 }
 
 /// A name resolved to an inode: the reply of lookup, mkdir, mknod and symlink.
@@ -346,6 +350,8 @@ impl Codec for InodeLayout {
     fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         w.u8(self.dir as u8);
         w.u8(self.file as u8);
+        w.bool(self.group.is_some());
+        w.u32(self.group.unwrap_or(0));
         Ok(())
     }
     fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
@@ -355,7 +361,9 @@ impl Codec for InodeLayout {
         let file = r.u8("file layout")?;
         let file = FileLayout::from_u8(file)
             .ok_or(WireError::BadValue { what: "file layout", value: file.into() })?;
-        Ok(InodeLayout { dir, file })
+        let inherits = r.bool("inherited group")?;
+        let gid = r.u32("inherited group")?;
+        Ok(InodeLayout { dir, file, group: inherits.then_some(gid) })
     }
 }
 
