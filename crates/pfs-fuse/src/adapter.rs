@@ -546,22 +546,31 @@ impl PfsFuse {
 
     /// Before an open of `ino`: `ESTALE` when the name the kernel reached it
     /// by leads elsewhere now (another node replaced or removed the file),
-    /// so the kernel walks the path again ([`Names`]). A file this mount has
-    /// open or keeps under a hidden name is alive whatever its name. The
+    /// so the kernel walks the path again ([`Names`]). A file this mount
+    /// keeps under a hidden name (removed or replaced here while open) is
+    /// alive whatever its name. (Not one it merely has open: its release
+    /// comes after `close(2)` returned, so a reopen by name could still find
+    /// it counted and skip the check.) The
     /// lookup asks for a small file's bytes as the kernel's lookups do
     /// ([`crate::small`]): the read that follows this open (process `pid`'s)
     /// takes them, so the check costs no request more than the read did.
     fn name_leads_here(&self, ino: u64, pid: u32) -> Result<(), Errno> {
-        let Some((parent, name)) = self.names.to_check(ino) else { return Ok(()) };
-        {
-            let o = self.open.lock().expect("open files lock");
-            if o.count.contains_key(&ino) || o.hidden.contains_key(&ino) {
-                return Ok(());
-            }
+        let Some((parent, name)) = self.names.to_check(ino) else {
+            log::trace!("open of {ino}: trusts the lookup just before it");
+            return Ok(());
+        };
+        if self.open.lock().expect("open files lock").hidden.contains_key(&ino) {
+            return Ok(());
         }
         let ask = self.small_by_lookup && self.small.wanted().ask;
         match self.lookup_keeping(InodeId(parent), &name, pid, ask) {
-            Ok(a) if a.ino.0 == ino => Ok(()),
+            Ok(a) if a.ino.0 == ino => {
+                log::trace!(
+                    "open of {ino}: its name {:?} leads here",
+                    name.escape_ascii().to_string()
+                );
+                Ok(())
+            }
             Ok(_) | Err(FsError::NotFound) => {
                 log::debug!(
                     "open of {ino}: its name {:?} leads elsewhere now",
@@ -783,7 +792,11 @@ impl fuser::Filesystem for PfsFuse {
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
         // Its pages went with it.
         self.pages.forget(ino.0);
-        self.names.forget(ino.0);
+        // (Its name stays: a FORGET gives back some of the kernel's lookups,
+        // not always all of them. The kernel answers a LOOKUP that revalidated
+        // a name and found another inode with one for it, and still holds the
+        // inode the name's next lookup gives it. An entry of an inode the
+        // kernel really dropped costs room until the table is cleared.)
         // The kernel sends this when it drops the inode: a file replaced by a
         // rename waited for it.
         let held = self.open.lock().expect("open files lock").hidden.contains_key(&ino.0);
@@ -891,6 +904,12 @@ impl fuser::Filesystem for PfsFuse {
         }
         let r = self.lookup_keeping(InodeId(parent.0), name, req.pid(), wanted.ask);
         if let Ok(a) = &r {
+            log::trace!(
+                "lookup {:?} in {} from the server: {}",
+                name.escape_ascii().to_string(),
+                parent.0,
+                a.ino
+            );
             self.named(a, parent.0, name, true);
         }
         let found = r.is_ok();

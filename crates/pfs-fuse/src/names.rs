@@ -67,11 +67,6 @@ impl Names {
         Some((n.parent, n.name.to_vec()))
     }
 
-    /// The kernel forgot `ino`.
-    pub fn forget(&self, ino: u64) {
-        self.map.lock().expect("names lock").remove(&ino);
-    }
-
     /// Files remembered.
     pub fn len(&self) -> usize {
         self.map.lock().expect("names lock").len()
@@ -99,8 +94,6 @@ mod tests {
         n.found(7, 2, b"listed", false);
         assert_eq!(n.to_check(7), Some((2, b"listed".to_vec())), "learnt from a listing");
         assert_eq!(n.to_check(8), None, "unknown");
-        n.forget(7);
-        assert_eq!(n.to_check(7), None);
     }
 
     #[test]
