@@ -153,3 +153,9 @@ impl StatFs {
 
 /// Longest file name component, as in Linux.
 pub const NAME_MAX: usize = 255;
+
+/// A file's POSIX access ACL, as the kernel passes it; pfs keeps it in the
+/// mode bits (pfs-store `shard/acl.rs`).
+pub const XATTR_ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+/// A directory's POSIX default ACL (what new children inherit); refused.
+pub const XATTR_ACL_DEFAULT: &[u8] = b"system.posix_acl_default";

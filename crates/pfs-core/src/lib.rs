@@ -19,7 +19,9 @@ pub mod layout;
 pub mod routing;
 pub mod wire;
 
-pub use attr::{FileAttr, FileType, SetAttr, StatFs, TimeNs, NAME_MAX};
+pub use attr::{
+    FileAttr, FileType, SetAttr, StatFs, TimeNs, NAME_MAX, XATTR_ACL_ACCESS, XATTR_ACL_DEFAULT,
+};
 pub use config::{
     ClientConfig, ConfigError, ConfigFile, MasterConfig, PfsConfig, ServerConfig, Transport,
 };

@@ -24,7 +24,9 @@ use pfs_client::ahead::StatAhead;
 use pfs_client::api::{DirListing, HIDDEN_PREFIX, READDIR_BATCH};
 use pfs_client::FileSystem;
 use pfs_core::wire::{RenameFlags, XattrSetMode};
-use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs};
+use pfs_core::{
+    FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, TimeNs, XATTR_ACL_ACCESS,
+};
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
@@ -579,6 +581,21 @@ impl PfsFuse {
                 Err(Errno::ESTALE)
             }
             Err(e) => Err(errno(&e)),
+        }
+    }
+
+    /// A request changed `ino`'s mode without a reply that carries it (an
+    /// access ACL, an append that cleared set-ID bits): the kernel's
+    /// permission checks would use the old mode for `attr_timeout`, so it is
+    /// told now, and the kept directory attributes go.
+    fn mode_changed(&self, ino: INodeNo) {
+        self.dir_attrs.forget(ino.0);
+        if let Some(n) = self.notifier.get() {
+            // Attributes only (a negative offset): no page is dropped, no
+            // page lock taken, so a request thread may send it.
+            if let Err(e) = n.inval_inode(ino, -1, 0) {
+                log::debug!("kernel invalidation of {}'s attributes: {e}", ino.0);
+            }
         }
     }
 
@@ -1238,10 +1255,7 @@ impl fuser::Filesystem for PfsFuse {
             let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
             let r = self.fs.append(InodeId(ino.0), FileHandle(fh.0), data, kill);
             if kill {
-                // The mode may have changed; the kernel keeps it otherwise.
-                if let Some(n) = self.notifier.get() {
-                    let _ = n.inval_inode(ino, -1, 0);
-                }
+                self.mode_changed(ino);
             }
             if let Ok((at, _)) = r {
                 log::trace!("append ino {} fh {} landed at {at:#x}", ino.0, fh.0);
@@ -1490,17 +1504,10 @@ impl fuser::Filesystem for PfsFuse {
         let r = self.fs.setxattr(InodeId(ino.0), name, value, mode);
         // The inode's ctime moved.
         self.file_changed();
-        if r.is_ok() && name == b"system.posix_acl_access" {
+        if r.is_ok() && name == XATTR_ACL_ACCESS {
             // The ACL set the mode (pfs-store `shard/acl.rs`). The kernel
-            // marks only the ctime stale after a set it passed through, so its
-            // permission checks would use the old mode for `attr_timeout`.
-            self.dir_attrs.forget(ino.0);
-            if let Some(n) = self.notifier.get() {
-                // Attributes only (a negative offset): no page is dropped.
-                if let Err(e) = n.inval_inode(ino, -1, 0) {
-                    log::debug!("kernel invalidation of {}'s attributes: {e}", ino.0);
-                }
-            }
+            // marks only the ctime stale after a set it passed through.
+            self.mode_changed(ino);
         }
         Self::empty(reply, r);
     }

@@ -165,14 +165,24 @@ fn inodes_used(p: &Path) -> u64 {
     st.f_files - st.f_ffree
 }
 
-fn set_layout(dir: &Path, layout: &str) {
-    let p = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-    let name = c"user.pfs.file_layout";
-    // SAFETY: valid C strings, value of the given length.
+/// `setxattr(2)` of `name` on `p`: the errno on failure.
+fn set_xattr(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let path = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid C strings and a buffer of `value.len()` bytes.
     let rc = unsafe {
-        libc::setxattr(p.as_ptr(), name.as_ptr(), layout.as_ptr().cast(), layout.len(), 0)
+        libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
     };
-    assert_eq!(rc, 0, "set {layout} layout: {}", std::io::Error::last_os_error());
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+fn set_layout(dir: &Path, layout: &str) {
+    let r = set_xattr(dir, "user.pfs.file_layout", layout.as_bytes());
+    assert_eq!(r, Ok(()), "set {layout} layout");
 }
 
 /// 20,000 blocks of one file (10,000 per shard): logging their removal in one
@@ -1046,19 +1056,7 @@ fn copies_keep_their_modes(root: &Path) {
         }
         v
     };
-    let set = |p: &Path, name: &str, value: &[u8]| -> Result<(), i32> {
-        let path = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-        let name = std::ffi::CString::new(name).unwrap();
-        // SAFETY: valid C strings and a buffer of `value.len()` bytes.
-        let rc = unsafe {
-            libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0)
-        };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error().raw_os_error().unwrap())
-        }
-    };
+    let set = set_xattr;
     let any = u32::MAX;
     // An executable the kernel has just run, with its attributes cached: an
     // ACL that takes every execute bit away stops the next run at once.
@@ -1208,18 +1206,7 @@ fn set_group_id_directories_give_their_group(root: &Path) {
     for layout in ["regular", "bigdir"] {
         let dir = root.join(layout);
         fs::create_dir(&dir).unwrap();
-        let p = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-        // SAFETY: valid C strings, a value of the given length.
-        let rc = unsafe {
-            libc::setxattr(
-                p.as_ptr(),
-                c"user.pfs.dir_layout".as_ptr(),
-                layout.as_ptr().cast(),
-                layout.len(),
-                0,
-            )
-        };
-        assert_eq!(rc, 0, "{layout}: {}", std::io::Error::last_os_error());
+        assert_eq!(set_xattr(&dir, "user.pfs.dir_layout", layout.as_bytes()), Ok(()), "{layout}");
         std::os::unix::fs::chown(&dir, None, Some(GROUP)).unwrap();
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o2775)).unwrap();
         let gid_mode = |p: &Path| {

@@ -1410,7 +1410,7 @@ impl FileSystem for Cluster {
                 if name.starts_with(b"user.pfs.") {
                     self.caches.forget_layout(ino);
                 }
-                if name == b"system.posix_acl_access" {
+                if name == pfs_core::XATTR_ACL_ACCESS {
                     // It set the mode: a cached lookup of this directory
                     // would hand the old one back.
                     self.caches.dcache.lock().expect("dcache lock").invalidate_ino(ino);

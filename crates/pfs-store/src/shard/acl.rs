@@ -14,11 +14,7 @@
 //! ACLs for pfs, so keeping them would show access rules nothing enforces).
 
 use pfs_core::{FsError, FsResult};
-
-/// A file's access ACL.
-pub const XATTR_ACL_ACCESS: &[u8] = b"system.posix_acl_access";
-/// A directory's default ACL (what new children inherit).
-pub const XATTR_ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+pub use pfs_core::{XATTR_ACL_ACCESS, XATTR_ACL_DEFAULT};
 
 const VERSION: u32 = 2;
 const USER_OBJ: u16 = 0x01;
