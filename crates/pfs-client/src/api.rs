@@ -4,7 +4,7 @@
 //! of [`FsError`]. Consistency is commit consistency: data written through one
 //! client is visible to others after its `flush` (close) or `fsync`.
 
-use pfs_core::wire::{RenameFlags, XattrSetMode};
+use pfs_core::wire::{FileLock, RenameFlags, XattrSetMode};
 use pfs_core::{
     FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr, StatFs, TimeNs,
 };
@@ -236,6 +236,29 @@ pub trait FileSystem: Send + Sync + 'static {
         len: u64,
         keep_size: bool,
     ) -> FsResult<()>;
+    /// Whether this file system keeps file locks for every client (a mount
+    /// then hands `fcntl` and `flock` locks to [`lock`](Self::lock));
+    /// `false` leaves them to each node's kernel.
+    fn keeps_locks(&self) -> bool {
+        false
+    }
+    /// Takes `lock` for `owner` on `ino` (gives back what `owner` holds of
+    /// its range, for `LockKind::Unlock`), or with `test` only looks: returns
+    /// `None` when done (or, for a test, when it could be taken), or the
+    /// lock of another owner that conflicts with it. Never waits for a
+    /// conflict to go. `owner` is the kernel's lock owner: locks of one
+    /// owner never conflict with each other, those of two owners on one
+    /// client do. `NoLocks` (`ENOLCK`) when the file's home keeps no more.
+    fn lock(
+        &self,
+        ino: InodeId,
+        owner: u64,
+        lock: FileLock,
+        test: bool,
+    ) -> FsResult<Option<FileLock>> {
+        let _ = (ino, owner, lock, test);
+        Err(FsError::NoLocks)
+    }
     /// Registers the callback that drops kernel caches when another client
     /// changes something this one may have cached.
     fn set_invalidator(&self, invalidator: Invalidator);

@@ -228,6 +228,10 @@ pub struct ServerConfig {
     pub io_submit_below: u32,
     /// Slots in the memcpy work queue.
     pub memcpy_queue_depth: u32,
+    /// How long a client's file locks last without a renewal, ms: a client
+    /// that died or lost its network holds others back at most this long
+    /// (clients renew every third of it).
+    pub lock_lease_ms: u64,
     /// Requests a connection may have outstanding.
     pub connection_queue_depth: u32,
     /// File holding the cluster's shared secret.
@@ -268,6 +272,7 @@ impl Default for ServerConfig {
             ring_depth: 1024,
             io_queue_depth: 256,
             io_submit_below: 8,
+            lock_lease_ms: 30_000,
             memcpy_queue_depth: 1024,
             connection_queue_depth: 128,
             key_file: "/etc/pfs/cluster.key".into(),
@@ -346,6 +351,7 @@ impl ConfigFile for ServerConfig {
         check_range("ring_depth", self.ring_depth, 2, 1 << 20)?;
         check_range("io_queue_depth", self.io_queue_depth, 1, 32768)?;
         check_range("io_submit_below", self.io_submit_below, 0, 32768)?;
+        check_range("lock_lease_ms", self.lock_lease_ms, 300, 3_600_000)?;
         check_range("memcpy_queue_depth", self.memcpy_queue_depth, 1, 1 << 20)?;
         check_range("connection_queue_depth", self.connection_queue_depth, 1, 65536)?;
         check_path("key_file", &self.key_file)?;

@@ -70,6 +70,9 @@ pub enum FsError {
     /// `ESTALE`, on which the kernel looks the path up again from the start.
     #[error("stale file handle: the directory was removed")]
     Stale,
+    /// A file lock's table is full (`ENOLCK`).
+    #[error("no locks available")]
+    NoLocks,
 }
 
 impl FsError {
@@ -98,6 +101,7 @@ impl FsError {
             // gives up rerouting (`Cluster::rerouting`).
             FsError::Misrouted => libc::EREMCHG,
             FsError::Stale => libc::ESTALE,
+            FsError::NoLocks => libc::ENOLCK,
         }
     }
 
@@ -134,6 +138,7 @@ impl FsError {
             libc::EMLINK => FsError::TooManyLinks,
             libc::EREMCHG => FsError::Misrouted,
             libc::ESTALE => FsError::Stale,
+            libc::ENOLCK => FsError::NoLocks,
             other => FsError::Io(format!("errno {other}: {detail}")),
         }
     }
@@ -177,6 +182,7 @@ mod tests {
             FsError::TooManyLinks,
             FsError::Misrouted,
             FsError::Stale,
+            FsError::NoLocks,
         ];
         for e in all {
             assert_eq!(FsError::from_errno(e.errno(), e.detail()), e);

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
     InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use pfs_client::ahead::StatAhead;
 use pfs_client::api::{DirListing, HIDDEN_PREFIX, READDIR_BATCH};
@@ -30,6 +30,7 @@ use pfs_core::{
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
+use crate::locks::{kernel_lock, kernel_type, FileLocks};
 use crate::names::Names;
 use crate::newfiles::{NewFiles, CAPABILITY_XATTR};
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
@@ -299,6 +300,9 @@ pub struct PfsFuse {
     /// The name the kernel last learnt of each file under, checked at open
     /// ([`Names`]).
     names: Names,
+    /// File locks taken at the files' homes, and the locks that wait
+    /// ([`FileLocks`]), when the file system keeps them for every client.
+    locks: FileLocks,
 }
 
 /// Files this mount has open, so an unlinked but open file keeps its data.
@@ -343,6 +347,7 @@ impl PfsFuse {
         let observed = Arc::clone(&pages);
         fs.set_version_observer(Box::new(move |ino, change| observed.changed(ino.0, change)));
         PfsFuse {
+            locks: FileLocks::new(Arc::clone(&fs)),
             fs,
             ttl,
             dirs: Mutex::new(HashMap::new()),
@@ -827,6 +832,7 @@ impl fuser::Filesystem for PfsFuse {
     }
 
     fn destroy(&mut self) {
+        self.locks.stop();
         // Unmounted: nothing can reach the hidden files any more.
         let hidden: Vec<Hidden> =
             self.open.lock().expect("open files lock").hidden.drain().map(|(_, h)| h).collect();
@@ -884,6 +890,15 @@ impl fuser::Filesystem for PfsFuse {
             && config.add_capabilities(InitFlags::FUSE_READDIRPLUS_AUTO).is_err()
         {
             log::info!("kernel lacks FUSE_READDIRPLUS_AUTO: every directory read is plus");
+        }
+        // Locks every node sees, when the file system keeps them (MemFs
+        // leaves them to the kernel, as before).
+        if self.fs.keeps_locks() {
+            for cap in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
+                if config.add_capabilities(cap).is_err() {
+                    log::warn!("kernel lacks {cap:?}: those locks stay on this node");
+                }
+            }
         }
         if self.writeback_cache && config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE).is_err()
         {
@@ -1278,10 +1293,12 @@ impl fuser::Filesystem for PfsFuse {
         _req: &Request,
         ino: INodeNo,
         fh: KHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
         log::trace!("flush ino {} fh {}", ino.0, fh.0);
+        // A close: the closing process's record locks on the file go.
+        self.locks.flushed(ino.0, lock_owner.0);
         Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
     }
 
@@ -1296,6 +1313,7 @@ impl fuser::Filesystem for PfsFuse {
         reply: ReplyEmpty,
     ) {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
+        self.locks.released(ino.0, fh.0);
         self.small.released(fh.0);
         if flags.0 & libc::O_APPEND != 0 {
             self.appending.lock().expect("appending lock").remove(&fh.0);
@@ -1606,6 +1624,60 @@ impl fuser::Filesystem for PfsFuse {
             }
             Err(e) => reply.error(errno(&e)),
         }
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: KHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let lock = match kernel_lock(typ, start, end, pid, false) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        match self.locks.test(ino.0, lock_owner.0, lock) {
+            Ok(Some(c)) => reply.locked(c.start, c.end, kernel_type(c.kind), c.pid),
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: KHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        flock: bool,
+        reply: ReplyEmpty,
+    ) {
+        let lock = match kernel_lock(typ, start, end, pid, flock) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        log::trace!(
+            "setlk ino {} owner {:#x} {:?} {start}..={end} pid {pid} sleep {sleep} flock {flock}",
+            ino.0,
+            lock_owner.0,
+            lock.kind
+        );
+        self.locks.set(req.unique().0, ino.0, fh.0, lock_owner.0, lock, sleep, reply);
+    }
+
+    fn interrupt(&self, _req: &Request, unique: u64) {
+        self.locks.interrupt(unique);
     }
 
     fn fallocate(

@@ -4,6 +4,7 @@
 //!   into [`pfs_client::FileSystem`] calls, with cache TTLs and invalidation.
 //! - [`dirattrs`]: directory attributes kept for the kernel's permission checks.
 //! - [`gate`]: opens and removals kept apart, each running alongside its own kind.
+//! - [`locks`]: `fcntl` and `flock` locks every node sees, and the locks that wait.
 //! - [`memfs`]: [`MemFs`], an in-memory file system behind the same adapter: the
 //!   FUSE ceiling benchmarks compare pfs against.
 //! - [`mount`](mod@mount): `-o` options, mounting, serving until unmount, signals.
@@ -16,6 +17,7 @@
 pub mod adapter;
 pub mod dirattrs;
 pub mod gate;
+pub mod locks;
 pub mod memfs;
 pub mod mount;
 pub mod names;

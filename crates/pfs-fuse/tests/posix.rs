@@ -76,6 +76,7 @@ fn main() {
             "",
             a_file_replaced_by_another_mount_is_read_anew,
         ),
+        ("file_locks_hold_across_mounts", "", file_locks_hold_across_mounts),
     ];
     for (name, b_opts, case) in two_mount_cases {
         if filter.as_deref().is_some_and(|f| !name.contains(f)) {
@@ -90,6 +91,20 @@ fn main() {
         case(&root, &b.path(name));
         assert_eq!(b.unmount(), Some(0));
         println!("test {name} ... ok ({:.1} s)", t.elapsed().as_secs_f64());
+        ran += 1;
+    }
+    if filter.as_deref().is_none_or(|f| "a_dead_mounts_locks_go_with_its_lease".contains(f)) {
+        println!("test a_dead_mounts_locks_go_with_its_lease ...");
+        let t = Instant::now();
+        let c_dir = cluster.dir.path("mnt-dead");
+        let c = Mounted::new(&cluster.master_addr(), &cluster.key, &c_dir, "");
+        let root = m.path("dead-mount-locks");
+        fs::create_dir(&root).unwrap();
+        a_dead_mounts_locks_go_with_its_lease(&root, c, "dead-mount-locks");
+        println!(
+            "test a_dead_mounts_locks_go_with_its_lease ... ok ({:.1} s)",
+            t.elapsed().as_secs_f64()
+        );
         ran += 1;
     }
     if filter.as_deref().is_none_or(|f| "statahead_follows_changes".contains(f)) {
@@ -1232,4 +1247,221 @@ fn set_group_id_directories_give_their_group(root: &Path) {
         fs::write(dir.join("after"), b"z").unwrap();
         assert_eq!(gid_mode(&dir.join("after")).0, 0, "{layout}: the bit is off");
     }
+}
+
+/// A record lock (`F_SETLK`, or `F_SETLKW` with `wait`) on `f`: 0 or the errno.
+fn set_lock(f: &fs::File, typ: i32, start: i64, len: i64, wait: bool) -> i32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed flock is valid; its fields are set below.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = typ as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = len;
+    let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
+    // SAFETY: fcntl with a valid descriptor and a flock that outlives the call.
+    match unsafe { libc::fcntl(f.as_raw_fd(), cmd, &mut l) } {
+        0 => 0,
+        _ => std::io::Error::last_os_error().raw_os_error().unwrap(),
+    }
+}
+
+/// `F_GETLK` of `typ` on `start..start+len` of `f`: (type, start, len, pid).
+fn test_lock(f: &fs::File, typ: i32, start: i64, len: i64) -> (i32, i64, i64, i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: as in `set_lock`.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = typ as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = len;
+    // SAFETY: as in `set_lock`.
+    assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut l) }, 0);
+    (i32::from(l.l_type), l.l_start, l.l_len, l.l_pid)
+}
+
+/// `flock(2)` on `f`: 0 or the errno.
+fn flock(f: &fs::File, op: i32) -> i32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a valid descriptor.
+    match unsafe { libc::flock(f.as_raw_fd(), op) } {
+        0 => 0,
+        _ => std::io::Error::last_os_error().raw_os_error().unwrap(),
+    }
+}
+
+/// A python3 process running `script` with stdout piped; its first line.
+fn python(script: &str) -> (std::process::Child, std::io::BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    (child, out)
+}
+
+fn line_of(out: &mut std::io::BufReader<std::process::ChildStdout>) -> String {
+    use std::io::BufRead as _;
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    l.trim().to_owned()
+}
+
+/// `fcntl` and `flock` locks through two mounts (two kernels, two clients):
+/// each sees the other's, as two nodes must (an MPI-IO job's ranks lock
+/// ranges of one shared file; HDF5 `flock`s it). Before, each kernel kept
+/// its own and both processes got an exclusive lock.
+fn file_locks_hold_across_mounts(a: &Path, b: &Path) {
+    use libc::{EAGAIN, F_RDLCK, F_UNLCK, F_WRLCK, LOCK_EX, LOCK_NB, LOCK_SH};
+    fs::write(a.join("f"), vec![b'x'; 200]).unwrap();
+    let rw = |p: &Path| fs::OpenOptions::new().read(true).write(true).open(p).unwrap();
+    let fa = rw(&a.join("f"));
+    let fb = rw(&b.join("f"));
+    // An exclusive range through A: B's overlapping lock is refused, one
+    // beside it is not, and F_GETLK names A's (pid 0: not a process here).
+    assert_eq!(set_lock(&fa, F_WRLCK, 0, 100, false), 0);
+    assert_eq!(set_lock(&fb, F_WRLCK, 50, 10, false), EAGAIN);
+    assert_eq!(set_lock(&fb, F_RDLCK, 50, 10, false), EAGAIN, "shared against exclusive");
+    assert_eq!(set_lock(&fb, F_RDLCK, 100, 100, false), 0);
+    assert_eq!(test_lock(&fb, F_WRLCK, 50, 10), (F_WRLCK, 0, 100, 0));
+    assert_eq!(test_lock(&fb, F_WRLCK, 300, 10).0, F_UNLCK);
+    assert_eq!(set_lock(&fa, F_RDLCK, 150, 1, false), 0, "shared with B's shared range");
+    assert_eq!(set_lock(&fa, F_WRLCK, 150, 1, false), EAGAIN);
+    // A's unlock lets B in; B's close gives B's locks back.
+    assert_eq!(set_lock(&fa, F_UNLCK, 0, 0, false), 0);
+    assert_eq!(set_lock(&fb, F_WRLCK, 50, 10, false), 0);
+    assert_eq!(set_lock(&fa, F_WRLCK, 0, 0, false), EAGAIN);
+    drop(fb);
+    assert_eq!(set_lock(&fa, F_WRLCK, 0, 0, false), 0, "B's close released its locks");
+
+    // F_SETLKW through B waits while A holds the range, and gets it when A
+    // lets go (another process: a waiting lock must not stop the mount).
+    let script = format!(
+        "import fcntl, os\n\
+         f = os.open({:?}, os.O_RDWR)\n\
+         print('waiting', flush=True)\n\
+         fcntl.lockf(f, fcntl.LOCK_EX, 10, 50)\n\
+         print('got', flush=True)\n",
+        b.join("f").to_str().unwrap()
+    );
+    let (mut child, mut out) = python(&script);
+    assert_eq!(line_of(&mut out), "waiting");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "it waits while A holds the range");
+    // Meanwhile the mounts serve other requests, locks of other ranges too.
+    assert_eq!(fs::read(b.join("f")).unwrap().len(), 200);
+    let fb2 = rw(&b.join("f"));
+    assert_eq!(set_lock(&fb2, F_WRLCK, 190, 1, false), EAGAIN, "A holds the whole file");
+    drop(fb2);
+    assert_eq!(set_lock(&fa, F_UNLCK, 0, 0, false), 0);
+    assert_eq!(line_of(&mut out), "got");
+    assert!(child.wait().unwrap().success());
+    // The waiter exited: its lock went with its files.
+    assert!(wait_for(Duration::from_secs(2), || set_lock(&fa, F_WRLCK, 50, 10, false) == 0));
+    assert_eq!(set_lock(&fa, F_UNLCK, 0, 0, false), 0);
+
+    // A holder killed with SIGKILL: the kernel closes its files, and its
+    // locks go with them.
+    let script = format!(
+        "import fcntl, os, time\n\
+         f = os.open({:?}, os.O_RDWR)\n\
+         fcntl.lockf(f, fcntl.LOCK_EX, 0, 0)\n\
+         print('held', flush=True)\n\
+         time.sleep(60)\n",
+        b.join("f").to_str().unwrap()
+    );
+    let (mut child, mut out) = python(&script);
+    assert_eq!(line_of(&mut out), "held");
+    assert_eq!(set_lock(&fa, F_WRLCK, 0, 1, false), EAGAIN);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_for(Duration::from_secs(2), || set_lock(&fa, F_WRLCK, 0, 1, false) == 0),
+        "the killed holder's lock went with its files"
+    );
+    assert_eq!(set_lock(&fa, F_UNLCK, 0, 0, false), 0);
+
+    // A shared lock through a descriptor open for reading only (no FLUSH at
+    // its close): it goes once that descriptor is closed.
+    let fr = fs::File::open(b.join("f")).unwrap();
+    assert_eq!(set_lock(&fr, F_RDLCK, 0, 0, false), 0);
+    assert_eq!(set_lock(&fa, F_WRLCK, 0, 1, false), EAGAIN);
+    drop(fr);
+    assert!(
+        wait_for(Duration::from_secs(2), || set_lock(&fa, F_WRLCK, 0, 1, false) == 0),
+        "the read-only descriptor's lock went at its close"
+    );
+    drop(fa);
+
+    // flock: seen across mounts, apart from record locks, given back at the
+    // close of the open file, and a signal ends a wait for it (EINTR).
+    fs::write(a.join("g"), b"g").unwrap();
+    let ga = rw(&a.join("g"));
+    let gb = rw(&b.join("g"));
+    assert_eq!(flock(&ga, LOCK_EX), 0);
+    assert_eq!(flock(&gb, LOCK_EX | LOCK_NB), libc::EWOULDBLOCK);
+    assert_eq!(flock(&gb, LOCK_SH | LOCK_NB), libc::EWOULDBLOCK);
+    assert_eq!(set_lock(&gb, F_WRLCK, 0, 0, false), 0, "a record lock is another kind");
+    assert_eq!(set_lock(&gb, F_UNLCK, 0, 0, false), 0);
+    let script = format!(
+        "import fcntl, os, signal, time\n\
+         def alarm(s, f): raise TimeoutError()\n\
+         signal.signal(signal.SIGALRM, alarm)\n\
+         f = os.open({:?}, os.O_RDWR)\n\
+         signal.alarm(1)\n\
+         try:\n\
+         \x20   fcntl.flock(f, fcntl.LOCK_EX)\n\
+         \x20   print('got', flush=True)\n\
+         except TimeoutError:\n\
+         \x20   print('interrupted', flush=True)\n",
+        b.join("g").to_str().unwrap()
+    );
+    let (mut child, mut out) = python(&script);
+    assert_eq!(line_of(&mut out), "interrupted", "a signal ends the wait");
+    assert!(child.wait().unwrap().success());
+    drop(ga);
+    assert!(
+        wait_for(Duration::from_secs(2), || flock(&gb, LOCK_EX | LOCK_NB) == 0),
+        "A's flock went with its open file"
+    );
+    assert_eq!(flock(&gb, libc::LOCK_UN), 0);
+}
+
+/// The locks of a mount that died (killed, its node gone) are released
+/// when its lease runs out (`lock_lease_ms`, 2 s in these tests), not kept
+/// forever, and not before; a live mount's are renewed.
+fn a_dead_mounts_locks_go_with_its_lease(a: &Path, mut c: Mounted, name: &str) {
+    fs::write(a.join("f"), b"f").unwrap();
+    let fa = fs::OpenOptions::new().read(true).write(true).open(a.join("f")).unwrap();
+    let script = format!(
+        "import fcntl, os, time\n\
+         f = os.open({:?}, os.O_RDWR)\n\
+         fcntl.lockf(f, fcntl.LOCK_EX, 0, 0)\n\
+         print('held', flush=True)\n\
+         time.sleep(60)\n",
+        c.path(name).join("f").to_str().unwrap()
+    );
+    let (mut holder, mut out) = python(&script);
+    assert_eq!(line_of(&mut out), "held");
+    // While the mount lives it renews its lease: held past the lease's length.
+    std::thread::sleep(Duration::from_millis(3_000));
+    assert_eq!(set_lock(&fa, libc::F_WRLCK, 0, 0, false), libc::EAGAIN, "renewed");
+    let mut mount = c.child.take().unwrap();
+    mount.kill().unwrap();
+    mount.wait().unwrap();
+    let killed = Instant::now();
+    assert_eq!(set_lock(&fa, libc::F_WRLCK, 0, 0, false), libc::EAGAIN, "held within the lease");
+    assert!(
+        wait_for(Duration::from_secs(10), || set_lock(&fa, libc::F_WRLCK, 0, 0, false) == 0),
+        "released when the lease ran out"
+    );
+    let after = killed.elapsed();
+    assert!(
+        after >= Duration::from_millis(500),
+        "released after {after:?}: before the lease ran out"
+    );
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let _ = Command::new("umount").arg("-l").arg(&c.dir).status();
 }

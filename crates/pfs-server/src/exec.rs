@@ -368,6 +368,10 @@ fn run<D: Device>(shard: &mut Shard<D>, req: Request) -> FsResult<Reply> {
         | Request::TokenInvalidate { .. } => {
             return Err(FsError::NotSupported("dentry tokens are not served yet".into()))
         }
+        // The worker's lock table answers these (`crate::locks`).
+        Request::Lock { .. } | Request::LockRenew => {
+            return Err(FsError::NotSupported("file locks are kept by the worker".into()))
+        }
         Request::WriteData { ino, layout, offset, data } => {
             write(shard, ino, WriteTarget::Elsewhere(layout), offset, &data)?
         }

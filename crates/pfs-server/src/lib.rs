@@ -23,6 +23,7 @@ pub mod exec;
 pub mod follow;
 pub mod fsck;
 mod host;
+pub mod locks;
 pub mod master;
 pub mod memcpy;
 pub mod msg;

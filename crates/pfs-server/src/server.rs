@@ -652,6 +652,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         idle_spin: Duration::from_micros(cfg.idle_spin_us),
         commit_interval: Duration::from_millis(50),
         token_lease: Duration::from_millis(TOKEN_LEASE_MS),
+        lock_lease: Duration::from_millis(cfg.lock_lease_ms),
         inline_rounds: cfg.inline_rounds,
     };
     let (memcpy, mut ports) = if cfg.memcpy_threads > 0 {

@@ -416,6 +416,13 @@ pub trait Filesystem: Send + Sync + 'static {
     /// who asks, for a file system that adapts to how many callers there are.
     fn before_request(&self, _req: &Request) {}
 
+    /// The kernel asks to interrupt request `unique` (pfs fork): its process
+    /// got a signal. A file system that can stop that request answers it
+    /// with `EINTR`; one that cannot lets it finish. The default does
+    /// nothing (upstream answered `ENOSYS`, after which the kernel never
+    /// asks again).
+    fn interrupt(&self, _req: &Request, _unique: u64) {}
+
     /// Look up a directory entry by name and get its attributes.
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         warn!("[Not Implemented] lookup(parent: {parent:#x?}, name {name:?})");
@@ -900,11 +907,12 @@ pub trait Filesystem: Send + Sync + 'static {
         typ: i32,
         pid: u32,
         sleep: bool,
+        flock: bool,
         reply: ReplyEmpty,
     ) {
         warn!(
             "[Not Implemented] setlk(ino: {ino:#x?}, fh: {fh}, lock_owner: {lock_owner}, \
-            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep})"
+            start: {start}, end: {end}, typ: {typ}, pid: {pid}, sleep: {sleep}, flock: {flock})"
         );
         reply.error(Errno::ENOSYS);
     }

@@ -141,9 +141,10 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            // pfs fork: the file system hears of it (no reply: the
+            // interrupted request is answered, with EINTR if it gave up).
+            ll::Operation::Interrupt(x) => {
+                filesystem.interrupt(self.request_header(), x.unique().0);
             }
 
             ll::Operation::Lookup(x) => {
@@ -432,6 +433,7 @@ impl<'a> RequestWithSender<'a> {
                     x.lock().typ,
                     x.lock().pid,
                     x.sleep(),
+                    x.is_flock(),
                     self.reply(),
                 );
             }

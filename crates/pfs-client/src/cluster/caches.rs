@@ -251,6 +251,7 @@ impl Caches {
 pub(crate) fn notification_loop(
     conns: Arc<Vec<Conn>>,
     caches: Arc<Caches>,
+    locks: &super::locks::LockHomes,
     stop: Arc<AtomicBool>,
     placement: Placement,
     timeout: Duration,
@@ -274,6 +275,9 @@ pub(crate) fn notification_loop(
             if let Err(e) = conns[server.0 as usize].call(release, worker.0 as u16, timeout) {
                 log::debug!("revoked token on {dir} not given back ({e}); its lease runs out");
             }
+        }
+        if locks.any() {
+            locks.renew_due(&conns, now, timeout);
         }
         if full {
             // A server that died is noticed here, within a poll, rather than

@@ -25,6 +25,7 @@ mod caches;
 mod commit;
 mod data;
 mod files;
+mod locks;
 pub mod placement;
 
 use std::collections::VecDeque;
@@ -48,6 +49,7 @@ use crate::unsynced::Unsynced;
 pub use caches::LookupHook;
 use caches::{notification_loop, Caches};
 use files::OpenFiles;
+use locks::LockHomes;
 use placement::Placement;
 
 /// Longest pause between tries of a request answered `TryAgain`.
@@ -194,6 +196,8 @@ pub struct Cluster {
     touches: Mutex<VecDeque<Touch>>,
     files: OpenFiles,
     caches: Arc<Caches>,
+    /// Shards where this client holds file locks, renewed by the notification thread.
+    locks: Arc<LockHomes>,
     /// Acknowledged changes no commit covered yet, for fsync and fsyncdir.
     unsynced: Arc<Mutex<Unsynced>>,
     /// Told of this client's data changes at homes (`set_version_observer`).
@@ -354,13 +358,15 @@ impl Cluster {
         }
         let conns = Arc::new(conns);
         let caches = Arc::new(Caches::new(opts.dentry_cache_entries));
+        let locks = Arc::new(LockHomes::default());
         let stop = Arc::new(AtomicBool::new(false));
         let notifier = {
             let (conns, caches, stop) = (conns.clone(), caches.clone(), stop.clone());
+            let locks = locks.clone();
             let timeout = opts.request_timeout;
             std::thread::Builder::new()
                 .name("pfs-notify".into())
-                .spawn(move || notification_loop(conns, caches, stop, placement, timeout))
+                .spawn(move || notification_loop(conns, caches, &locks, stop, placement, timeout))
                 .map_err(|e| FsError::Io(format!("cannot start the notification thread: {e}")))?
         };
         let unsynced = Arc::new(Mutex::new(Unsynced::new(UNSYNCED_INODES_MAX)));
@@ -388,6 +394,7 @@ impl Cluster {
             touches: Mutex::new(VecDeque::new()),
             files: OpenFiles::new(OPEN_FILES_MAX),
             caches,
+            locks,
             unsynced,
             versions: std::sync::OnceLock::new(),
             stop,
@@ -1285,6 +1292,20 @@ impl FileSystem for Cluster {
 
     fn write(&self, ino: InodeId, fh: FileHandle, offset: u64, data: &[u8]) -> FsResult<u32> {
         self.write_range(ino, fh, offset, data)
+    }
+
+    fn keeps_locks(&self) -> bool {
+        true
+    }
+
+    fn lock(
+        &self,
+        ino: InodeId,
+        owner: u64,
+        lock: pfs_core::wire::FileLock,
+        test: bool,
+    ) -> FsResult<Option<pfs_core::wire::FileLock>> {
+        self.lock_at_home(ino, owner, lock, test)
     }
 
     fn append(

@@ -35,12 +35,15 @@ pub use frame::{
 pub use opcode::Opcode;
 pub use reply::{Replaced, Reply};
 pub use request::{Request, WriteRef, WriteTarget};
-pub use types::{DirEntry, Entry, InodeLayout, RenameFlags, TokenGrant, TokenMode, XattrSetMode};
+pub use types::{
+    DirEntry, Entry, FileLock, InodeLayout, LockKind, RenameFlags, TokenGrant, TokenMode,
+    XattrSetMode, LOCK_END_MAX,
+};
 
 /// First four bytes of every frame: `"PFSW"`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"PFSW");
 /// The protocol version this build speaks; a frame of another version is refused.
-pub const VERSION: u16 = 8;
+pub const VERSION: u16 = 9;
 /// Bytes in a frame header.
 pub const HEADER_LEN: usize = 32;
 /// Largest read or write payload: 1 MiB, FUSE's `max_write`.

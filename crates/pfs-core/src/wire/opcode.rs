@@ -105,11 +105,15 @@ pub enum Opcode {
     /// Grow a file by a length for an `O_APPEND` write, answering where the
     /// write goes (the size before).
     Append = 49,
+    /// Take, test or give back a file lock at the file's home.
+    Lock = 50,
+    /// Extend the lease of every file lock the client holds on a shard.
+    LockRenew = 51,
 }
 
 impl Opcode {
     /// Every opcode, in number order.
-    pub const ALL: [Opcode; 49] = [
+    pub const ALL: [Opcode; 51] = [
         Opcode::Lookup,
         Opcode::GetAttr,
         Opcode::SetAttr,
@@ -159,6 +163,8 @@ impl Opcode {
         Opcode::LookupData,
         Opcode::Durable,
         Opcode::Append,
+        Opcode::Lock,
+        Opcode::LockRenew,
     ];
 
     /// The opcode numbered `v`, if any.
@@ -181,7 +187,7 @@ mod tests {
             assert_eq!(Opcode::from_u16(*op as u16), Some(*op));
         }
         assert_eq!(Opcode::from_u16(0), None);
-        assert_eq!(Opcode::from_u16(50), None);
+        assert_eq!(Opcode::from_u16(52), None);
         assert_eq!(Opcode::Write as u16, 16);
     }
 }

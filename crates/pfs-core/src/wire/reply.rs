@@ -2,7 +2,9 @@
 
 use super::cluster::View;
 use super::cursor::{check_len, Reader, Writer};
-use super::types::{read_name, write_name, Codec, DirEntry, Entry, InodeLayout, TokenGrant};
+use super::types::{
+    read_name, write_name, Codec, DirEntry, Entry, FileLock, InodeLayout, TokenGrant,
+};
 use super::{
     Opcode, WireError, MAX_FOLLOW_UPS, MAX_FRAME_PAYLOAD, MAX_IO_BYTES, MAX_LOOKUP_DATA_BYTES,
     MAX_SYMLINK_BYTES, MAX_XATTR_LIST_BYTES, MAX_XATTR_VALUE_BYTES,
@@ -143,6 +145,23 @@ pub enum Reply {
         attr: FileAttr,
         /// The inode's `ctime` before (see [`Reply::Write`]).
         ctime_before: TimeNs,
+    },
+    /// A lock request's answer: the lock was taken (or given back), or
+    /// `conflict` names a lock of another owner that keeps it from being
+    /// taken (for a test: the first such, or `None`).
+    Lock {
+        /// The conflicting lock, if any (its `pid` 0 when another client holds it).
+        conflict: Option<FileLock>,
+        /// How long the client's locks on this shard last without a renewal, ms.
+        lease_ms: u32,
+    },
+    /// The client's lease on this shard was extended.
+    LockRenew {
+        /// Locks (ranges) the client holds on this shard: fewer than it
+        /// thinks means the server lost them (it restarted).
+        held: u32,
+        /// How long they last now, ms.
+        lease_ms: u32,
     },
     /// The master accepted the server.
     Register {
@@ -302,6 +321,8 @@ impl Reply {
             Reply::TruncateData => Opcode::TruncateData,
             Reply::ExtendSize { .. } => Opcode::ExtendSize,
             Reply::Append { .. } => Opcode::Append,
+            Reply::Lock { .. } => Opcode::Lock,
+            Reply::LockRenew { .. } => Opcode::LockRenew,
             Reply::Register { .. } => Opcode::Register,
             Reply::Heartbeat { .. } => Opcode::Heartbeat,
             Reply::GetView(_) => Opcode::GetView,
@@ -346,6 +367,22 @@ impl Reply {
                 w.u64(*offset);
                 attr.put(w)?;
                 w.i64(*ctime_before);
+                Ok(())
+            }
+            Reply::Lock { conflict, lease_ms } => {
+                match conflict {
+                    None => w.u8(0),
+                    Some(c) => {
+                        w.u8(1);
+                        c.put(w)?;
+                    }
+                }
+                w.u32(*lease_ms);
+                Ok(())
+            }
+            Reply::LockRenew { held, lease_ms } => {
+                w.u32(*held);
+                w.u32(*lease_ms);
                 Ok(())
             }
             Reply::Create { entry, fh } => {
@@ -549,6 +586,19 @@ impl Reply {
                 attr: FileAttr::get(r)?,
                 ctime_before: r.i64("ctime before")?,
             },
+            Opcode::Lock => Reply::Lock {
+                conflict: match r.u8("lock conflict")? {
+                    0 => None,
+                    1 => Some(FileLock::get(r)?),
+                    v => {
+                        return Err(WireError::BadValue { what: "lock conflict", value: v.into() })
+                    }
+                },
+                lease_ms: r.u32("lock lease")?,
+            },
+            Opcode::LockRenew => {
+                Reply::LockRenew { held: r.u32("locks held")?, lease_ms: r.u32("lock lease")? }
+            }
             Opcode::ExtendSize => {
                 Reply::ExtendSize { attr: FileAttr::get(r)?, ctime_before: r.i64("ctime before")? }
             }

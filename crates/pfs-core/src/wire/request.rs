@@ -4,8 +4,8 @@ use super::cluster::{read_addr, write_addr, Usage};
 use super::cursor::{Reader, Writer};
 use super::follow::{FollowOp, MAX_FOLLOW_BYTES, MAX_FOLLOW_UPS};
 use super::types::{
-    read_kind, read_name, read_perm, write_name, write_perm, Codec, InodeLayout, RenameFlags,
-    TokenMode, XattrSetMode,
+    read_kind, read_name, read_perm, write_name, write_perm, Codec, FileLock, InodeLayout,
+    RenameFlags, TokenMode, XattrSetMode,
 };
 use super::{Opcode, WireError, MAX_IO_BYTES, MAX_SYMLINK_BYTES, MAX_XATTR_VALUE_BYTES};
 use crate::{
@@ -415,6 +415,26 @@ pub enum Request {
         /// `FUSE_WRITE_KILL_SUIDGID`). A file capability goes either way.
         kill_suidgid: bool,
     },
+    /// Take, give back, or (`test`) look for a conflict with, a lock on file
+    /// `ino`, at the file's home. Never waits: a lock that conflicts is not
+    /// taken, and the reply names the conflict (the client retries a
+    /// blocking `F_SETLKW`). Every lock request renews the client's lease
+    /// on that shard ([`Request::LockRenew`]).
+    Lock {
+        /// The file.
+        ino: InodeId,
+        /// Who holds it on its client: the kernel's lock owner (a process's
+        /// file table for `fcntl` locks, the open file for `flock`).
+        owner: u64,
+        /// What and where.
+        lock: FileLock,
+        /// Only say whether `lock` could be taken (`F_GETLK`).
+        test: bool,
+    },
+    /// Extend the lease of every lock the client holds on this shard; a
+    /// client that stops renewing (it died, or lost its network) loses them
+    /// when the lease runs out.
+    LockRenew,
     /// Server to master, at start: join the cluster (or rejoin as `server`).
     Register {
         /// The id this server had (read from its zones), or `None` for a new one.
@@ -593,6 +613,8 @@ impl Request {
                 | Request::ListXattr { .. }
                 | Request::LayoutGet { .. }
                 | Request::GetParent { .. }
+                | Request::Lock { .. }
+                | Request::LockRenew
         )
     }
 
@@ -633,6 +655,8 @@ impl Request {
             Request::TruncateData { .. } => Opcode::TruncateData,
             Request::ExtendSize { .. } => Opcode::ExtendSize,
             Request::Append { .. } => Opcode::Append,
+            Request::Lock { .. } => Opcode::Lock,
+            Request::LockRenew => Opcode::LockRenew,
             Request::Register { .. } => Opcode::Register,
             Request::Heartbeat { .. } => Opcode::Heartbeat,
             Request::GetView => Opcode::GetView,
@@ -772,7 +796,7 @@ impl Request {
                 w.bool(*datasync);
                 Ok(())
             }
-            Request::StatFs | Request::Durable => Ok(()),
+            Request::StatFs | Request::Durable | Request::LockRenew => Ok(()),
             Request::GetXattr { ino, name } | Request::RemoveXattr { ino, name } => {
                 w.u64(ino.0);
                 write_name(w, "xattr name", name)
@@ -822,6 +846,13 @@ impl Request {
                 w.u64(ino.0);
                 w.u64(*len);
                 w.u8(u8::from(*kill_suidgid));
+                Ok(())
+            }
+            Request::Lock { ino, owner, lock, test } => {
+                w.u64(ino.0);
+                w.u64(*owner);
+                lock.put(w)?;
+                w.u8(u8::from(*test));
                 Ok(())
             }
             Request::Register { server, addr, workers, usage } => {
@@ -1030,6 +1061,13 @@ impl Request {
                 len: r.u64("append length")?,
                 kill_suidgid: r.u8("append flags")? & 1 != 0,
             },
+            Opcode::Lock => Request::Lock {
+                ino: ino(r)?,
+                owner: r.u64("lock owner")?,
+                lock: FileLock::get(r)?,
+                test: r.u8("lock test")? & 1 != 0,
+            },
+            Opcode::LockRenew => Request::LockRenew,
             Opcode::Register => Request::Register {
                 server: match r.u32("server id")? {
                     NO_SERVER => None,

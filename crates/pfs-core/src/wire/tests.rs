@@ -105,6 +105,13 @@ fn token_mode() -> impl Strategy<Value = TokenMode> {
     ]
 }
 
+fn file_lock() -> impl Strategy<Value = FileLock> {
+    let kind = prop_oneof![Just(LockKind::Read), Just(LockKind::Write), Just(LockKind::Unlock)];
+    (kind, any::<bool>(), 0..=LOCK_END_MAX, 0..=LOCK_END_MAX, any::<u32>()).prop_map(
+        |(kind, flock, a, b, pid)| FileLock { kind, flock, start: a.min(b), end: a.max(b), pid },
+    )
+}
+
 fn rename_flags() -> impl Strategy<Value = RenameFlags> {
     (0u32..4).prop_map(|bits| RenameFlags::from_bits(bits).unwrap())
 }
@@ -194,6 +201,9 @@ fn request() -> impl Strategy<Value = Request> {
         }),
         Just(Request::StatFs),
         Just(Request::Durable),
+        Just(Request::LockRenew),
+        (ino(), any::<u64>(), file_lock(), any::<bool>())
+            .prop_map(|(ino, owner, lock, test)| Request::Lock { ino, owner, lock, test }),
         (ino(), name()).prop_map(|(ino, name)| Request::GetXattr { ino, name }),
         (ino(), name(), bytes(512), xattr_mode())
             .prop_map(|(ino, name, value, mode)| Request::SetXattr { ino, name, value, mode }),
@@ -408,6 +418,10 @@ fn reply() -> impl Strategy<Value = Reply> {
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
         Just(Reply::Durable),
+        (proptest::option::of(file_lock()), any::<u32>())
+            .prop_map(|(conflict, lease_ms)| Reply::Lock { conflict, lease_ms }),
+        (any::<u32>(), any::<u32>())
+            .prop_map(|(held, lease_ms)| Reply::LockRenew { held, lease_ms }),
         (any::<u64>(), vec(any::<u64>(), 0..4))
             .prop_map(|(through, refused)| Reply::FollowUps { through, refused }),
         any::<u64>().prop_map(|end| Reply::ReserveData { end }),

@@ -163,6 +163,79 @@ impl TokenMode {
     }
 }
 
+/// What a file lock request does: take a shared or an exclusive lock, or
+/// give back what the owner holds of a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum LockKind {
+    /// Shared (`F_RDLCK`, `LOCK_SH`): conflicts with another owner's `Write`.
+    Read = 1,
+    /// Exclusive (`F_WRLCK`, `LOCK_EX`): conflicts with another owner's lock.
+    Write = 2,
+    /// Release (`F_UNLCK`, `LOCK_UN`).
+    Unlock = 3,
+}
+
+/// Last byte of a lock that runs to the end of the file, however long it
+/// grows: Linux's `OFFSET_MAX`, what the kernel sends for `l_len = 0`.
+pub const LOCK_END_MAX: u64 = i64::MAX as u64;
+
+/// A file lock, as asked for or as held (docs/posix.md, "locks").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileLock {
+    /// Shared, exclusive, or a release.
+    pub kind: LockKind,
+    /// A `flock(2)` lock (the whole file; its owner is the open file) rather
+    /// than a `fcntl(2)` record lock: the two kinds never conflict, as on Linux.
+    pub flock: bool,
+    /// First byte.
+    pub start: u64,
+    /// Last byte, inclusive, at most [`LOCK_END_MAX`].
+    pub end: u64,
+    /// The asking process's id on its client; a conflict held by another
+    /// client is reported with 0 (its process is not one of the asker's).
+    pub pid: u32,
+}
+
+impl Codec for LockKind {
+    fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        w.u8(*self as u8);
+        Ok(())
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        match r.u8("lock kind")? {
+            1 => Ok(LockKind::Read),
+            2 => Ok(LockKind::Write),
+            3 => Ok(LockKind::Unlock),
+            v => Err(WireError::BadValue { what: "lock kind", value: v.into() }),
+        }
+    }
+}
+
+impl Codec for FileLock {
+    fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
+        self.kind.put(w)?;
+        w.u8(u8::from(self.flock));
+        w.u64(self.start);
+        w.u64(self.end);
+        w.u32(self.pid);
+        Ok(())
+    }
+    fn get(r: &mut Reader<'_>) -> Result<Self, WireError> {
+        let kind = LockKind::get(r)?;
+        let flock = match r.u8("lock flags")? {
+            0 => false,
+            1 => true,
+            v => return Err(WireError::BadValue { what: "lock flags", value: v.into() }),
+        };
+        let (start, end) = (r.u64("lock start")?, r.u64("lock end")?);
+        if start > end || end > LOCK_END_MAX {
+            return Err(WireError::BadValue { what: "lock range end", value: end });
+        }
+        Ok(FileLock { kind, flock, start, end, pid: r.u32("lock pid")? })
+    }
+}
+
 /// A granted token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TokenGrant {

@@ -69,6 +69,8 @@ impl TestCluster {
                 preallocate: false,
                 workers,
                 wal_size_bytes: 64 << 20,
+                // A dead mount's file locks go within seconds.
+                lock_lease_ms: 2_000,
                 key_file: c.key.clone(),
                 master: c.master_addr(),
                 ..ServerConfig::default()

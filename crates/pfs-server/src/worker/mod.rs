@@ -48,6 +48,7 @@ use pfs_store::Shard;
 
 use crate::cross::Renames;
 use crate::host::Host;
+use crate::locks::Locks;
 use crate::memcpy::MemcpyPort;
 use crate::msg::{ConnRef, Doorbell, LiveConns, Task};
 use crate::peers::Peers;
@@ -97,6 +98,8 @@ pub struct WorkerOptions {
     pub commit_interval: Duration,
     /// Lease of a dentry-cache token.
     pub token_lease: Duration,
+    /// How long a client's file locks last without a renewal (`crate::locks`).
+    pub lock_lease: Duration,
     /// Whether client threads of this process may run the worker's rounds
     /// while it is parked ([`pfs_net::inline`]; `pfs up`).
     pub inline_rounds: bool,
@@ -196,6 +199,8 @@ pub struct Worker<D: Device> {
     /// The sweep of data whose file is gone.
     sweep: crate::sweep::Sweep,
     tokens: Tokens,
+    /// File locks of the files this worker owns.
+    locks: Locks,
     /// The connection of each client this worker serves, for messages the
     /// server sends unasked (token invalidations): at most one entry per
     /// connection in `conns`.
@@ -295,6 +300,7 @@ impl<D: Device> Worker<D> {
             outbox: crate::follow::Outbox::default(),
             sweep: crate::sweep::Sweep::new(Instant::now()),
             tokens: Tokens::after_start(opts.token_lease, Instant::now()),
+            locks: Locks::new(opts.lock_lease),
             clients: HashMap::new(),
             live,
             fail_stop,

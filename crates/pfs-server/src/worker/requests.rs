@@ -2,7 +2,7 @@
 //! payload straight from it), the operation run or stopped for what it waits
 //! for, and its reply encoded and held for its commit or follow-ups.
 
-use pfs_core::wire::{Body, Frame, FrameHeader, Opcode, Reply, Request, TokenMode};
+use pfs_core::wire::{Body, Frame, FrameHeader, LockKind, Opcode, Reply, Request, TokenMode};
 use pfs_core::{ClientId, FsError, FsResult, InodeId, RequestId};
 use pfs_store::device::Device;
 use pfs_store::shard::dataio::ReadStart;
@@ -50,7 +50,9 @@ impl<D: Device> Worker<D> {
             return Some(error_reply(header, FsError::Invalid("a reply sent as a request".into())));
         };
         let op = req.opcode();
-        if let Some(reply) = self.serve_token(&req, frame.client) {
+        let served =
+            self.serve_token(&req, frame.client).or_else(|| self.serve_lock(&req, frame.client));
+        if let Some(reply) = served {
             let body = match reply {
                 Ok(reply) => Body::Reply(reply),
                 Err(error) => Body::Error { op, error },
@@ -239,6 +241,30 @@ impl<D: Device> Worker<D> {
             Request::TokenRelease { dir, mode } => {
                 self.tokens.release(dir, client, mode);
                 Some(Ok(Reply::TokenRelease))
+            }
+            _ => None,
+        }
+    }
+
+    /// Answers a file lock request (`Lock`, `LockRenew`) from the worker's
+    /// lock table ([`crate::locks`]); `None` for any other request. A lock
+    /// on a file this shard does not hold is refused (`NotFound`), a
+    /// release never.
+    fn serve_lock(&mut self, req: &Request, client: ClientId) -> Option<FsResult<Reply>> {
+        let lease_ms = self.locks.lease_ms();
+        match *req {
+            Request::Lock { ino, owner, lock, test } => {
+                if lock.kind != LockKind::Unlock && !self.shard.has_inode(ino) {
+                    return Some(Err(FsError::NotFound));
+                }
+                Some(
+                    self.locks
+                        .request(ino, client, owner, lock, test, self.now)
+                        .map(|conflict| Reply::Lock { conflict, lease_ms }),
+                )
+            }
+            Request::LockRenew => {
+                Some(Ok(Reply::LockRenew { held: self.locks.renew(client, self.now), lease_ms }))
             }
             _ => None,
         }

@@ -1205,6 +1205,10 @@ mod op {
         pub(crate) fn sleep(&self) -> bool {
             self.wait
         }
+        /// pfs fork: a `flock(2)` lock (`FUSE_LK_FLOCK`), not a `fcntl` one.
+        pub(crate) fn is_flock(&self) -> bool {
+            self.arg.lk_flags & crate::ll::fuse_abi::consts::FUSE_LK_FLOCK != 0
+        }
     }
 
     /// Check file access permissions.
