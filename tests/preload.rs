@@ -1294,3 +1294,135 @@ fn appends_of_library_clients_and_the_mount_never_overlap() {
     }
     assert_eq!(seen.len(), 600, "every record of the three writers");
 }
+
+/// A record lock on the mount's `f` from this process: 0 or the errno.
+fn mount_lock(f: &std::fs::File, typ: i32, start: i64, len: i64) -> i32 {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed flock is valid; its fields are set below.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = typ as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    l.l_start = start;
+    l.l_len = len;
+    // SAFETY: fcntl with a valid descriptor and a flock that outlives the call.
+    match unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &mut l) } {
+        0 => 0,
+        _ => std::io::Error::last_os_error().raw_os_error().unwrap(),
+    }
+}
+
+const LOCKF_PROGRAM: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <unistd.h>
+#define E(call) ((call) == 0 ? 0 : errno)
+int main(int argc, char **argv) {
+    int fd = open(argv[1], O_RDWR);
+    if (fd < 0) { perror("open"); return 1; }
+    /* The mount holds bytes 0..99 and a flock of g. */
+    printf("test %d\n", E(lockf(fd, F_TEST, 10)));
+    printf("tlock %d\n", E(lockf(fd, F_TLOCK, 10)));
+    lseek(fd, 100, SEEK_SET);
+    printf("tlock100 %d\n", E(lockf(fd, F_TLOCK, 10)));
+    printf("ulock100 %d\n", E(lockf(fd, F_ULOCK, 10)));
+    int g = open(argv[2], O_RDWR);
+    printf("flock %d\n", E(flock(g, LOCK_EX | LOCK_NB)));
+    printf("flock_sh %d\n", E(flock(g, LOCK_SH | LOCK_NB)));
+    return 0;
+}
+"#;
+
+/// `fcntl`, `flock` and `lockf` locks of library clients and of the mount
+/// see each other (an MPI-IO job may run some ranks through the library and
+/// tools through the mount); a close, and the process's exit, give them
+/// back. Before, the library refused record locks (`ENOLCK`) and `flock`.
+#[test]
+fn locks_of_library_clients_and_the_mount_see_each_other() {
+    use std::io::{BufRead as _, Write as _};
+    let c = Cluster::start("locks");
+    std::fs::write(c.mnt.join("f"), vec![b'x'; 300]).unwrap();
+    std::fs::write(c.mnt.join("g"), b"g").unwrap();
+    let rw = |p: &Path| std::fs::OpenOptions::new().read(true).write(true).open(p).unwrap();
+    let fm = rw(&c.mnt.join("f"));
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 0, 100), 0);
+    let gm = rw(&c.mnt.join("g"));
+    // SAFETY: flock on a valid descriptor.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&gm), libc::LOCK_EX) }, 0);
+
+    let script = "import fcntl, os, struct, sys, time\n\
+        f = os.open(sys.argv[1], os.O_RDWR)\n\
+        try:\n\
+        \x20   fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 50); print('got 50')\n\
+        except BlockingIOError:\n\
+        \x20   print('refused')\n\
+        q = struct.pack('hhqqi', fcntl.F_WRLCK, 0, 50, 10, 0)\n\
+        print(struct.unpack('hhqqi', fcntl.fcntl(f, fcntl.F_GETLK, q))[:4])\n\
+        fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 100); print('got 100')\n\
+        g = os.open(sys.argv[2], os.O_RDWR)\n\
+        try:\n\
+        \x20   fcntl.flock(g, fcntl.LOCK_EX | fcntl.LOCK_NB); print('flock got')\n\
+        except BlockingIOError:\n\
+        \x20   print('flock refused')\n\
+        print('waiting', flush=True)\n\
+        t = time.time(); fcntl.lockf(f, fcntl.LOCK_EX, 10, 0)\n\
+        print('got 0 after %.2f' % (time.time() - t), flush=True)\n\
+        sys.stdin.readline(); os.close(f); print('closed', flush=True)\n\
+        f = os.open(sys.argv[1], os.O_RDWR)\n\
+        fcntl.lockf(f, fcntl.LOCK_EX, 10, 200); print('held', flush=True)\n\
+        sys.stdin.readline()\n";
+    let mut py = c
+        .command(&c.pfs, "python3")
+        .args(["-c", script, &c.p("f"), &c.p("g")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+    let mut stdin = py.stdin.take().unwrap();
+    let mut line = || {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        l.trim().to_owned()
+    };
+    assert_eq!(line(), "refused", "the mount's range");
+    assert_eq!(line(), "(1, 0, 0, 100)", "F_GETLK names it (pid 0: another client)");
+    assert_eq!(line(), "got 100", "beside it");
+    assert_eq!(line(), "flock refused");
+    assert_eq!(line(), "waiting");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(mount_lock(&fm, libc::F_UNLCK, 0, 0), 0);
+    let got = line();
+    let waited: f64 = got.strip_prefix("got 0 after ").unwrap().parse().unwrap();
+    assert!(waited >= 0.25, "F_SETLKW waited for the mount's unlock: {got}");
+    // The library's locks hold against the mount, and go at its close.
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 0, 10), libc::EAGAIN);
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 100, 10), libc::EAGAIN);
+    writeln!(stdin).unwrap();
+    assert_eq!(line(), "closed");
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 0, 10), 0, "the library's close released");
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 100, 10), 0);
+    // And at exit, without a close (pfs up's lease is 30 s: this is the exit).
+    assert_eq!(line(), "held");
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 200, 10), libc::EAGAIN);
+    writeln!(stdin).unwrap();
+    assert!(py.wait().unwrap().success());
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 200, 10), 0, "released at the library's exit");
+
+    // lockf(3) and flock(2) from C (glibc's lockf calls its own fcntl).
+    assert_eq!(mount_lock(&fm, libc::F_UNLCK, 0, 0), 0);
+    assert_eq!(mount_lock(&fm, libc::F_WRLCK, 0, 100), 0);
+    let exe = c.compile("locks", LOCKF_PROGRAM);
+    let out = c.run(exe.to_str().unwrap(), &[&c.p("f"), &c.p("g")]);
+    let eagain = libc::EAGAIN;
+    assert_eq!(
+        out,
+        format!(
+            "test {}\ntlock {eagain}\ntlock100 0\nulock100 0\nflock {}\nflock_sh {}\n",
+            libc::EACCES,
+            libc::EWOULDBLOCK,
+            libc::EWOULDBLOCK
+        )
+    );
+}

@@ -17,13 +17,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t, ssize_t, FILE};
+use pfs_core::wire::{FileLock, LockKind, LOCK_END_MAX};
 use pfs_core::{FileAttr, SetAttr};
 
 use crate::client::{self, busy, with_busy, Errno, Res};
 use crate::convert::{fopen_flags, major, minor};
 use crate::ops::{self, Target};
 use crate::real::real;
-use crate::{fds, maps};
+use crate::{fds, locks, maps};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -222,6 +223,7 @@ extern "C" fn after_fork_child() {
     if let Some((c, t)) = FORK_HELD.with(|h| h.borrow_mut().take()) {
         drop(t);
         c.forget_in_child();
+        locks::forget_in_child();
     }
 }
 
@@ -1724,15 +1726,141 @@ unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, name: &'static str) -> 
             }
             None => ret_int(Err(libc::EBADF)),
         },
-        // Record locks are not kept for pfs files (docs/preload.md).
+        // Record locks, at the file's home (`locks.rs`).
         libc::F_GETLK
         | libc::F_SETLK
         | libc::F_SETLKW
         | libc::F_OFD_GETLK
         | libc::F_OFD_SETLK
-        | libc::F_OFD_SETLKW => ret_int(Err(libc::ENOLCK)),
+        | libc::F_OFD_SETLKW => {
+            let l = arg as *mut libc::flock;
+            if l.is_null() {
+                return ret_int(Err(libc::EFAULT));
+            }
+            // SAFETY: the caller passes a `struct flock` for these commands.
+            ret_int(with_busy(|| record_lock(fd, cmd, unsafe { &mut *l })))
+        }
         _ => ret_int(Err(libc::EINVAL)),
     }
+}
+
+/// A record lock command on pfs descriptor `fd` (`fcntl(2)`'s rules).
+fn record_lock(fd: c_int, cmd: c_int, l: &mut libc::flock) -> Res<c_int> {
+    let f = ops::file(fd)?;
+    let ofd = matches!(cmd, libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW);
+    if ofd && l.l_pid != 0 {
+        return Err(libc::EINVAL);
+    }
+    let kind = match c_int::from(l.l_type) {
+        libc::F_RDLCK => LockKind::Read,
+        libc::F_WRLCK => LockKind::Write,
+        libc::F_UNLCK => LockKind::Unlock,
+        _ => return Err(libc::EINVAL),
+    };
+    let getlk = matches!(cmd, libc::F_GETLK | libc::F_OFD_GETLK);
+    if !getlk
+        && (kind == LockKind::Read && !f.readable() || kind == LockKind::Write && !f.writable())
+    {
+        return Err(libc::EBADF);
+    }
+    let base = match c_int::from(l.l_whence) {
+        libc::SEEK_SET => 0,
+        libc::SEEK_CUR => f.state().offset,
+        libc::SEEK_END => ops::fstat(fd)?.size,
+        _ => return Err(libc::EINVAL),
+    };
+    let (start, end) = locks::range(base, l.l_start, l.l_len)?;
+    let pid = std::process::id();
+    let lock = FileLock { kind, flock: false, start, end, pid };
+    let owner = if ofd { locks::description_owner(&f) } else { locks::process_owner() };
+    let mode = match cmd {
+        libc::F_GETLK | libc::F_OFD_GETLK if kind == LockKind::Unlock => return Err(libc::EINVAL),
+        libc::F_GETLK | libc::F_OFD_GETLK => locks::Mode::Test,
+        libc::F_SETLKW | libc::F_OFD_SETLKW => locks::Mode::Wait,
+        _ => locks::Mode::Try,
+    };
+    match locks::lock(&f, owner, lock, mode)? {
+        Some(c) => {
+            l.l_type = match c.kind {
+                LockKind::Read => libc::F_RDLCK,
+                _ => libc::F_WRLCK,
+            } as i16;
+            l.l_whence = libc::SEEK_SET as i16;
+            l.l_start = c.start as i64;
+            l.l_len = if c.end == LOCK_END_MAX { 0 } else { (c.end - c.start + 1) as i64 };
+            // Linux reports -1 for an open file description's lock; a
+            // process on another node is none of this one's (0).
+            l.l_pid = if ofd { -1 } else { c.pid as i32 };
+        }
+        None if getlk => l.l_type = libc::F_UNLCK as i16,
+        None => {}
+    }
+    Ok(0)
+}
+
+/// `flock(2)` on pfs descriptor `fd`.
+fn flock_pfs(fd: c_int, op: c_int) -> Res<c_int> {
+    let f = ops::file(fd)?;
+    let kind = match op & !libc::LOCK_NB {
+        libc::LOCK_SH => LockKind::Read,
+        libc::LOCK_EX => LockKind::Write,
+        libc::LOCK_UN => LockKind::Unlock,
+        _ => return Err(libc::EINVAL),
+    };
+    let pid = std::process::id();
+    let lock = FileLock { kind, flock: true, start: 0, end: LOCK_END_MAX, pid };
+    let mode = if op & libc::LOCK_NB != 0 { locks::Mode::Try } else { locks::Mode::Wait };
+    locks::lock(&f, locks::description_owner(&f), lock, mode).map(|_| 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn flock(fd: c_int, op: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's flock with the caller's arguments.
+        return unsafe { real!(flock: fn(c_int, c_int) -> c_int)(fd, op) };
+    }
+    ret_int(with_busy(|| flock_pfs(fd, op)))
+}
+
+/// `lockf(3)` on pfs descriptor `fd`: glibc's calls its own `fcntl`, which
+/// this library does not see, so it is answered here (the same record
+/// locks, from the file offset for `len` bytes).
+fn lockf_pfs(fd: c_int, cmd: c_int, len: i64) -> Res<c_int> {
+    let f = ops::file(fd)?;
+    let (start, end) = locks::range(f.state().offset, 0, len)?;
+    let pid = std::process::id();
+    let at = |kind| FileLock { kind, flock: false, start, end, pid };
+    let owner = locks::process_owner();
+    match cmd {
+        libc::F_TEST => match locks::lock(&f, owner, at(LockKind::Write), locks::Mode::Test)? {
+            // A lock of another process: `EACCES`, as glibc's.
+            Some(_) => Err(libc::EACCES),
+            None => Ok(0),
+        },
+        _ if !f.writable() => Err(libc::EBADF),
+        libc::F_LOCK => locks::lock(&f, owner, at(LockKind::Write), locks::Mode::Wait).map(|_| 0),
+        libc::F_TLOCK => locks::lock(&f, owner, at(LockKind::Write), locks::Mode::Try).map(|_| 0),
+        libc::F_ULOCK => locks::lock(&f, owner, at(LockKind::Unlock), locks::Mode::Try).map(|_| 0),
+        _ => Err(libc::EINVAL),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: libc::off_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's lockf with the caller's arguments.
+        return unsafe { real!(lockf: fn(c_int, c_int, libc::off_t) -> c_int)(fd, cmd, len) };
+    }
+    ret_int(with_busy(|| lockf_pfs(fd, cmd, len)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: libc::off64_t) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's lockf64 with the caller's arguments.
+        return unsafe { real!(lockf64: fn(c_int, c_int, libc::off64_t) -> c_int)(fd, cmd, len) };
+    }
+    ret_int(with_busy(|| lockf_pfs(fd, cmd, len)))
 }
 
 #[no_mangle]

@@ -10,6 +10,7 @@
 //! - `fds`: the file map (pfs descriptors are real `O_PATH` descriptors of
 //!   `/dev/null`, so their numbers never collide with the kernel's).
 //! - `ops`: the operations in Rust terms, returning an errno on failure.
+//! - `locks`: `fcntl`, `flock` and `lockf` locks at the files' homes.
 //! - `maps`: `mmap` of pfs files (private copies, written back at `msync`).
 //! - `hooks`: the C symbols (`open`, `read`, `stat`, `opendir`, `fopen`, ...).
 //! - `inherit`: the pfs working directory and descriptors a program hands to
@@ -26,6 +27,7 @@ mod fds;
 #[cfg(not(test))]
 mod hooks;
 mod inherit;
+mod locks;
 mod maps;
 mod ops;
 mod paths;

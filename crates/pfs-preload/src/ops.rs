@@ -824,9 +824,15 @@ pub fn close(fd: i32) -> Res<()> {
 
 /// Drops one reference to a description; the last one flushes its writes.
 fn finish(file: Arc<OpenFile>) -> Res<()> {
+    // A close of any descriptor of a file gives back the process's record
+    // locks on it (POSIX), the last of a description its own.
+    crate::locks::release(file.ino, crate::locks::process_owner(), false);
     if Arc::strong_count(&file) > 1 {
         return Ok(());
     }
+    let owner = crate::locks::description_owner(&file);
+    crate::locks::release(file.ino, owner, false);
+    crate::locks::release(file.ino, owner, true);
     let handle = file.state().handle;
     let mut r = Ok(());
     if let Some(h) = handle {
@@ -1563,6 +1569,7 @@ pub fn opendir(abs: AbsPath) -> Res<i32> {
 /// themselves.
 pub fn flush_all_at_exit() {
     EXITING.store(true, Ordering::Relaxed);
+    crate::locks::release_all_at_exit();
     let Some((fs, generation)) = client::connected() else { return };
     if std::env::var_os("PFS_PRELOAD_STATS").is_some() {
         let sent: u64 = fs.requests_sent().iter().sum();
