@@ -1426,3 +1426,47 @@ fn locks_of_library_clients_and_the_mount_see_each_other() {
         )
     );
 }
+
+/// SQLite (rollback journal) from two library clients and two processes on
+/// the mount of the same cluster: locks, data read under them, and journals
+/// made and removed by the others (docs/posix.md "locks"). Every transaction
+/// counts the rows and adds one; each count is seen once.
+#[test]
+fn sqlite_through_the_library_and_the_mount() {
+    let c = Cluster::start("sqlite");
+    let script = "import sqlite3, sys\n\
+        c = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)\n\
+        if sys.argv[2] == 'init':\n\
+        \x20   c.execute('create table t(w, n, pad)'); sys.exit(0)\n\
+        for i in range(int(sys.argv[3])):\n\
+        \x20   c.execute('begin immediate')\n\
+        \x20   n = c.execute('select count(*) from t').fetchone()[0]\n\
+        \x20   c.execute('insert into t values (?, ?, ?)', (sys.argv[2], n, 'x' * 3000))\n\
+        \x20   c.execute('commit')\n\
+        if sys.argv[2] == 'check':\n\
+        \x20   print(c.execute('select count(*), count(distinct n) from t').fetchone(),\n\
+        \x20         c.execute('pragma integrity_check').fetchone()[0])\n";
+    let mnt_db = c.mnt.join("t.db").to_str().unwrap().to_string();
+    let lib_db = c.p("t.db");
+    let ok = Command::new("python3").args(["-c", script, &mnt_db, "init", "0"]).status();
+    assert!(ok.unwrap().success());
+    let writers: Vec<std::process::Child> = (0..4)
+        .map(|w| {
+            let (mut cmd, db) = if w < 2 {
+                (c.command(&c.pfs, "python3"), &lib_db)
+            } else {
+                (Command::new("python3"), &mnt_db)
+            };
+            cmd.args(["-c", script, db, &w.to_string(), "100"])
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for w in writers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success(), "a writer failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = Command::new("python3").args(["-c", script, &mnt_db, "check", "0"]).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "(400, 400) ok");
+}

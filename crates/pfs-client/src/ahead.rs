@@ -834,6 +834,19 @@ impl StatAhead {
         }
     }
 
+    /// Every directory's entries go, as [`forget_dir`](Self::forget_dir)
+    /// does for one: a file lock was just taken, and lookups after it must
+    /// see what other nodes changed before it.
+    pub fn forget_all(&self) {
+        if !self.on {
+            return;
+        }
+        let dirs: Vec<u64> = self.inner().dirs.keys().copied().collect();
+        for dir in dirs {
+            self.forget_dir(dir);
+        }
+    }
+
     /// Since the mount started: batches fetched, entries they kept, lookups
     /// and attribute requests answered from them.
     pub fn counts(&self) -> (u64, u64, u64) {

@@ -299,7 +299,7 @@ pub struct PfsFuse {
     appending: Mutex<HashSet<u64>>,
     /// The name the kernel last learnt of each file under, checked at open
     /// ([`Names`]).
-    names: Names,
+    names: Arc<Names>,
     /// File locks taken at the files' homes, and the locks that wait
     /// ([`FileLocks`]), when the file system keeps them for every client.
     locks: FileLocks,
@@ -346,8 +346,10 @@ impl PfsFuse {
         let pages = Arc::new(PageVersions::new(PAGE_VERSIONS_MAX));
         let observed = Arc::clone(&pages);
         fs.set_version_observer(Box::new(move |ino, change| observed.changed(ino.0, change)));
+        let notifier = Arc::new(OnceLock::new());
+        let names = Arc::new(Names::default());
         PfsFuse {
-            locks: FileLocks::new(Arc::clone(&fs)),
+            locks: FileLocks::new(Arc::clone(&fs), Arc::clone(&notifier), Arc::clone(&names)),
             fs,
             ttl,
             dirs: Mutex::new(HashMap::new()),
@@ -359,7 +361,7 @@ impl PfsFuse {
             writeback_cache: false,
             readdirplus_always: true,
             uring_stats: Arc::new(OnceLock::new()),
-            notifier: Arc::new(OnceLock::new()),
+            notifier,
             dir_attrs: Arc::new(DirAttrs::new(ttl.attr)),
             ahead: Arc::new(StatAhead::new(ttl.attr.min(ttl.entry), true)),
             pages,
@@ -369,7 +371,7 @@ impl PfsFuse {
             data_changes: AtomicU64::new(0),
             new_files: NewFiles::default(),
             appending: Mutex::new(HashSet::new()),
-            names: Names::default(),
+            names,
         }
     }
 
@@ -583,6 +585,10 @@ impl PfsFuse {
                     "open of {ino}: its name {:?} leads elsewhere now",
                     name.escape_ascii().to_string()
                 );
+                // The kernel walks the path again, with a lookup that must
+                // reach the server: not the statahead entry that may have
+                // answered the last one.
+                self.ahead.forget_name(parent, &name);
                 Err(Errno::ESTALE)
             }
             Err(e) => Err(errno(&e)),
@@ -1297,9 +1303,11 @@ impl fuser::Filesystem for PfsFuse {
         reply: ReplyEmpty,
     ) {
         log::trace!("flush ino {} fh {}", ino.0, fh.0);
-        // A close: the closing process's record locks on the file go.
+        let r = self.fs.flush(InodeId(ino.0), FileHandle(fh.0));
+        // A close: the closing process's record locks on the file go, after
+        // its writes reached the servers (the next holder reads them).
         self.locks.flushed(ino.0, lock_owner.0);
-        Self::empty(reply, self.fs.flush(InodeId(ino.0), FileHandle(fh.0)));
+        Self::empty(reply, r);
     }
 
     fn release(
@@ -1313,12 +1321,13 @@ impl fuser::Filesystem for PfsFuse {
         reply: ReplyEmpty,
     ) {
         log::trace!("release ino {} fh {}", ino.0, fh.0);
-        self.locks.released(ino.0, fh.0);
         self.small.released(fh.0);
         if flags.0 & libc::O_APPEND != 0 {
             self.appending.lock().expect("appending lock").remove(&fh.0);
         }
         let r = self.fs.release(InodeId(ino.0), FileHandle(fh.0));
+        // Its locks go once what it wrote is out (`release` sends it).
+        self.locks.released(ino.0, fh.0);
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             // Published now: a size the listing's attributes may not have.
             // (A handle open for reading wrote nothing; while a handle that
@@ -1673,6 +1682,11 @@ impl fuser::Filesystem for PfsFuse {
             lock_owner.0,
             lock.kind
         );
+        if lock.kind != pfs_core::wire::LockKind::Unlock {
+            // Lookups after the lock go to the servers, not to a statahead
+            // batch fetched before it (SQLite looks for its journal).
+            self.ahead.forget_all();
+        }
         self.locks.set(req.unique().0, ino.0, fh.0, lock_owner.0, lock, sleep, reply);
     }
 

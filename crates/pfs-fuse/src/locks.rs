@@ -12,6 +12,14 @@
 //! the kernel's `FUSE_INTERRUPT`). At most [`WAITS_MAX`] wait at once;
 //! past it a waiting lock fails with `ENOLCK`.
 //!
+//! A lock is also where another node's writes become visible: before an
+//! unlock the mount sends what the handle wrote (`flush`, as a close
+//! does), and once a lock is taken it drops the kernel's cached pages and
+//! attributes of the file before answering, so a process that locks a range
+//! reads what the last holder wrote there before its unlock (NFS does the
+//! same at lock and unlock). The drop runs on the lock thread: it waits
+//! for reads of the file in flight, which the request threads serve.
+//!
 //! Locks go when their owner lets go of the file, as the kernel leaves it
 //! to the file system: a process's record locks on a file at the `FLUSH`
 //! of its close of any descriptor of it, and a `flock` or open file
@@ -32,6 +40,8 @@ use pfs_client::FileSystem;
 use pfs_core::wire::{FileLock, LockKind, LOCK_END_MAX};
 use pfs_core::{FsError, InodeId};
 
+use crate::names::Names;
+
 /// Locks waiting at most at once.
 pub const WAITS_MAX: usize = 4096;
 /// (file, owner, handle) triples remembered as holding locks, at most.
@@ -42,8 +52,11 @@ pub const RETRY_MAX: Duration = Duration::from_millis(20);
 const EARLY_INTERRUPTS_MAX: usize = 256;
 const EARLY_INTERRUPT_TTL: Duration = Duration::from_secs(1);
 
-/// A lock waiting for a conflict to go.
+/// A lock waiting for a conflict to go, or (`granted`) taken and waiting
+/// for the kernel's cached pages of its file to be dropped before it is
+/// answered.
 struct Wait {
+    granted: bool,
     unique: u64,
     ino: u64,
     owner: u64,
@@ -70,6 +83,10 @@ struct Held {
 
 struct Shared {
     fs: Arc<dyn FileSystem>,
+    /// The session's notifier, once mounted: drops a locked file's pages.
+    notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// The names opens check: a lock ends their trust in earlier lookups.
+    names: Arc<Names>,
     waiting: Mutex<Waiting>,
     wake: Condvar,
     held: Mutex<Held>,
@@ -128,15 +145,27 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// The errno of a lock request that failed: a file another client removed
+/// (its inode gone at its home) is `ESTALE`, as its reads and writes are.
 fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
+    match e {
+        FsError::NotFound => Errno::ESTALE,
+        other => Errno::from_i32(other.errno()),
+    }
 }
 
 impl FileLocks {
-    /// Locks over `fs`; the waiting thread starts with the first wait.
-    pub fn new(fs: Arc<dyn FileSystem>) -> FileLocks {
+    /// Locks over `fs`, dropping cached pages through `notifier` once it is
+    /// set; the waiting thread starts with the first lock taken.
+    pub fn new(
+        fs: Arc<dyn FileSystem>,
+        notifier: Arc<OnceLock<fuser::Notifier>>,
+        names: Arc<Names>,
+    ) -> FileLocks {
         let shared = Arc::new(Shared {
             fs,
+            notifier,
+            names,
             waiting: Mutex::default(),
             wake: Condvar::new(),
             held: Mutex::default(),
@@ -171,8 +200,29 @@ impl FileLocks {
             log::warn!("file locks: {HELD_MAX} owners hold locks through this mount; ENOLCK");
             return reply.error(Errno::ENOLCK);
         }
+        if lock.kind == LockKind::Unlock {
+            // What was written through this handle reaches the servers before
+            // the range is given back, so the next holder reads it (NFS
+            // writes back before an unlock too).
+            if let Err(e) = self.shared.fs.flush(InodeId(ino), pfs_core::FileHandle(fh)) {
+                log::debug!("writes of {ino} before its unlock: {e}");
+            }
+        }
         match self.shared.fs.lock(InodeId(ino), owner, lock, false) {
-            Ok(None) => reply.ok(),
+            Ok(None) if lock.kind == LockKind::Unlock => reply.ok(),
+            // Answered once the kernel's pages of the file are dropped, off
+            // this request thread (dropping a page waits for a read of it
+            // in flight, which a request thread must be free to serve).
+            Ok(None) => self.wait(Wait {
+                granted: true,
+                unique,
+                ino,
+                owner,
+                lock,
+                reply,
+                next_try: Instant::now(),
+                pause: Duration::ZERO,
+            }),
             Ok(Some(_)) if !sleep => reply.error(Errno::EAGAIN),
             Ok(Some(c)) => {
                 log::debug!(
@@ -186,6 +236,7 @@ impl FileLocks {
                 );
                 let pause = Duration::from_millis(1);
                 let w = Wait {
+                    granted: false,
                     unique,
                     ino,
                     owner,
@@ -204,12 +255,13 @@ impl FileLocks {
         let mut waiting = self.shared.waiting.lock().expect("lock waits lock");
         let now = Instant::now();
         waiting.early.retain(|&(_, at)| now.duration_since(at) < EARLY_INTERRUPT_TTL);
-        if let Some(i) = waiting.early.iter().position(|&(u, _)| u == w.unique) {
+        // (A lock already taken is answered as taken: its holder must know.)
+        if let Some(i) = waiting.early.iter().position(|&(u, _)| u == w.unique && !w.granted) {
             waiting.early.remove(i);
             drop(waiting);
             return w.reply.error(Errno::EINTR);
         }
-        if waiting.waits.len() >= WAITS_MAX {
+        if waiting.waits.len() >= WAITS_MAX && !w.granted {
             drop(waiting);
             log::warn!("file locks: {WAITS_MAX} locks wait already; ENOLCK");
             return w.reply.error(Errno::ENOLCK);
@@ -230,7 +282,7 @@ impl FileLocks {
     /// lock it waits for stops waiting, with `EINTR`.
     pub fn interrupt(&self, unique: u64) {
         let mut waiting = self.shared.waiting.lock().expect("lock waits lock");
-        if let Some(i) = waiting.waits.iter().position(|w| w.unique == unique) {
+        if let Some(i) = waiting.waits.iter().position(|w| w.unique == unique && !w.granted) {
             let w = waiting.waits.swap_remove(i);
             drop(waiting);
             log::debug!("lock of {} by pid {} interrupted", w.ino, w.lock.pid);
@@ -370,8 +422,26 @@ impl Shared {
         }
     }
 
+    /// Drops the kernel's cached pages and attributes of `ino`: a lock
+    /// just taken may guard bytes another node wrote and gave back since
+    /// they were read here (NFS drops them at a lock too). Opens from now
+    /// on check the names looked up before ([`Names::lock_taken`]).
+    fn drop_pages(&self, ino: u64) {
+        self.names.lock_taken();
+        if let Some(n) = self.notifier.get() {
+            if let Err(e) = n.inval_inode(fuser::INodeNo(ino), 0, 0) {
+                log::debug!("kernel invalidation of {ino} at its lock: {e}");
+            }
+        }
+    }
+
     /// Tries a waiting lock once: `Some` when it must wait on.
     fn try_once(&self, w: Wait) -> Option<Wait> {
+        if w.granted {
+            self.drop_pages(w.ino);
+            w.reply.ok();
+            return None;
+        }
         if !alive(w.lock.pid) {
             log::debug!("lock of {} by pid {}: the process is gone", w.ino, w.lock.pid);
             w.reply.error(Errno::EINTR);
@@ -385,6 +455,7 @@ impl Shared {
                     self.unlock_all(w.ino, w.owner, w.lock.flock);
                 }
                 log::debug!("lock of {} by pid {} taken after a wait", w.ino, w.lock.pid);
+                self.drop_pages(w.ino);
                 w.reply.ok();
                 None
             }

@@ -12,7 +12,11 @@
 //! then walks the path again and opens the file there now (NFS checks the
 //! same at open, close-to-open). The one open that follows the server's
 //! answer to the kernel's `LOOKUP` of that name at once (both halves of one
-//! `open(2)`) trusts it instead: nothing more is sent.
+//! `open(2)`) trusts it instead: nothing more is sent. A lock taken through
+//! the mount ends that trust for every lookup answered before it: a lock is
+//! where processes of several nodes meet, and one that locks and then opens
+//! a file another node just removed (SQLite's journal) must not open the
+//! old one.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -40,6 +44,8 @@ struct Named {
 #[derive(Debug, Default)]
 pub struct Names {
     map: Mutex<NumMap<u64, Named>>,
+    /// Lookups answered before this are not trusted (the last lock taken).
+    trust_after: Mutex<Option<Instant>>,
 }
 
 impl Names {
@@ -59,12 +65,22 @@ impl Names {
     /// trust the kernel (the server's lookup just now; taken by this open) or
     /// the table does not know the file.
     pub fn to_check(&self, ino: u64) -> Option<(u64, Vec<u8>)> {
+        let after = *self.trust_after.lock().expect("names trust lock");
         let mut m = self.map.lock().expect("names lock");
         let n = m.get_mut(&ino)?;
-        if n.looked_up.take().is_some_and(|at| at.elapsed() < OPEN_TRUSTS_LOOKUP) {
+        let trusted = n.looked_up.take().is_some_and(|at| {
+            at.elapsed() < OPEN_TRUSTS_LOOKUP && after.is_none_or(|after| at > after)
+        });
+        if trusted {
             return None;
         }
         Some((n.parent, n.name.to_vec()))
+    }
+
+    /// A lock was just taken through the mount: opens check every name
+    /// looked up before now.
+    pub fn lock_taken(&self) {
+        *self.trust_after.lock().expect("names trust lock") = Some(Instant::now());
     }
 
     /// Files remembered.
@@ -91,6 +107,11 @@ mod tests {
         n.found(6, 1, b"old", true);
         std::thread::sleep(OPEN_TRUSTS_LOOKUP + Duration::from_millis(5));
         assert_eq!(n.to_check(6), Some((1, b"old".to_vec())), "too long after");
+        n.found(9, 1, b"journal", true);
+        n.lock_taken();
+        assert_eq!(n.to_check(9), Some((1, b"journal".to_vec())), "looked up before a lock");
+        n.found(9, 1, b"journal", true);
+        assert_eq!(n.to_check(9), None, "looked up after it");
         n.found(7, 2, b"listed", false);
         assert_eq!(n.to_check(7), Some((2, b"listed".to_vec())), "learnt from a listing");
         assert_eq!(n.to_check(8), None, "unknown");

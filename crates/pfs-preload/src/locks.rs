@@ -10,6 +10,10 @@
 //! descriptor of it, a description's at its last close, everything at exit
 //! (`ops::flush_all_at_exit`). A waiting lock asks again after a pause that
 //! doubles from 1 ms to 20 ms; a signal ends the wait with `EINTR`.
+//!
+//! As through the mount, a lock orders data: an unlock first sends what the
+//! description wrote, and after a lock is taken nothing the process learnt
+//! of files before it is used (`ops::lock_taken`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -79,13 +83,19 @@ pub fn lock(f: &OpenFile, owner: u64, lock: FileLock, mode: Mode) -> Res<Option<
     if mode == Mode::Test {
         return fs.lock(f.ino, owner, lock, true).map_err(errno);
     }
-    if lock.kind != LockKind::Unlock {
+    if lock.kind == LockKind::Unlock {
+        crate::ops::flush_before_unlock(f)?;
+    } else {
         note_held(f.ino, owner, lock.flock)?;
     }
     let mut pause = Duration::from_millis(1);
     loop {
         match fs.lock(f.ino, owner, lock, false).map_err(errno)? {
-            None => return Ok(None),
+            None if lock.kind == LockKind::Unlock => return Ok(None),
+            None => {
+                crate::ops::lock_taken();
+                return Ok(None);
+            }
             Some(_) if mode == Mode::Try => return Err(libc::EAGAIN),
             Some(_) => {}
         }

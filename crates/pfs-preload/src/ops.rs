@@ -920,6 +920,27 @@ fn changed(ino: InodeId) {
     statahead().forget_ino(ino.0);
 }
 
+/// A lock was just taken: what this process learnt before it of files other
+/// nodes may have changed (end-of-file hints, small files' bytes, an open's
+/// attributes, statahead entries) is not used after it, as the mount drops
+/// the kernel's pages at a lock (docs/posix.md "locks").
+pub fn lock_taken() {
+    CHANGES.fetch_add(1, Ordering::AcqRel);
+    NAMES.fetch_add(1, Ordering::AcqRel);
+    statahead().forget_all();
+}
+
+/// Before an unlock through `f`: what was written through it reaches the
+/// servers, so the next holder on another node reads it.
+pub fn flush_before_unlock(f: &OpenFile) -> Res<()> {
+    let Some(h) = f.state().handle else { return Ok(()) };
+    let Some((fs, generation)) = client::connected() else { return Ok(()) };
+    if h.generation != generation {
+        return Ok(());
+    }
+    fs.flush(f.ino, h.fh).map_err(errno)
+}
+
 fn read_with(fs: &Fs, f: &OpenFile, fh: FileHandle, offset: u64, buf: &mut [u8]) -> Res<usize> {
     if buf.is_empty() {
         return Ok(0);
