@@ -1470,3 +1470,53 @@ fn sqlite_through_the_library_and_the_mount() {
     let out = Command::new("python3").args(["-c", script, &mnt_db, "check", "0"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "(400, 400) ok");
 }
+
+/// A write through the library takes from a file what the kernel's takes
+/// before a write through the mount: its file capability always, and the
+/// set-user-ID bit (and the set-group-ID bit of a group-executable file)
+/// when the writer lacks `CAP_FSETID` (here root without it, by
+/// `setpriv --bounding-set=-fsetid`). Before, the library left them all.
+#[test]
+fn a_write_through_the_library_takes_what_the_kernels_takes() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let c = Cluster::start("privs");
+    // (name, mode, writer keeps CAP_FSETID, append, mode after)
+    let cases = [
+        ("suid", 0o6755, false, false, 0o0755),
+        ("sgid-not-exec", 0o2745, false, false, 0o2745),
+        ("root-keeps", 0o6755, true, false, 0o6755),
+        ("appended", 0o6755, false, true, 0o0755),
+    ];
+    for (name, mode, _, _, _) in cases {
+        let p = c.mnt.join(name);
+        std::fs::write(&p, b"0123456789").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        let st = Command::new("setcap").arg("cap_net_raw+ep").arg(&p).status().expect("setcap");
+        assert!(st.success());
+    }
+    for (name, _, fsetid, append, _) in cases {
+        let script = if append {
+            "import sys; f = open(sys.argv[1], 'ab'); f.write(b'x'); f.close()"
+        } else {
+            "import sys; f = open(sys.argv[1], 'r+b'); f.write(b'x'); f.close()"
+        };
+        let mut cmd = if fsetid {
+            c.command(&c.pfs, "python3")
+        } else {
+            let mut s = c.command(&c.pfs, "setpriv");
+            s.args(["--bounding-set=-fsetid", "python3"]);
+            s
+        };
+        let st = cmd.args(["-c", script, &c.p(name)]).status().unwrap();
+        assert!(st.success(), "{name}");
+    }
+    // The mount's kernel keeps attributes up to a second.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    for (name, _, _, _, after) in cases {
+        let p = c.mnt.join(name);
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, after, "{name}: {mode:o}");
+        let caps = Command::new("getcap").arg(&p).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&caps.stdout).trim(), "", "{name}: capability gone");
+    }
+}

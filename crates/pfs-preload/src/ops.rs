@@ -920,6 +920,62 @@ fn changed(ino: InodeId) {
     statahead().forget_ino(ino.0);
 }
 
+/// The file capability a write removes.
+const CAPABILITY_XATTR: &[u8] = b"security.capability";
+
+/// Before a description's first write to a file it did not create: what the
+/// kernel's `file_remove_privs` takes from a file before a write, its file
+/// capability (`security.capability`) always, and for a writer without
+/// `CAP_FSETID` the set-user-ID bit and the set-group-ID bit of a
+/// group-executable file. A file this process created has neither, and
+/// nothing is asked (nor for a description inherited across `exec`, whose
+/// open this process did not see). An append (`append`) leaves both to the
+/// file's home, which takes them in the same step; returns whether the
+/// set-ID bits must go. Checked at the first write only, where the kernel
+/// checks every write: a set-ID bit set while the file is open for writing
+/// here stays.
+fn remove_privs(fs: &Fs, f: &OpenFile, append: bool) -> Res<bool> {
+    let Some(looked) = *f.looked.lock().unwrap_or_else(|p| p.into_inner()) else {
+        return Ok(false);
+    };
+    if !append {
+        match fs.fs.getxattr(f.ino, CAPABILITY_XATTR) {
+            Ok(_) => match fs.fs.removexattr(f.ino, CAPABILITY_XATTR) {
+                Ok(()) | Err(FsError::NoAttr) => {}
+                Err(e) => return Err(errno(e)),
+            },
+            Err(FsError::NoAttr) => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    let kill = |perm: u16| if perm & 0o010 != 0 { 0o6000 } else { 0o4000 };
+    if looked.attr.perm & kill(looked.attr.perm) == 0 || has_fsetid() {
+        return Ok(false);
+    }
+    if append {
+        return Ok(true);
+    }
+    // The mode now (the open's may be old), less the bits.
+    let perm = fs.fs.getattr(f.ino).map_err(errno)?.perm;
+    if perm & kill(perm) != 0 {
+        let set = SetAttr { perm: Some(perm & !kill(perm)), ..SetAttr::default() };
+        fs.fs.setattr(f.ino, &set).map_err(errno)?;
+    }
+    Ok(false)
+}
+
+/// Whether this process may keep set-ID bits through a write (`CAP_FSETID`
+/// in its effective set, as root has).
+fn has_fsetid() -> bool {
+    const CAP_FSETID: u32 = 4;
+    let status = client::with_busy(|| std::fs::read_to_string("/proc/self/status"));
+    let eff = status.ok().and_then(|s| {
+        let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+        u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+    });
+    eff.is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
+}
+
 /// A lock was just taken: what this process learnt before it of files other
 /// nodes may have changed (end-of-file hints, small files' bytes, an open's
 /// attributes, statahead entries) is not used after it, as the mount drops
@@ -1006,12 +1062,13 @@ fn write_with(
     offset: Option<u64>,
     data: &[u8],
 ) -> Res<(usize, u64)> {
-    f.wrote.store(true, Ordering::Release);
+    let first = !f.wrote.swap(true, Ordering::AcqRel);
     changed(f.ino);
     // An `O_APPEND` write (a `pwrite` too, as Linux does it) goes where the
     // file's home says its end is, decided there in one step: other
     // processes' and nodes' appends never land on it.
     let append = f.flags() & libc::O_APPEND != 0;
+    let kill_suidgid = if first { remove_privs(fs, f, append)? } else { false };
     let mut at = match offset {
         Some(o) if !append => o,
         _ => 0,
@@ -1020,8 +1077,7 @@ fn write_with(
     while done < data.len() {
         let end = (done + IO_MAX).min(data.len());
         let wrote = if append {
-            // (The library kills no set-ID bits on writes, as elsewhere.)
-            fs.fs.append(f.ino, fh, &data[done..end], false).map(|(o, n)| {
+            fs.fs.append(f.ino, fh, &data[done..end], kill_suidgid).map(|(o, n)| {
                 at = o;
                 n
             })
