@@ -5,6 +5,7 @@
 //! - [`error`]: `FsError`, the one error a client sees, and its errno.
 //! - [`failpoint`]: named failures a test sets off in a real process.
 //! - [`layout`]: `DirLayout` and `FileLayout`.
+//! - [`locks`]: a table of file locks under POSIX's rules.
 //! - [`routing`]: the characteristic value `Lambda` of a request and its `Route`.
 //! - [`wire`]: frames, requests and replies, and their byte encoding.
 //! - [`config`]: server, master and client configuration (TOML), with validation.
@@ -16,6 +17,7 @@ pub mod failpoint;
 pub mod hash;
 pub mod ids;
 pub mod layout;
+pub mod locks;
 pub mod routing;
 pub mod wire;
 

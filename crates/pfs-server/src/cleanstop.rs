@@ -28,11 +28,18 @@ pub struct Mark {
     pub boot: u64,
     /// Per zone, in worker order: its format id and checkpoint generation.
     pub zones: Vec<(u64, u64)>,
+    /// File lock ranges the workers kept at the stop (`None`: a mark of an
+    /// older version, which did not say): with none, the next start needs no
+    /// grace period for reclaims.
+    pub locks_held: Option<u64>,
 }
 
 impl Mark {
     fn encode(&self) -> String {
         let mut s = format!("{MAGIC}\nboot {:016x}\n", self.boot);
+        if let Some(n) = self.locks_held {
+            s.push_str(&format!("locks {n}\n"));
+        }
         for (w, (format, gen)) in self.zones.iter().enumerate() {
             s.push_str(&format!("zone {w} {format:016x} {gen}\n"));
         }
@@ -58,6 +65,15 @@ impl Mark {
             .and_then(|l| l.strip_prefix("boot "))
             .and_then(|h| u64::from_str_radix(h, 16).ok())
             .ok_or("no boot line")?;
+        let mut lines = lines.peekable();
+        let locks_held = match lines.peek().and_then(|l| l.strip_prefix("locks ")) {
+            Some(n) => {
+                let n = n.parse().map_err(|_| "bad locks line")?;
+                lines.next();
+                Some(n)
+            }
+            None => None,
+        };
         let mut zones = Vec::new();
         for (w, line) in lines.enumerate() {
             let f: Vec<&str> = line.split(' ').collect();
@@ -69,7 +85,7 @@ impl Mark {
                 _ => return Err(format!("bad zone line {line:?}")),
             }
         }
-        Ok(Mark { boot, zones })
+        Ok(Mark { boot, zones, locks_held })
     }
 
     /// Whether zones that opened as `opened` (per zone: format id, the
@@ -148,7 +164,7 @@ mod tests {
     use super::*;
 
     fn mark() -> Mark {
-        Mark { boot: 0xfeed_f00d, zones: vec![(7, 12), (9, 3)] }
+        Mark { boot: 0xfeed_f00d, zones: vec![(7, 12), (9, 3)], locks_held: Some(2) }
     }
 
     #[test]
@@ -175,6 +191,11 @@ mod tests {
         assert!(Mark::decode(&flipped).unwrap_err().contains("checksum"));
         assert!(Mark::decode(&good[..good.len() / 2]).is_err(), "cut short");
         assert!(Mark::decode("").is_err());
+        // A mark of before the lock count: read, the count unknown.
+        let old = Mark { locks_held: None, ..mark() };
+        assert_eq!(Mark::decode(&old.encode()), Ok(old.clone()));
+        assert!(!old.encode().contains("locks"));
+        assert!(good.contains("\nlocks 2\n"));
     }
 
     #[test]

@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use pfs_core::locks::LockTable;
 use pfs_core::wire::{FileLock, LockKind};
 use pfs_core::{ClientId, FsError, FsResult, InodeId};
 
@@ -30,31 +31,10 @@ use pfs_core::{ClientId, FsError, FsResult, InodeId};
 /// lock past it is refused with `ENOLCK`.
 pub const LOCKS_MAX: usize = 1 << 16;
 
-/// A lock as held.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Held {
-    client: ClientId,
-    owner: u64,
-    /// `Read` or `Write`, never `Unlock`.
-    lock: FileLock,
-}
-
-impl Held {
-    fn same_owner(&self, client: ClientId, owner: u64, flock: bool) -> bool {
-        self.client == client && self.owner == owner && self.lock.flock == flock
-    }
-
-    fn overlaps(&self, start: u64, end: u64) -> bool {
-        self.lock.start <= end && start <= self.lock.end
-    }
-}
-
 /// The locks of the files one worker owns.
 #[derive(Debug)]
 pub struct Locks {
-    files: HashMap<InodeId, Vec<Held>>,
-    /// Ranges held over all files.
-    count: usize,
+    table: LockTable<(ClientId, u64)>,
     /// End of the lease of each client that holds a lock here.
     leases: HashMap<ClientId, Instant>,
     /// Ranges each client holds.
@@ -62,19 +42,37 @@ pub struct Locks {
     /// The earliest lease end in `leases` (a bound: expiry looks then).
     next_expiry: Option<Instant>,
     lease: Duration,
+    /// This table's identity, new at every start of the server: a client
+    /// that sees it change knows its locks here were lost, and takes them
+    /// again (`reclaim`).
+    epoch: u64,
+    /// After a restart, until this: only locks clients held before it are
+    /// taken (reclaims); every other lock is answered with a conflict.
+    grace_until: Option<Instant>,
 }
 
 impl Locks {
-    /// A table whose holders keep their locks `lease` past their last request.
-    pub fn new(lease: Duration) -> Locks {
+    /// A table whose holders keep their locks `lease` past their last
+    /// request, of identity `epoch`.
+    pub fn new(lease: Duration, epoch: u64) -> Locks {
         Locks {
-            files: HashMap::new(),
-            count: 0,
+            table: LockTable::default(),
             leases: HashMap::new(),
             held_by: HashMap::new(),
             next_expiry: None,
             lease,
+            epoch,
+            grace_until: None,
         }
+    }
+
+    /// A table for a server that restarted at `now` (its zones held files
+    /// before): clients may hold locks its previous run granted, so for one
+    /// lease (every live client renews within a third of it, sees the new
+    /// epoch and takes its locks again) no other lock is granted, as NFS and
+    /// Lustre servers keep a grace period for reclaims after a restart.
+    pub fn after_restart(lease: Duration, epoch: u64, now: Instant) -> Locks {
+        Locks { grace_until: Some(now + lease), ..Locks::new(lease, epoch) }
     }
 
     /// The lease, as the replies carry it.
@@ -82,14 +80,31 @@ impl Locks {
         self.lease.as_millis().min(u128::from(u32::MAX)) as u32
     }
 
+    /// This table's identity ([`Locks::new`]).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Ranges held now.
     pub fn len(&self) -> usize {
-        self.count
+        self.table.len()
     }
 
     /// Whether no lock is held.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.table.is_empty()
+    }
+
+    fn in_grace(&mut self, now: Instant) -> bool {
+        match self.grace_until {
+            Some(end) if now < end => true,
+            Some(_) => {
+                self.grace_until = None;
+                log::info!("file locks: the grace period after the restart ended");
+                false
+            }
+            None => false,
+        }
     }
 
     /// Runs a lock request of `owner` on `client` for file `ino` at `now`:
@@ -97,7 +112,11 @@ impl Locks {
     /// with `lock` (`None`: it could be taken); otherwise takes `lock` (or
     /// gives back the range, for `Unlock`) unless such a conflict exists,
     /// which is returned instead. A conflict held by another client has pid
-    /// 0. `ENOLCK` past [`LOCKS_MAX`] ranges.
+    /// 0. A `reclaim` takes again a lock the client held before the server
+    /// restarted; in the grace period after a restart only those are taken,
+    /// and every other lock or test is answered with a conflict (the range
+    /// asked, pid 0). `ENOLCK` past [`LOCKS_MAX`] ranges.
+    #[allow(clippy::too_many_arguments)]
     pub fn request(
         &mut self,
         ino: InodeId,
@@ -105,6 +124,7 @@ impl Locks {
         owner: u64,
         lock: FileLock,
         test: bool,
+        reclaim: bool,
         now: Instant,
     ) -> FsResult<Option<FileLock>> {
         if lock.start > lock.end {
@@ -113,98 +133,47 @@ impl Locks {
                 lock.start, lock.end
             )));
         }
-        if test && lock.kind == LockKind::Unlock {
-            return Err(FsError::Invalid("a lock test asks for a shared or exclusive lock".into()));
+        if test && (lock.kind == LockKind::Unlock || reclaim) {
+            return Err(FsError::Invalid(
+                "a lock test asks for a shared or exclusive lock, and reclaims nothing".into(),
+            ));
         }
         self.expire(now);
-        let held = self.files.get(&ino).map(Vec::as_slice).unwrap_or(&[]);
+        if lock.kind != LockKind::Unlock && !reclaim && self.in_grace(now) {
+            // A lock of the previous run may not have been taken again yet.
+            let kind = LockKind::Write;
+            return Ok(Some(FileLock { kind, pid: 0, ..lock }));
+        }
         if lock.kind != LockKind::Unlock {
-            let conflict = held.iter().find(|h| {
-                !h.same_owner(client, owner, lock.flock)
-                    && h.lock.flock == lock.flock
-                    && h.overlaps(lock.start, lock.end)
-                    && (h.lock.kind == LockKind::Write || lock.kind == LockKind::Write)
-            });
-            if let Some(h) = conflict {
-                let pid = if h.client == client { h.lock.pid } else { 0 };
-                return Ok(Some(FileLock { pid, ..h.lock }));
+            if let Some(((c, _), h)) = self.table.conflict(ino, (client, owner), &lock) {
+                let pid = if c == client { h.pid } else { 0 };
+                return Ok(Some(FileLock { pid, ..h }));
             }
             if test {
                 return Ok(None);
             }
             // A new range may split one of the owner's in two.
-            if self.count + 2 > LOCKS_MAX {
+            if self.table.len() + 2 > LOCKS_MAX {
                 log::warn!(
                     "file locks: {} ranges held on this worker, the most it keeps; \
                      refusing a lock on {ino} (ENOLCK)",
-                    self.count
+                    self.table.len()
                 );
                 return Err(FsError::NoLocks);
             }
         }
-        self.apply(ino, client, owner, lock);
-        if self.leases.contains_key(&client) || lock.kind != LockKind::Unlock {
-            self.renew(client, now);
-        }
-        Ok(None)
-    }
-
-    /// Replaces what `owner` holds of `lock`'s range with `lock` (nothing,
-    /// for `Unlock`), merging its touching ranges of one kind.
-    fn apply(&mut self, ino: InodeId, client: ClientId, owner: u64, lock: FileLock) {
-        let held = self.files.remove(&ino).unwrap_or_default();
-        let before = held.len();
-        let mut kept = Vec::with_capacity(held.len() + 2);
-        let mut mine = Vec::new();
-        let mut mine_before = 0;
-        for h in held {
-            if !h.same_owner(client, owner, lock.flock) {
-                kept.push(h);
-                continue;
-            }
-            mine_before += 1;
-            if !h.overlaps(lock.start, lock.end) {
-                mine.push(h);
-                continue;
-            }
-            // The parts of the old range outside the new one stay.
-            if h.lock.start < lock.start {
-                mine.push(Held { lock: FileLock { end: lock.start - 1, ..h.lock }, ..h });
-            }
-            if h.lock.end > lock.end {
-                mine.push(Held { lock: FileLock { start: lock.end + 1, ..h.lock }, ..h });
-            }
-        }
-        if lock.kind != LockKind::Unlock {
-            mine.push(Held { client, owner, lock });
-        }
-        mine.sort_by_key(|h| (h.lock.kind as u8, h.lock.start));
-        let mut merged: Vec<Held> = Vec::with_capacity(mine.len());
-        for h in mine {
-            match merged.last_mut() {
-                Some(m)
-                    if m.lock.kind == h.lock.kind
-                        && m.lock.end.saturating_add(1) >= h.lock.start =>
-                {
-                    m.lock.end = m.lock.end.max(h.lock.end);
-                    m.lock.pid = lock.pid;
-                }
-                _ => merged.push(h),
-            }
-        }
-        let mine_after = merged.len();
-        kept.extend(merged);
-        self.count = self.count + kept.len() - before;
-        if !kept.is_empty() {
-            self.files.insert(ino, kept);
-        }
-        if mine_after != mine_before {
+        let (before, after) = self.table.apply(ino, (client, owner), lock);
+        if before != after {
             let n = self.held_by.entry(client).or_default();
-            *n = *n + mine_after - mine_before;
+            *n = *n + after - before;
             if *n == 0 {
                 self.held_by.remove(&client);
             }
         }
+        if self.leases.contains_key(&client) || lock.kind != LockKind::Unlock {
+            self.renew(client, now);
+        }
+        Ok(None)
     }
 
     /// Extends `client`'s lease from `now`; returns the ranges it holds here.
@@ -236,14 +205,7 @@ impl Locks {
         if gone.is_empty() {
             return;
         }
-        let mut dropped = 0;
-        self.files.retain(|_, held| {
-            let before = held.len();
-            held.retain(|h| !gone.contains(&h.client));
-            dropped += before - held.len();
-            !held.is_empty()
-        });
-        self.count -= dropped;
+        let dropped = self.table.drop_owners(|(c, _)| gone.contains(c));
         log::warn!(
             "file locks: the lease of client(s) {gone:?} ran out (no renewal for {:?}): \
              their {dropped} locked range(s) are released",
@@ -265,19 +227,12 @@ mod tests {
     }
 
     fn take(l: &mut Locks, c: ClientId, owner: u64, lock: FileLock) -> Option<FileLock> {
-        l.request(F, c, owner, lock, false, Instant::now()).unwrap()
-    }
-
-    fn ranges(l: &Locks) -> Vec<(u64, LockKind, u64, u64)> {
-        let mut v: Vec<_> =
-            l.files[&F].iter().map(|h| (h.owner, h.lock.kind, h.lock.start, h.lock.end)).collect();
-        v.sort_by_key(|r| (r.0, r.2));
-        v
+        l.request(F, c, owner, lock, false, false, Instant::now()).unwrap()
     }
 
     #[test]
     fn shared_locks_share_and_exclusive_ones_conflict_across_clients_and_owners() {
-        let mut l = Locks::new(Duration::from_secs(30));
+        let mut l = Locks::new(Duration::from_secs(30), 1);
         assert_eq!(take(&mut l, A, 1, lk(LockKind::Read, 0, 99)), None);
         assert_eq!(take(&mut l, B, 1, lk(LockKind::Read, 50, 149)), None, "shared");
         let c = take(&mut l, B, 1, lk(LockKind::Write, 0, 9)).expect("A's read lock");
@@ -287,46 +242,47 @@ mod tests {
         assert_eq!((c.start, c.pid), (50, 0));
         let c = take(&mut l, A, 2, lk(LockKind::Write, 10, 10)).expect("A owner 1's read lock");
         assert_eq!(c.pid, 42, "a process of the asker's own client");
-        // Past the others' ranges it is free.
         assert_eq!(take(&mut l, A, 2, lk(LockKind::Write, 150, 200)), None);
-        // A test takes nothing.
-        let t = l.request(F, B, 1, lk(LockKind::Write, 300, 400), true, Instant::now()).unwrap();
-        assert_eq!(t, None);
+        let t = l.request(F, B, 1, lk(LockKind::Write, 300, 400), true, false, Instant::now());
+        assert_eq!(t.unwrap(), None, "a test takes nothing");
         assert_eq!(l.len(), 3);
+        // Unlocking everything of one owner leaves the others'.
+        take(&mut l, A, 1, lk(LockKind::Unlock, 0, pfs_core::wire::LOCK_END_MAX));
+        assert_eq!(l.len(), 2);
     }
 
     #[test]
-    fn an_owners_new_lock_replaces_splits_and_merges_its_own() {
-        let mut l = Locks::new(Duration::from_secs(30));
-        take(&mut l, A, 1, lk(LockKind::Write, 0, 99));
-        // A downgrade in the middle splits the range in three.
-        take(&mut l, A, 1, lk(LockKind::Read, 40, 59));
-        assert_eq!(
-            ranges(&l),
-            [
-                (1, LockKind::Write, 0, 39),
-                (1, LockKind::Read, 40, 59),
-                (1, LockKind::Write, 60, 99)
-            ]
-        );
-        // An unlock of part of it, then a lock that touches merges.
-        take(&mut l, A, 1, lk(LockKind::Unlock, 0, 49));
-        assert_eq!(ranges(&l), [(1, LockKind::Read, 50, 59), (1, LockKind::Write, 60, 99)]);
-        take(&mut l, A, 1, lk(LockKind::Write, 50, 59));
-        assert_eq!(ranges(&l), [(1, LockKind::Write, 50, 99)]);
-        // Another client may now take what was given back.
-        assert_eq!(take(&mut l, B, 1, lk(LockKind::Write, 0, 49)), None);
-        // Unlocking everything of one owner leaves the other's.
-        take(&mut l, A, 1, lk(LockKind::Unlock, 0, pfs_core::wire::LOCK_END_MAX));
-        assert_eq!(ranges(&l), [(1, LockKind::Write, 0, 49)]);
-        assert_eq!(l.len(), 1);
-        take(&mut l, B, 1, lk(LockKind::Unlock, 0, 49));
-        assert!(l.is_empty() && l.files.is_empty());
+    fn in_the_grace_after_a_restart_only_reclaims_are_taken() {
+        let lease = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let mut l = Locks::after_restart(lease, 9, t0);
+        assert_eq!(l.epoch(), 9);
+        // A's lock of before the restart, taken again; B's new lock and
+        // test are answered with a conflict meanwhile, a release is not.
+        let r = l.request(F, A, 1, lk(LockKind::Write, 0, 9), false, true, t0).unwrap();
+        assert_eq!(r, None, "a reclaim");
+        let c = l.request(F, B, 1, lk(LockKind::Read, 100, 109), false, false, t0).unwrap();
+        assert_eq!(c.map(|c| (c.start, c.end, c.pid)), Some((100, 109, 0)), "not yet");
+        let c = l.request(F, B, 1, lk(LockKind::Read, 100, 109), true, false, t0).unwrap();
+        assert!(c.is_some(), "a test neither");
+        let r = l.request(F, B, 1, lk(LockKind::Unlock, 0, 9), false, false, t0).unwrap();
+        assert_eq!(r, None);
+        // After the grace (one lease): as ever, and A's reclaimed lock,
+        // renewed meanwhile, holds.
+        assert_eq!(l.renew(A, t0 + lease / 2), 1);
+        let later = t0 + lease;
+        let c = l.request(F, B, 1, lk(LockKind::Write, 5, 5), false, false, later).unwrap();
+        assert_eq!(c.map(|c| (c.start, c.end)), Some((0, 9)), "A's reclaimed lock");
+        let r = l.request(F, B, 1, lk(LockKind::Write, 100, 109), false, false, later).unwrap();
+        assert_eq!(r, None);
+        // A fresh server has no grace.
+        let mut f = Locks::new(lease, 10);
+        assert_eq!(f.request(F, B, 1, lk(LockKind::Write, 0, 0), false, false, t0).unwrap(), None);
     }
 
     #[test]
     fn flock_locks_never_meet_record_locks() {
-        let mut l = Locks::new(Duration::from_secs(30));
+        let mut l = Locks::new(Duration::from_secs(30), 1);
         let whole = |kind| FileLock { flock: true, ..lk(kind, 0, pfs_core::wire::LOCK_END_MAX) };
         assert_eq!(take(&mut l, A, 7, whole(LockKind::Write)), None);
         assert_eq!(take(&mut l, B, 1, lk(LockKind::Write, 0, 10)), None, "a record lock");
@@ -339,29 +295,29 @@ mod tests {
     #[test]
     fn a_client_that_stops_renewing_loses_its_locks_at_the_end_of_its_lease() {
         let lease = Duration::from_secs(30);
-        let mut l = Locks::new(lease);
+        let mut l = Locks::new(lease, 1);
         let t0 = Instant::now();
-        l.request(F, A, 1, lk(LockKind::Write, 0, 9), false, t0).unwrap();
-        l.request(F, B, 1, lk(LockKind::Write, 10, 19), false, t0).unwrap();
+        l.request(F, A, 1, lk(LockKind::Write, 0, 9), false, false, t0).unwrap();
+        l.request(F, B, 1, lk(LockKind::Write, 10, 19), false, false, t0).unwrap();
         // B renews, A does not.
         assert_eq!(l.renew(B, t0 + lease / 2), 1);
         let later = t0 + lease + Duration::from_millis(1);
-        let c = l.request(F, B, 1, lk(LockKind::Write, 0, 9), false, later).unwrap();
+        let c = l.request(F, B, 1, lk(LockKind::Write, 0, 9), false, false, later).unwrap();
         assert_eq!(c, None, "A's lock went with its lease");
         assert_eq!(l.renew(A, later), 0, "a renewal after the lease ran out holds nothing");
-        let c = l.request(F, A, 1, lk(LockKind::Write, 0, 0), false, later).unwrap();
+        let c = l.request(F, A, 1, lk(LockKind::Write, 0, 0), false, false, later).unwrap();
         assert!(c.is_some(), "B holds it now");
     }
 
     #[test]
     fn bounded_by_the_table_not_by_what_clients_ask() {
-        let mut l = Locks::new(Duration::from_secs(30));
+        let mut l = Locks::new(Duration::from_secs(30), 1);
         // A range on each of many files (one file's ranges are searched
         // whole at each request, so the test spreads them).
         let mut refused = None;
         for i in 0..(LOCKS_MAX as u64 + 10) {
             let lock = lk(LockKind::Write, 0, 0);
-            match l.request(InodeId(i + 1), A, 1, lock, false, Instant::now()) {
+            match l.request(InodeId(i + 1), A, 1, lock, false, false, Instant::now()) {
                 Ok(None) => {}
                 other => {
                     refused = Some((i, other));
@@ -374,9 +330,12 @@ mod tests {
         assert!(i as usize >= LOCKS_MAX - 2 && l.len() <= LOCKS_MAX, "{i} {}", l.len());
         // A release is never refused, and frees room.
         let all = lk(LockKind::Unlock, 0, pfs_core::wire::LOCK_END_MAX);
-        assert_eq!(l.request(InodeId(1), A, 1, all, false, Instant::now()), Ok(None));
+        assert_eq!(l.request(InodeId(1), A, 1, all, false, false, Instant::now()), Ok(None));
         assert_eq!(l.len(), i as usize - 1);
         let bad = lk(LockKind::Write, 5, 4);
-        assert!(matches!(l.request(F, A, 1, bad, false, Instant::now()), Err(FsError::Invalid(_))));
+        assert!(matches!(
+            l.request(F, A, 1, bad, false, false, Instant::now()),
+            Err(FsError::Invalid(_))
+        ));
     }
 }

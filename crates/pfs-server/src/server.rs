@@ -166,7 +166,8 @@ impl ServerHandle {
         // Every worker drained, committed and checkpointed: everything this
         // boot acknowledged is durable, so the next start may keep its id.
         if let Some(path) = &self.clean_mark {
-            let mark = cleanstop::Mark { boot: self.boot, zones };
+            let locks = self.usage.iter().map(|u| u.locks_held.load(Ordering::Relaxed)).sum();
+            let mark = cleanstop::Mark { boot: self.boot, zones, locks_held: Some(locks) };
             match cleanstop::put(path, &mark) {
                 Ok(()) => log::info!("stopped cleanly: boot id kept in {}", path.display()),
                 Err(e) => log::warn!(
@@ -616,7 +617,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
     } else {
         format_zones(cfg, devices, id, zone_bytes, &sopts)?
     };
-    if let Some(mark) = kept {
+    if let Some(mark) = &kept {
         let opened: Vec<(u64, u64, u64)> = shards
             .iter()
             .map(|s| (s.checkpoint_state().0, s.stats().opened_gen, s.stats().replayed))
@@ -637,6 +638,22 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         }
     }
     let boot = listener.boot();
+    // A clean stop that kept no file lock lost none: no grace period for
+    // reclaims at this start.
+    let no_locks_kept = kept.as_ref().is_some_and(|m| {
+        let opened: Vec<(u64, u64, u64)> = shards
+            .iter()
+            .map(|s| (s.checkpoint_state().0, s.stats().opened_gen, s.stats().replayed))
+            .collect();
+        m.matches(&opened) && m.locks_held == Some(0)
+    });
+    if complete && !no_locks_kept {
+        log::info!(
+            "file locks: for {} ms only the locks clients held before this start are taken \
+             again (they had some, or the last stop was not clean)",
+            cfg.lock_lease_ms
+        );
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let fail_stop = FailStop::new(stop.clone());
@@ -653,6 +670,7 @@ pub fn start(cfg: &ServerConfig, register_timeout: Duration) -> Result<ServerHan
         commit_interval: Duration::from_millis(50),
         token_lease: Duration::from_millis(TOKEN_LEASE_MS),
         lock_lease: Duration::from_millis(cfg.lock_lease_ms),
+        restarted: complete && !no_locks_kept,
         inline_rounds: cfg.inline_rounds,
     };
     let (memcpy, mut ports) = if cfg.memcpy_threads > 0 {

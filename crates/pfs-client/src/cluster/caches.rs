@@ -277,7 +277,7 @@ pub(crate) fn notification_loop(
             }
         }
         if locks.any() {
-            locks.renew_due(&conns, now, timeout);
+            locks.renew_due(&conns, &placement, now, timeout);
         }
         if full {
             // A server that died is noticed here, within a poll, rather than

@@ -154,6 +154,9 @@ pub enum Reply {
         conflict: Option<FileLock>,
         /// How long the client's locks on this shard last without a renewal, ms.
         lease_ms: u32,
+        /// The shard's lock table's identity, new at each start of its
+        /// server: a client that sees it change takes its locks again.
+        epoch: u64,
     },
     /// The client's lease on this shard was extended.
     LockRenew {
@@ -162,6 +165,8 @@ pub enum Reply {
         held: u32,
         /// How long they last now, ms.
         lease_ms: u32,
+        /// As [`Reply::Lock`]'s.
+        epoch: u64,
     },
     /// The master accepted the server.
     Register {
@@ -369,7 +374,7 @@ impl Reply {
                 w.i64(*ctime_before);
                 Ok(())
             }
-            Reply::Lock { conflict, lease_ms } => {
+            Reply::Lock { conflict, lease_ms, epoch } => {
                 match conflict {
                     None => w.u8(0),
                     Some(c) => {
@@ -378,11 +383,13 @@ impl Reply {
                     }
                 }
                 w.u32(*lease_ms);
+                w.u64(*epoch);
                 Ok(())
             }
-            Reply::LockRenew { held, lease_ms } => {
+            Reply::LockRenew { held, lease_ms, epoch } => {
                 w.u32(*held);
                 w.u32(*lease_ms);
+                w.u64(*epoch);
                 Ok(())
             }
             Reply::Create { entry, fh } => {
@@ -595,10 +602,13 @@ impl Reply {
                     }
                 },
                 lease_ms: r.u32("lock lease")?,
+                epoch: r.u64("lock epoch")?,
             },
-            Opcode::LockRenew => {
-                Reply::LockRenew { held: r.u32("locks held")?, lease_ms: r.u32("lock lease")? }
-            }
+            Opcode::LockRenew => Reply::LockRenew {
+                held: r.u32("locks held")?,
+                lease_ms: r.u32("lock lease")?,
+                epoch: r.u64("lock epoch")?,
+            },
             Opcode::ExtendSize => {
                 Reply::ExtendSize { attr: FileAttr::get(r)?, ctime_before: r.i64("ctime before")? }
             }

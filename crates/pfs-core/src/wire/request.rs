@@ -430,6 +430,10 @@ pub enum Request {
         lock: FileLock,
         /// Only say whether `lock` could be taken (`F_GETLK`).
         test: bool,
+        /// Take again a lock the client held before the server restarted
+        /// (it saw a new epoch): granted in the grace period after a
+        /// restart, when other locks wait.
+        reclaim: bool,
     },
     /// Extend the lease of every lock the client holds on this shard; a
     /// client that stops renewing (it died, or lost its network) loses them
@@ -848,11 +852,11 @@ impl Request {
                 w.u8(u8::from(*kill_suidgid));
                 Ok(())
             }
-            Request::Lock { ino, owner, lock, test } => {
+            Request::Lock { ino, owner, lock, test, reclaim } => {
                 w.u64(ino.0);
                 w.u64(*owner);
                 lock.put(w)?;
-                w.u8(u8::from(*test));
+                w.u8(u8::from(*test) | u8::from(*reclaim) << 1);
                 Ok(())
             }
             Request::Register { server, addr, workers, usage } => {
@@ -1061,12 +1065,14 @@ impl Request {
                 len: r.u64("append length")?,
                 kill_suidgid: r.u8("append flags")? & 1 != 0,
             },
-            Opcode::Lock => Request::Lock {
-                ino: ino(r)?,
-                owner: r.u64("lock owner")?,
-                lock: FileLock::get(r)?,
-                test: r.u8("lock test")? & 1 != 0,
-            },
+            Opcode::Lock => {
+                let (ino, owner, lock) = (ino(r)?, r.u64("lock owner")?, FileLock::get(r)?);
+                let flags = r.u8("lock flags")?;
+                if flags & !3 != 0 {
+                    return Err(WireError::BadValue { what: "lock flags", value: flags.into() });
+                }
+                Request::Lock { ino, owner, lock, test: flags & 1 != 0, reclaim: flags & 2 != 0 }
+            }
             Opcode::LockRenew => Request::LockRenew,
             Opcode::Register => Request::Register {
                 server: match r.u32("server id")? {

@@ -202,8 +202,9 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::StatFs),
         Just(Request::Durable),
         Just(Request::LockRenew),
-        (ino(), any::<u64>(), file_lock(), any::<bool>())
-            .prop_map(|(ino, owner, lock, test)| Request::Lock { ino, owner, lock, test }),
+        (ino(), any::<u64>(), file_lock(), any::<bool>(), any::<bool>()).prop_map(
+            |(ino, owner, lock, test, reclaim)| Request::Lock { ino, owner, lock, test, reclaim }
+        ),
         (ino(), name()).prop_map(|(ino, name)| Request::GetXattr { ino, name }),
         (ino(), name(), bytes(512), xattr_mode())
             .prop_map(|(ino, name, value, mode)| Request::SetXattr { ino, name, value, mode }),
@@ -418,10 +419,10 @@ fn reply() -> impl Strategy<Value = Reply> {
         attr().prop_map(Reply::AddLink),
         Just(Reply::AdjustDir),
         Just(Reply::Durable),
-        (proptest::option::of(file_lock()), any::<u32>())
-            .prop_map(|(conflict, lease_ms)| Reply::Lock { conflict, lease_ms }),
-        (any::<u32>(), any::<u32>())
-            .prop_map(|(held, lease_ms)| Reply::LockRenew { held, lease_ms }),
+        (proptest::option::of(file_lock()), any::<u32>(), any::<u64>())
+            .prop_map(|(conflict, lease_ms, epoch)| Reply::Lock { conflict, lease_ms, epoch }),
+        (any::<u32>(), any::<u32>(), any::<u64>())
+            .prop_map(|(held, lease_ms, epoch)| Reply::LockRenew { held, lease_ms, epoch }),
         (any::<u64>(), vec(any::<u64>(), 0..4))
             .prop_map(|(through, refused)| Reply::FollowUps { through, refused }),
         any::<u64>().prop_map(|end| Reply::ReserveData { end }),

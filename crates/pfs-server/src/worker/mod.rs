@@ -83,6 +83,9 @@ pub struct UsageCell {
     /// Rounds in which the worker took no new requests from its connections
     /// because the backlog was at its bound (live).
     pub backlog_pauses: AtomicU64,
+    /// File lock ranges the worker keeps (live): a clean stop with none
+    /// needs no grace period at the next start.
+    pub locks_held: AtomicU64,
 }
 
 /// How a worker behaves.
@@ -100,6 +103,9 @@ pub struct WorkerOptions {
     pub token_lease: Duration,
     /// How long a client's file locks last without a renewal (`crate::locks`).
     pub lock_lease: Duration,
+    /// The server restarted on zones that held files: its lock tables keep
+    /// a grace period for clients' reclaims (`Locks::after_restart`).
+    pub restarted: bool,
     /// Whether client threads of this process may run the worker's rounds
     /// while it is parked ([`pfs_net::inline`]; `pfs up`).
     pub inline_rounds: bool,
@@ -300,7 +306,18 @@ impl<D: Device> Worker<D> {
             outbox: crate::follow::Outbox::default(),
             sweep: crate::sweep::Sweep::new(Instant::now()),
             tokens: Tokens::after_start(opts.token_lease, Instant::now()),
-            locks: Locks::new(opts.lock_lease),
+            locks: {
+                // New at each start, distinct per worker.
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64);
+                let epoch = nanos ^ (u64::from(id) << 56) ^ u64::from(std::process::id());
+                if opts.restarted {
+                    Locks::after_restart(opts.lock_lease, epoch, Instant::now())
+                } else {
+                    Locks::new(opts.lock_lease, epoch)
+                }
+            },
             clients: HashMap::new(),
             live,
             fail_stop,

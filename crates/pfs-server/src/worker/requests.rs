@@ -2,6 +2,8 @@
 //! payload straight from it), the operation run or stopped for what it waits
 //! for, and its reply encoded and held for its commit or follow-ups.
 
+use std::sync::atomic::Ordering;
+
 use pfs_core::wire::{Body, Frame, FrameHeader, LockKind, Opcode, Reply, Request, TokenMode};
 use pfs_core::{ClientId, FsError, FsResult, InodeId, RequestId};
 use pfs_store::device::Device;
@@ -251,20 +253,20 @@ impl<D: Device> Worker<D> {
     /// on a file this shard does not hold is refused (`NotFound`), a
     /// release never.
     fn serve_lock(&mut self, req: &Request, client: ClientId) -> Option<FsResult<Reply>> {
-        let lease_ms = self.locks.lease_ms();
+        let (lease_ms, epoch) = (self.locks.lease_ms(), self.locks.epoch());
         match *req {
-            Request::Lock { ino, owner, lock, test } => {
+            Request::Lock { ino, owner, lock, test, reclaim } => {
                 if lock.kind != LockKind::Unlock && !self.shard.has_inode(ino) {
                     return Some(Err(FsError::NotFound));
                 }
-                Some(
-                    self.locks
-                        .request(ino, client, owner, lock, test, self.now)
-                        .map(|conflict| Reply::Lock { conflict, lease_ms }),
-                )
+                let r = self.locks.request(ino, client, owner, lock, test, reclaim, self.now);
+                self.usage.locks_held.store(self.locks.len() as u64, Ordering::Relaxed);
+                Some(r.map(|conflict| Reply::Lock { conflict, lease_ms, epoch }))
             }
             Request::LockRenew => {
-                Some(Ok(Reply::LockRenew { held: self.locks.renew(client, self.now), lease_ms }))
+                let held = self.locks.renew(client, self.now);
+                self.usage.locks_held.store(self.locks.len() as u64, Ordering::Relaxed);
+                Some(Ok(Reply::LockRenew { held, lease_ms, epoch }))
             }
             _ => None,
         }
