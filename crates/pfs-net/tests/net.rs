@@ -201,12 +201,23 @@ fn region_server(server_key: pfs_net::ClusterKey) -> RawServer {
     raw_server(server_key, setup, |_, _| {})
 }
 
-fn wait_completion(qp: &mut pfs_net::Link) -> Result<Completion, NetError> {
+/// The next completion of `qp`, in order: one poll may bring several (a
+/// reply and the send completion of its request), and those after the first
+/// wait in `pending` for the next call (taking the last of a poll's and
+/// dropping the others lost a reply now and then: "no completion").
+fn wait_completion(
+    qp: &mut pfs_net::Link,
+    pending: &mut std::collections::VecDeque<Completion>,
+) -> Result<Completion, NetError> {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut out = Vec::with_capacity(64);
     loop {
+        if let Some(c) = pending.pop_front() {
+            return Ok(c);
+        }
         qp.poll_cq(&mut out)?;
-        if let Some(c) = out.pop() {
+        pending.extend(out.drain(..));
+        if let Some(c) = pending.pop_front() {
             return Ok(c);
         }
         assert!(Instant::now() < deadline, "no completion");
@@ -227,10 +238,13 @@ fn one_sided(transport: TransportKind, want: Backend) {
     let remote = pfs_net::RegionId(0);
     qp.post_write(WorkId(1), RegionRange { region: local, offset: 0, len: 5 }, remote, 100)
         .unwrap();
-    assert!(matches!(wait_completion(&mut qp).unwrap(), Completion::Write { wr: WorkId(1) }));
+    let mut pending = std::collections::VecDeque::new();
+    let done = wait_completion(&mut qp, &mut pending).unwrap();
+    assert!(matches!(done, Completion::Write { wr: WorkId(1) }));
     qp.post_read(WorkId(2), RegionRange { region: local, offset: 1000, len: 105 }, remote, 0)
         .unwrap();
-    assert!(matches!(wait_completion(&mut qp).unwrap(), Completion::Read { wr: WorkId(2) }));
+    let done = wait_completion(&mut qp, &mut pending).unwrap();
+    assert!(matches!(done, Completion::Read { wr: WorkId(2) }));
     let got = &qp.region(local)[1000..1105];
     assert_eq!(&got[..4], b"SRVR");
     assert_eq!(&got[100..105], b"hello");
@@ -242,7 +256,7 @@ fn one_sided(transport: TransportKind, want: Backend) {
     assert!(e.to_string().contains("outside region"), "{e}");
     qp.post_write(WorkId(4), RegionRange { region: local, offset: 0, len: 5 }, remote, 4094)
         .unwrap();
-    let e = wait_completion(&mut qp).unwrap_err();
+    let e = wait_completion(&mut qp, &mut pending).unwrap_err();
     assert!(matches!(e, NetError::Closed { .. } | NetError::Io { .. }), "{e}");
     wait_for_log(&["one-sided write: 5 bytes at offset 4094 are outside region 0 of 4096 bytes"]);
     stop.store(true, std::sync::atomic::Ordering::Release);
@@ -659,6 +673,7 @@ fn gathered_replies(transport: TransportKind, want: Backend) {
     for _ in 0..4 {
         qp.post_recv(Vec::new()).unwrap();
     }
+    let mut pending = std::collections::VecDeque::new();
     // 4 MiB rings: 30 replies of up to 300,000 bytes wrap them several times.
     for (i, len) in (0..30).map(|i| (i, [0usize, 1, 4096, 299_999, 300_000][i % 5])) {
         let mut req = read_frame();
@@ -668,7 +683,7 @@ fn gathered_replies(transport: TransportKind, want: Backend) {
         }
         qp.post_send(WorkId(i as u64), req.to_bytes().unwrap()).unwrap();
         let buf = loop {
-            match wait_completion(&mut qp).unwrap() {
+            match wait_completion(&mut qp, &mut pending).unwrap() {
                 Completion::Recv { buf } => break buf,
                 Completion::Send { buf, .. } => qp.post_recv(buf).unwrap(),
                 other => panic!("unexpected {other:?}"),

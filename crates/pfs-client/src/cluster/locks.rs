@@ -119,8 +119,8 @@ impl LockHomes {
             let conn = &conns[server.0 as usize];
             let asked = Instant::now();
             let r = conn.call(Request::LockRenew, worker.0 as u16, wait);
-            let (lease_ms, epoch) = match r {
-                Ok(Reply::LockRenew { lease_ms, epoch, .. }) => (lease_ms, epoch),
+            let (held, lease_ms, epoch) = match r {
+                Ok(Reply::LockRenew { held, lease_ms, epoch }) => (held, lease_ms, epoch),
                 other => {
                     if !home.failing {
                         log::warn!(
@@ -148,6 +148,15 @@ impl LockHomes {
                 .collect();
             if epoch != home.epoch || home.reclaim {
                 self.reclaim(conn, (server, worker), &ours, wait);
+            } else if home.failing && (held as usize) < ours.len() {
+                // The same server, but this client could not renew for
+                // longer than the lease: it dropped them (and others may
+                // have taken them since). The programs are not told.
+                log::error!(
+                    "this client's file locks on server {server} worker {worker} lapsed while \
+                     it could not reach the server ({held} of {} ranges left)",
+                    ours.len()
+                );
             }
             let mut h = self.held();
             if ours.is_empty() {
