@@ -30,7 +30,7 @@ use pfs_core::{
 
 use crate::dirattrs::DirAttrs;
 use crate::gate::{Gate, Pass};
-use crate::locks::{kernel_lock, kernel_type, FileLocks};
+use crate::locks::{kernel_lock, kernel_type, FileLocks, LockSeen};
 use crate::names::Names;
 use crate::newfiles::{NewFiles, CAPABILITY_XATTR};
 use crate::pages::{fills_a_page, AtOpen, PageVersions, PAGE_VERSIONS_MAX};
@@ -287,7 +287,7 @@ pub struct PfsFuse {
     small_by_lookup: bool,
     /// Changes to files' data made through this mount (writes, truncates,
     /// fallocate): bytes a lookup brought before the last one are not used.
-    data_changes: AtomicU64,
+    data_changes: Arc<AtomicU64>,
     /// Files this mount just created, whose capability check before a write
     /// needs no request ([`crate::newfiles`]).
     new_files: NewFiles,
@@ -348,8 +348,14 @@ impl PfsFuse {
         fs.set_version_observer(Box::new(move |ino, change| observed.changed(ino.0, change)));
         let notifier = Arc::new(OnceLock::new());
         let names = Arc::new(Names::default());
+        let data_changes = Arc::new(AtomicU64::new(0));
+        let seen = LockSeen {
+            notifier: Arc::clone(&notifier),
+            names: Arc::clone(&names),
+            data_changes: Arc::clone(&data_changes),
+        };
         PfsFuse {
-            locks: FileLocks::new(Arc::clone(&fs), Arc::clone(&notifier), Arc::clone(&names)),
+            locks: FileLocks::new(Arc::clone(&fs), seen),
             fs,
             ttl,
             dirs: Mutex::new(HashMap::new()),
@@ -368,7 +374,7 @@ impl PfsFuse {
             keep_pages: true,
             small: SmallFiles::default(),
             small_by_lookup: true,
-            data_changes: AtomicU64::new(0),
+            data_changes,
             new_files: NewFiles::default(),
             appending: Mutex::new(HashSet::new()),
             names,

@@ -81,12 +81,22 @@ struct Held {
     count: usize,
 }
 
+/// What the mount learnt of files before a lock and must not use after it.
+#[allow(missing_debug_implementations)]
+pub struct LockSeen {
+    /// The session's notifier, once mounted: drops a locked file's pages and
+    /// attributes in the kernel.
+    pub notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// The names opens check: a lock ends their trust in earlier lookups.
+    pub names: Arc<Names>,
+    /// The mount's count of data changes: bumped, so small files' bytes a
+    /// lookup brought before the lock do not answer a read after it.
+    pub data_changes: Arc<std::sync::atomic::AtomicU64>,
+}
+
 struct Shared {
     fs: Arc<dyn FileSystem>,
-    /// The session's notifier, once mounted: drops a locked file's pages.
-    notifier: Arc<OnceLock<fuser::Notifier>>,
-    /// The names opens check: a lock ends their trust in earlier lookups.
-    names: Arc<Names>,
+    seen: LockSeen,
     waiting: Mutex<Waiting>,
     wake: Condvar,
     held: Mutex<Held>,
@@ -155,17 +165,12 @@ fn errno(e: &FsError) -> Errno {
 }
 
 impl FileLocks {
-    /// Locks over `fs`, dropping cached pages through `notifier` once it is
-    /// set; the waiting thread starts with the first lock taken.
-    pub fn new(
-        fs: Arc<dyn FileSystem>,
-        notifier: Arc<OnceLock<fuser::Notifier>>,
-        names: Arc<Names>,
-    ) -> FileLocks {
+    /// Locks over `fs`; what a lock taken makes stale is in `seen`. The
+    /// waiting thread starts with the first lock taken.
+    pub fn new(fs: Arc<dyn FileSystem>, seen: LockSeen) -> FileLocks {
         let shared = Arc::new(Shared {
             fs,
-            notifier,
-            names,
+            seen,
             waiting: Mutex::default(),
             wake: Condvar::new(),
             held: Mutex::default(),
@@ -425,10 +430,12 @@ impl Shared {
     /// Drops the kernel's cached pages and attributes of `ino`: a lock
     /// just taken may guard bytes another node wrote and gave back since
     /// they were read here (NFS drops them at a lock too). Opens from now
-    /// on check the names looked up before ([`Names::lock_taken`]).
+    /// on check the names looked up before ([`Names::lock_taken`]), and a
+    /// small file's bytes its open's lookup brought answer no read.
     fn drop_pages(&self, ino: u64) {
-        self.names.lock_taken();
-        if let Some(n) = self.notifier.get() {
+        self.seen.names.lock_taken();
+        self.seen.data_changes.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if let Some(n) = self.seen.notifier.get() {
             if let Err(e) = n.inval_inode(fuser::INodeNo(ino), 0, 0) {
                 log::debug!("kernel invalidation of {ino} at its lock: {e}");
             }
