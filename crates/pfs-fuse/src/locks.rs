@@ -105,7 +105,8 @@ struct Shared {
 /// The mount's file locks.
 pub struct FileLocks {
     shared: Arc<Shared>,
-    waiter: OnceLock<std::thread::JoinHandle<()>>,
+    /// The waiting thread, once started (`None`: it could not be).
+    waiter: OnceLock<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for FileLocks {
@@ -274,13 +275,27 @@ impl FileLocks {
         waiting.waits.push(w);
         drop(waiting);
         self.shared.wake.notify_one();
-        self.waiter.get_or_init(|| {
+        let started = self.waiter.get_or_init(|| {
             let shared = Arc::clone(&self.shared);
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("pfs-locks".into())
-                .spawn(move || shared.wait_loop())
-                .expect("cannot start the lock waiting thread")
+                .spawn(move || shared.wait_loop());
+            spawned.map_err(|e| log::error!("cannot start the lock waiting thread: {e}")).ok()
         });
+        if started.is_none() {
+            // No thread to wait on: what waits is answered here, a lock
+            // taken as taken, one that must wait with ENOLCK.
+            let waits =
+                std::mem::take(&mut self.shared.waiting.lock().expect("lock waits lock").waits);
+            for w in waits {
+                if w.granted {
+                    self.shared.drop_pages(w.ino);
+                    w.reply.ok();
+                } else {
+                    w.reply.error(Errno::ENOLCK);
+                }
+            }
+        }
     }
 
     /// The kernel interrupts request `unique` (its process got a signal): a
