@@ -396,7 +396,7 @@ impl Shared {
     }
 
     fn unlock_all(&self, ino: u64, owner: u64, flock: bool) {
-        let all = FileLock { kind: LockKind::Unlock, flock, start: 0, end: LOCK_END_MAX, pid: 0 };
+        let all = FileLock::released_all(flock);
         if let Err(e) = self.fs.lock(InodeId(ino), owner, all, false) {
             log::warn!(
                 "releasing the locks of owner {owner:#x} on {ino}: {e}; the server releases \

@@ -15,7 +15,7 @@
 //! description wrote, and after a lock is taken nothing the process learnt
 //! of files before it is used (`ops::lock_taken`).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,8 +32,8 @@ const HELD_MAX: usize = 1 << 16;
 /// Longest pause between two tries of a waiting lock.
 const RETRY_MAX: Duration = Duration::from_millis(20);
 
-/// Owners (and whether their locks are `flock`s) that may hold locks, per file.
-type Held = HashMap<InodeId, Vec<(u64, bool)>>;
+/// (file, owner, whether its locks are `flock`s) that may hold locks.
+type Held = HashSet<(InodeId, u64, bool)>;
 
 /// This process's [`Held`], made at its first lock.
 static HELD: Mutex<Option<Held>> = Mutex::new(None);
@@ -111,32 +111,22 @@ pub fn lock(f: &OpenFile, owner: u64, lock: FileLock, mode: Mode) -> Res<Option<
 
 fn note_held(ino: InodeId, owner: u64, flock: bool) -> Res<()> {
     let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-    let held = held.get_or_insert_with(HashMap::new);
-    let e = (owner, flock);
-    if held.get(&ino).is_some_and(|v| v.contains(&e)) {
-        return Ok(());
-    }
-    if held.values().map(Vec::len).sum::<usize>() >= HELD_MAX {
+    let held = held.get_or_insert_with(HashSet::new);
+    if held.len() >= HELD_MAX && !held.contains(&(ino, owner, flock)) {
         return Err(libc::ENOLCK);
     }
-    held.entry(ino).or_default().push(e);
+    held.insert((ino, owner, flock));
     Ok(())
 }
 
 /// Gives back every lock `owner` holds of its kind on `ino`, if it may hold
 /// one (a close of a file without locks asks nothing).
 pub fn release(ino: InodeId, owner: u64, flock: bool) {
-    let had = {
-        let mut held = HELD.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(v) = held.as_mut().and_then(|h| h.get_mut(&ino)) else { return };
-        let before = v.len();
-        v.retain(|&e| e != (owner, flock));
-        let had = v.len() != before;
-        if v.is_empty() {
-            held.as_mut().expect("found above").remove(&ino);
-        }
-        had
-    };
+    let had = HELD
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_mut()
+        .is_some_and(|h| h.remove(&(ino, owner, flock)));
     if had {
         give_back(ino, owner, flock);
     }
@@ -144,7 +134,7 @@ pub fn release(ino: InodeId, owner: u64, flock: bool) {
 
 fn give_back(ino: InodeId, owner: u64, flock: bool) {
     let Some((fs, _)) = client::connected() else { return };
-    let all = FileLock { kind: LockKind::Unlock, flock, start: 0, end: LOCK_END_MAX, pid: 0 };
+    let all = FileLock::released_all(flock);
     // A release that fails (the server unreachable) is left to the lease:
     // the server drops the locks once this client stops renewing them.
     let _ = fs.lock(ino, owner, all, false);
@@ -154,10 +144,8 @@ fn give_back(ino: InodeId, owner: u64, flock: bool) {
 /// them for up to the server's `lock_lease_ms` otherwise).
 pub fn release_all_at_exit() {
     let held = HELD.lock().unwrap_or_else(|p| p.into_inner()).take();
-    for (ino, owners) in held.into_iter().flatten() {
-        for (owner, flock) in owners {
-            give_back(ino, owner, flock);
-        }
+    for (ino, owner, flock) in held.into_iter().flatten() {
+        give_back(ino, owner, flock);
     }
 }
 

@@ -4,11 +4,8 @@
 //! A lock belongs to an owner on a client: the kernel's lock owner (a
 //! process's file table for record locks, the open file for `flock`), so
 //! two processes of one node conflict as two nodes do. The rules are
-//! POSIX's: a shared lock conflicts with another owner's exclusive lock on
-//! an overlapping range, an exclusive lock with any; an owner's new lock
-//! replaces what it held of the range (an upgrade or a downgrade, a split),
-//! and its touching ranges of one kind merge. `flock` locks cover the whole
-//! file and never meet record locks, as on Linux.
+//! POSIX's, kept by [`pfs_core::locks::LockTable`] (which each client also
+//! keeps a copy of its own locks in).
 //!
 //! Nothing here waits: a lock that conflicts is not taken, and the reply
 //! names the conflict; a client whose program waits (`F_SETLKW`,
@@ -18,7 +15,9 @@
 //! from its last lock request or renewal ([`crate::locks::Locks::renew`]):
 //! a client that died, or cannot reach this server, loses them when the
 //! lease runs out, so a dead node never blocks the others for longer. A
-//! restart of the server drops every lock it kept (docs/posix.md).
+//! restart of the server loses the table: clients see the new epoch and
+//! take their locks again, in a grace period of one lease in which no
+//! other lock is granted ([`Locks::after_restart`], docs/posix.md).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -197,6 +197,14 @@ pub struct FileLock {
     pub pid: u32,
 }
 
+impl FileLock {
+    /// A release of everything an owner holds of one kind (record locks, or
+    /// with `flock` its `flock`): what a close gives back.
+    pub fn released_all(flock: bool) -> FileLock {
+        FileLock { kind: LockKind::Unlock, flock, start: 0, end: LOCK_END_MAX, pid: 0 }
+    }
+}
+
 impl Codec for LockKind {
     fn put(&self, w: &mut Writer<'_>) -> Result<(), WireError> {
         w.u8(*self as u8);
