@@ -108,17 +108,6 @@ pub fn errno(e: &FsError) -> Errno {
     }
 }
 
-/// The errno for `e` from a call that names an inode, not a path: an inode that
-/// is gone is `ESTALE`, so the kernel looks the path up again. This keeps a
-/// rename over a file atomic to readers: a name the kernel still maps to the
-/// replaced inode is looked up anew and finds the new file, never `ENOENT`.
-fn stale(e: &FsError) -> Errno {
-    match e {
-        FsError::NotFound => Errno::ESTALE,
-        other => errno(other),
-    }
-}
-
 fn time(ns: TimeNs) -> SystemTime {
     if ns >= 0 {
         UNIX_EPOCH + Duration::from_nanos(ns as u64)
@@ -454,6 +443,25 @@ impl PfsFuse {
     pub fn exit_when_unmounted(mut self, yes: bool) -> PfsFuse {
         self.exit_when_unmounted = yes;
         self
+    }
+
+    /// The errno for `e` from a call that names inode `ino`, not a path: an
+    /// inode that is gone is `ESTALE`, so the kernel looks the path up again
+    /// (`LOOKUP_REVAL`). This keeps a rename over a file atomic to readers: a
+    /// name the kernel still maps to the replaced inode is looked up anew and
+    /// finds the new file, never `ENOENT`. Statahead's entry for the inode
+    /// goes first, so that lookup reaches the server: a batch fetched before
+    /// another client replaced the name answered it with the gone inode again,
+    /// and the kernel gave up with `ESTALE` (`readlink` of a symbolic link
+    /// made anew by another client, found by stress-ng's symlink stressor).
+    fn stale(&self, ino: u64, e: &FsError) -> Errno {
+        match e {
+            FsError::NotFound => {
+                self.ahead.forget_ino(ino);
+                Errno::ESTALE
+            }
+            other => errno(other),
+        }
     }
 
     /// A file in `dir` (named `name`, for a lookup) was found by a request to
@@ -992,7 +1000,7 @@ impl fuser::Filesystem for PfsFuse {
                     }
                 }
             }
-            Err(e) => reply.error(stale(&e)),
+            Err(e) => reply.error(self.stale(ino.0, &e)),
         }
     }
 
@@ -1034,14 +1042,14 @@ impl fuser::Filesystem for PfsFuse {
                 self.saw(&a);
                 reply.attr(&self.ttl.attr, &kernel_attr(&self.visible(a)))
             }
-            Err(e) => reply.error(stale(&e)),
+            Err(e) => reply.error(self.stale(ino.0, &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(InodeId(ino.0)) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(stale(&e)),
+            Err(e) => reply.error(self.stale(ino.0, &e)),
         }
     }
 
@@ -1207,7 +1215,7 @@ impl fuser::Filesystem for PfsFuse {
                 open_flags |= self.opened_for_appends(fh.0, flags.0);
                 reply.opened(KHandle(fh.0), open_flags)
             }
-            Err(e) => reply.error(stale(&e)),
+            Err(e) => reply.error(self.stale(ino.0, &e)),
         }
     }
 
@@ -1245,7 +1253,7 @@ impl fuser::Filesystem for PfsFuse {
         if let (Err(e), Some(r)) = (result, reply.take()) {
             // A file removed (by another node) after its open: `ESTALE`, as
             // NFS gives it.
-            r.error(stale(&e));
+            r.error(self.stale(ino.0, &e));
         }
     }
 
@@ -1296,7 +1304,7 @@ impl fuser::Filesystem for PfsFuse {
         match r {
             Ok(n) => reply.written(n),
             // The file was removed (by another node) after its open.
-            Err(e) => reply.error(stale(&e)),
+            Err(e) => reply.error(self.stale(ino.0, &e)),
         }
     }
 

@@ -76,6 +76,7 @@ fn main() {
             "",
             a_file_replaced_by_another_mount_is_read_anew,
         ),
+        ("links_made_anew_by_another_mount", "", links_made_anew_by_another_mount),
         ("file_locks_hold_across_mounts", "", file_locks_hold_across_mounts),
         ("a_lock_reads_what_the_last_holder_wrote", "", a_lock_reads_what_the_last_holder_wrote),
         ("sqlite_on_two_mounts", "", sqlite_on_two_mounts),
@@ -1221,6 +1222,33 @@ fn a_file_replaced_by_another_mount_is_read_anew(a: &Path, b: &Path) {
         }
         let got = fs::read_to_string(b.join("cfg"));
         assert_eq!(got.map_err(|e| e.raw_os_error()), Ok(v2), "round {round}");
+    }
+}
+
+/// Symbolic links that mount `a` removes and makes anew between the reads of
+/// mount `b`: each `readlink` through `b` finds the new link, never `ESTALE`.
+/// `b`'s kernel still maps each name to the removed link (entry lifetime);
+/// the `READLINK` of it fails with `ESTALE`, and the kernel's second lookup
+/// (`LOOKUP_REVAL`) must reach the server. Until 2026-11-28 `b`'s statahead,
+/// whose batch listed the removed links, answered that lookup with them again
+/// and `readlink` failed (stress-ng's symlink stressor through the library,
+/// whose `readlink` of a path it made went through the kernel).
+fn links_made_anew_by_another_mount(a: &Path, b: &Path) {
+    const LINKS: usize = 64;
+    for round in 0..6 {
+        for i in 0..LINKS {
+            std::os::unix::fs::symlink(format!("target-{round}-{i}"), a.join(format!("l{i}")))
+                .unwrap();
+        }
+        for i in 0..LINKS {
+            let got = fs::read_link(b.join(format!("l{i}"))).map_err(|e| e.raw_os_error());
+            let want = Path::new(&format!("target-{round}-{i}")).to_path_buf();
+            assert_eq!(got, Ok(want), "round {round}, link {i}");
+            assert!(fs::symlink_metadata(b.join(format!("l{i}"))).is_ok(), "round {round}, {i}");
+        }
+        for i in 0..LINKS {
+            fs::remove_file(a.join(format!("l{i}"))).unwrap();
+        }
     }
 }
 
