@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
+use libc::c_int;
 use pfs_client::{Cluster, ClusterOptions};
 use pfs_core::{ClientConfig, ConfigFile, FsError};
 
@@ -193,6 +194,21 @@ thread_local! {
     /// Set while this thread runs library code: calls it makes into libc (the
     /// key file, shared memory, sockets) go straight through.
     static BUSY: Cell<bool> = const { Cell::new(false) };
+    /// A signal this thread is owed once it leaves the library
+    /// ([`raise_when_done`]); 0: none.
+    static OWED: Cell<c_int> = const { Cell::new(0) };
+}
+
+/// Sends signal `sig` to this thread as the kernel would at the end of the
+/// call (`SIGXFSZ` for a write past the file size limit): once the outermost
+/// [`with_busy`] returns, so that a handler's own pfs calls are the library's.
+pub fn raise_when_done(sig: c_int) {
+    if busy() {
+        OWED.with(|o| o.set(sig));
+    } else {
+        // SAFETY: raises a signal in the calling thread.
+        unsafe { libc::raise(sig) };
+    }
 }
 
 /// Whether this thread is inside the library already.
@@ -206,6 +222,13 @@ pub fn with_busy<T>(f: impl FnOnce() -> T) -> T {
     impl Drop for Reset {
         fn drop(&mut self) {
             BUSY.with(|b| b.set(self.0));
+            if !self.0 {
+                let sig = OWED.with(|o| o.replace(0));
+                if sig != 0 {
+                    // SAFETY: raises a signal in the calling thread.
+                    unsafe { libc::raise(sig) };
+                }
+            }
         }
     }
     let _reset = Reset(BUSY.with(|b| b.replace(true)));

@@ -32,6 +32,17 @@ pub fn minor(dev: u64) -> u32 {
     ((dev & 0xff) | ((dev >> 12) & !0xff)) as u32
 }
 
+/// Device `dev` (glibc's `dev_t`) as the kernel stores it in an inode
+/// (`new_encode_dev`: what a `MKNOD` through the mount carries); `None` for
+/// a number the kernel refuses (`EINVAL`: a major past 12 bits, a minor past 20).
+pub fn encode_dev(dev: u64) -> Option<u32> {
+    let (major, minor) = (major(dev), minor(dev));
+    if major >= 1 << 12 || minor >= 1 << 20 {
+        return None;
+    }
+    Some((minor & 0xff) | (major << 8) | ((minor & !0xff) << 12))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,5 +71,23 @@ mod tests {
             | (0x56789 & 0xff)
             | (0x56789u64 & !0xff) << 12;
         assert_eq!((major(dev), minor(dev)), (0x1234, 0x56789));
+    }
+
+    #[test]
+    fn device_numbers_encode_as_the_kernel_stores_them() {
+        // makedev(1, 3) (/dev/null), makedev(8, 0x123), and the largest.
+        assert_eq!(encode_dev(0x103), Some(0x103));
+        let dev = (8u64 << 8) | 0x23 | (0x100 << 12);
+        assert_eq!(encode_dev(dev), Some(0x823 | (1 << 20)));
+        let (big_major, big_minor) = ((0xfffu64 << 8), (0xff | (0xfff00u64 << 12)));
+        assert_eq!(encode_dev(big_major | big_minor), Some(0xffff_ffff));
+        // A major of 4096 or a minor of 1 << 20 does not fit.
+        assert_eq!(encode_dev(0x1000u64 << 32), None);
+        assert_eq!(encode_dev(0x100000u64 << 12), None);
+        // What the encoding gives back splits into the same numbers.
+        assert_eq!(
+            (major(u64::from(0x823u32 | (1 << 20))), minor(u64::from(0x823u32 | (1 << 20)))),
+            (8, 0x123)
+        );
     }
 }

@@ -145,6 +145,26 @@ pub struct OpenFile {
     /// change (a description that changed nothing leaves the attributes a
     /// create returned usable).
     pub wrote: AtomicBool,
+    /// What `fcntl` sets on it and nothing here acts on.
+    pub kept: Mutex<FcntlKept>,
+}
+
+/// `fcntl(2)`'s owner types (`struct f_owner_ex`), which the libc crate lacks.
+pub const F_OWNER_TID: i32 = 0;
+pub const F_OWNER_PID: i32 = 1;
+pub const F_OWNER_PGRP: i32 = 2;
+
+/// What `fcntl` keeps for a description that the library does not act on
+/// (a regular file raises no `SIGIO`): its owner (`F_SETOWN`,
+/// `F_SETOWN_EX`), signal (`F_SETSIG`) and write life hint
+/// (`F_SET_RW_HINT`), given back as set.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FcntlKept {
+    /// `F_OWNER_TID`, `F_OWNER_PID` or `F_OWNER_PGRP`, and the id.
+    pub owner_type: i32,
+    pub owner: i32,
+    pub sig: i32,
+    pub write_hint: u64,
 }
 
 impl OpenFile {
@@ -162,6 +182,7 @@ impl OpenFile {
             small: Mutex::new(None),
             looked: Mutex::new(None),
             wrote: AtomicBool::new(false),
+            kept: Mutex::new(FcntlKept { owner_type: F_OWNER_PID, ..FcntlKept::default() }),
         };
         if f.may_write() {
             WRITERS.fetch_add(1, Ordering::AcqRel);

@@ -18,13 +18,13 @@ use std::sync::Mutex;
 
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, mode_t, off_t, size_t, ssize_t, FILE};
 use pfs_core::wire::{FileLock, LockKind, LOCK_END_MAX};
-use pfs_core::{FileAttr, SetAttr};
+use pfs_core::{FileAttr, FileType, SetAttr};
 
 use crate::client::{self, busy, with_busy, Errno, Res};
 use crate::convert::{fopen_flags, major, minor};
 use crate::ops::{self, Target};
 use crate::real::real;
-use crate::{fds, locks, maps};
+use crate::{aio, fds, limits, locks, maps};
 
 // ---------------------------------------------------------------------------
 // Helpers.
@@ -208,6 +208,7 @@ thread_local! {
 }
 
 extern "C" fn before_fork() {
+    aio::hold_for_fork();
     if client::config().is_none() {
         return;
     }
@@ -217,9 +218,11 @@ extern "C" fn before_fork() {
 
 extern "C" fn after_fork_parent() {
     FORK_HELD.with(|h| h.borrow_mut().take());
+    aio::after_fork_parent();
 }
 
 extern "C" fn after_fork_child() {
+    aio::after_fork_child();
     if let Some((c, t)) = FORK_HELD.with(|h| h.borrow_mut().take()) {
         drop(t);
         c.forget_in_child();
@@ -713,6 +716,95 @@ pub unsafe extern "C" fn posix_fadvise64(
 ) -> c_int {
     // SAFETY: forwarded.
     unsafe { posix_fadvise(fd, off, len, advice) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn readahead(fd: c_int, off: libc::off64_t, n: size_t) -> ssize_t {
+    if !fds::is_pfs(fd) {
+        let f = real!(readahead: fn(c_int, libc::off64_t, size_t) -> ssize_t);
+        // SAFETY: libc's readahead.
+        return unsafe { f(fd, off, n) };
+    }
+    ret_size(with_busy(|| ops::readahead(fd).map(|()| 0)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sync_file_range(
+    fd: c_int,
+    off: libc::off64_t,
+    n: libc::off64_t,
+    flags: c_uint,
+) -> c_int {
+    if !fds::is_pfs(fd) {
+        let f = real!(sync_file_range: fn(c_int, libc::off64_t, libc::off64_t, c_uint) -> c_int);
+        // SAFETY: libc's sync_file_range.
+        return unsafe { f(fd, off, n, flags) };
+    }
+    ret_unit(with_busy(|| ops::sync_file_range(fd, off, n, flags)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    if !fds::is_pfs(fd) {
+        // SAFETY: libc's syncfs.
+        return unsafe { real!(syncfs: fn(c_int) -> c_int)(fd) };
+    }
+    ret_unit(with_busy(ops::sync_all))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn sync() {
+    if !busy() {
+        // `sync` reports nothing; a failing file's own `fsync` will.
+        let _ = with_busy(ops::sync_all);
+    }
+    // SAFETY: libc's sync.
+    unsafe { real!(sync: fn() -> ())() }
+}
+
+// The file size limit: read again after the program changes it.
+
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit(resource: c_int, rlim: *const libc::rlimit) -> c_int {
+    // SAFETY: libc's setrlimit with the caller's arguments.
+    let r = unsafe { real!(setrlimit: fn(c_int, *const libc::rlimit) -> c_int)(resource, rlim) };
+    if r == 0 && resource == libc::RLIMIT_FSIZE as c_int {
+        limits::refresh();
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn setrlimit64(resource: c_int, rlim: *const libc::rlimit) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { setrlimit(resource, rlim) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn prlimit(
+    pid: libc::pid_t,
+    resource: c_int,
+    new: *const libc::rlimit,
+    old: *mut libc::rlimit,
+) -> c_int {
+    let f = real!(prlimit: fn(libc::pid_t, c_int, *const libc::rlimit, *mut libc::rlimit) -> c_int);
+    // SAFETY: libc's prlimit with the caller's arguments.
+    let r = unsafe { f(pid, resource, new, old) };
+    if r == 0 && !new.is_null() && resource == libc::RLIMIT_FSIZE as c_int {
+        limits::refresh();
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn prlimit64(
+    pid: libc::pid_t,
+    resource: c_int,
+    new: *const libc::rlimit,
+    old: *mut libc::rlimit,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { prlimit(pid, resource, new, old) }
 }
 
 /// Copies at most 1 MiB from `fd_in` to `fd_out` (either may be a pfs
@@ -1349,6 +1441,73 @@ pub unsafe extern "C" fn mkdir(path: *const c_char, mode: mode_t) -> c_int {
     })
 }
 
+unsafe fn mknod_at(dirfd: c_int, path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
+    by_path!(dirfd, path, |abs| ret_unit(ops::mknod(&abs, mode, dev)), |p| {
+        let f = real!(mknodat: fn(c_int, *const c_char, mode_t, libc::dev_t) -> c_int);
+        // SAFETY: libc's mknodat.
+        unsafe { f(dirfd, p, mode, dev) }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mknod(path: *const c_char, mode: mode_t, dev: libc::dev_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { mknod_at(libc::AT_FDCWD, path, mode, dev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mknodat(
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: libc::dev_t,
+) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { mknod_at(dirfd, path, mode, dev) }
+}
+
+/// glibc before 2.33 (programs built against it call these).
+#[no_mangle]
+pub unsafe extern "C" fn __xmknod(
+    _ver: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    // SAFETY: forwarded (the caller passes the device number by pointer).
+    unsafe { __xmknodat(_ver, libc::AT_FDCWD, path, mode, dev) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn __xmknodat(
+    _ver: c_int,
+    dirfd: c_int,
+    path: *const c_char,
+    mode: mode_t,
+    dev: *const libc::dev_t,
+) -> c_int {
+    if dev.is_null() {
+        set_errno(libc::EFAULT);
+        return -1;
+    }
+    // SAFETY: forwarded; `dev` points to a device number.
+    unsafe { mknod_at(dirfd, path, mode, *dev) }
+}
+
+/// glibc's `mkfifo` makes its node inside libc, out of reach of `mknodat`'s
+/// interposition.
+#[no_mangle]
+pub unsafe extern "C" fn mkfifo(path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { mknod_at(libc::AT_FDCWD, path, libc::S_IFIFO | (mode & 0o7777), 0) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mkfifoat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
+    // SAFETY: forwarded.
+    unsafe { mknod_at(dirfd, path, libc::S_IFIFO | (mode & 0o7777), 0) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
     by_path!(dirfd, path, |abs| ret_unit(ops::mkdir(&abs, mode)), |p| {
@@ -1740,8 +1899,129 @@ unsafe fn fcntl_any(fd: c_int, cmd: c_int, arg: c_ulong, name: &'static str) -> 
             // SAFETY: the caller passes a `struct flock` for these commands.
             ret_int(with_busy(|| record_lock(fd, cmd, unsafe { &mut *l })))
         }
-        _ => ret_int(Err(libc::EINVAL)),
+        _ => ret_int(with_busy(|| fcntl_other(fd, cmd, arg))),
     }
+}
+
+/// `fcntl(2)` commands the libc crate does not name (Linux's numbers).
+const F_SETSIG: c_int = 10;
+const F_GETSIG: c_int = 11;
+const F_SETOWN_EX: c_int = 15;
+const F_GETOWN_EX: c_int = 16;
+const F_DUPFD_QUERY: c_int = 1027;
+const F_GET_RW_HINT: c_int = 1035;
+const F_SET_RW_HINT: c_int = 1036;
+/// The largest write life hint (`RWH_WRITE_LIFE_EXTREME`).
+const RWH_WRITE_LIFE_MAX: u64 = 5;
+
+/// The other `fcntl` commands on pfs descriptor `fd`, as the kernel answers
+/// them for a file of the mount: the `SIGIO` owner and signal and the write
+/// life hint are kept and given back (nothing here raises `SIGIO`); no lease
+/// is granted (`EAGAIN`: another node may have the file open, and no lease
+/// could be broken for it); no directory notifications (`EINVAL`); pipe sizes
+/// and seals are not a file's (`EBADF`, `EINVAL`).
+fn fcntl_other(fd: c_int, cmd: c_int, arg: c_ulong) -> Res<c_int> {
+    let f = ops::file(fd)?;
+    let kept = || f.kept.lock().unwrap_or_else(|p| p.into_inner());
+    // A process (or, negative, a process group) that exists.
+    let exists = |id: c_int| {
+        // SAFETY: signal 0 only checks that the target exists.
+        id == 0 || unsafe { libc::kill(id, 0) } == 0 || ops::last_errno() == libc::EPERM
+    };
+    match cmd {
+        libc::F_GETOWN => {
+            let k = kept();
+            Ok(if k.owner_type == fds::F_OWNER_PGRP { -k.owner } else { k.owner })
+        }
+        libc::F_SETOWN => {
+            let who = arg as c_int;
+            if who == c_int::MIN {
+                return Err(libc::EINVAL);
+            }
+            if !exists(who) {
+                return Err(libc::ESRCH);
+            }
+            let mut k = kept();
+            (k.owner_type, k.owner) =
+                if who < 0 { (fds::F_OWNER_PGRP, -who) } else { (fds::F_OWNER_PID, who) };
+            Ok(0)
+        }
+        F_GETOWN_EX | F_SETOWN_EX => {
+            let p = arg as *mut libc::c_int;
+            if p.is_null() {
+                return Err(libc::EFAULT);
+            }
+            // SAFETY: the caller passes a `struct f_owner_ex` (two ints).
+            let ex = unsafe { std::slice::from_raw_parts_mut(p, 2) };
+            let mut k = kept();
+            if cmd == F_GETOWN_EX {
+                ex.copy_from_slice(&[k.owner_type, k.owner]);
+                return Ok(0);
+            }
+            let (kind, who) = (ex[0], ex[1]);
+            if !matches!(kind, fds::F_OWNER_TID | fds::F_OWNER_PID | fds::F_OWNER_PGRP) {
+                return Err(libc::EINVAL);
+            }
+            let target = if kind == fds::F_OWNER_PGRP { who.checked_neg() } else { Some(who) };
+            if !target.is_some_and(exists) {
+                return Err(libc::ESRCH);
+            }
+            (k.owner_type, k.owner) = (kind, who);
+            Ok(0)
+        }
+        F_GETSIG => Ok(kept().sig),
+        F_SETSIG => {
+            let sig = arg as c_int;
+            // Linux's `valid_signal`: up to `_NSIG` (64).
+            if !(0..=64).contains(&sig) {
+                return Err(libc::EINVAL);
+            }
+            kept().sig = sig;
+            Ok(0)
+        }
+        libc::F_GETLEASE => Ok(libc::F_UNLCK),
+        libc::F_SETLEASE => match arg as c_int {
+            libc::F_UNLCK if f.kind == FileType::Regular => Ok(0),
+            libc::F_RDLCK | libc::F_WRLCK if f.kind == FileType::Regular => Err(libc::EAGAIN),
+            _ => Err(libc::EINVAL),
+        },
+        libc::F_NOTIFY if f.kind == FileType::Directory => Err(libc::EINVAL),
+        libc::F_NOTIFY => Err(libc::ENOTDIR),
+        libc::F_GETPIPE_SZ | libc::F_SETPIPE_SZ => Err(libc::EBADF),
+        F_GET_RW_HINT | F_SET_RW_HINT => {
+            let p = arg as *mut u64;
+            if p.is_null() {
+                return Err(libc::EFAULT);
+            }
+            if cmd == F_GET_RW_HINT {
+                // SAFETY: the caller passes a `u64` for these commands.
+                unsafe { p.write_unaligned(kept().write_hint) };
+                return Ok(0);
+            }
+            // SAFETY: as above.
+            let hint = unsafe { p.read_unaligned() };
+            if hint > RWH_WRITE_LIFE_MAX {
+                return Err(libc::EINVAL);
+            }
+            kept().write_hint = hint;
+            Ok(0)
+        }
+        // Whether descriptor `arg` is the same open file description.
+        F_DUPFD_QUERY => match fds::get(arg as c_int) {
+            Some(g) => Ok(c_int::from(std::sync::Arc::ptr_eq(&f, &g))),
+            None if kernel_open(arg as c_int) => Ok(0),
+            None => Err(libc::EBADF),
+        },
+        _ => Err(libc::EINVAL),
+    }
+}
+
+/// Whether `fd` is a descriptor the kernel has open.
+fn kernel_open(fd: c_int) -> bool {
+    let fcntl = real!(fcntl: fn(c_int, c_int, c_ulong) -> c_int);
+    // SAFETY: asks for a descriptor's flags; no memory is passed.
+    let flags = unsafe { fcntl(fd, libc::F_GETFD, 0) };
+    flags >= 0
 }
 
 /// A record lock command on pfs descriptor `fd` (`fcntl(2)`'s rules).

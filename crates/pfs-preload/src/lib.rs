@@ -21,12 +21,15 @@
 // unused there.
 #![cfg_attr(test, allow(dead_code))]
 
+#[cfg(not(test))]
+mod aio;
 mod client;
 mod convert;
 mod fds;
 #[cfg(not(test))]
 mod hooks;
 mod inherit;
+mod limits;
 mod locks;
 mod maps;
 mod ops;

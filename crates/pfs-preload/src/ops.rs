@@ -23,6 +23,7 @@ use crate::client::{self, errno, Errno, Res};
 use crate::fds::{self, EofHint, OpenFile};
 use crate::paths::{self, normalize, wants_dir, AbsPath};
 use crate::real::real;
+use crate::{convert, limits};
 
 /// Symbolic links one path resolution follows before `ELOOP` (Linux's 40).
 pub const SYMLINKS_MAX: usize = 40;
@@ -968,12 +969,17 @@ fn remove_privs(fs: &Fs, f: &OpenFile, append: bool) -> Res<bool> {
 /// in its effective set, as root has).
 fn has_fsetid() -> bool {
     const CAP_FSETID: u32 = 4;
+    has_capability(CAP_FSETID)
+}
+
+/// Whether capability number `cap` is in this process's effective set.
+fn has_capability(cap: u32) -> bool {
     let status = client::with_busy(|| std::fs::read_to_string("/proc/self/status"));
     let eff = status.ok().and_then(|s| {
         let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
         u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
     });
-    eff.is_some_and(|caps| caps & (1 << CAP_FSETID) != 0)
+    eff.is_some_and(|caps| caps & (1 << cap) != 0)
 }
 
 /// A lock was just taken: what this process learnt before it of files other
@@ -1062,17 +1068,27 @@ fn write_with(
     offset: Option<u64>,
     data: &[u8],
 ) -> Res<(usize, u64)> {
-    let first = !f.wrote.swap(true, Ordering::AcqRel);
-    changed(f.ino);
     // An `O_APPEND` write (a `pwrite` too, as Linux does it) goes where the
     // file's home says its end is, decided there in one step: other
     // processes' and nodes' appends never land on it.
     let append = f.flags() & libc::O_APPEND != 0;
-    let kill_suidgid = if first { remove_privs(fs, f, append)? } else { false };
     let mut at = match offset {
         Some(o) if !append => o,
         _ => 0,
     };
+    // The file size limit, checked where the write starts (for an append
+    // under a limit, the end the file has now).
+    let data = if !append {
+        &data[..limits::write_len(at, data.len())?]
+    } else if limits::limited() {
+        let size = fs.fs.getattr(f.ino).map_err(errno)?.size;
+        &data[..limits::write_len(size, data.len())?]
+    } else {
+        data
+    };
+    let first = !f.wrote.swap(true, Ordering::AcqRel);
+    changed(f.ino);
+    let kill_suidgid = if first { remove_privs(fs, f, append)? } else { false };
     let mut done = 0;
     while done < data.len() {
         let end = (done + IO_MAX).min(data.len());
@@ -1217,10 +1233,67 @@ pub fn fsync(fd: i32, datasync: bool) -> Res<()> {
     fs.fs.fsync(f.ino, fh, datasync).map_err(errno)
 }
 
+/// `sync_file_range(2)`: with `SYNC_FILE_RANGE_WRITE` or `..._WAIT_AFTER`,
+/// the description's writes reach the servers (a flush, as at close; not a
+/// device sync, which the kernel's call does not promise either).
+pub fn sync_file_range(fd: i32, offset: i64, n: i64, flags: u32) -> Res<()> {
+    let valid = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    if flags & !valid != 0 || offset < 0 || n < 0 || offset.checked_add(n).is_none() {
+        return Err(libc::EINVAL);
+    }
+    let f = file(fd)?;
+    match f.kind {
+        FileType::Regular => {}
+        FileType::Directory | FileType::Symlink => return Ok(()),
+        _ => return Err(libc::ESPIPE),
+    }
+    let wanted = libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    if flags & wanted == 0 || !f.wrote.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let fs = Fs::get()?;
+    let fh = fs.handle(&f)?;
+    fs.fs.flush(f.ino, fh).map_err(errno)
+}
+
+/// `syncfs(2)` of a pfs descriptor, and `sync(2)`: every file this process
+/// wrote through a descriptor still open is made durable (`fsync`), as the
+/// kernel writes back its dirty pages; the first error is returned.
+pub fn sync_all() -> Res<()> {
+    let Some((fs, generation)) = client::connected() else { return Ok(()) };
+    let mut first = Ok(());
+    for f in fds::all() {
+        if f.kind != FileType::Regular || !f.wrote.load(Ordering::Acquire) {
+            continue;
+        }
+        let Some(h) = f.state().handle.filter(|h| h.generation == generation) else { continue };
+        if let Err(e) = fs.fsync(f.ino, h.fh, false) {
+            first = first.and(Err(errno(e)));
+        }
+    }
+    first
+}
+
+/// `readahead(2)` of a pfs descriptor: advice only (the servers read ahead
+/// on their own), with the kernel's errors.
+pub fn readahead(fd: i32) -> Res<()> {
+    let f = file(fd)?;
+    if !f.readable() {
+        return Err(libc::EBADF);
+    }
+    if f.kind != FileType::Regular {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
 fn set_size(fs: &Fs, ino: InodeId, size: i64) -> Res<()> {
     if size < 0 {
         return Err(libc::EINVAL);
     }
+    limits::grow(size as u64, || Ok(fs.fs.getattr(ino).map_err(errno)?.size))?;
     changed(ino);
     let set = SetAttr { size: Some(size as u64), ..SetAttr::default() };
     let r = fs.fs.setattr(ino, &set);
@@ -1266,10 +1339,15 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
         return Err(libc::EBADF);
     }
     let fs = Fs::get()?;
+    let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+    let end = (offset as u64).checked_add(len as u64).filter(|&e| e <= i64::MAX as u64);
+    let end = end.ok_or(libc::EFBIG)?;
+    if !keep {
+        limits::grow(end, || Ok(fs.fs.getattr(f.ino).map_err(errno)?.size))?;
+    }
     let fh = fs.handle(&f)?;
     f.wrote.store(true, Ordering::Release);
     changed(f.ino);
-    let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
     fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
 }
 
@@ -1407,6 +1485,34 @@ pub fn symlink(target: &[u8], abs: &[u8]) -> Res<()> {
             return Err(libc::EEXIST);
         }
         let r = fs.fs.symlink(p.parent, &p.name, target, euid(), egid());
+        name_changed(p.parent, &p.name);
+        r.map(|_| ()).map_err(errno)
+    })
+}
+
+/// `mknod(2)`: a regular file (not opened), a device node, a FIFO or a
+/// socket, with the kernel's checks: a directory is `EPERM`, another type
+/// `EINVAL`, a device node needs `CAP_MKNOD`.
+pub fn mknod(abs: &[u8], mode: u32, dev: u64) -> Res<()> {
+    const CAP_MKNOD: u32 = 27;
+    let kind = match mode & libc::S_IFMT {
+        0 => FileType::Regular,
+        libc::S_IFDIR => return Err(libc::EPERM),
+        t => FileType::from_mode(t).filter(|k| *k != FileType::Symlink).ok_or(libc::EINVAL)?,
+    };
+    let device = matches!(kind, FileType::CharDevice | FileType::BlockDevice);
+    if device && !has_capability(CAP_MKNOD) {
+        return Err(libc::EPERM);
+    }
+    let rdev = if device { convert::encode_dev(dev).ok_or(libc::EINVAL)? } else { 0 };
+    let fs = Fs::get()?;
+    again_if_stale(|| {
+        let p = resolve_parent(&fs, abs)?;
+        if p.name.is_empty() {
+            return Err(libc::EEXIST);
+        }
+        let perm = (mode & 0o7777 & !umask()) as u16;
+        let r = fs.fs.mknod(p.parent, &p.name, kind, perm, euid(), egid(), rdev);
         name_changed(p.parent, &p.name);
         r.map(|_| ()).map_err(errno)
     })
