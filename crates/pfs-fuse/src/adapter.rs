@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, BsdFileFlags, Errno, FileHandle as KHandle, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle as KHandle, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 use pfs_client::ahead::StatAhead;
 use pfs_client::api::{DirListing, HIDDEN_PREFIX, READDIR_BATCH};
@@ -1706,6 +1707,41 @@ impl fuser::Filesystem for PfsFuse {
 
     fn interrupt(&self, _req: &Request, unique: u64) {
         self.locks.interrupt(unique);
+    }
+
+    /// `SEEK_DATA`/`SEEK_HOLE`: not the file system's. `ENOSYS` makes the
+    /// kernel answer them itself from the size it knows, once and for all
+    /// (every byte is data, the only hole is past the end, as libpfs_preload
+    /// answers); fuser's default said the same with a warning in the log.
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: KHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// `copy_file_range`: `ENOSYS` makes the kernel copy through reads and
+    /// writes of its own (a splice), once and for all; fuser's default said
+    /// the same with a warning in the log.
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: KHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: KHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn fallocate(

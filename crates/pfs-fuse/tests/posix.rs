@@ -43,6 +43,7 @@ fn main() {
         ("capabilities_of_new_files", capabilities_of_new_files),
         ("copies_keep_their_modes", copies_keep_their_modes),
         ("set_group_id_directories_give_their_group", set_group_id_directories_give_their_group),
+        ("seek_data_and_copy_file_range", seek_data_and_copy_file_range),
     ];
     let mut ran = 0;
     for (name, case) in cases {
@@ -1223,6 +1224,52 @@ fn a_file_replaced_by_another_mount_is_read_anew(a: &Path, b: &Path) {
         let got = fs::read_to_string(b.join("cfg"));
         assert_eq!(got.map_err(|e| e.raw_os_error()), Ok(v2), "round {round}");
     }
+}
+
+/// `SEEK_DATA`/`SEEK_HOLE` and `copy_file_range` through the mount: the
+/// kernel answers the first itself (the whole file is data) and copies for the
+/// second, after the mount's `ENOSYS`; the mount's log (checked at the end of
+/// `main`) has no fuser "Not Implemented" warning for them (stress-ng's seek
+/// and copy-file stressors left two).
+fn seek_data_and_copy_file_range(root: &Path) {
+    use std::os::fd::AsRawFd;
+    let data: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    fs::write(root.join("src"), &data).unwrap();
+    let src = fs::File::open(root.join("src")).unwrap();
+    let dst = fs::File::create(root.join("dst")).unwrap();
+    let seek = |whence, at| {
+        // SAFETY: lseek on an open descriptor.
+        let r = unsafe { libc::lseek(src.as_raw_fd(), at, whence) };
+        if r < 0 {
+            Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+        } else {
+            Ok(r)
+        }
+    };
+    let size = data.len() as i64;
+    assert_eq!(seek(libc::SEEK_DATA, 0), Ok(0));
+    assert_eq!(seek(libc::SEEK_DATA, 4096), Ok(4096));
+    assert_eq!(seek(libc::SEEK_HOLE, 0), Ok(size));
+    assert_eq!(seek(libc::SEEK_DATA, size), Err(libc::ENXIO));
+    assert_eq!(seek(libc::SEEK_SET, 0), Ok(0));
+    let mut copied = 0usize;
+    while copied < data.len() {
+        // SAFETY: copies between two open descriptors at their offsets.
+        let n = unsafe {
+            libc::copy_file_range(
+                src.as_raw_fd(),
+                std::ptr::null_mut(),
+                dst.as_raw_fd(),
+                std::ptr::null_mut(),
+                data.len() - copied,
+                0,
+            )
+        };
+        assert!(n > 0, "copy_file_range: {}", std::io::Error::last_os_error());
+        copied += n as usize;
+    }
+    drop(dst);
+    assert!(fs::read(root.join("dst")).unwrap() == data, "the copy holds the same bytes");
 }
 
 /// Symbolic links that mount `a` removes and makes anew between the reads of
