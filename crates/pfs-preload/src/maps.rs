@@ -126,10 +126,15 @@ fn write_back(m: &mut Mapping, start: usize, end: usize) -> Res<()> {
 
 /// `msync`: writes back what changed in `addr..addr + len`; with `MS_SYNC`
 /// waits until it is written.
+///
+/// A range that wraps past the end of the address space touches no map (the
+/// kernel's own call then fails: `ENOMEM` for `msync`, `EINVAL` for `munmap`;
+/// stress-ng's msync stressor passes one).
 pub fn sync(addr: usize, len: usize, flags: i32) -> Res<()> {
+    let Some(end) = addr.checked_add(len) else { return Ok(()) };
     let mut maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
-    for m in maps.iter_mut().filter(|m| m.addr < addr + len && addr < m.addr + m.len) {
-        write_back(m, addr, addr + len)?;
+    for m in maps.iter_mut().filter(|m| m.addr < end && addr < m.addr + m.len) {
+        write_back(m, addr, end)?;
         if flags & libc::MS_SYNC != 0 {
             ops::flush_file(&m.file)?;
         }
@@ -141,12 +146,13 @@ pub fn sync(addr: usize, len: usize, flags: i32) -> Res<()> {
 /// touches and forgets those maps (a partly unmapped one is written back
 /// whole: what stays mapped of it is private memory from then on).
 pub fn unmap(addr: usize, len: usize) -> Res<()> {
+    let Some(until) = addr.checked_add(len) else { return Ok(()) };
     let mut maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
     let mut r = Ok(());
     let mut i = 0;
     while i < maps.len() {
         let m = &mut maps[i];
-        if m.addr < addr + len && addr < m.addr + m.len {
+        if m.addr < until && addr < m.addr + m.len {
             let (start, end) = (m.addr, m.addr + m.len);
             r = r.and(write_back(m, start, end));
             maps.swap_remove(i);
