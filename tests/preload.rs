@@ -112,6 +112,24 @@ impl Cluster {
         exe
     }
 
+    /// `program args DIR` run twice on the FUSE mount, first alone (DIR =
+    /// `m`) and then through the library on the same cluster (`PFS_MOUNT` is
+    /// the mount point, so every path under it is the library's; DIR = `l`);
+    /// both must succeed. Their standard outputs: the mount's, the library's.
+    fn mount_and_library(&self, program: &str, args: &[&str]) -> (String, String) {
+        let (m_dir, l_dir) = (self.mnt.join("m"), self.mnt.join("l"));
+        std::fs::create_dir_all(&m_dir).unwrap();
+        std::fs::create_dir_all(&l_dir).unwrap();
+        let mount = Command::new(program).args(args).arg(&m_dir).output().unwrap();
+        assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
+        let lib_args: Vec<&str> = args.iter().copied().chain([l_dir.to_str().unwrap()]).collect();
+        let lib = self.run_on(&self.mnt, program, &lib_args);
+        assert!(lib.status.success(), "{program} through the library failed");
+        let m = String::from_utf8_lossy(&mount.stdout).into_owned();
+        println!("mount:\n{m}");
+        (m, String::from_utf8_lossy(&lib.stdout).into_owned())
+    }
+
     /// A path under the library's mount.
     fn p(&self, rel: &str) -> String {
         self.pfs.join(rel).to_str().unwrap().to_string()
@@ -1132,19 +1150,7 @@ print('setfl', oct(fcntl.fcntl(fd, fcntl.F_GETFL)))
 #[test]
 fn errors_are_the_mounts() {
     let c = Cluster::start("errors");
-    std::fs::create_dir_all(c.mnt.join("m")).unwrap();
-    std::fs::create_dir_all(c.mnt.join("l")).unwrap();
-    // Through the mount alone (no library).
-    let mount =
-        Command::new("python3").args(["-c", PYTHON_ERRORS]).arg(c.mnt.join("m")).output().unwrap();
-    assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
-    // Through the library, on the same cluster: the mount point is PFS_MOUNT,
-    // so every path under it goes to the library.
-    let lib =
-        c.run_on(&c.mnt, "python3", &["-c", PYTHON_ERRORS, c.mnt.join("l").to_str().unwrap()]);
-    assert!(lib.status.success());
-    let (m, l) = (String::from_utf8_lossy(&mount.stdout), String::from_utf8_lossy(&lib.stdout));
-    println!("mount:\n{m}");
+    let (m, l) = c.mount_and_library("python3", &["-c", PYTHON_ERRORS]);
     assert_eq!(m.lines().count(), 28, "every case ran");
     assert_eq!(l.lines().count(), 28, "every case ran through the library");
     for (a, b) in m.lines().zip(l.lines()) {
@@ -1667,14 +1673,7 @@ int main(int argc, char **argv) {
 fn calls_past_read_and_write_answer_as_the_mount() {
     let c = Cluster::start("calls");
     let exe = c.compile("calls", CALLS_PROGRAM);
-    std::fs::create_dir_all(c.mnt.join("m")).unwrap();
-    std::fs::create_dir_all(c.mnt.join("l")).unwrap();
-    let mount = Command::new(&exe).arg(c.mnt.join("m")).output().unwrap();
-    assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
-    let lib = c.run_on(&c.mnt, exe.to_str().unwrap(), &[c.mnt.join("l").to_str().unwrap()]);
-    assert!(lib.status.success());
-    let (m, l) = (String::from_utf8_lossy(&mount.stdout), String::from_utf8_lossy(&lib.stdout));
-    println!("mount:\n{m}");
+    let (m, l) = c.mount_and_library(exe.to_str().unwrap(), &[]);
     let own = |line: &&str| line.starts_with("lease") || line.starts_with("query");
     let (m_lines, l_lines): (Vec<&str>, Vec<&str>) =
         (m.lines().filter(|l| !own(l)).collect(), l.lines().filter(|l| !own(l)).collect());
@@ -1824,14 +1823,7 @@ int main(int argc, char **argv) {
 fn posix_aio_through_the_library_as_the_mount() {
     let c = Cluster::start("aio");
     let exe = c.compile("aio", AIO_PROGRAM);
-    std::fs::create_dir_all(c.mnt.join("m")).unwrap();
-    std::fs::create_dir_all(c.mnt.join("l")).unwrap();
-    let mount = Command::new(&exe).arg(c.mnt.join("m")).output().unwrap();
-    assert!(mount.status.success(), "{}", String::from_utf8_lossy(&mount.stderr));
-    let lib = c.run_on(&c.mnt, exe.to_str().unwrap(), &[c.mnt.join("l").to_str().unwrap()]);
-    assert!(lib.status.success());
-    let (m, l) = (String::from_utf8_lossy(&mount.stdout), String::from_utf8_lossy(&lib.stdout));
-    println!("mount:\n{m}");
+    let (m, l) = c.mount_and_library(exe.to_str().unwrap(), &[]);
     assert!(m.contains("64 writes: 64 ended well, 64 read back"), "glibc on the mount");
     assert_eq!(l, m, "the library answers as glibc on the mount does");
     let forked = c.run_on(&c.pfs, exe.to_str().unwrap(), &[&c.p(""), "fork"]);

@@ -291,7 +291,12 @@ fn finish(job: Job) {
         DONE.notify_all();
     }
     notify(&ev);
-    if let Some(list) = job.list {
+    list_member_ended(job.list.as_deref());
+}
+
+/// A request of `list` (if any) ended: the last one notifies the list.
+fn list_member_ended(list: Option<&List>) {
+    if let Some(list) = list {
         if list.left.fetch_sub(1, Ordering::AcqRel) == 1 {
             if let Some(sig) = &list.sig {
                 notify(sig);
@@ -443,6 +448,7 @@ unsafe fn listio(
         return real_call(list, sig);
     }
     let mut ours = Vec::new();
+    let mut failed = false;
     let mut others: Vec<*mut Aiocb> = Vec::with_capacity(entries.len());
     for &cb in entries {
         if !pfs(cb) {
@@ -461,6 +467,7 @@ unsafe fn listio(
             // SAFETY: as above.
             unsafe { (*cb).return_value = -1 };
             error_code(cb).store(libc::EINVAL, Ordering::Release);
+            failed = true;
             continue;
         }
         ours.push(Job { cb: cb as usize, fd, op, list: None });
@@ -485,16 +492,12 @@ unsafe fn listio(
             Err(e) => fail(e),
         };
     }
-    let mut failed = false;
     for job in ours {
         run(job.cb as *mut Aiocb, job.op);
         failed |= error_code(job.cb as *const Aiocb).load(Ordering::Acquire) != 0;
         // SAFETY: the program's request block.
         notify(unsafe { &(*(job.cb as *const Aiocb)).sigevent });
     }
-    // SAFETY: reads the entries' error codes (each ended or is glibc's).
-    failed |=
-        entries.iter().any(|&cb| !cb.is_null() && pfs(cb) && unsafe { (*cb).error_code } != 0);
     if rest {
         let r = real_call(others.as_ptr(), sig);
         if r != 0 {
@@ -651,13 +654,7 @@ fn cancel(fd: c_int, cb: *mut Aiocb) -> c_int {
         error_code(c).store(libc::ECANCELED, Ordering::Release);
         // SAFETY: as above.
         notify(unsafe { &(*c).sigevent });
-        if let Some(list) = job.list {
-            if list.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-                if let Some(sig) = &list.sig {
-                    notify(sig);
-                }
-            }
-        }
+        list_member_ended(job.list.as_deref());
     }
     if running {
         libc::AIO_NOTCANCELED
@@ -668,20 +665,18 @@ fn cancel(fd: c_int, cb: *mut Aiocb) -> c_int {
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn aio_cancel(fd: c_int, cb: *mut Aiocb) -> c_int {
-    if busy() || !fds::is_pfs(fd) {
-        // SAFETY: glibc's own with the caller's arguments.
-        return unsafe { real!(aio_cancel: fn(c_int, *mut Aiocb) -> c_int)(fd, cb) };
-    }
-    cancel(fd, cb)
+macro_rules! cancel {
+    ($name:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(fd: c_int, cb: *mut Aiocb) -> c_int {
+            if busy() || !fds::is_pfs(fd) {
+                // SAFETY: glibc's own with the caller's arguments.
+                return unsafe { real!($name: fn(c_int, *mut Aiocb) -> c_int)(fd, cb) };
+            }
+            cancel(fd, cb)
+        }
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn aio_cancel64(fd: c_int, cb: *mut Aiocb) -> c_int {
-    if busy() || !fds::is_pfs(fd) {
-        // SAFETY: glibc's own with the caller's arguments.
-        return unsafe { real!(aio_cancel64: fn(c_int, *mut Aiocb) -> c_int)(fd, cb) };
-    }
-    cancel(fd, cb)
-}
+cancel!(aio_cancel);
+cancel!(aio_cancel64);
