@@ -75,11 +75,15 @@ use pfs_core::{FileAttr, FileType, FsResult};
 
 use crate::api::{DirListing, FileSystem, HIDDEN_PREFIX};
 
-/// Names asked for in one batch.
-pub const BATCH: usize = crate::api::READDIR_BATCH;
+/// Names asked for in one batch: as many as one `ReadDir` reply lists. A
+/// request costs the server about what 100-150 entries do (its wake-ups and
+/// the reply's), so batches of 1,024 names in requests from 128 up spent more
+/// than half of the server's time in a stat phase on requests, not entries
+/// (libpfs_preload, 20,000 files: 229 requests, now 64, docs/benchmarks.md).
+pub const BATCH: usize = pfs_core::wire::READDIR_MAX_ENTRIES;
 /// Names asked for in a batch's first request; each next request of the same
 /// batch asks for twice as many ([`StatAhead::fetch`]).
-pub const FIRST_ASK: usize = 128;
+pub const FIRST_ASK: usize = 512;
 /// Lookups that found a name not held here, since the last batch, before the
 /// next is asked for; one, once the directory's lookups since its last batch
 /// was asked for were answered from here this many times.
@@ -90,7 +94,7 @@ pub const HELD_MAX: usize = 65_536;
 pub const DIRS_MAX: usize = 1024;
 /// Entries of a directory that left the table before judging whether its
 /// batches pay (module docs).
-pub const LEARN: u32 = 16 * BATCH as u32;
+pub const LEARN: u32 = 16_384;
 /// Going on needs at least one entry used per this many that left.
 pub const USEFUL: u32 = 8;
 /// Missed lookups a directory whose batches did not pay waits before learning again.
@@ -112,7 +116,7 @@ pub const REMEMBERED_MAX: usize = 64;
 const REMEMBER_RECORD: usize = 16;
 /// Entries of a directory that left the table past which its counts are
 /// halved (the judgement follows the recent batches).
-const WINDOW: u32 = 64 * BATCH as u32;
+const WINDOW: u32 = 65_536;
 
 /// The greatest name (of at most `NAME_MAX` bytes) below `name`, so that a
 /// listing after it starts at `name`: its last byte one less, then `0xff` up to
@@ -225,51 +229,71 @@ struct Batch {
     inos: Vec<u64>,
 }
 
+/// Slots per chunk of [`Files`]' slab.
+const CHUNK: usize = 1024;
+
 /// The entries held, by inode: a slab and an index of slot numbers. An
 /// entry is large (attributes, name, times); in a hash table each growth
 /// copied every entry into fresh memory, a third of a batch's cost while the
 /// table filled (`cargo bench --bench statahead`), where the index copies 16
-/// bytes an entry and the slab grows in place.
+/// bytes an entry. The slab is chunks of [`CHUNK`] slots that never move: a
+/// slab in one vector copied itself into fresh pages at each doubling, and a
+/// process's first sweep of a directory (libpfs_preload: every `stat` phase)
+/// paid those page faults again.
 #[derive(Debug, Default)]
 struct Files {
     index: NumMap<u64, u32>,
-    slots: Vec<Option<Kept>>,
+    chunks: Vec<Box<[Option<Kept>]>>,
+    /// Slots ever used (the next new one).
+    used: u32,
     /// Slots whose entry left, for the next.
     free: Vec<u32>,
 }
 
 impl Files {
+    fn slot(&self, i: u32) -> &Option<Kept> {
+        &self.chunks[i as usize / CHUNK][i as usize % CHUNK]
+    }
+
+    fn slot_mut(&mut self, i: u32) -> &mut Option<Kept> {
+        &mut self.chunks[i as usize / CHUNK][i as usize % CHUNK]
+    }
+
     fn get(&self, ino: &u64) -> Option<&Kept> {
-        self.index.get(ino).and_then(|&i| self.slots[i as usize].as_ref())
+        let &i = self.index.get(ino)?;
+        self.slot(i).as_ref()
     }
 
     fn get_mut(&mut self, ino: &u64) -> Option<&mut Kept> {
-        self.index.get(ino).and_then(|&i| self.slots[i as usize].as_mut())
+        let &i = self.index.get(ino)?;
+        self.slot_mut(i).as_mut()
     }
 
     fn insert(&mut self, ino: u64, k: Kept) {
         if let Some(&i) = self.index.get(&ino) {
-            self.slots[i as usize] = Some(k);
+            *self.slot_mut(i) = Some(k);
             return;
         }
         let i = match self.free.pop() {
-            Some(i) => {
-                self.slots[i as usize] = Some(k);
+            Some(i) => i,
+            None => {
+                // Bounded by HELD_MAX and a batch: far below u32::MAX.
+                let i = self.used;
+                self.used += 1;
+                if i as usize / CHUNK == self.chunks.len() {
+                    self.chunks.push((0..CHUNK).map(|_| None).collect());
+                }
                 i
             }
-            None => {
-                self.slots.push(Some(k));
-                // Bounded by HELD_MAX and a batch: far below u32::MAX.
-                (self.slots.len() - 1) as u32
-            }
         };
+        *self.slot_mut(i) = Some(k);
         self.index.insert(ino, i);
     }
 
     fn remove(&mut self, ino: &u64) -> Option<Kept> {
         let i = self.index.remove(ino)?;
         self.free.push(i);
-        self.slots[i as usize].take()
+        self.slot_mut(i).take()
     }
 
     fn len(&self) -> usize {
@@ -577,7 +601,11 @@ impl StatAhead {
             got.ended = part.len() < ask_now;
             let met = self.holds_any(fetch.dir, &part);
             after = part.last().map(|e| e.name.clone());
-            got.entries.extend(part);
+            if got.entries.is_empty() {
+                got.entries = part;
+            } else {
+                got.entries.extend(part);
+            }
             if got.ended || met {
                 break;
             }
@@ -668,23 +696,22 @@ impl StatAhead {
             log::trace!("statahead: directory {}: batch dropped", fetch.dir);
             return;
         }
-        let keep: Vec<(Box<[u8]>, FileAttr)> = listing
-            .into_iter()
-            .filter_map(|e| {
-                let attr = e.attr?;
-                let keep = attr.kind != FileType::Directory
-                    && attr.nlink == 1
-                    && !e.name.starts_with(HIDDEN_PREFIX)
-                    && !d.touched.iter().any(|t| **t == *e.name);
-                keep.then(|| (e.name.into(), attr))
-            })
-            .collect();
+        // Names changed during the fetch (at most TOUCHED_MAX).
+        let touched = std::mem::take(&mut d.touched);
         let seq = g.next_seq;
         g.next_seq += 1;
         g.fetches += 1;
-        g.kept += keep.len() as u64;
-        let mut inos = Vec::with_capacity(keep.len());
-        for (name, attr) in keep {
+        let mut inos = Vec::with_capacity(listing.len());
+        for e in listing {
+            let Some(attr) = e.attr else { continue };
+            if attr.kind == FileType::Directory
+                || attr.nlink != 1
+                || e.name.starts_with(HIDDEN_PREFIX)
+                || touched.iter().any(|t| **t == *e.name)
+            {
+                continue;
+            }
+            let name: Box<[u8]> = e.name.into();
             let ino = attr.ino.0;
             let key = g.key(&name);
             // What the name (or its key) or the inode stood for before goes.
@@ -703,6 +730,7 @@ impl StatAhead {
             g.files.insert(ino, Kept { attr, dir, name, key, at, changes, seq, used, fetched });
             inos.push(ino);
         }
+        g.kept += inos.len() as u64;
         g.batches.push_back(Batch { seq, at: fetch.at, inos });
         self.trim(g, Instant::now());
     }
@@ -974,14 +1002,31 @@ mod tests {
         f.insert(1, kept(10));
         f.insert(2, kept(20));
         f.insert(1, kept(11));
-        assert_eq!((f.len(), f.get(&1).map(|k| k.dir), f.slots.len()), (2, Some(11), 2));
+        assert_eq!((f.len(), f.get(&1).map(|k| k.dir), f.used), (2, Some(11), 2));
         assert_eq!(f.remove(&1).map(|k| k.dir), Some(11));
         assert!(f.get(&1).is_none() && f.remove(&1).is_none());
         f.insert(3, kept(30));
-        assert_eq!(f.slots.len(), 2, "the freed slot taken again");
+        assert_eq!(f.used, 2, "the freed slot taken again");
         f.get_mut(&3).expect("held").used = true;
         assert!(f.get(&3).is_some_and(|k| k.used && k.dir == 30));
         assert_eq!(f.get(&2).map(|k| k.dir), Some(20));
+        // Across chunks: entries in the third chunk, and slots freed in the
+        // first taken again before a new one.
+        let n = 2 * CHUNK as u64 + 5;
+        for ino in 10..10 + n {
+            f.insert(ino, kept(ino));
+        }
+        assert_eq!((f.len() as u64, f.chunks.len()), (n + 2, 3));
+        assert!((10..10 + n).all(|ino| f.get(&ino).map(|k| k.dir) == Some(ino)));
+        for ino in 10..20 {
+            assert_eq!(f.remove(&ino).map(|k| k.dir), Some(ino));
+        }
+        let used = f.used;
+        for ino in 10..20 {
+            f.insert(ino + n, kept(ino + n));
+        }
+        assert_eq!((f.used, f.chunks.len()), (used, 3), "freed slots reused");
+        assert!((20..20 + n).all(|ino| f.get(&ino).map(|k| k.dir) == Some(ino)));
     }
 
     #[test]
@@ -1152,10 +1197,12 @@ mod tests {
     #[test]
     fn entries_used_after_many_batches_keep_the_directory_fetching() {
         let s = StatAhead::new(Duration::from_secs(60), true);
-        let n = 24 * BATCH as u64;
+        // Batches of 1,024 names: 24 of them are past LEARN and within HELD_MAX.
+        let per = 1024;
+        let n = 24 * per;
         for round in 0..24 {
             let f = due(&s, 1, 0);
-            s.fill(f, got(batch(round * BATCH as u64, BATCH as u64)), 0);
+            s.fill(f, got(batch(round * per, per)), 0);
         }
         // Everything is used only now, then leaves (removed; judged when the
         // entries go with their batches).
@@ -1294,8 +1341,9 @@ mod tests {
             assert_eq!(a.ino, InodeId(i), "the attributes of {name}");
         }
         println!("{lookups} lookups, {from_name} answered by a batch from the name");
-        assert!(from_name > 20, "{from_name} batches from the name");
-        // 24 here: the first batch's TRIGGER and the batches that answered
+        // 10 here (batches of 4,096 names; 36 when they were 1,024).
+        assert!(from_name >= 5, "{from_name} batches from the name");
+        // 16 here: the first batch's TRIGGER and the batches that answered
         // fewer than TRIGGER before the next miss.
         assert!(lookups <= 32, "{lookups} lookups");
         // Not answered so: a directory whose lookups were not answered.
@@ -1331,10 +1379,17 @@ mod tests {
         let s = StatAhead::new(Duration::from_secs(60), true);
         let order: Vec<u64> = (0..n).collect();
         let (misses, fetches, listed) = sweep(&s, n, &order, false);
-        // Most batches come at their first miss, not their TRIGGER-th (74
-        // misses for 53 batches here; 288 for 36 when each waited for 8).
-        assert!(misses < 2 * fetches, "{misses} lookups missed, {fetches} batches");
-        assert!(listed < n + n / 5, "{listed} entries listed for {n} names");
+        // Most batches come at their first miss, not their TRIGGER-th (26
+        // misses for 12 batches here, 8 of them the first batch's; 288 for 36
+        // batches of 1,024 names when each waited for 8).
+        assert!(
+            misses < 2 * fetches + TRIGGER as u64,
+            "{misses} lookups missed, {fetches} batches"
+        );
+        // 1.2 times each here (the last request of a batch lists up to 2,048
+        // names into what an earlier batch brought); 1.8 when every batch ran
+        // its full length.
+        assert!(listed < n + n / 4, "{listed} entries listed for {n} names");
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)

@@ -1757,9 +1757,9 @@ pub fn flush_all_at_exit() {
     if std::env::var_os("PFS_PRELOAD_STATS").is_some() {
         let sent: u64 = fs.requests_sent().iter().sum();
         let (hits, misses) = fs.dentry_cache_stats();
-        let (fetches, _, answered) = statahead().counts();
+        let (fetches, kept, answered) = statahead().counts();
         eprintln!(
-            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses, statahead {answered} answered ({fetches} batches), {} closed descriptors reused, {} small files read with their lookup",
+            "libpfs_preload: process {}: {sent} requests to the servers, dentry cache {hits} hits {misses} misses, statahead {answered} answered ({fetches} batches, {kept} entries kept), {} closed descriptors reused, {} small files read with their lookup",
             std::process::id(),
             kept_reused(),
             SMALL_READS.load(Ordering::Relaxed)

@@ -16,8 +16,7 @@ use pfs_store::{CreateArgs, RenameFlags, Shard, XattrFlags};
 const CAPABILITY_XATTR: &[u8] = b"security.capability";
 /// Bytes one readdir entry takes in a reply besides its name (with attributes).
 const DIRENT_OVERHEAD_BYTES: usize = 2 + 8 + 1 + 8 + 1 + 96;
-/// Most entries one readdir reply carries.
-pub const READDIR_MAX_ENTRIES: usize = 4096;
+pub use pfs_core::wire::READDIR_MAX_ENTRIES;
 
 /// What a request did, as far as the worker cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

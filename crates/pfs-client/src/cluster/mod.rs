@@ -870,7 +870,7 @@ impl Cluster {
         let max = max.max(1);
         while i < shards.len() && out.len() < max {
             let (s, w) = shards[i];
-            let want = (max - out.len()).min(crate::api::READDIR_BATCH);
+            let want = (max - out.len()).min(pfs_core::wire::READDIR_MAX_ENTRIES);
             let req = Request::ReadDir {
                 ino: dir,
                 after: std::mem::take(&mut resume),
@@ -882,12 +882,17 @@ impl Cluster {
             match self.call_to(s, w, req)? {
                 Reply::ReadDir { entries, eof } => {
                     let last = entries.last().map(|e| e.name.clone());
-                    out.extend(entries.into_iter().map(|e| DirListing {
+                    let listed = entries.into_iter().map(|e| DirListing {
                         name: e.name,
                         ino: e.ino,
                         kind: e.kind,
                         attr: e.attr,
-                    }));
+                    });
+                    if out.is_empty() {
+                        out = listed.collect();
+                    } else {
+                        out.extend(listed);
+                    }
                     match (eof, last) {
                         (false, Some(name)) => resume = name,
                         _ => i += 1,

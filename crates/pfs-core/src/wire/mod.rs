@@ -50,6 +50,9 @@ pub const HEADER_LEN: usize = 32;
 pub const MAX_IO_BYTES: usize = 1 << 20;
 /// Largest frame payload: the largest I/O plus room for its fields.
 pub const MAX_FRAME_PAYLOAD: usize = MAX_IO_BYTES + 4096;
+/// Most entries one `ReadDir` reply lists, whatever the request asks (fewer
+/// when their names fill [`MAX_IO_BYTES`]).
+pub const READDIR_MAX_ENTRIES: usize = 4096;
 /// Longest name (file or xattr), as `NAME_MAX`.
 pub const MAX_NAME_BYTES: usize = crate::NAME_MAX;
 /// Longest symbolic-link target: `PATH_MAX` less the NUL.
