@@ -66,6 +66,10 @@ pub struct Sent {
     pub id: RequestId,
     /// When the caller stops waiting.
     pub deadline: Instant,
+    /// Its caller polls for the reply before parking ([`Conn::reply_spin`]):
+    /// not for a write of more than [`INLINE_WRITE_MAX`] bytes, whose copy
+    /// at the worker alone outlasts the spin.
+    pub spin: bool,
 }
 
 /// What a poll for the raw reply to `id` found: `None` while it has not come.
@@ -282,7 +286,7 @@ impl Conn {
             let Ok(id) = send(&mut self.rpc.lock().expect("connection lock"), deadline) else {
                 return;
             };
-            let sent = Sent { id, deadline };
+            let sent = Sent { id, deadline, spin: true };
             for _ in 0..INLINE_ROUNDS {
                 let work = round();
                 if let Some(a) = answer(&mut self.rpc.lock().expect("connection lock"), id) {
@@ -317,7 +321,13 @@ impl Conn {
                 return Ok(sent);
             }
         }
-        self.send_by(timeout, |rpc, deadline| rpc.send_write(write, worker, deadline))
+        let sent =
+            self.send_by(timeout, |rpc, deadline| rpc.send_write(write, worker, deadline))?;
+        // A large write's reply comes after the worker copied the data: 256 KiB took
+        // longer than the spin, which then only took the core from the
+        // worker (the native client's io-easy writes: 8-13% slower with a
+        // 50 µs spin on every reply, docs/benchmarks.md forty-first session).
+        Ok(Sent { spin: write.data.len() <= INLINE_WRITE_MAX, ..sent })
     }
 
     /// Sends with `send`, waiting (up to `timeout`) for a credit or a
@@ -342,7 +352,7 @@ impl Conn {
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
             match send(&mut rpc, deadline) {
-                Ok(id) => return Ok(Sent { id, deadline }),
+                Ok(id) => return Ok(Sent { id, deadline, spin: true }),
                 Err(NetError::NoCredit { .. }) if Instant::now() < deadline => {
                     drop(rpc);
                     std::thread::sleep(Duration::from_micros(200));
@@ -424,7 +434,8 @@ impl Conn {
     fn wait_for<T>(&self, sent: Sent, mut poll: impl FnMut(&mut RpcClient) -> Option<T>) -> T {
         // Poll a little before parking: a reply that comes within
         // `reply_spin` costs no eventfd write at the server and no wake-up here.
-        let spin_until = Instant::now() + self.reply_spin;
+        let spin = if sent.spin { self.reply_spin } else { Duration::ZERO };
+        let spin_until = Instant::now() + spin;
         loop {
             let mut rpc = self.rpc.lock().expect("connection lock");
             if let Some(answer) = poll(&mut rpc) {

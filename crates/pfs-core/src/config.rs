@@ -486,8 +486,10 @@ pub struct ClientConfig {
     pub shm_ring_kib: u32,
     /// How long a caller polls for its reply before it parks (microseconds; 0
     /// parks at once), yielding its core between polls. A reply that comes
-    /// within it costs no wake-up on either side (docs/benchmarks.md: 5 beat
-    /// 0, 8, 15 and 30 here, and 20 while yielding did no better).
+    /// within it costs no wake-up on either side. 50: a caller whose worker
+    /// runs on another core waits longer than 5 for its reply, and each
+    /// park then cost a cross-core wake-up (docs/cluster.md "Polling",
+    /// docs/benchmarks.md, forty-first session).
     pub reply_spin_us: u32,
 }
 
@@ -511,7 +513,7 @@ impl Default for ClientConfig {
             rpc_slots: 32,
             slot_rpc: false,
             shm_ring_kib: 4096,
-            reply_spin_us: 5,
+            reply_spin_us: 50,
         }
     }
 }

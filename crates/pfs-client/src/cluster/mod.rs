@@ -118,7 +118,7 @@ impl ClusterOptions {
             transport: pfs_net::TransportKind::Auto,
             rdma: pfs_net::rdma::RdmaConfig::default(),
             slot_rpc: None,
-            reply_spin: Duration::from_micros(5),
+            reply_spin: Duration::from_micros(50),
             shm_ring_bytes: pfs_net::shm::DEFAULT_RING_BYTES,
             durable_sweep: Duration::from_secs(1),
         }
