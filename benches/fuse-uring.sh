@@ -13,7 +13,8 @@
 # enable_uring to Y for the run and restores it)
 # Environment: ROUNDS (2), EASY (files per process, 5000), HARD (2000), PROCS (2),
 #   SIZE_MIB (fio file, 512), URING_OPTS (options with uring, "uring"), SKIP_FIO=1,
-#   WORK (target/bench-uring).
+#   WORK (target/bench-uring), PFS (the `pfs` binary, target/release/pfs: another
+#   build's for an A/B of the pfs side; memfs is always target/release's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +35,8 @@ done
 
 echo "building..." >&2
 cargo build --release -q -p pfs -p pfs-fuse --bins
-PFS=$PWD/target/release/pfs
+# Another build's `pfs` (its `pfs up`) with PFS=...: an A/B of pfs's side.
+PFS=${PFS:-$PWD/target/release/pfs}
 PFS_FUSE=$PWD/target/release/pfs-fuse
 
 OLD_PARAM=$(cat "$PARAM")
