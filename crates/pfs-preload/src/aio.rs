@@ -589,36 +589,27 @@ unsafe fn suspend(
     }
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn aio_suspend(
-    list: *const *const Aiocb,
-    nent: c_int,
-    timeout: *const libc::timespec,
-) -> c_int {
-    // SAFETY: forwarded.
-    unsafe {
-        suspend(list, nent, timeout, || {
-            let f =
-                real!(aio_suspend: fn(*const *const Aiocb, c_int, *const libc::timespec) -> c_int);
-            f(list, nent, timeout)
-        })
-    }
+macro_rules! suspend {
+    ($name:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            list: *const *const Aiocb,
+            nent: c_int,
+            timeout: *const libc::timespec,
+        ) -> c_int {
+            // SAFETY: forwarded.
+            unsafe {
+                suspend(list, nent, timeout, || {
+                    let f = real!($name: fn(*const *const Aiocb, c_int, *const libc::timespec) -> c_int);
+                    f(list, nent, timeout)
+                })
+            }
+        }
+    };
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn aio_suspend64(
-    list: *const *const Aiocb,
-    nent: c_int,
-    timeout: *const libc::timespec,
-) -> c_int {
-    // SAFETY: forwarded.
-    unsafe {
-        suspend(list, nent, timeout, || {
-            let f = real!(aio_suspend64: fn(*const *const Aiocb, c_int, *const libc::timespec) -> c_int);
-            f(list, nent, timeout)
-        })
-    }
-}
+suspend!(aio_suspend);
+suspend!(aio_suspend64);
 
 /// `aio_cancel` of a pfs descriptor's requests (`cb`, or all of `fd`'s):
 /// those still queued end with `ECANCELED` (notified), those running are

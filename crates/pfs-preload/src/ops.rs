@@ -17,7 +17,9 @@ use pfs_client::ahead::StatAhead;
 use pfs_client::api::HIDDEN_PREFIX;
 use pfs_client::{Cluster, FileSystem};
 use pfs_core::wire::RenameFlags;
-use pfs_core::{FileAttr, FileHandle, FileType, FsError, InodeId, SetAttr, StatFs, TimeNs};
+use pfs_core::{
+    FileAttr, FileHandle, FileType, FsError, FsResult, InodeId, SetAttr, StatFs, TimeNs,
+};
 
 use crate::client::{self, errno, Errno, Res};
 use crate::fds::{self, EofHint, OpenFile};
@@ -738,7 +740,7 @@ pub fn open(abs: AbsPath, flags: i32, mode: u32) -> Res<i32> {
         if wants_dir(&abs) {
             return Err(libc::EISDIR);
         }
-        let perm = (mode & 0o7777 & !umask()) as u16;
+        let perm = new_perm(mode);
         let create = || {
             let p = resolve_parent(&fs, &abs)?;
             if p.name.is_empty() {
@@ -1351,18 +1353,31 @@ pub fn fallocate(fd: i32, mode: i32, offset: i64, len: i64) -> Res<()> {
     fs.fs.fallocate(f.ino, fh, offset as u64, len as u64, keep).map_err(errno)
 }
 
-/// `mkdir(2)`.
-pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
+/// Makes the new name `abs` with `make(fs, parent, name)` (`mkdir`,
+/// `symlink`, `mknod`): a path with no last name (`/`) exists already
+/// (`EEXIST`); the name counts as changed whether or not it was made.
+fn make_name(abs: &[u8], make: impl Fn(&Fs, InodeId, &[u8]) -> FsResult<()>) -> Res<()> {
     let fs = Fs::get()?;
     again_if_stale(|| {
         let p = resolve_parent(&fs, abs)?;
         if p.name.is_empty() {
             return Err(libc::EEXIST);
         }
-        let perm = (mode & 0o7777 & !umask()) as u16;
-        let r = fs.fs.mkdir(p.parent, &p.name, perm, euid(), egid());
+        let r = make(&fs, p.parent, &p.name);
         name_changed(p.parent, &p.name);
-        r.map(|_| ()).map_err(errno)
+        r.map_err(errno)
+    })
+}
+
+/// The permission bits of a new file made with `mode`, under the umask.
+fn new_perm(mode: u32) -> u16 {
+    (mode & 0o7777 & !umask()) as u16
+}
+
+/// `mkdir(2)`.
+pub fn mkdir(abs: &[u8], mode: u32) -> Res<()> {
+    make_name(abs, |fs, parent, name| {
+        fs.fs.mkdir(parent, name, new_perm(mode), euid(), egid()).map(|_| ())
     })
 }
 
@@ -1478,15 +1493,8 @@ pub fn symlink(target: &[u8], abs: &[u8]) -> Res<()> {
     if target.is_empty() {
         return Err(libc::ENOENT);
     }
-    let fs = Fs::get()?;
-    again_if_stale(|| {
-        let p = resolve_parent(&fs, abs)?;
-        if p.name.is_empty() {
-            return Err(libc::EEXIST);
-        }
-        let r = fs.fs.symlink(p.parent, &p.name, target, euid(), egid());
-        name_changed(p.parent, &p.name);
-        r.map(|_| ()).map_err(errno)
+    make_name(abs, |fs, parent, name| {
+        fs.fs.symlink(parent, name, target, euid(), egid()).map(|_| ())
     })
 }
 
@@ -1505,16 +1513,8 @@ pub fn mknod(abs: &[u8], mode: u32, dev: u64) -> Res<()> {
         return Err(libc::EPERM);
     }
     let rdev = if device { convert::encode_dev(dev).ok_or(libc::EINVAL)? } else { 0 };
-    let fs = Fs::get()?;
-    again_if_stale(|| {
-        let p = resolve_parent(&fs, abs)?;
-        if p.name.is_empty() {
-            return Err(libc::EEXIST);
-        }
-        let perm = (mode & 0o7777 & !umask()) as u16;
-        let r = fs.fs.mknod(p.parent, &p.name, kind, perm, euid(), egid(), rdev);
-        name_changed(p.parent, &p.name);
-        r.map(|_| ()).map_err(errno)
+    make_name(abs, |fs, parent, name| {
+        fs.fs.mknod(parent, name, kind, new_perm(mode), euid(), egid(), rdev).map(|_| ())
     })
 }
 
