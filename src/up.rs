@@ -301,9 +301,10 @@ pub fn run(opts: &UpOptions, mountpoint: &Path, mount_options: &[String]) -> Res
     if let Some(u) = uring {
         let (forgets, reads) = u.forgets();
         println!(
-            "pfs up: FUSE over io_uring served {} requests; /dev/fuse took {forgets} \
-             forgets in {reads} reads",
-            u.requests()
+            "pfs up: FUSE over io_uring served {} requests ({} large reads by bulk \
+             threads); /dev/fuse took {forgets} forgets in {reads} reads",
+            u.requests(),
+            u.bulk_reads()
         );
     }
     if opts.inline_rounds {

@@ -20,6 +20,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -217,14 +218,18 @@ impl Drop for EnableUring {
 }
 
 /// What `pfs up` printed about io_uring: the mount line's transport and, at
-/// the end, the requests the rings served and the forgets /dev/fuse took (and
-/// in how many reads).
-fn uring_report(log: &[String]) -> (String, Option<(u64, u64, u64)>) {
+/// the end, the requests the rings served (and the large reads among them
+/// that bulk threads served) and the forgets /dev/fuse took (and in how many
+/// reads).
+fn uring_report(log: &[String]) -> (String, Option<(u64, u64, u64, u64)>) {
     let mounted = log.iter().find(|l| l.starts_with("pfs up: mounted on")).cloned();
     let served = log.iter().find_map(|l| {
         let rest = l.strip_prefix("pfs up: FUSE over io_uring served ")?;
-        let n: Vec<u64> = rest.split(' ').filter_map(|w| w.parse().ok()).collect();
-        (n.len() == 3).then(|| (n[0], n[1], n[2]))
+        let n: Vec<u64> = rest
+            .split(' ')
+            .filter_map(|w| w.trim_matches(|c: char| !c.is_ascii_digit()).parse().ok())
+            .collect();
+        (n.len() == 4).then(|| (n[0], n[1], n[2], n[3]))
     });
     (mounted.expect("pfs up printed its mount line"), served)
 }
@@ -252,6 +257,14 @@ fn uring(base: &Path) {
     for len in [1usize, 4095, 4096, 65_537, 1 << 20, (1 << 20) + 1, 4 << 20] {
         let f = mnt.join(format!("transfer-{len}"));
         std::fs::write(&f, &data[..len]).unwrap();
+        // The write left its pages in the kernel's cache: drop them, so the
+        // read below reaches the file system (a large one through a bulk
+        // thread).
+        let file = std::fs::File::open(&f).unwrap();
+        // SAFETY: advice on a descriptor we hold open; no memory is touched.
+        let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0, "posix_fadvise of {}", f.display());
+        drop(file);
         assert!(
             std::fs::read(&f).unwrap() == data[..len],
             "a {len}-byte transfer came back different"
@@ -266,10 +279,12 @@ fn uring(base: &Path) {
     pjdfstest(base, &mnt, Some(URING_DIRS));
     drop(pfs);
     let (_, served) = uring_report(&log.lock().unwrap());
-    let (served, ..) = served.expect("pfs up reported what io_uring served");
-    println!("io_uring served {served} requests");
+    let (served, bulk, ..) = served.expect("pfs up reported what io_uring served");
+    println!("io_uring served {served} requests, {bulk} large reads by bulk threads");
     // Each of the 3000 creates alone is a lookup, a create and a release.
     assert!(served > 9000, "io_uring served only {served} requests");
+    // The 1 and 4 MiB files read back uncached, in reads of 128 KiB and more.
+    assert!(bulk >= 2, "bulk threads served only {bulk} large reads");
 }
 
 /// Over io_uring, /dev/fuse carries the forgets: 3000 files removed in a row
@@ -291,7 +306,7 @@ fn uring_forgets_batched(base: &Path) {
     let ms = at.elapsed().as_millis() as u64;
     drop(pfs);
     let (_, served) = uring_report(&log.lock().unwrap());
-    let (_, forgets, reads) = served.expect("pfs up reported what io_uring served");
+    let (_, _, forgets, reads) = served.expect("pfs up reported what io_uring served");
     println!("/dev/fuse took {forgets} forgets in {reads} reads; the removes took {ms} ms");
     assert!(forgets >= 3000, "only {forgets} forgets after 3000 removes");
     // The /dev/fuse threads (two) rest 1 ms after a forget, together: about

@@ -865,9 +865,10 @@ impl fuser::Filesystem for PfsFuse {
         if let Some(u) = self.uring_stats.get() {
             let (forgets, reads) = u.forgets();
             log::info!(
-                "FUSE over io_uring served {} requests; /dev/fuse took {forgets} forgets \
-                 in {reads} reads",
-                u.requests()
+                "FUSE over io_uring served {} requests ({} large reads by bulk threads); \
+                 /dev/fuse took {forgets} forgets in {reads} reads",
+                u.requests(),
+                u.bulk_reads()
             );
         }
         log::info!(

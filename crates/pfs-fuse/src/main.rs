@@ -48,7 +48,9 @@ const READY_FD: i32 = 3;
 /// over io_uring: Linux 6.14+, after
 /// `echo Y > /sys/module/fuse/parameters/enable_uring`; otherwise /dev/fuse with
 /// a warning), uring_threads=N (threads per CPU queue, default 2, 1 to 64),
-/// uring_nopin (do not pin them to their CPU), log=FILE (where the daemon logs,
+/// uring_nopin (do not pin them to their CPU), uring_bulk=N (threads that serve
+/// reads of 128 KiB and more off the reader's CPU, default one per core up to
+/// 16, 0 to 64), log=FILE (where the daemon logs,
 /// in the foreground too),
 /// allow_other, allow_root, fsname=NAME, and the usual ro, nodev, nosuid,
 /// noexec, noatime, sync, dirsync. mount(8) options such as _netdev, nofail,

@@ -51,10 +51,27 @@ pub const URING_THREADS_MAX: usize = 64;
 pub const ENABLE_URING_PARAM: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// `-o uring` without more: two threads per CPU queue, each pinned to its CPU
-/// (as libfuse does; pinned measured 5-15% faster here, docs/benchmarks.md).
+/// (as libfuse does; pinned measured 5-15% faster here, docs/benchmarks.md),
+/// and [`default_bulk_threads`] for large reads.
 pub fn uring_default() -> UringConfig {
-    UringConfig { threads_per_queue: 2, depth: 1, pin: true }
+    UringConfig { threads_per_queue: 2, depth: 1, pin: true, bulk_threads: default_bulk_threads() }
 }
+
+/// Bulk threads of `-o uring` without `uring_bulk=`: one per core, at most
+/// [`URING_BULK_DEFAULT_MAX`]; none on one core, where they could only run
+/// beside the reader they serve. Without them a streaming reader's 1 MiB
+/// reads ran 0.64-0.69x /dev/fuse here; with them 0.99x (docs/benchmarks.md,
+/// forty-second session).
+pub fn default_bulk_threads() -> usize {
+    match std::thread::available_parallelism().map_or(2, |n| n.get()) {
+        1 => 0,
+        n => n.min(URING_BULK_DEFAULT_MAX),
+    }
+}
+
+/// Most bulk threads `-o uring` starts on its own (`uring_bulk=` may ask for
+/// up to [`URING_THREADS_MAX`]).
+pub const URING_BULK_DEFAULT_MAX: usize = 16;
 
 /// Whether this kernel lets FUSE daemons use io_uring (`enable_uring` is `Y`).
 pub fn uring_enabled() -> bool {
@@ -241,6 +258,18 @@ impl MountConfig {
                     }
                     self.uring.get_or_insert_with(uring_default).threads_per_queue = n;
                 }
+                "uring_bulk" => {
+                    let v = need()?;
+                    let n: usize = v
+                        .parse()
+                        .map_err(|_| format!("mount option uring_bulk={v:?}: expected a number"))?;
+                    if n > URING_THREADS_MAX {
+                        return Err(format!(
+                            "mount option uring_bulk={n}: allowed 0 to {URING_THREADS_MAX}"
+                        ));
+                    }
+                    self.uring.get_or_insert_with(uring_default).bulk_threads = n;
+                }
                 "uring_pin" => self.uring.get_or_insert_with(uring_default).pin = true,
                 "uring_nopin" => self.uring.get_or_insert_with(uring_default).pin = false,
                 "clone_fd" => self.clone_fd = true,
@@ -382,13 +411,14 @@ impl Mount {
     }
 
     /// How kernel requests reach the file system, for the operator:
-    /// `io_uring (2 queues x 2 threads)` or `/dev/fuse (4 threads)`.
+    /// `io_uring (2 queues x 2 threads, 2 bulk threads)` or `/dev/fuse (4 threads)`.
     pub fn transport(&self) -> String {
         match self.uring_stats() {
             Some(u) => format!(
-                "io_uring ({} queues x {} threads)",
+                "io_uring ({} queues x {} threads, {} bulk threads)",
                 u.queues(),
-                u.threads() / u.queues().max(1)
+                u.threads() / u.queues().max(1),
+                u.bulk_threads()
             ),
             None => format!("/dev/fuse ({} threads)", self.threads),
         }
@@ -545,6 +575,12 @@ mod tests {
         assert!(uring_default().pin);
         let c = with("uring_threads=3,uring_nopin").unwrap().uring.unwrap();
         assert_eq!((c.threads_per_queue, c.pin, c.depth), (3, false, 1));
+        assert_eq!(c.bulk_threads, default_bulk_threads());
+        assert_eq!(with("uring_bulk=0").unwrap().uring.unwrap().bulk_threads, 0);
+        assert_eq!(with("uring_bulk=5").unwrap().uring.unwrap().bulk_threads, 5);
+        for bad in ["uring_bulk=65", "uring_bulk=many", "uring_bulk"] {
+            assert!(with(bad).is_err(), "{bad} was accepted");
+        }
         assert_eq!(with("uring,nouring").unwrap().uring, None);
         assert_eq!(with("uring").unwrap().fuser_config().uring, Some(uring_default()));
     }

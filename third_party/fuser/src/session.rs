@@ -302,7 +302,7 @@ impl<FS: Filesystem> Session<FS> {
             paced = Some(rings.stats.clone());
             stopper = Some(crate::uring::Stopper::of(&rings.threads));
             for (i, ring) in rings.threads.into_iter().enumerate() {
-                let thread_name = format!("fuser-ring-{i}");
+                let thread_name = ring.name(i);
                 let event_loop = SessionEventLoop {
                     thread_name: thread_name.clone(),
                     filesystem: filesystem.clone(),

@@ -26,6 +26,16 @@
 //! them (into its own buffer) before dispatching, and from then on only the single
 //! reply of that request writes them, after which the thread submits the commit.
 //! The [`Done`] list's mutex orders the reply's writes before the submission.
+//!
+//! Bulk threads ([`UringConfig::bulk_threads`]) register no entries. A queue
+//! thread whose entry brings a large read hands the entry over (its `handed`
+//! list, under a mutex that orders the kernel's writes before the bulk thread's
+//! reads); the bulk thread serves it and commits from its own ring, so the
+//! kernel delivers that entry's next request there, and the bulk thread hands
+//! anything but a large read back to the entry's home thread. The kernel takes a
+//! COMMIT_AND_FETCH for any queue from any ring; an entry has one command in
+//! flight at a time, so whichever ring submitted it is the only one that hears
+//! of the entry next.
 
 use std::cell::UnsafeCell;
 use std::fmt;
@@ -39,6 +49,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU32;
 use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::thread::ThreadId;
@@ -89,7 +100,22 @@ pub struct UringConfig {
     pub depth: usize,
     /// Pin each queue's threads to that queue's CPU, as libfuse does.
     pub pin: bool,
+    /// Threads, not pinned, that serve large reads (at least
+    /// [`BULK_READ_MIN`] bytes) for every queue. The kernel hands a request to
+    /// the queue of its caller's CPU, and a pinned thread of that queue would
+    /// copy the reply into the entry and commit it (the kernel's copy into the
+    /// page cache) on that CPU too: one streaming reader then shares one CPU
+    /// with both copies. A bulk thread takes the entry over and commits it
+    /// from its own ring, wherever the scheduler runs it. 0: none.
+    pub bulk_threads: usize,
 }
+
+/// The smallest `READ` a bulk thread serves (see [`UringConfig::bulk_threads`]).
+pub(crate) const BULK_READ_MIN: u32 = 128 * 1024;
+/// `FUSE_READ`'s opcode (include/uapi/linux/fuse.h).
+const FUSE_READ: u32 = 15;
+/// Offset of `fuse_read_in.size` in the entry's `op_in`.
+const READ_SIZE_OFFSET: usize = OP_IN_OFFSET + 16;
 
 impl Default for UringConfig {
     fn default() -> Self {
@@ -97,6 +123,7 @@ impl Default for UringConfig {
             threads_per_queue: 2,
             depth: 1,
             pin: false,
+            bulk_threads: 0,
         }
     }
 }
@@ -106,7 +133,9 @@ impl Default for UringConfig {
 pub struct UringStats {
     queues: AtomicU32,
     threads: AtomicU32,
+    bulk_threads: AtomicU32,
     requests: AtomicU64,
+    bulk_reads: AtomicU64,
     pub(crate) forgets: AtomicU64,
     pub(crate) forget_reads: AtomicU64,
     /// Until when the /dev/fuse threads rest after the last forget
@@ -121,9 +150,19 @@ impl UringStats {
         self.queues.load(Ordering::Relaxed)
     }
 
-    /// Threads serving them.
+    /// Threads serving them, one queue each ([`UringConfig::threads_per_queue`]).
     pub fn threads(&self) -> u32 {
         self.threads.load(Ordering::Relaxed)
+    }
+
+    /// Bulk threads ([`UringConfig::bulk_threads`]).
+    pub fn bulk_threads(&self) -> u32 {
+        self.bulk_threads.load(Ordering::Relaxed)
+    }
+
+    /// Of [`UringStats::requests`], the large reads bulk threads served.
+    pub fn bulk_reads(&self) -> u64 {
+        self.bulk_reads.load(Ordering::Relaxed)
     }
 
     /// Requests that came through the rings so far.
@@ -149,7 +188,14 @@ struct HeaderPage([u8; 4096]);
 
 /// One ring entry: a request's buffers while the kernel or the daemon holds it.
 struct Entry {
+    /// The entry's number in the session ([`Shared::entries`]); its commands'
+    /// `user_data`, whichever ring carries them.
     index: u64,
+    /// The kernel queue it is registered on.
+    qid: u16,
+    /// The ring thread that registered it ([`Shared::threads`]), which serves
+    /// its requests unless a bulk thread takes one over.
+    home: usize,
     header: UnsafeCell<HeaderPage>,
     payload: UnsafeCell<Box<[u8]>>,
     /// The iovecs REGISTER points at (header, payload).
@@ -165,9 +211,11 @@ unsafe impl Sync for Entry {}
 unsafe impl Send for Entry {}
 
 impl Entry {
-    fn new(index: u64, payload_bytes: usize) -> Arc<Entry> {
+    fn new(index: u64, qid: u16, home: usize, payload_bytes: usize) -> Arc<Entry> {
         let e = Arc::new(Entry {
             index,
+            qid,
+            home,
             header: UnsafeCell::new(HeaderPage([0; 4096])),
             payload: UnsafeCell::new(vec![0u8; payload_bytes].into_boxed_slice()),
             iov: UnsafeCell::new(
@@ -219,7 +267,13 @@ impl Entry {
         u32::from_ne_bytes(b)
     }
 
-    fn command(&self, qid: u16, fd: i32, cmd_op: u32) -> squeue::Entry128 {
+    /// Whether the request in the entry is a read a bulk thread serves.
+    fn is_bulk_read(&self) -> bool {
+        self.read_u32(4) == FUSE_READ && self.read_u32(READ_SIZE_OFFSET) >= BULK_READ_MIN
+    }
+
+    fn command(&self, fd: i32, cmd_op: u32) -> squeue::Entry128 {
+        let qid = self.qid;
         let commit_id = if cmd_op == CMD_COMMIT_AND_FETCH {
             self.read_u64(COMMIT_ID_OFFSET)
         } else {
@@ -260,6 +314,9 @@ fn eio_reply(unique: u64) -> [u8; OUT_HEADER_BYTES] {
 /// ring thread when the answer came from another thread.
 struct Done {
     answered: Mutex<Vec<u64>>,
+    /// Entries holding a request that another ring thread handed to this one
+    /// to serve (a large read to a bulk thread, anything else back home).
+    handed: Mutex<Vec<u64>>,
     wake: OwnedFd,
     owner: OnceLock<ThreadId>,
     stop: AtomicBool,
@@ -271,6 +328,11 @@ impl Done {
         if self.owner.get() != Some(&thread::current().id()) {
             self.wake();
         }
+    }
+
+    fn hand(&self, index: u64) {
+        self.handed.lock().push(index);
+        self.wake();
     }
 
     fn wake(&self) {
@@ -364,12 +426,39 @@ impl EntrySender {
 /// One thread's ring, set up before the INIT reply so that a failure can still
 /// leave io_uring out of the negotiation.
 pub(crate) struct RingThread {
-    qid: u16,
+    /// The queue its entries are on, and the CPU it is pinned to; `None` for a
+    /// bulk thread, which registers no entries and serves every queue.
+    qid: Option<u16>,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// The entries it registers.
     entries: Vec<Arc<Entry>>,
+    shared: Arc<Shared>,
     done: Arc<Done>,
     pin: bool,
     max_payload: usize,
+}
+
+/// What every ring thread of a session can reach: all entries, and each
+/// thread's lists.
+struct Shared {
+    entries: Vec<Arc<Entry>>,
+    threads: Vec<Arc<Done>>,
+    /// The bulk threads' places in `threads`.
+    bulk: Vec<usize>,
+    /// Bulk thread `i` (of `bulk`) keeps off the CPUs `c` with
+    /// `c % classes == i % classes`, and serves the reads of callers on those
+    /// CPUs: a reader's copies out of the page cache and the reply's copies
+    /// into it run on different CPUs. 1 (no CPUs avoided) with one bulk
+    /// thread or one CPU.
+    classes: usize,
+    next_bulk: AtomicUsize,
+}
+
+impl Shared {
+    /// The entry a completion names, if it is one of ours.
+    fn entry(&self, id: u64) -> Option<&Arc<Entry>> {
+        self.entries.get(usize::try_from(id).ok()?)
+    }
 }
 
 /// Every ring of the session.
@@ -422,43 +511,78 @@ impl Rings {
                 "{queues} CPUs is more queues than FUSE allows"
             )));
         }
-        let mut threads = Vec::with_capacity(queues * cfg.threads_per_queue);
-        for qid in 0..queues {
-            for _ in 0..cfg.threads_per_queue {
-                let slots = (cfg.depth + 1) as u32;
-                // Plain flags, as libfuse: SINGLE_ISSUER + DEFER_TASKRUN and
-                // COOP_TASKRUN measured no better here (docs/benchmarks.md).
-                let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-                    .setup_cqsize(slots * 2)
-                    .build(slots)?;
-                // SAFETY: eventfd returns a new descriptor or -1.
-                let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `fd` is a fresh descriptor we own.
-                let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-                let entries = (0..cfg.depth as u64)
-                    .map(|i| Entry::new(i, max_payload))
-                    .collect();
-                threads.push(RingThread {
-                    qid: qid as u16,
-                    ring,
-                    entries,
-                    done: Arc::new(Done {
-                        answered: Mutex::new(Vec::with_capacity(cfg.depth)),
-                        wake,
-                        owner: OnceLock::new(),
-                        stop: AtomicBool::new(false),
-                    }),
-                    pin: cfg.pin,
-                    max_payload,
-                });
+        let homes = queues * cfg.threads_per_queue;
+        let total = homes * cfg.depth;
+        let mut entries = Vec::with_capacity(total);
+        let mut dones = Vec::with_capacity(homes + cfg.bulk_threads);
+        let mut rings = Vec::with_capacity(homes + cfg.bulk_threads);
+        for me in 0..homes + cfg.bulk_threads {
+            // A home thread holds its own entries; a bulk thread may hold any.
+            let (qid, held) = if me < homes {
+                (Some((me / cfg.threads_per_queue) as u16), cfg.depth)
+            } else {
+                (None, total)
+            };
+            let slots = (held + 1) as u32;
+            // Plain flags, as libfuse: SINGLE_ISSUER + DEFER_TASKRUN and
+            // COOP_TASKRUN measured no better here (docs/benchmarks.md).
+            let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+                .setup_cqsize(slots * 2)
+                .build(slots)?;
+            // SAFETY: eventfd returns a new descriptor or -1.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
             }
+            // SAFETY: `fd` is a fresh descriptor we own.
+            let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+            let mut own = Vec::new();
+            if let Some(q) = qid {
+                for _ in 0..cfg.depth {
+                    let e = Entry::new(entries.len() as u64, q, me, max_payload);
+                    entries.push(e.clone());
+                    own.push(e);
+                }
+            }
+            dones.push(Arc::new(Done {
+                answered: Mutex::new(Vec::with_capacity(held)),
+                handed: Mutex::new(Vec::with_capacity(held)),
+                wake,
+                owner: OnceLock::new(),
+                stop: AtomicBool::new(false),
+            }));
+            rings.push((qid, ring, own));
         }
+        let shared = Arc::new(Shared {
+            entries,
+            threads: dones.clone(),
+            bulk: (homes..homes + cfg.bulk_threads).collect(),
+            classes: if cfg.bulk_threads >= 2 && queues >= 2 {
+                2
+            } else {
+                1
+            },
+            next_bulk: AtomicUsize::new(0),
+        });
+        let threads = rings
+            .into_iter()
+            .zip(dones)
+            .map(|((qid, ring, entries), done)| RingThread {
+                qid,
+                ring,
+                entries,
+                shared: shared.clone(),
+                done,
+                pin: cfg.pin,
+                max_payload,
+            })
+            .collect::<Vec<_>>();
         let stats = Arc::new(UringStats::default());
         stats.queues.store(queues as u32, Ordering::Relaxed);
-        stats.threads.store(threads.len() as u32, Ordering::Relaxed);
+        stats.threads.store(homes as u32, Ordering::Relaxed);
+        stats
+            .bulk_threads
+            .store(cfg.bulk_threads as u32, Ordering::Relaxed);
         Ok(Rings { threads, stats })
     }
 }
@@ -480,6 +604,49 @@ impl Stopper {
     }
 }
 
+impl RingThread {
+    /// A bulk thread leaves the CPUs of its class (see [`Shared::classes`]).
+    fn avoid_class(&self) {
+        let k = self.shared.classes;
+        let Some(i) = self
+            .shared
+            .bulk
+            .iter()
+            .position(|&t| Arc::ptr_eq(&self.shared.threads[t], &self.done))
+        else {
+            return;
+        };
+        if k < 2 {
+            return;
+        }
+        // SAFETY: the set is a plain bitmap that sched_getaffinity fills and
+        // sched_setaffinity reads; both touch only the calling thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return;
+            }
+            let mut left = 0;
+            for c in 0..libc::CPU_SETSIZE as usize {
+                if libc::CPU_ISSET(c, &set) {
+                    if c % k == i % k {
+                        libc::CPU_CLR(c, &mut set);
+                    } else {
+                        left += 1;
+                    }
+                }
+            }
+            // Allowed nowhere else (a process confined to one class): stay.
+            if left > 0 && libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+                warn!(
+                    "FUSE over io_uring: moving a bulk thread off CPUs: {}",
+                    io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
 fn pin_to(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity
     // only touch it and the calling thread.
@@ -496,6 +663,15 @@ fn pin_to(cpu: usize) {
 }
 
 impl RingThread {
+    /// A thread's name: `fuser-ring-<n>` for a queue's, `fuser-bulk-<n>` for a
+    /// bulk thread.
+    pub(crate) fn name(&self, n: usize) -> String {
+        match self.qid {
+            Some(_) => format!("fuser-ring-{n}"),
+            None => format!("fuser-bulk-{n}"),
+        }
+    }
+
     /// Registers the entries and serves requests until the connection goes away.
     pub(crate) fn serve<FS: Filesystem>(
         mut self,
@@ -503,17 +679,25 @@ impl RingThread {
         stats: Arc<UringStats>,
     ) -> io::Result<()> {
         let _ = self.done.owner.set(thread::current().id());
-        if self.pin {
-            pin_to(self.qid as usize);
+        match self.qid {
+            Some(qid) if self.pin => pin_to(qid as usize),
+            Some(_) => {}
+            None => self.avoid_class(),
         }
         let fd = se.ch.as_fd_raw();
         for e in self.entries.clone() {
-            self.push(e.command(self.qid, fd, CMD_REGISTER))?;
+            self.push(e.command(fd, CMD_REGISTER))?;
         }
         let mut wake_buf = 0u64;
         self.arm_wake()?;
         // The request as /dev/fuse would deliver it, 8-byte aligned for the parser.
-        let words = (IN_HEADER_BYTES + OP_IN_BYTES + self.max_payload).div_ceil(8);
+        // A bulk thread serves reads only, which carry no payload.
+        let payload = if self.qid.is_some() {
+            self.max_payload
+        } else {
+            0
+        };
+        let words = (IN_HEADER_BYTES + OP_IN_BYTES + payload).div_ceil(8);
         let mut request = vec![0u64; words];
         let mut completed: Vec<(u64, i32)> = Vec::with_capacity(self.entries.len() + 1);
         loop {
@@ -536,12 +720,20 @@ impl RingThread {
                     self.arm_wake()?;
                     continue;
                 }
-                let Some(e) = self.entries.get(id as usize).cloned() else {
+                let Some(e) = self.shared.entry(id).cloned() else {
                     error!("FUSE over io_uring: completion for unknown entry {id}");
                     continue;
                 };
                 match res {
                     0 => {
+                        if let Some(to) = self.hand_to(&e) {
+                            // Served by another thread, which commits it from its ring.
+                            self.shared.threads[to].hand(e.index);
+                            continue;
+                        }
+                        if self.qid.is_none() {
+                            stats.bulk_reads.fetch_add(1, Ordering::Relaxed);
+                        }
                         self.dispatch(&e, &se, bytes_of(&mut request));
                         stats.requests.fetch_add(1, Ordering::Relaxed);
                     }
@@ -549,7 +741,7 @@ impl RingThread {
                         // REGISTER before the INIT reply took effect, or interrupted.
                         thread::sleep(std::time::Duration::from_millis(1));
                         let cmd = e.last_cmd.load(Ordering::Relaxed);
-                        self.push(e.command(self.qid, fd, cmd))?;
+                        self.push(e.command(fd, cmd))?;
                     }
                     r if r == -libc::ENOTCONN || r == -libc::ECONNABORTED || r == -libc::ENODEV => {
                         // Unmounted or aborted: the connection is gone.
@@ -557,17 +749,50 @@ impl RingThread {
                     }
                     r => {
                         let err = io::Error::from_raw_os_error(-r);
-                        error!("FUSE over io_uring: queue {} entry {id}: {err}", self.qid);
+                        error!("FUSE over io_uring: queue {} entry {id}: {err}", e.qid);
                         return Err(err);
                     }
                 }
             }
+            // Requests other threads handed over: served here, not handed on, so
+            // an entry never travels more than once per request.
+            let handed = std::mem::take(&mut *self.done.handed.lock());
+            for id in handed {
+                if let Some(e) = self.shared.entry(id).cloned() {
+                    if self.qid.is_none() {
+                        stats.bulk_reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.dispatch(&e, &se, bytes_of(&mut request));
+                    stats.requests.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             let answered = std::mem::take(&mut *self.done.answered.lock());
             for id in answered {
-                let e = self.entries[id as usize].clone();
+                let Some(e) = self.shared.entry(id).cloned() else {
+                    continue;
+                };
                 e.last_cmd.store(CMD_COMMIT_AND_FETCH, Ordering::Relaxed);
-                self.push(e.command(self.qid, fd, CMD_COMMIT_AND_FETCH))?;
+                self.push(e.command(fd, CMD_COMMIT_AND_FETCH))?;
             }
+        }
+    }
+
+    /// Which thread serves the request that just arrived in `e`, if not this
+    /// one: large reads go to a bulk thread, and a bulk thread sends anything
+    /// else back to the entry's home.
+    fn hand_to(&self, e: &Entry) -> Option<usize> {
+        let bulk = &self.shared.bulk;
+        match (self.qid.is_some(), e.is_bulk_read()) {
+            (true, true) if !bulk.is_empty() => {
+                // A bulk thread of the class that keeps off the caller's CPU.
+                let k = self.shared.classes;
+                let class = e.qid as usize % k;
+                let in_class = (bulk.len() - class).div_ceil(k);
+                let n = self.shared.next_bulk.fetch_add(1, Ordering::Relaxed);
+                Some(bulk[class + (n % in_class) * k])
+            }
+            (false, false) => Some(e.home),
+            _ => None,
         }
     }
 
@@ -601,7 +826,8 @@ impl RingThread {
             ch: se.ch.sender(),
         };
         let op_len = len.checked_sub(IN_HEADER_BYTES + payload_sz);
-        let Some(op_len) = op_len.filter(|&n| n <= OP_IN_BYTES && payload_sz <= capacity) else {
+        let fits = |&n: &usize| n <= OP_IN_BYTES && payload_sz <= capacity && len <= buf.len();
+        let Some(op_len) = op_len.filter(fits) else {
             error!(
                 "FUSE over io_uring: request of {len} bytes with a {payload_sz}-byte payload \
                  does not fit an entry"
