@@ -13,6 +13,7 @@
 # enable_uring to Y for the run and restores it)
 # Environment: ROUNDS (2), EASY (files per process, 5000), HARD (2000), PROCS (2),
 #   SIZE_MIB (fio file, 512), URING_OPTS (options with uring, "uring"), SKIP_FIO=1,
+#   ONLY_FIO=1 (pfs's fio phases alone: more rounds of them in the same time),
 #   WORK (target/bench-uring), PFS (the `pfs` binary, target/release/pfs: another
 #   build's for an A/B of the pfs side; memfs is always target/release's).
 set -euo pipefail
@@ -92,11 +93,16 @@ ENTRIES=$(tar tf "$TARBALL" | wc -l)
 RES=$WORK/results
 : > "$RES"
 for r in $(seq "$ROUNDS"); do
-    for target in memfs pfs; do
+    targets="memfs pfs"
+    [ "${ONLY_FIO:-0}" = 1 ] && targets=pfs
+    for target in $targets; do
         for tr in dev uring; do
             echo "round $r: $target over $tr..." >&2
             mount_target "$target" "$tr"
-            for w in md-easy md-hard; do
+            workloads="md-easy md-hard"
+            steps="tar rm"
+            [ "${ONLY_FIO:-0}" = 1 ] && workloads= && steps=
+            for w in $workloads; do
                 files=$([ "$w" = md-easy ] && echo "$EASY" || echo "$HARD")
                 j=$WORK/json/$w.$target.$tr.$r.json
                 "$PFS" bench "$w" --procs "$PROCS" --files "$files" --cpu-of "$PID" \
@@ -104,7 +110,7 @@ for r in $(seq "$ROUNDS"); do
                 jq -r --arg t "$target" --arg w "$w" --arg tr "$tr" \
                     '.phases[] | "\($t) \($w)-\(.name) \($tr) \(.rate) \(.cpu_us_per_op)"' "$j" >> "$RES"
             done
-            for step in tar rm; do
+            for step in $steps; do
                 sync
                 c0=$(cpu_ns "$PID"); s0=$(date +%s%N)
                 if [ "$step" = tar ]; then
