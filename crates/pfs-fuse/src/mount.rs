@@ -60,8 +60,8 @@ pub fn uring_default() -> UringConfig {
 /// Bulk threads of `-o uring` without `uring_bulk=`: one per core, at most
 /// [`URING_BULK_DEFAULT_MAX`]; none on one core, where they could only run
 /// beside the reader they serve. Without them a streaming reader's 1 MiB
-/// reads ran 0.64-0.69x /dev/fuse here; with them 0.99x (docs/benchmarks.md,
-/// forty-second session).
+/// reads ran 0.63-0.69x /dev/fuse here; with them 0.90-0.96x
+/// (docs/benchmarks.md, forty-second session).
 pub fn default_bulk_threads() -> usize {
     match std::thread::available_parallelism().map_or(2, |n| n.get()) {
         1 => 0,
