@@ -18,7 +18,11 @@
 //! name the table already holds: the names after it most likely came in an
 //! earlier batch (mdtest's stat of `f0, f1, f2...` in a directory listed `f0,
 //! f1, f10, f100...` listed each name 1.8 times when every batch ran its full
-//! length, a random order 3.3 times).
+//! length, a random order 3.3 times). A batch for a missed name that ends in
+//! a number also ends where the listing leaves the names with the same stem
+//! ([`stem_of`]: `f0.` for `f0.123`): md-hard's processes each stat one
+//! rank's `f<rank>.<i>` in one directory, and their batches went on into the
+//! next rank's names, which the other process wanted.
 //!
 //! What an answer from here promises is what the kernel's own cache promises:
 //! attributes at most the attribute lifetime old, with this mount's changes in
@@ -117,6 +121,18 @@ const REMEMBER_RECORD: usize = 16;
 /// Entries of a directory that left the table past which its counts are
 /// halved (the judgement follows the recent batches).
 const WINDOW: u32 = 65_536;
+
+/// `name` without the decimal number it ends in (`f0.` of `f0.123`), if it
+/// ends in one and has more: a batch fetched for a missed lookup of `name`
+/// ends where the listing leaves the names that start so. Programs that stat
+/// files named by a counter follow the counter (mdtest's `f<rank>.<i>` in one
+/// directory: each process stats one rank's files, and its batches went on
+/// into the next rank's, which the other process wanted; listed per name
+/// stat'ed: 1.6-2.0, now about 1.2).
+fn stem_of(name: &[u8]) -> Option<Vec<u8>> {
+    let digits = name.iter().rev().take_while(|b| b.is_ascii_digit()).count();
+    (digits > 0 && digits < name.len()).then(|| name[..name.len() - digits].to_vec())
+}
 
 /// The greatest name (of at most `NAME_MAX` bytes) below `name`, so that a
 /// listing after it starts at `name`: its last byte one less, then `0xff` up to
@@ -422,6 +438,9 @@ struct Fetch {
     dir: u64,
     /// Where the batch starts.
     after: Option<Vec<u8>>,
+    /// Where it ends at the latest: where the listing leaves the names that
+    /// start with this ([`stem_of`] the missed name).
+    stem: Option<Vec<u8>>,
     at: Instant,
     /// The caller's change counter before the request is sent.
     changes: u64,
@@ -526,7 +545,8 @@ impl StatAhead {
         name: Option<&[u8]>,
         changes: &dyn Fn() -> u64,
     ) {
-        let Some(fetch) = self.missed(dir, name, changes()) else { return };
+        let Some(mut fetch) = self.missed(dir, name, changes()) else { return };
+        fetch.stem = name.and_then(stem_of);
         let dir_ino = pfs_core::InodeId(dir);
         let listing = self.fetch(&fetch, &mut |after, n| fs.readdir_plus(dir_ino, after, n));
         self.fill(fetch, listing, changes());
@@ -569,7 +589,8 @@ impl StatAhead {
                 return None;
             }
         }
-        let fetch = self.missed(dir, Some(&just_before(name)), changes())?;
+        let mut fetch = self.missed(dir, Some(&just_before(name)), changes())?;
+        fetch.stem = stem_of(name);
         let listing = self.fetch(&fetch, list);
         self.fill(fetch, listing, changes());
         self.get(dir, name, changes())
@@ -599,8 +620,16 @@ impl StatAhead {
                 }
             };
             got.ended = part.len() < ask_now;
-            let met = self.holds_any(fetch.dir, &part);
-            after = part.last().map(|e| e.name.clone());
+            let mut part = part;
+            let mut left_stem = false;
+            if let Some(stem) = &fetch.stem {
+                if let Some(i) = part.iter().position(|e| !e.name.starts_with(stem)) {
+                    part.truncate(i);
+                    (got.ended, left_stem) = (false, true);
+                }
+            }
+            let met = left_stem || self.holds_any(fetch.dir, &part);
+            after = part.last().map(|e| e.name.clone()).or(after);
             if got.entries.is_empty() {
                 got.entries = part;
             } else {
@@ -674,7 +703,7 @@ impl StatAhead {
         d.touched.clear();
         d.spoiled = false;
         let after = name.map(<[u8]>::to_vec).or_else(|| d.resume.clone());
-        Some(Fetch { dir, after, at: Instant::now(), changes })
+        Some(Fetch { dir, after, stem: None, at: Instant::now(), changes })
     }
 
     /// The result of `fetch`, with the mount's change count now: keeps its
@@ -1349,6 +1378,61 @@ mod tests {
         // Not answered so: a directory whose lookups were not answered.
         let s = StatAhead::new(Duration::from_secs(60), true).per_inode();
         assert!(s.fetch_at_with(1, b"f1", &|| 0, &mut list).is_none());
+    }
+
+    /// md-hard's stat phase in one process: ranks 0 and 1 made `f<rank>.<i>`
+    /// in one directory, and this process stats rank 0's in counter order.
+    /// Its batches end where the listing leaves `f0.` (the names after it
+    /// are the other rank's, which another process stats): what is listed
+    /// stays near what is stat'ed, and every lookup is answered the same.
+    #[test]
+    fn a_batch_for_a_counted_name_ends_where_the_names_leave_its_stem() {
+        assert_eq!(stem_of(b"f0.123").as_deref(), Some(&b"f0."[..]));
+        assert_eq!(stem_of(b"file"), None);
+        assert_eq!(stem_of(b"123"), None);
+        let n = 10_000u64;
+        let mut listing: Vec<(String, u64)> =
+            (0..2 * n).map(|i| (format!("f{}.{}", i / n, i % n), i)).collect();
+        listing.sort();
+        let (listed, others) = (std::cell::Cell::new(0usize), std::cell::Cell::new(0usize));
+        let mut list = |after: Option<&[u8]>, max: usize| {
+            let from = match after {
+                Some(a) => listing.partition_point(|(l, _)| l.as_bytes() <= a),
+                None => 0,
+            };
+            let end = (from + max).min(listing.len());
+            listed.set(listed.get() + end - from);
+            let rank1 = listing[from..end].iter().filter(|(l, _)| l.starts_with("f1.")).count();
+            others.set(others.get() + rank1);
+            Ok(listing[from..end].iter().map(|(l, ino)| entry(l, Some(file(*ino)))).collect())
+        };
+        let s = StatAhead::new(Duration::from_secs(60), true).per_inode();
+        let mut lookups = 0;
+        for i in 0..n {
+            let name = format!("f0.{i}");
+            let a = match s.get(1, name.as_bytes(), 0) {
+                Some((a, _)) => a,
+                None => match s.fetch_at_with(1, name.as_bytes(), &|| 0, &mut list) {
+                    Some((a, _)) => a,
+                    None => {
+                        lookups += 1;
+                        if let Some(mut f) = s.missed(1, Some(name.as_bytes()), 0) {
+                            f.stem = stem_of(name.as_bytes());
+                            let got = s.fetch(&f, &mut list);
+                            s.fill(f, got, 0);
+                        }
+                        file(i)
+                    }
+                },
+            };
+            assert_eq!(a.ino, InodeId(i), "the attributes of {name}");
+        }
+        let (listed, others) = (listed.get(), others.get());
+        println!("{lookups} lookups, {listed} names listed, {others} of them rank 1's");
+        // A batch ends within the request that reaches rank 1's names: 252
+        // of them listed here, 764 without stems.
+        assert!(others <= 512, "{others} of rank 1's names listed");
+        assert!(lookups <= 32, "{lookups} lookups");
     }
 
     /// mdtest's remove phase: names `f0, f1, f2...` removed in that order from
