@@ -174,6 +174,22 @@ fn seconds(name: &str, v: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(s))
 }
 
+/// The value of numeric option `name`, within `range`; `what` says what a
+/// number of it counts (`a number`, `a number of KiB`) in the error.
+fn number(
+    name: &str,
+    v: &str,
+    range: std::ops::RangeInclusive<u64>,
+    what: &str,
+) -> Result<u64, String> {
+    let n: u64 = v.parse().map_err(|_| format!("mount option {name}={v:?}: expected {what}"))?;
+    if !range.contains(&n) {
+        let (lo, hi) = range.into_inner();
+        return Err(format!("mount option {name}={n}: allowed {lo} to {hi}"));
+    }
+    Ok(n)
+}
+
 impl MountConfig {
     /// Applies `-o` option lists (comma-separated), after loading `config=FILE` if
     /// one names it; options override the file. An unknown option is an error
@@ -213,28 +229,12 @@ impl MountConfig {
                     self.client.dentry_ttl_ms = seconds(name, need()?)?.as_millis() as u64
                 }
                 "threads" => {
-                    let v = need()?;
-                    let n: usize = v
-                        .parse()
-                        .map_err(|_| format!("mount option threads={v:?}: expected a number"))?;
-                    if !(1..=THREADS_MAX).contains(&n) {
-                        return Err(format!(
-                            "mount option threads={n}: allowed 1 to {THREADS_MAX}"
-                        ));
-                    }
-                    self.threads = n;
+                    let n = number(name, need()?, 1..=THREADS_MAX as u64, "a number")?;
+                    self.threads = n as usize;
                 }
                 "read_ahead_kb" => {
-                    let v = need()?;
-                    let n: u32 = v.parse().map_err(|_| {
-                        format!("mount option read_ahead_kb={v:?}: expected a number of KiB")
-                    })?;
-                    if n > READ_AHEAD_KB_MAX {
-                        return Err(format!(
-                            "mount option read_ahead_kb={n}: allowed 0 to {READ_AHEAD_KB_MAX}"
-                        ));
-                    }
-                    self.read_ahead_kb = n;
+                    let max = u64::from(READ_AHEAD_KB_MAX);
+                    self.read_ahead_kb = number(name, need()?, 0..=max, "a number of KiB")? as u32;
                 }
                 "writeback_cache" => self.writeback_cache = true,
                 "nowriteback_cache" => self.writeback_cache = false,
@@ -247,28 +247,12 @@ impl MountConfig {
                 }
                 "nouring" => self.uring = None,
                 "uring_threads" => {
-                    let v = need()?;
-                    let n: usize = v.parse().map_err(|_| {
-                        format!("mount option uring_threads={v:?}: expected a number")
-                    })?;
-                    if !(1..=URING_THREADS_MAX).contains(&n) {
-                        return Err(format!(
-                            "mount option uring_threads={n}: allowed 1 to {URING_THREADS_MAX}"
-                        ));
-                    }
-                    self.uring.get_or_insert_with(uring_default).threads_per_queue = n;
+                    let n = number(name, need()?, 1..=URING_THREADS_MAX as u64, "a number")?;
+                    self.uring.get_or_insert_with(uring_default).threads_per_queue = n as usize;
                 }
                 "uring_bulk" => {
-                    let v = need()?;
-                    let n: usize = v
-                        .parse()
-                        .map_err(|_| format!("mount option uring_bulk={v:?}: expected a number"))?;
-                    if n > URING_THREADS_MAX {
-                        return Err(format!(
-                            "mount option uring_bulk={n}: allowed 0 to {URING_THREADS_MAX}"
-                        ));
-                    }
-                    self.uring.get_or_insert_with(uring_default).bulk_threads = n;
+                    let n = number(name, need()?, 0..=URING_THREADS_MAX as u64, "a number")?;
+                    self.uring.get_or_insert_with(uring_default).bulk_threads = n as usize;
                 }
                 "uring_pin" => self.uring.get_or_insert_with(uring_default).pin = true,
                 "uring_nopin" => self.uring.get_or_insert_with(uring_default).pin = false,

@@ -426,9 +426,7 @@ impl EntrySender {
 /// One thread's ring, set up before the INIT reply so that a failure can still
 /// leave io_uring out of the negotiation.
 pub(crate) struct RingThread {
-    /// The queue its entries are on, and the CPU it is pinned to; `None` for a
-    /// bulk thread, which registers no entries and serves every queue.
-    qid: Option<u16>,
+    role: Role,
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     /// The entries it registers.
     entries: Vec<Arc<Entry>>,
@@ -436,6 +434,17 @@ pub(crate) struct RingThread {
     done: Arc<Done>,
     pin: bool,
     max_payload: usize,
+}
+
+/// What a ring thread serves.
+#[derive(Clone, Copy, Debug)]
+enum Role {
+    /// A queue's: it registers that queue's entries, and is pinned to the
+    /// queue's CPU when asked.
+    Queue(u16),
+    /// Bulk thread `i` ([`Shared::bulk`]): registers no entries and serves
+    /// large reads of every queue.
+    Bulk(usize),
 }
 
 /// What every ring thread of a session can reach: all entries, and each
@@ -518,10 +527,10 @@ impl Rings {
         let mut rings = Vec::with_capacity(homes + cfg.bulk_threads);
         for me in 0..homes + cfg.bulk_threads {
             // A home thread holds its own entries; a bulk thread may hold any.
-            let (qid, held) = if me < homes {
-                (Some((me / cfg.threads_per_queue) as u16), cfg.depth)
+            let (role, held) = if me < homes {
+                (Role::Queue((me / cfg.threads_per_queue) as u16), cfg.depth)
             } else {
-                (None, total)
+                (Role::Bulk(me - homes), total)
             };
             let slots = (held + 1) as u32;
             // Plain flags, as libfuse: SINGLE_ISSUER + DEFER_TASKRUN and
@@ -537,7 +546,7 @@ impl Rings {
             // SAFETY: `fd` is a fresh descriptor we own.
             let wake = unsafe { OwnedFd::from_raw_fd(fd) };
             let mut own = Vec::new();
-            if let Some(q) = qid {
+            if let Role::Queue(q) = role {
                 for _ in 0..cfg.depth {
                     let e = Entry::new(entries.len() as u64, q, me, max_payload);
                     entries.push(e.clone());
@@ -551,7 +560,7 @@ impl Rings {
                 owner: OnceLock::new(),
                 stop: AtomicBool::new(false),
             }));
-            rings.push((qid, ring, own));
+            rings.push((role, ring, own));
         }
         let shared = Arc::new(Shared {
             entries,
@@ -567,8 +576,8 @@ impl Rings {
         let threads = rings
             .into_iter()
             .zip(dones)
-            .map(|((qid, ring, entries), done)| RingThread {
-                qid,
+            .map(|((role, ring, entries), done)| RingThread {
+                role,
                 ring,
                 entries,
                 shared: shared.clone(),
@@ -604,18 +613,33 @@ impl Stopper {
     }
 }
 
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity
+    // only touch it and the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            warn!(
+                "FUSE over io_uring: pinning to CPU {cpu}: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
 impl RingThread {
-    /// A bulk thread leaves the CPUs of its class (see [`Shared::classes`]).
-    fn avoid_class(&self) {
-        let k = self.shared.classes;
-        let Some(i) = self
-            .shared
-            .bulk
-            .iter()
-            .position(|&t| Arc::ptr_eq(&self.shared.threads[t], &self.done))
-        else {
-            return;
-        };
+    /// A thread's name: `fuser-ring-<n>` for a queue's, `fuser-bulk-<n>` for a
+    /// bulk thread.
+    pub(crate) fn name(&self, n: usize) -> String {
+        match self.role {
+            Role::Queue(_) => format!("fuser-ring-{n}"),
+            Role::Bulk(_) => format!("fuser-bulk-{n}"),
+        }
+    }
+
+    /// Bulk thread `i` leaves the CPUs of its class (see [`Shared::classes`]).
+    fn avoid_class(i: usize, k: usize) {
         if k < 2 {
             return;
         }
@@ -645,32 +669,6 @@ impl RingThread {
             }
         }
     }
-}
-
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity
-    // only touch it and the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
-            warn!(
-                "FUSE over io_uring: pinning to CPU {cpu}: {}",
-                io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-impl RingThread {
-    /// A thread's name: `fuser-ring-<n>` for a queue's, `fuser-bulk-<n>` for a
-    /// bulk thread.
-    pub(crate) fn name(&self, n: usize) -> String {
-        match self.qid {
-            Some(_) => format!("fuser-ring-{n}"),
-            None => format!("fuser-bulk-{n}"),
-        }
-    }
 
     /// Registers the entries and serves requests until the connection goes away.
     pub(crate) fn serve<FS: Filesystem>(
@@ -679,10 +677,10 @@ impl RingThread {
         stats: Arc<UringStats>,
     ) -> io::Result<()> {
         let _ = self.done.owner.set(thread::current().id());
-        match self.qid {
-            Some(qid) if self.pin => pin_to(qid as usize),
-            Some(_) => {}
-            None => self.avoid_class(),
+        match self.role {
+            Role::Queue(qid) if self.pin => pin_to(qid as usize),
+            Role::Queue(_) => {}
+            Role::Bulk(i) => Self::avoid_class(i, self.shared.classes),
         }
         let fd = se.ch.as_fd_raw();
         for e in self.entries.clone() {
@@ -692,10 +690,9 @@ impl RingThread {
         self.arm_wake()?;
         // The request as /dev/fuse would deliver it, 8-byte aligned for the parser.
         // A bulk thread serves reads only, which carry no payload.
-        let payload = if self.qid.is_some() {
-            self.max_payload
-        } else {
-            0
+        let payload = match self.role {
+            Role::Queue(_) => self.max_payload,
+            Role::Bulk(_) => 0,
         };
         let words = (IN_HEADER_BYTES + OP_IN_BYTES + payload).div_ceil(8);
         let mut request = vec![0u64; words];
@@ -731,11 +728,7 @@ impl RingThread {
                             self.shared.threads[to].hand(e.index);
                             continue;
                         }
-                        if self.qid.is_none() {
-                            stats.bulk_reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                        self.dispatch(&e, &se, bytes_of(&mut request));
-                        stats.requests.fetch_add(1, Ordering::Relaxed);
+                        self.serve_one(&e, &se, bytes_of(&mut request), &stats);
                     }
                     r if r == -libc::EAGAIN || r == -libc::EINTR => {
                         // REGISTER before the INIT reply took effect, or interrupted.
@@ -759,11 +752,7 @@ impl RingThread {
             let handed = std::mem::take(&mut *self.done.handed.lock());
             for id in handed {
                 if let Some(e) = self.shared.entry(id).cloned() {
-                    if self.qid.is_none() {
-                        stats.bulk_reads.fetch_add(1, Ordering::Relaxed);
-                    }
-                    self.dispatch(&e, &se, bytes_of(&mut request));
-                    stats.requests.fetch_add(1, Ordering::Relaxed);
+                    self.serve_one(&e, &se, bytes_of(&mut request), &stats);
                 }
             }
             let answered = std::mem::take(&mut *self.done.answered.lock());
@@ -782,8 +771,8 @@ impl RingThread {
     /// else back to the entry's home.
     fn hand_to(&self, e: &Entry) -> Option<usize> {
         let bulk = &self.shared.bulk;
-        match (self.qid.is_some(), e.is_bulk_read()) {
-            (true, true) if !bulk.is_empty() => {
+        match (self.role, e.is_bulk_read()) {
+            (Role::Queue(_), true) if !bulk.is_empty() => {
                 // A bulk thread of the class that keeps off the caller's CPU.
                 let k = self.shared.classes;
                 let class = e.qid as usize % k;
@@ -791,9 +780,24 @@ impl RingThread {
                 let n = self.shared.next_bulk.fetch_add(1, Ordering::Relaxed);
                 Some(bulk[class + (n % in_class) * k])
             }
-            (false, false) => Some(e.home),
+            (Role::Bulk(_), false) => Some(e.home),
             _ => None,
         }
+    }
+
+    /// Runs the request in `e` here, counted.
+    fn serve_one<FS: Filesystem>(
+        &self,
+        e: &Arc<Entry>,
+        se: &SessionEventLoop<FS>,
+        buf: &mut [u8],
+        stats: &UringStats,
+    ) {
+        if let Role::Bulk(_) = self.role {
+            stats.bulk_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        self.dispatch(e, se, buf);
+        stats.requests.fetch_add(1, Ordering::Relaxed);
     }
 
     fn push(&mut self, sqe: squeue::Entry128) -> io::Result<()> {
